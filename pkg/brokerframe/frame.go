@@ -1,0 +1,112 @@
+// Package brokerframe is the wire envelope between a nexus-broker gateway,
+// the instances it spawns (which dial back to /instance) and the clients that
+// talk to those instances over /lease/{id}.
+//
+// It is byte-compatible with upstream nexus's pkg/brokerframe: same field
+// names, same omitempty rules, same signal set, so a stock nexus build (whose
+// nexus.io.broker plugin speaks that envelope) registers with our broker
+// unchanged. It depends on the standard library only, so instances and clients
+// can import it without pulling in the broker.
+package brokerframe
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+)
+
+// Version is the frame schema version. Encode always stamps it; Decode accepts
+// any value so that the broker can tell a version-skewed register frame (which
+// it refuses and logs by name) from a corrupt one.
+const Version = 1
+
+// The environment variables the broker injects at exec and an instance reads to
+// find its way back. They are applied last when a spawn's environment is built,
+// so nothing else can override them.
+const (
+	EnvBrokerAddr  = "NEXUS_BROKER_ADDR"
+	EnvLeaseID     = "NEXUS_BROKER_LEASE_ID"
+	EnvSpawnSecret = "NEXUS_BROKER_SPAWN_SECRET"
+)
+
+// Signal is what a frame carries: a lifecycle step or an IO payload.
+type Signal string
+
+// The complete signal set. An unknown signal makes a frame undecodable.
+const (
+	SignalRegister        Signal = "register"
+	SignalReady           Signal = "ready"
+	SignalSessionIDReport Signal = "session-id-report"
+	SignalShutdown        Signal = "shutdown"
+	SignalIO              Signal = "io"
+	// SignalStreamGap is broker → client only: the frames a resuming client
+	// asked for are no longer retained. It carries no seq.
+	SignalStreamGap Signal = "stream-gap"
+)
+
+// Valid reports whether s is one of the known signals.
+func (s Signal) Valid() bool {
+	switch s {
+	case SignalRegister, SignalReady, SignalSessionIDReport, SignalShutdown, SignalIO, SignalStreamGap:
+		return true
+	}
+	return false
+}
+
+// Frame is one WebSocket text message.
+type Frame struct {
+	Version   int    `json:"version"`
+	LeaseID   string `json:"lease_id"`
+	Signal    Signal `json:"signal"`
+	Secret    string `json:"secret,omitempty"`
+	SessionID string `json:"session_id,omitempty"`
+	// Seq numbers client-bound frames per lease, from 1. Zero (omitted) on
+	// every other frame.
+	Seq     uint64          `json:"seq,omitempty"`
+	Payload json.RawMessage `json:"payload,omitempty"`
+}
+
+// ErrInvalidSignal is wrapped by Encode and Decode for a frame whose signal is
+// not in the known set.
+var ErrInvalidSignal = errors.New("brokerframe: invalid signal")
+
+// Encode stamps Version and marshals f.
+func Encode(f Frame) ([]byte, error) {
+	if !f.Signal.Valid() {
+		return nil, fmt.Errorf("%w %q", ErrInvalidSignal, f.Signal)
+	}
+	f.Version = Version
+	b, err := json.Marshal(f)
+	if err != nil {
+		return nil, fmt.Errorf("brokerframe: encode: %w", err)
+	}
+	return b, nil
+}
+
+// Decode unmarshals one frame and checks its signal. The version is not
+// checked here; see Version.
+func Decode(data []byte) (Frame, error) {
+	var f Frame
+	if err := json.Unmarshal(data, &f); err != nil {
+		return Frame{}, fmt.Errorf("brokerframe: decode: %w", err)
+	}
+	if !f.Signal.Valid() {
+		return Frame{}, fmt.Errorf("%w %q", ErrInvalidSignal, f.Signal)
+	}
+	return f, nil
+}
+
+// Gap reasons carried by a stream-gap frame's payload.
+const (
+	GapEvicted   = "evicted"
+	GapRestarted = "restarted"
+)
+
+// StreamGap is the payload of a stream-gap frame. The missing range is
+// inclusive and omitted for GapRestarted, where no range can be named.
+type StreamGap struct {
+	Reason            string `json:"reason"`
+	RequestedFromSeq  uint64 `json:"requested_from_seq"`
+	MissingFromSeq    uint64 `json:"missing_from_seq,omitempty"`
+	MissingThroughSeq uint64 `json:"missing_through_seq,omitempty"`
+}
