@@ -1,5 +1,6 @@
 // Package config is broker.yaml: its schema, the spec's defaults, strict
-// decoding that names the key path of every mistake, and validation.
+// decoding that names the key path of every mistake, validation, and the
+// diff a SIGHUP reload reports (ReloadDiff).
 //
 // One file serves both processes, and each reads only its own keys: spawnd
 // never looks at auth:, the gateway never looks at run_as or an entry's
@@ -14,7 +15,9 @@ import (
 
 // Config is the whole of broker.yaml after defaults are applied.
 type Config struct {
-	ListenAddr    string `yaml:"listen_addr"`
+	ListenAddr string `yaml:"listen_addr"`
+	// AdvertiseAddr is empty, host:port, or ws|wss|http|https://host[:port];
+	// after Load it carries no surrounding whitespace and no trailing /.
 	AdvertiseAddr string `yaml:"advertise_addr"`
 	// Binaries is the registry, keyed by trimmed entry name. After Load it
 	// always holds the reserved "nexus" entry.

@@ -1,10 +1,10 @@
 package config
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
-	"net"
-	"net/url"
+	"io"
 	"os"
 	"reflect"
 	"sort"
@@ -15,7 +15,7 @@ import (
 	"gopkg.in/yaml.v3"
 )
 
-// Duration is a time.Duration written in YAML as "30s", "5m" or "1h30m".
+// Duration is a time.Duration written in YAML as "30s", "5m", "1h30m" or 0.
 type Duration time.Duration
 
 // D returns the value as a time.Duration.
@@ -25,6 +25,7 @@ func (d Duration) D() time.Duration { return time.Duration(d) }
 type Size int64
 
 var (
+	configType   = reflect.TypeFor[Config]()
 	durationType = reflect.TypeFor[Duration]()
 	sizeType     = reflect.TypeFor[Size]()
 )
@@ -33,7 +34,7 @@ var (
 func Load(path string) (*Config, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("broker config: %w", err)
+		return nil, fmt.Errorf("broker config: %w; pass -config with the path of a readable broker.yaml", err)
 	}
 	return Parse(data)
 }
@@ -41,34 +42,64 @@ func Load(path string) (*Config, error) {
 // Parse decodes and validates broker.yaml text. Every error starts with
 // "broker config: " and names the key path it is about.
 func Parse(data []byte) (*Config, error) {
-	c := Default()
-	c.Binaries = nil // decoded from the file; the reserved entry is synthesized after
-	var doc yaml.Node
-	if err := yaml.Unmarshal(data, &doc); err != nil {
-		return nil, fmt.Errorf("broker config: %w", err)
-	}
-	if len(doc.Content) == 0 { // an empty file: every default
-		return c, c.validate()
-	}
-	root := doc.Content[0]
-	if root.Kind != yaml.MappingNode {
-		return nil, errors.New("broker config: the file must be a mapping of keys (listen_addr: …), not a " + kindName(root))
-	}
-	if err := refuseUnsupported(root); err != nil {
+	root, err := document(data)
+	if err != nil {
 		return nil, err
 	}
-	if err := check(root, reflect.TypeFor[Config](), ""); err != nil {
-		return nil, fmt.Errorf("broker config: %w", err)
+	c := Default()
+	c.Binaries = nil // decoded from the file; the reserved entry is synthesized after
+	if root != nil {
+		if err := refuseUnsupported(root); err != nil {
+			return nil, err
+		}
+		if err := (&checker{done: map[aliasVisit]bool{}}).check(root, configType, ""); err != nil {
+			return nil, fmt.Errorf("broker config: %w", err)
+		}
+		if err := root.Decode(c); err != nil {
+			return nil, fmt.Errorf("broker config: %w", err)
+		}
 	}
-	if err := root.Decode(c); err != nil {
-		return nil, fmt.Errorf("broker config: %w", err)
+	if err := c.validate(); err != nil {
+		return nil, err
 	}
-	return c, c.validate()
+	return c, nil
+}
+
+// document returns the file's top-level mapping, or nil when the file holds
+// no keys at all (empty, comments only, or a bare ---).
+func document(data []byte) (*yaml.Node, error) {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("broker config: not valid YAML: %w", err)
+	}
+	// yaml.Unmarshal would read the first document and drop the rest,
+	// silently ignoring whatever an operator wrote after a stray ---.
+	var next yaml.Node
+	switch err := dec.Decode(&next); {
+	case errors.Is(err, io.EOF):
+	case err != nil:
+		return nil, fmt.Errorf("broker config: not valid YAML: %w", err)
+	case len(next.Content) > 0 && !isNull(next.Content[0]):
+		return nil, fmt.Errorf("broker config: line %d: a second YAML document starts here; broker.yaml is one document, so remove the --- separator and merge the keys", next.Content[0].Line)
+	}
+	root := doc.Content[0]
+	switch {
+	case isNull(root):
+		return nil, nil
+	case root.Kind != yaml.MappingNode:
+		return nil, fmt.Errorf("broker config: the file must be a mapping of keys (listen_addr: …), not %s", describe(root))
+	}
+	return root, nil
 }
 
 // refuseUnsupported names the spec's blocks this build does not implement
 // yet. Ignoring an auth: block would run a broker its operator believes is
 // authenticated wide open, so each is a boot refusal rather than a no-op.
+// It runs before the key walk so this refusal wins over any other mistake.
 func refuseUnsupported(root *yaml.Node) error {
 	for i := 0; i+1 < len(root.Content); i += 2 {
 		switch k := root.Content[i].Value; k {
@@ -79,85 +110,146 @@ func refuseUnsupported(root *yaml.Node) error {
 	return nil
 }
 
-// check walks node against t, refusing unknown keys and malformed scalars by
-// key path before yaml.v3 decodes anything (its own errors name a line, not a
-// key).
-func check(node *yaml.Node, t reflect.Type, path string) error {
-	for t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
+// checker walks the document against the schema, refusing unknown keys and
+// malformed values by key path before yaml.v3 decodes anything (its own
+// errors name a line, not a key, and it quietly truncates 8.5 to an int).
+type checker struct {
+	// done records alias targets already checked as a type, so a document
+	// that aliases one large node many times is walked once, not once per
+	// alias.
+	done map[aliasVisit]bool
+}
+
+type aliasVisit struct {
+	node *yaml.Node
+	t    reflect.Type
+}
+
+func (w *checker) check(node *yaml.Node, t reflect.Type, path string) error {
 	if node.Kind == yaml.AliasNode {
-		node = node.Alias
-	}
-	if node.Kind == yaml.ScalarNode && node.Tag == "!!null" {
+		// The schema has no recursive type, so even a self-referencing
+		// anchor fails a kind check within a few levels.
+		v := aliasVisit{node.Alias, t}
+		if w.done[v] {
+			return nil
+		}
+		if err := w.check(node.Alias, t, path); err != nil {
+			return err
+		}
+		w.done[v] = true
 		return nil
 	}
-	switch {
-	case t == durationType:
-		if node.Kind != yaml.ScalarNode {
-			return fmt.Errorf("%s: want a duration such as 30s or 5m, got a %s", path, kindName(node))
+	if isNull(node) {
+		// An empty block is an empty block; an empty scalar or run_as is
+		// almost always a value that was meant to be there.
+		switch t.Kind() {
+		case reflect.Map, reflect.Slice, reflect.Struct:
+			return nil
 		}
-		if _, err := parseDuration(node.Value); err != nil {
-			return fmt.Errorf("%s: %w", path, err)
-		}
-		return nil
-	case t == sizeType:
-		if node.Kind != yaml.ScalarNode {
-			return fmt.Errorf("%s: want a byte count, got a %s", path, kindName(node))
-		}
-		if _, err := parseSize(node.Value); err != nil {
-			return fmt.Errorf("%s: %w", path, err)
-		}
-		return nil
+		return fmt.Errorf("%s: has no value; give it one, or remove the key", path)
+	}
+	if t.Kind() == reflect.Pointer {
+		t = t.Elem()
 	}
 	switch t.Kind() {
 	case reflect.Struct:
-		if node.Kind != yaml.MappingNode {
-			return fmt.Errorf("%s: want a mapping of keys, got a %s", orRoot(path), kindName(node))
+		if err := checkKeys(node, path); err != nil {
+			return err
 		}
 		fields := yamlFields(t)
 		for i := 0; i+1 < len(node.Content); i += 2 {
 			key := node.Content[i].Value
 			f, ok := fields[key]
 			if !ok {
-				return fmt.Errorf("%s: unknown key; known keys here are %s", join(path, key), strings.Join(sortedKeys(fields), ", "))
+				return fmt.Errorf("%s: unknown key; the keys allowed here are %s", join(path, key), strings.Join(sortedKeys(fields), ", "))
 			}
-			if err := check(node.Content[i+1], f.Type, join(path, key)); err != nil {
+			if err := w.check(node.Content[i+1], f.Type, join(path, key)); err != nil {
 				return err
 			}
 		}
 	case reflect.Map:
-		if node.Kind != yaml.MappingNode {
-			return fmt.Errorf("%s: want a mapping, got a %s", path, kindName(node))
+		if err := checkKeys(node, path); err != nil {
+			return err
 		}
 		for i := 0; i+1 < len(node.Content); i += 2 {
-			if err := check(node.Content[i+1], t.Elem(), join(path, node.Content[i].Value)); err != nil {
+			if err := w.check(node.Content[i+1], t.Elem(), join(path, node.Content[i].Value)); err != nil {
 				return err
 			}
 		}
 	case reflect.Slice:
 		if node.Kind != yaml.SequenceNode {
-			return fmt.Errorf("%s: want a list, got a %s", path, kindName(node))
+			return fmt.Errorf("%s: want a list, got %s", path, describe(node))
 		}
 		for i, n := range node.Content {
-			if err := check(n, t.Elem(), fmt.Sprintf("%s[%d]", path, i)); err != nil {
+			if err := w.check(n, t.Elem(), fmt.Sprintf("%s[%d]", path, i)); err != nil {
 				return err
 			}
 		}
-	case reflect.String:
-		if node.Kind != yaml.ScalarNode {
-			return fmt.Errorf("%s: want a string, got a %s", path, kindName(node))
-		}
-	case reflect.Int:
-		if node.Kind != yaml.ScalarNode {
-			return fmt.Errorf("%s: want an integer, got a %s", path, kindName(node))
-		}
-		if _, err := strconv.ParseInt(node.Value, 0, strconv.IntSize); err != nil {
-			return fmt.Errorf("%s: want an integer, got %q", path, node.Value)
-		}
+	default:
+		return checkScalar(node, t, path)
 	}
 	return nil
 }
+
+// checkKeys refuses what yaml.v3 would otherwise reject by line number
+// (duplicates), resolve surprisingly (<< merges) or drop silently (a key
+// with no name).
+func checkKeys(node *yaml.Node, path string) error {
+	if node.Kind != yaml.MappingNode {
+		return fmt.Errorf("%s: want a mapping of keys, got %s", orRoot(path), describe(node))
+	}
+	seen := map[string]int{}
+	for i := 0; i+1 < len(node.Content); i += 2 {
+		k := node.Content[i]
+		switch {
+		case k.Kind != yaml.ScalarNode:
+			return fmt.Errorf("%s: line %d: a key must be a plain name, not %s", orRoot(path), k.Line, describe(k))
+		case k.Value == "<<" && k.ShortTag() == "!!merge":
+			return fmt.Errorf("%s: line %d: YAML merge keys (<<) are not supported here; write the keys out, or alias a whole value (run_as: *name)", orRoot(path), k.Line)
+		case isNull(k) || k.ShortTag() == "!!binary":
+			return fmt.Errorf("%s: line %d: a key must be a plain name, not %s", orRoot(path), k.Line, describe(k))
+		}
+		if line, dup := seen[k.Value]; dup {
+			return fmt.Errorf("%s: written twice (lines %d and %d); keep one", join(path, k.Value), line, k.Line)
+		}
+		seen[k.Value] = k.Line
+	}
+	return nil
+}
+
+// checkScalar decodes a leaf exactly as the real decode will, so the two
+// cannot disagree about what is valid.
+func checkScalar(node *yaml.Node, t reflect.Type, path string) error {
+	var want string
+	switch {
+	case t == durationType:
+		want = "a duration such as 30s or 5m"
+	case t == sizeType:
+		want = "a byte count such as 1048576"
+	case t.Kind() == reflect.Int:
+		want = "a whole number"
+	default:
+		want = "a string"
+	}
+	if node.Kind != yaml.ScalarNode {
+		return fmt.Errorf("%s: want %s, got %s", path, want, describe(node))
+	}
+	// yaml.v3 decodes a quoted "8" into an int field as an error naming
+	// only a line, and 8.5 as 8; both are refused here by key.
+	if t.Kind() == reflect.Int && node.ShortTag() != "!!int" {
+		return fmt.Errorf("%s: want %s, got %s", path, want, describe(node))
+	}
+	if err := node.Decode(reflect.New(t).Interface()); err != nil {
+		var te *yaml.TypeError
+		if errors.As(err, &te) {
+			return fmt.Errorf("%s: want %s, got %s", path, want, describe(node))
+		}
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return nil
+}
+
+func isNull(n *yaml.Node) bool { return n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null" }
 
 func yamlFields(t reflect.Type) map[string]reflect.StructField {
 	m := map[string]reflect.StructField{}
@@ -193,25 +285,29 @@ func orRoot(path string) string {
 	return path
 }
 
-func kindName(n *yaml.Node) string {
+// describe names what was written, for "want X, got Y" errors.
+func describe(n *yaml.Node) string {
 	switch n.Kind {
 	case yaml.MappingNode:
-		return "mapping"
+		return "a mapping"
 	case yaml.SequenceNode:
-		return "list"
-	case yaml.ScalarNode:
-		return fmt.Sprintf("scalar %q", n.Value)
+		return "a list"
+	case yaml.AliasNode:
+		return "an alias (*" + n.Value + ")"
 	}
-	return "document"
+	switch n.ShortTag() {
+	case "!!null":
+		return "nothing"
+	case "!!str":
+		return "the string " + strconv.Quote(n.Value)
+	}
+	return strconv.Quote(n.Value)
 }
 
 func parseDuration(s string) (time.Duration, error) {
-	if s == "0" {
-		return 0, nil
-	}
 	d, err := time.ParseDuration(strings.TrimSpace(s))
 	if err != nil {
-		return 0, fmt.Errorf("invalid duration %q: want a number with a unit, such as 30s, 5m or 1h30m", s)
+		return 0, fmt.Errorf("invalid duration %q: want a number with a unit, such as 30s, 5m or 1h30m (or 0)", s)
 	}
 	return d, nil
 }
@@ -224,153 +320,16 @@ func parseSize(s string) (int64, error) {
 	return n, nil
 }
 
-// UnmarshalYAML decodes a duration checked by check.
+// UnmarshalYAML decodes a duration such as 30s.
 func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 	v, err := parseDuration(n.Value)
 	*d = Duration(v)
 	return err
 }
 
-// UnmarshalYAML decodes a size checked by check.
+// UnmarshalYAML decodes a byte count.
 func (s *Size) UnmarshalYAML(n *yaml.Node) error {
 	v, err := parseSize(n.Value)
 	*s = Size(v)
 	return err
-}
-
-// validate applies the cross-key rules.
-func (c *Config) validate() error {
-	if err := c.normalizeBinaries(); err != nil {
-		return err
-	}
-	if c.ReadyTimeout <= 0 {
-		return fmt.Errorf("broker config: ready_timeout: must be positive (it bounds an instance's boot), got %s", c.ReadyTimeout.D())
-	}
-	if c.ReattachWindow <= 0 {
-		// 0 is not "wait forever": an unbounded wait is the orphan the
-		// window exists to prevent.
-		c.ReattachWindow = Duration(DefaultReattachWindow)
-	}
-	if err := c.validateRunAs(c.RunAs, "run_as"); err != nil {
-		return err
-	}
-	for _, name := range sortedKeys(c.Binaries) {
-		if err := c.validateRunAs(c.Binaries[name].RunAs, "binaries."+name+".run_as"); err != nil {
-			return err
-		}
-	}
-	for i, n := range c.InheritEnv {
-		switch {
-		case n == "*":
-			return fmt.Errorf("broker config: inherit_env[%d]: \"*\" is not supported: a wildcard would hand every variable this process holds to whoever claims an instance; list the names instead", i)
-		case n == "" || strings.ContainsAny(n, "=\x00"):
-			return fmt.Errorf("broker config: inherit_env[%d]: %q is not an environment variable name", i, n)
-		}
-	}
-	if err := c.validateAdvertise(); err != nil {
-		return err
-	}
-	return nil
-}
-
-func (c *Config) normalizeBinaries() error {
-	declared := map[string]*Entry{}
-	for raw, e := range c.Binaries {
-		name := strings.TrimSpace(raw)
-		if name == "" {
-			return errors.New("broker config: binaries: an entry name is empty")
-		}
-		if _, dup := declared[name]; dup {
-			return fmt.Errorf("broker config: binaries: %q and another entry are the same name once whitespace is trimmed", raw)
-		}
-		if e == nil {
-			return fmt.Errorf("broker config: binaries.%s: the entry is empty; path is required", name)
-		}
-		if strings.TrimSpace(e.Path) == "" {
-			return fmt.Errorf("broker config: binaries.%s.path: required", name)
-		}
-		declared[name] = e
-	}
-	_, explicitNexus := declared[ReservedEntry]
-	if c.NexusBinaryPath != nil {
-		switch {
-		case strings.TrimSpace(*c.NexusBinaryPath) == "":
-			return errors.New("broker config: nexus_binary_path: set to \"\"; remove the key to take the default (a PATH lookup of nexus)")
-		case explicitNexus:
-			return errors.New("broker config: nexus_binary_path and binaries.nexus.path are both set; keep binaries.nexus.path and remove the deprecated nexus_binary_path")
-		}
-		declared[ReservedEntry] = &Entry{Path: *c.NexusBinaryPath}
-	} else if !explicitNexus {
-		declared[ReservedEntry] = &Entry{Path: ReservedEntry}
-	}
-	c.Binaries = declared
-	return nil
-}
-
-func (c *Config) validateRunAs(r *RunAs, path string) error {
-	if r == nil {
-		return nil
-	}
-	switch {
-	case r.UID == nil:
-		return fmt.Errorf("broker config: %s.uid: required whenever run_as is written (a gid alone is not a boundary)", path)
-	case r.GID == nil:
-		return fmt.Errorf("broker config: %s.gid: required whenever run_as is written (a uid alone leaves instances in the broker's primary group)", path)
-	case *r.UID < 0:
-		return fmt.Errorf("broker config: %s.uid: %d is not a valid uid", path, *r.UID)
-	case *r.GID < 0:
-		return fmt.Errorf("broker config: %s.gid: %d is not a valid gid", path, *r.GID)
-	}
-	return nil
-}
-
-// validateAdvertise enforces the advertise_addr rules and records the two
-// WARN shapes.
-func (c *Config) validateAdvertise() error {
-	a := strings.TrimSpace(c.AdvertiseAddr)
-	if a == "" {
-		if host, _, err := net.SplitHostPort(c.ListenAddr); err == nil && isWildcard(host) {
-			c.Warnings = append(c.Warnings, fmt.Sprintf("listen_addr %q binds every interface and advertise_addr is empty, so ws_url is built from each claim's Host header; behind a proxy or load balancer set advertise_addr to the address clients use to reach this broker", c.ListenAddr))
-		}
-		return nil
-	}
-	hostport := a
-	if scheme, _, ok := strings.Cut(a, "://"); ok {
-		switch scheme {
-		case "ws", "http":
-		case "wss", "https":
-			c.Warnings = append(c.Warnings, fmt.Sprintf("advertise_addr %q promises %s, but the broker serves cleartext only; this is right behind a TLS-terminating proxy, and wrong otherwise (advertise ws:// or a bare host:port to silence it)", a, scheme))
-		default:
-			return fmt.Errorf("broker config: advertise_addr: scheme %q is not one of ws, wss, http, https", scheme)
-		}
-		u, err := url.Parse(a)
-		if err != nil {
-			return fmt.Errorf("broker config: advertise_addr: %q does not parse: %v", a, err)
-		}
-		if (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" || u.User != nil {
-			return fmt.Errorf("broker config: advertise_addr: %q carries a path, query or user; give only scheme://host:port", a)
-		}
-		hostport = u.Host
-	} else if strings.ContainsAny(a, "/?#") {
-		return fmt.Errorf("broker config: advertise_addr: %q carries a path; give host:port or scheme://host:port", a)
-	}
-	host, port, err := net.SplitHostPort(hostport)
-	if err != nil || port == "" {
-		return fmt.Errorf("broker config: advertise_addr: %q has no port; give host:port, such as broker-1.example.com:8080", a)
-	}
-	if isWildcard(host) {
-		return fmt.Errorf("broker config: advertise_addr: %q names a wildcard host, which no client can dial; give the address clients use", a)
-	}
-	if p, err := strconv.Atoi(port); err != nil || p <= 0 || p > 65535 {
-		return fmt.Errorf("broker config: advertise_addr: port %q is not a port number", port)
-	}
-	return nil
-}
-
-func isWildcard(host string) bool {
-	if host == "" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsUnspecified()
 }

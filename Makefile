@@ -1,0 +1,45 @@
+# nexus-broker. `make run` starts the broker on its development defaults;
+# `make test` runs every test. Both need only Go.
+GO      ?= go
+BIN     := bin
+TOOLS   := $(BIN)/tools
+PKGS    := ./...
+
+.PHONY: build run test lint bench fuzz proto clean
+
+build:
+	$(GO) build -o $(BIN)/ ./cmd/...
+
+# Starts nexus-broker with its embedded development defaults (nexus-spawnd is
+# launched for you, nexus-echo is the nexus entry) unless ./broker.yaml exists.
+run: build
+	$(BIN)/nexus-broker
+
+test: lint
+	$(GO) test -race -count=1 -timeout 12m $(PKGS)
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+	$(GO) run honnef.co/go/tools/cmd/staticcheck $(PKGS)
+
+# Benchmarks report ratios against baselines measured in the same run.
+bench: build
+	$(GO) test -run '^$$' -bench . -benchtime 2s -timeout 20m ./internal/e2e/
+
+# Short fuzzing of every decoder and the config loader.
+FUZZTIME ?= 30s
+fuzz:
+	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime $(FUZZTIME) ./pkg/brokerframe
+	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime $(FUZZTIME) ./internal/config
+
+# Regenerates pkg/spawnrpc/spawnpb from spawn.proto with Debian's
+# protobuf-compiler (apt-get install protobuf-compiler) and the plugin
+# versions pinned in go.mod.
+proto:
+	$(GO) build -o $(TOOLS)/ google.golang.org/protobuf/cmd/protoc-gen-go google.golang.org/grpc/cmd/protoc-gen-go-grpc
+	PATH="$(CURDIR)/$(TOOLS):$$PATH" protoc --go_out=. --go_opt=paths=source_relative \
+		--go-grpc_out=. --go-grpc_opt=paths=source_relative pkg/spawnrpc/spawnpb/spawn.proto
+
+clean:
+	rm -rf $(BIN)

@@ -1,0 +1,25 @@
+// Command nexus-broker is the unprivileged gateway of nexus-broker: the HTTP
+// and WebSocket ingress. It attaches to nexus-spawnd (and in development
+// starts it) for everything that touches a process.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+
+	"github.com/nexus-broker/nexus-broker/internal/brokerd"
+)
+
+func main() {
+	configPath := flag.String("config", "", "broker.yaml; default ./broker.yaml, or the development defaults when that does not exist")
+	launch := flag.Bool("launch-spawnd", true, "start nexus-spawnd when none is running (development); systemd units set false")
+	spawnd := flag.String("spawnd", "", "path of nexus-spawnd to launch; default: beside this executable, then PATH")
+	flag.Parse()
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	if err := brokerd.Run(brokerd.Options{ConfigPath: *configPath, LaunchSpawnd: *launch, SpawndPath: *spawnd, Logger: log}); err != nil {
+		fmt.Fprintln(os.Stderr, "nexus-broker:", err)
+		os.Exit(1)
+	}
+}

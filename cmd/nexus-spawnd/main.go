@@ -1,0 +1,79 @@
+// Command nexus-spawnd is the privileged half of nexus-broker: it spawns,
+// signals and re-adopts instances on the gateway's behalf, serving
+// pkg/spawnrpc on a unix socket in its run directory. Stopping it stops no
+// instance.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/nexus-broker/nexus-broker/internal/config"
+	"github.com/nexus-broker/nexus-broker/internal/spawnd"
+	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc"
+)
+
+func main() {
+	configPath := flag.String("config", "broker.yaml", "broker.yaml; nexus-spawnd reads only its own keys")
+	runDir := flag.String("run-dir", "", "directory of the socket and spawnd.json; default spawnd.run_dir, else $XDG_RUNTIME_DIR/nexus-broker, else /tmp/nexus-broker-<uid>")
+	flag.Parse()
+	// When launched by a gateway, stderr is spawnd.log, never a pipe.
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	// Run by hand under a pipe, a write after the reader died would kill
+	// us with SIGPIPE; with SIGPIPE notified the write fails with EPIPE
+	// instead. Notify, not Ignore: an ignored disposition would be
+	// inherited by every instance spawned.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
+	if err := run(*configPath, *runDir, log); err != nil {
+		fmt.Fprintln(os.Stderr, "nexus-spawnd:", err)
+		os.Exit(1)
+	}
+}
+
+func run(cfgPath, runDir string, log *slog.Logger) error {
+	cfg, err := config.Load(cfgPath)
+	if err != nil {
+		return err
+	}
+	if runDir == "" {
+		runDir = spawnrpc.RunDir(cfg)
+	}
+	allowedUID := os.Getuid() // development: one user runs both processes
+	if cfg.Spawnd.GatewayUID != nil {
+		allowedUID = *cfg.Spawnd.GatewayUID
+	}
+	socketGID := -1
+	if cfg.Spawnd.SocketGID != nil {
+		socketGID = *cfg.Spawnd.SocketGID
+	}
+
+	// Refuse to be a second spawnd before reading any shared state.
+	release, err := spawnrpc.ClaimRunDir(runDir, socketGID)
+	if err != nil {
+		return err
+	}
+	defer release()
+
+	d, err := spawnd.New(cfgPath, cfg, log)
+	if err != nil {
+		return err
+	}
+	// Close stops watching; instances keep running, which is the point of
+	// the split.
+	defer d.Close()
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	return spawnrpc.Serve(ctx, spawnrpc.ServeOptions{
+		RunDir:     runDir,
+		AllowedUID: allowedUID,
+		SocketGID:  socketGID,
+		Impl:       d,
+		Logger:     log,
+	})
+}

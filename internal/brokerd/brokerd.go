@@ -1,0 +1,166 @@
+// Package brokerd runs the gateway process: load broker.yaml (or the
+// development defaults), attach to nexus-spawnd (launching it in
+// development), listen, serve, and handle SIGHUP / SIGTERM. cmd/nexus-broker
+// only parses flags and calls Run.
+package brokerd
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/nexus-broker/nexus-broker/internal/config"
+	"github.com/nexus-broker/nexus-broker/internal/gateway"
+	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc"
+)
+
+// Options are cmd/nexus-broker's flags.
+type Options struct {
+	// ConfigPath is broker.yaml. Empty means ./broker.yaml when it exists,
+	// else the development defaults.
+	ConfigPath string
+	// LaunchSpawnd starts nexus-spawnd when none is running (development).
+	// Production units run spawnd themselves and turn this off.
+	LaunchSpawnd bool
+	// SpawndPath overrides where nexus-spawnd is looked for.
+	SpawndPath string
+	Logger     *slog.Logger
+}
+
+//go:embed dev.yaml
+var devYAML string
+
+// Run serves until SIGTERM/SIGINT. Instances keep running when it returns.
+func Run(o Options) error {
+	log := o.Logger
+	path, dev, err := resolveConfig(o.ConfigPath, log)
+	if err != nil {
+		return err
+	}
+	cfg, err := config.Load(path)
+	if err != nil {
+		return err
+	}
+	for _, w := range cfg.Warnings {
+		log.Warn(w)
+	}
+	log.Warn("client authentication is DISABLED: broker config has no auth block, so any caller that can reach this broker can claim, release and list leases")
+	if cfg.StateDir == "" {
+		log.Warn("state_dir is empty: lease state is in-memory only, so a restart of nexus-spawnd cannot re-adopt running instances; set state_dir to survive restarts")
+	}
+
+	ln, err := net.Listen("tcp", cfg.ListenAddr)
+	if err != nil {
+		return fmt.Errorf("listen_addr %q: %w", cfg.ListenAddr, err)
+	}
+	defer ln.Close()
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	client, err := spawnrpc.Dial(ctx, spawnrpc.DialOptions{
+		RunDir: spawnrpc.RunDir(cfg), ConfigPath: path, Launch: o.LaunchSpawnd, SpawndPath: o.SpawndPath, Logger: log,
+	})
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+
+	g := gateway.New(gateway.Options{Config: cfg, Spawner: client.Spawner(), Logger: log, DialBack: dialBack(ln.Addr())})
+	if err := g.Start(ctx); err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: g.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	base := "http://" + ln.Addr().String()
+	log.Info("nexus-broker listening", "addr", ln.Addr().String(), "config", path)
+	if dev {
+		go showDevClaim(ctx, base, log)
+	}
+
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	for {
+		select {
+		case <-hup:
+			_ = g.Reload(path) // logged either way; the config in force stays on failure
+		case err := <-serveErr:
+			g.Shutdown()
+			return err
+		case <-ctx.Done():
+			log.Info("shutting down; instances keep running for the next gateway to reattach")
+			g.Shutdown()
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = srv.Shutdown(sctx)
+			return nil
+		}
+	}
+}
+
+// resolveConfig picks the config file. With no -config and no ./broker.yaml
+// it writes the development defaults (nexus-echo beside this executable as
+// the nexus entry, loopback only) to a private file both processes read.
+func resolveConfig(path string, log *slog.Logger) (string, bool, error) {
+	if path != "" {
+		return path, false, nil
+	}
+	if _, err := os.Stat("broker.yaml"); err == nil {
+		return "broker.yaml", false, nil
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return "", false, err
+	}
+	echo := filepath.Join(filepath.Dir(exe), "nexus-echo")
+	if _, err := os.Stat(echo); err != nil {
+		return "", false, fmt.Errorf("no -config given, no ./broker.yaml, and no nexus-echo beside %s for the development defaults: run `make build` or pass -config", exe)
+	}
+	dir := filepath.Join(os.TempDir(), fmt.Sprintf("nexus-broker-dev-%d", os.Getuid()))
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", false, err
+	}
+	p := filepath.Join(dir, "broker.yaml")
+	text := strings.NewReplacer("{{ECHO}}", echo, "{{RUN_DIR}}", filepath.Join(dir, "run")).Replace(devYAML)
+	if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
+		return "", false, err
+	}
+	log.Info("no -config and no ./broker.yaml: using the development defaults (nexus-echo as the nexus entry)", "config", p)
+	return p, true, nil
+}
+
+// dialBack is NEXUS_BROKER_ADDR: the listener's address, with a wildcard
+// bind dialed on loopback (instances run on this host).
+func dialBack(a net.Addr) string {
+	tcp, ok := a.(*net.TCPAddr)
+	if !ok {
+		return "ws://" + a.String() + "/instance"
+	}
+	host := tcp.IP.String()
+	if tcp.IP.IsUnspecified() {
+		host = "127.0.0.1"
+		if tcp.IP.To4() == nil && !dualStack() {
+			host = "::1"
+		}
+	}
+	return "ws://" + net.JoinHostPort(host, fmt.Sprint(tcp.Port)) + "/instance"
+}
+
+func dualStack() bool {
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		return false
+	}
+	ln.Close()
+	return true
+}

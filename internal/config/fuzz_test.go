@@ -1,0 +1,54 @@
+package config
+
+import (
+	"strings"
+	"testing"
+)
+
+// FuzzParse holds Parse to its contract on any input: no panic; every
+// error starts "broker config: "; every success has the reserved entry, a
+// positive ready_timeout and reattach_window, and a path on every entry.
+func FuzzParse(f *testing.F) {
+	for _, s := range []string{"", specExample, specRegistryExample, specRunAsExample, specEnvExample} {
+		f.Add(s)
+	}
+	for _, tc := range okCases {
+		f.Add(tc.yaml)
+	}
+	for _, tc := range errorCases {
+		f.Add(tc.yaml)
+	}
+	for _, k := range reloadClass {
+		f.Add(k.changed)
+	}
+	f.Fuzz(func(t *testing.T, data string) {
+		c, err := Parse([]byte(data))
+		if err != nil {
+			if c != nil {
+				t.Errorf("a Config came back beside %v", err)
+			}
+			if !strings.HasPrefix(err.Error(), "broker config: ") {
+				t.Errorf("error %q does not start \"broker config: \"", err)
+			}
+			return
+		}
+		if e := c.Binaries[ReservedEntry]; e == nil {
+			t.Errorf("no %q entry in %v", ReservedEntry, c.Binaries)
+		}
+		for name, e := range c.Binaries {
+			if name != strings.TrimSpace(name) || name == "" || e == nil || strings.TrimSpace(e.Path) == "" {
+				t.Errorf("entry %q is %+v", name, e)
+			}
+		}
+		if c.ReadyTimeout <= 0 {
+			t.Errorf("ready_timeout %s", c.ReadyTimeout.D())
+		}
+		if c.ReattachWindow <= 0 {
+			t.Errorf("reattach_window %s", c.ReattachWindow.D())
+		}
+		// A parsed config has nothing to reload against itself.
+		if r, b := c.ReloadDiff(c); r != nil || b != nil {
+			t.Errorf("ReloadDiff with itself = %v, %v", r, b)
+		}
+	})
+}

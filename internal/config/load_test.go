@@ -1,0 +1,657 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+// specExample is the commented listing of "Running the broker", minus the
+// auth: line this build refuses.
+const specExample = `# broker.yaml
+listen_addr: ":8080"          # HTTP/WS gateway bind address
+advertise_addr: ""            # address CLIENTS use to reach this broker; required behind a proxy/LB
+binaries:                     # named nexus variants this broker may spawn (see below)
+  nexus:                      # reserved name; always present, declare it to override the path
+    path: "nexus"
+# nexus_binary_path: "nexus"  # DEPRECATED alias for binaries.nexus.path; still honoured
+max_concurrent: 8             # max live instances; <=0 = unlimited
+idle_timeout: 5m              # release a QUIET lease after this much inactivity; <=0 disables
+max_turn_duration: 30m        # bound on an in-flight turn, which is otherwise exempt from idle_timeout
+queue_wait_timeout: 30s       # how long an over-cap claim waits in the FIFO queue; <=0 = no waiting
+max_queue_depth: 64           # how many claims may be PARKED in that queue at once; <=0 = unlimited
+max_leases_per_principal: 0   # live leases one authenticated principal may hold; 0 = off
+max_queued_per_principal: 0   # queued claims one authenticated principal may hold; 0 = off
+release_grace: 10s            # graceful-shutdown grace before SIGTERM, then SIGKILL
+ready_timeout: 30s            # ceiling on instance BOOT; raise it for a slow-starting config
+session_report_grace: 5s      # post-ready wait for the instance's session id; claim still succeeds if it elapses
+max_claim_body: 1048576       # ceiling on the claim request body (1 MiB); it carries the whole config
+state_dir: ""                 # per-broker dir for the lease journal; empty = in-memory only
+broker_id: ""                 # stamped on every lease record; generated + persisted when empty
+reattach_window: 60s          # how long a lease restored after a restart waits for its instance
+`
+
+// specRegistryExample is the nexus/vision/pinned listing of "Serving
+// several nexus variants".
+const specRegistryExample = `# broker.yaml
+binaries:
+  nexus:                                 # reserved name; declare it only to pin the path
+    path: "/usr/local/bin/nexus"
+
+  vision:
+    path: "~/builds/nexus-vision"        # ` + "`~`" + ` is expanded
+    label: "Nexus (vision)"              # presentational only
+    description: "Multimodal build with the image tools compiled in"
+    args: ["-profile", "vision"]         # appended AFTER the broker's -config / -recall
+    env:
+      NEXUS_VISION: "1"                  # layered UNDER the broker's NEXUS_BROKER_* vars
+
+  pinned:
+    path: "nexus-0.9"                    # no path separator → looked up on the broker's PATH
+    description: "Pinned 0.9 build for regression triage"
+`
+
+// specRunAsExample is the listing of "Running instances as another user".
+const specRunAsExample = `# broker.yaml
+run_as:                          # default for entries that declare none
+  uid: 1500
+  gid: 1500
+
+binaries:
+  vision:
+    path: /opt/builds/nexus-vision
+    run_as:                      # replaces the default outright — never merged
+      uid: 1501
+      gid: 1501
+
+  support:
+    path: /opt/builds/nexus-support
+    run_as:
+      uid: 1502
+      gid: 1502
+    env:
+      HOME: /var/lib/nexus/support    # keep this variant's state off a home dir
+`
+
+// specEnvExample is the "after" listing of the environment migration.
+const specEnvExample = `inherit_env:                     # names only; the values come from the broker's env
+  - ANTHROPIC_API_KEY
+  - OPENAI_API_KEY
+binaries:
+  nexus:
+    path: /usr/local/bin/nexus
+  vision:
+    path: /opt/builds/nexus-vision
+    env:                         # set outright — a property of this variant
+      NEXUS_VISION: "1"
+`
+
+const wildcardWarn = `listen_addr ":8080" binds every interface and advertise_addr is empty`
+
+func ptr[T any](v T) *T { return &v }
+
+func TestDefaults(t *testing.T) {
+	want := Default()
+	for _, d := range []struct{ name, yaml string }{
+		{"empty file", ""},
+		{"comments only", "# broker.yaml\n# listen_addr: \":9090\"\n\n   # indented\n"},
+		{"bare document marker", "---\n"},
+		{"null document", "~\n"},
+	} {
+		t.Run(d.name, func(t *testing.T) {
+			c, err := Parse([]byte(d.yaml))
+			if err != nil {
+				t.Fatal(err)
+			}
+			assertWarnings(t, c, wildcardWarn)
+			c.Warnings = nil
+			if !reflect.DeepEqual(c, want) {
+				t.Errorf("got %+v\nwant the defaults %+v", c, want)
+			}
+		})
+	}
+}
+
+// TestDefaultValues pins every default against the spec's broker.yaml
+// listing, so a changed constant cannot pass unnoticed.
+func TestDefaultValues(t *testing.T) {
+	c := Default()
+	for _, d := range []struct {
+		key       string
+		got, want any
+	}{
+		{"listen_addr", c.ListenAddr, ":8080"},
+		{"advertise_addr", c.AdvertiseAddr, ""},
+		{"binaries", c.Binaries, map[string]*Entry{"nexus": {Path: "nexus"}}},
+		{"nexus_binary_path", c.NexusBinaryPath, (*string)(nil)},
+		{"max_concurrent", c.MaxConcurrent, 8},
+		{"idle_timeout", c.IdleTimeout.D(), 5 * time.Minute},
+		{"max_turn_duration", c.MaxTurnDuration.D(), 30 * time.Minute},
+		{"queue_wait_timeout", c.QueueWaitTimeout.D(), 30 * time.Second},
+		{"max_queue_depth", c.MaxQueueDepth, 64},
+		{"max_leases_per_principal", c.MaxLeasesPerPrincipal, 0},
+		{"max_queued_per_principal", c.MaxQueuedPerPrincipal, 0},
+		{"release_grace", c.ReleaseGrace.D(), 10 * time.Second},
+		{"ready_timeout", c.ReadyTimeout.D(), 30 * time.Second},
+		{"session_report_grace", c.SessionReportGrace.D(), 5 * time.Second},
+		{"max_claim_body", c.MaxClaimBody, Size(1048576)},
+		{"state_dir", c.StateDir, ""},
+		{"broker_id", c.BrokerID, ""},
+		{"reattach_window", c.ReattachWindow.D(), 60 * time.Second},
+		{"client_replay_buffer_bytes", c.ClientReplayBufferBytes, Size(1 << 20)},
+		{"inherit_env", c.InheritEnv, []string(nil)},
+		{"run_as", c.RunAs, (*RunAs)(nil)},
+		{"spawnd", c.Spawnd, Spawnd{}},
+	} {
+		if !reflect.DeepEqual(d.got, d.want) {
+			t.Errorf("%s: default %v, want %v", d.key, d.got, d.want)
+		}
+	}
+}
+
+func TestSpecExample(t *testing.T) {
+	c, err := Parse([]byte(specExample))
+	if err != nil {
+		t.Fatal(err)
+	}
+	assertWarnings(t, c, wildcardWarn)
+	c.Warnings = nil
+	if want := Default(); !reflect.DeepEqual(c, want) {
+		t.Errorf("the spec's listing states every default, but parsed as\n%+v\nnot\n%+v", c, want)
+	}
+
+	// The same listing with every value moved off its default.
+	changed := strings.NewReplacer(
+		`listen_addr: ":8080"`, `listen_addr: "127.0.0.1:9090"`,
+		`advertise_addr: ""`, `advertise_addr: "broker-1.example.com:9090"`,
+		`path: "nexus"`, `path: "/opt/nexus"`,
+		"max_concurrent: 8", "max_concurrent: 0",
+		"idle_timeout: 5m", "idle_timeout: 0",
+		"max_turn_duration: 30m", "max_turn_duration: 1h30m",
+		"queue_wait_timeout: 30s", "queue_wait_timeout: -1s",
+		"max_queue_depth: 64", "max_queue_depth: 3",
+		"max_leases_per_principal: 0", "max_leases_per_principal: 2",
+		"max_queued_per_principal: 0", "max_queued_per_principal: 4",
+		"release_grace: 10s", "release_grace: 1s",
+		"ready_timeout: 30s", "ready_timeout: 2m",
+		"session_report_grace: 5s", "session_report_grace: 500ms",
+		"max_claim_body: 1048576", "max_claim_body: 0x200000",
+		`state_dir: ""`, `state_dir: "~/.nexus/broker"`,
+		`broker_id: ""`, `broker_id: "b1"`,
+		"reattach_window: 60s", "reattach_window: 2m",
+	).Replace(specExample)
+	c, err = Parse([]byte(changed))
+	if err != nil {
+		t.Fatal(err)
+	}
+	assertWarnings(t, c)
+	want := &Config{
+		ListenAddr:              "127.0.0.1:9090",
+		AdvertiseAddr:           "broker-1.example.com:9090",
+		Binaries:                map[string]*Entry{"nexus": {Path: "/opt/nexus"}},
+		MaxConcurrent:           0,
+		IdleTimeout:             0,
+		MaxTurnDuration:         Duration(90 * time.Minute),
+		QueueWaitTimeout:        Duration(-time.Second),
+		MaxQueueDepth:           3,
+		MaxLeasesPerPrincipal:   2,
+		MaxQueuedPerPrincipal:   4,
+		ReleaseGrace:            Duration(time.Second),
+		ReadyTimeout:            Duration(2 * time.Minute),
+		SessionReportGrace:      Duration(500 * time.Millisecond),
+		MaxClaimBody:            2 << 20,
+		StateDir:                "~/.nexus/broker",
+		BrokerID:                "b1",
+		ReattachWindow:          Duration(2 * time.Minute),
+		ClientReplayBufferBytes: DefaultClientReplayBufferBytes,
+	}
+	if !reflect.DeepEqual(c, want) {
+		t.Errorf("got\n%+v\nwant\n%+v", c, want)
+	}
+}
+
+func TestSpecRegistryExamples(t *testing.T) {
+	for _, d := range []struct {
+		name, yaml string
+		want       *Config
+	}{
+		{"nexus/vision/pinned", specRegistryExample, &Config{Binaries: map[string]*Entry{
+			"nexus": {Path: "/usr/local/bin/nexus"},
+			"vision": {
+				Path:        "~/builds/nexus-vision",
+				Label:       "Nexus (vision)",
+				Description: "Multimodal build with the image tools compiled in",
+				Args:        []string{"-profile", "vision"},
+				Env:         map[string]string{"NEXUS_VISION": "1"},
+			},
+			"pinned": {Path: "nexus-0.9", Description: "Pinned 0.9 build for regression triage"},
+		}}},
+		{"run_as", specRunAsExample, &Config{
+			RunAs: &RunAs{UID: ptr(1500), GID: ptr(1500)},
+			Binaries: map[string]*Entry{
+				"nexus":  {Path: "nexus"},
+				"vision": {Path: "/opt/builds/nexus-vision", RunAs: &RunAs{UID: ptr(1501), GID: ptr(1501)}},
+				"support": {
+					Path:  "/opt/builds/nexus-support",
+					RunAs: &RunAs{UID: ptr(1502), GID: ptr(1502)},
+					Env:   map[string]string{"HOME": "/var/lib/nexus/support"},
+				},
+			},
+		}},
+		{"inherit_env", specEnvExample, &Config{
+			InheritEnv: []string{"ANTHROPIC_API_KEY", "OPENAI_API_KEY"},
+			Binaries: map[string]*Entry{
+				"nexus":  {Path: "/usr/local/bin/nexus"},
+				"vision": {Path: "/opt/builds/nexus-vision", Env: map[string]string{"NEXUS_VISION": "1"}},
+			},
+		}},
+		{"nexus_binary_path migration, before", `nexus_binary_path: "/usr/local/bin/nexus"`, &Config{
+			NexusBinaryPath: ptr("/usr/local/bin/nexus"),
+			Binaries:        map[string]*Entry{"nexus": {Path: "/usr/local/bin/nexus"}},
+		}},
+		{"nexus_binary_path migration, after", "binaries:\n  nexus:\n    path: \"/usr/local/bin/nexus\"\n", &Config{
+			Binaries: map[string]*Entry{"nexus": {Path: "/usr/local/bin/nexus"}},
+		}},
+	} {
+		t.Run(d.name, func(t *testing.T) {
+			c, err := Parse([]byte(d.yaml))
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := Default()
+			want.Binaries = d.want.Binaries
+			want.NexusBinaryPath = d.want.NexusBinaryPath
+			want.RunAs = d.want.RunAs
+			want.InheritEnv = d.want.InheritEnv
+			c.Warnings = nil
+			if !reflect.DeepEqual(c, want) {
+				t.Errorf("got\n%+v\nwant\n%+v", c, want)
+			}
+			for name, e := range d.want.Binaries {
+				if got := c.EntryRunAs(name); !reflect.DeepEqual(got, firstRunAs(e.RunAs, d.want.RunAs)) {
+					t.Errorf("EntryRunAs(%q) = %v", name, got)
+				}
+			}
+		})
+	}
+}
+
+func firstRunAs(a, b *RunAs) *RunAs {
+	if a != nil {
+		return a
+	}
+	return b
+}
+
+// okCases parse; check inspects the result.
+var okCases = []struct {
+	name, yaml string
+	check      func(t *testing.T, c *Config)
+}{
+	{"reattach_window 0 is the default", "reattach_window: 0", func(t *testing.T, c *Config) {
+		wantDuration(t, "reattach_window", c.ReattachWindow, DefaultReattachWindow)
+	}},
+	{"reattach_window \"0\" is the default", `reattach_window: "0"`, func(t *testing.T, c *Config) {
+		wantDuration(t, "reattach_window", c.ReattachWindow, DefaultReattachWindow)
+	}},
+	{"reattach_window negative is the default", "reattach_window: -5s", func(t *testing.T, c *Config) {
+		wantDuration(t, "reattach_window", c.ReattachWindow, DefaultReattachWindow)
+	}},
+	{"durations", "idle_timeout: 0\nmax_turn_duration: 1h30m\nrelease_grace: \" 2s \"\nsession_report_grace: 0s", func(t *testing.T, c *Config) {
+		wantDuration(t, "idle_timeout", c.IdleTimeout, 0)
+		wantDuration(t, "max_turn_duration", c.MaxTurnDuration, 90*time.Minute)
+		wantDuration(t, "release_grace", c.ReleaseGrace, 2*time.Second)
+		wantDuration(t, "session_report_grace", c.SessionReportGrace, 0)
+	}},
+	{"sizes", "client_replay_buffer_bytes: 0\nmax_claim_body: 1_048_577", func(t *testing.T, c *Config) {
+		if c.ClientReplayBufferBytes != 0 || c.MaxClaimBody != 1048577 {
+			t.Errorf("client_replay_buffer_bytes %d, max_claim_body %d", c.ClientReplayBufferBytes, c.MaxClaimBody)
+		}
+	}},
+	{"nexus synthesized beside other entries", "binaries:\n  vision:\n    path: /opt/v\n", func(t *testing.T, c *Config) {
+		wantEntries(t, c, map[string]string{"nexus": "nexus", "vision": "/opt/v"})
+	}},
+	{"empty binaries block", "binaries:\n", func(t *testing.T, c *Config) {
+		wantEntries(t, c, map[string]string{"nexus": "nexus"})
+	}},
+	{"entry names trimmed", "binaries:\n  \" vision \":\n    path: /opt/v\n  \"nexus\t\":\n    path: /opt/n\n", func(t *testing.T, c *Config) {
+		wantEntries(t, c, map[string]string{"nexus": "/opt/n", "vision": "/opt/v"})
+	}},
+	{"empty args and env are none", "binaries:\n  v:\n    path: x\n    args: []\n    env: {}\ninherit_env: []\n", func(t *testing.T, c *Config) {
+		if e := c.Binaries["v"]; e.Args != nil || e.Env != nil || c.InheritEnv != nil {
+			t.Errorf("args %#v env %#v inherit_env %#v, want all nil", e.Args, e.Env, c.InheritEnv)
+		}
+	}},
+	{"empty spawnd block", "spawnd:\n", func(t *testing.T, c *Config) {
+		if !reflect.DeepEqual(c.Spawnd, Spawnd{}) {
+			t.Errorf("spawnd %+v", c.Spawnd)
+		}
+	}},
+	{"spawnd block", "spawnd:\n  run_dir: /run/nexus-broker\n  gateway_uid: 990\n  socket_gid: 0\n", func(t *testing.T, c *Config) {
+		want := Spawnd{RunDir: "/run/nexus-broker", GatewayUID: ptr(990), SocketGID: ptr(0)}
+		if !reflect.DeepEqual(c.Spawnd, want) {
+			t.Errorf("spawnd %+v", c.Spawnd)
+		}
+	}},
+	{"run_as aliased into an entry", "run_as: &ra {uid: 7, gid: 8}\nbinaries:\n  v:\n    path: x\n    run_as: *ra\n", func(t *testing.T, c *Config) {
+		if got := c.EntryRunAs("v").String(); got != "7:8" {
+			t.Errorf("binaries.v.run_as = %s", got)
+		}
+	}},
+	{"run_as uid 0 and the largest id", "run_as: {uid: 0, gid: 4294967294}", func(t *testing.T, c *Config) {
+		if got := c.EntryRunAs("nexus").String(); got != "0:4294967294" {
+			t.Errorf("run_as = %s", got)
+		}
+	}},
+	{"advertise bare host:port", "advertise_addr: broker-1.example.com:8080", func(t *testing.T, c *Config) {
+		wantAdvertise(t, c, "broker-1.example.com:8080")
+	}},
+	{"advertise bare IPv6", `advertise_addr: "[2001:db8::1]:8080"`, func(t *testing.T, c *Config) {
+		wantAdvertise(t, c, "[2001:db8::1]:8080")
+	}},
+	{"advertise ws", "advertise_addr: ws://10.0.0.5:8080", func(t *testing.T, c *Config) {
+		wantAdvertise(t, c, "ws://10.0.0.5:8080")
+	}},
+	{"advertise http", "advertise_addr: http://broker:80", func(t *testing.T, c *Config) {
+		wantAdvertise(t, c, "http://broker:80")
+	}},
+	{"advertise trimmed, trailing slash dropped", `advertise_addr: " ws://broker:80/ "`, func(t *testing.T, c *Config) {
+		wantAdvertise(t, c, "ws://broker:80")
+	}},
+	{"advertise wss warns", "advertise_addr: wss://broker-1.example.com:443", func(t *testing.T, c *Config) {
+		wantAdvertise(t, c, "wss://broker-1.example.com:443", `advertise_addr "wss://broker-1.example.com:443" promises wss`)
+	}},
+	// The spec's own examples leave the port to the scheme.
+	{"advertise wss without a port", `advertise_addr: "wss://broker-1.example.com"`, func(t *testing.T, c *Config) {
+		wantAdvertise(t, c, "wss://broker-1.example.com", "promises wss")
+	}},
+	{"advertise https without a port", `advertise_addr: "https://broker.example"`, func(t *testing.T, c *Config) {
+		wantAdvertise(t, c, "https://broker.example", "promises https")
+	}},
+	{"wildcard listen 0.0.0.0 warns", `listen_addr: "0.0.0.0:8080"`, func(t *testing.T, c *Config) {
+		assertWarnings(t, c, `listen_addr "0.0.0.0:8080" binds every interface`)
+	}},
+	{"wildcard listen [::] warns", `listen_addr: "[::]:8080"`, func(t *testing.T, c *Config) {
+		assertWarnings(t, c, `listen_addr "[::]:8080" binds every interface`)
+	}},
+	{"loopback listen does not warn", `listen_addr: "127.0.0.1:0"`, func(t *testing.T, c *Config) {
+		assertWarnings(t, c)
+	}},
+	{"wildcard listen with advertise does not warn", "listen_addr: \":8080\"\nadvertise_addr: broker:8080", func(t *testing.T, c *Config) {
+		assertWarnings(t, c)
+	}},
+	{"integers in hex and with underscores", "max_concurrent: 0x10\nmax_queue_depth: 1_000", func(t *testing.T, c *Config) {
+		if c.MaxConcurrent != 16 || c.MaxQueueDepth != 1000 {
+			t.Errorf("max_concurrent %d, max_queue_depth %d", c.MaxConcurrent, c.MaxQueueDepth)
+		}
+	}},
+	{"leading document marker", "---\nmax_concurrent: 2\n", func(t *testing.T, c *Config) {
+		if c.MaxConcurrent != 2 {
+			t.Errorf("max_concurrent %d", c.MaxConcurrent)
+		}
+	}},
+	{"trailing empty document", "max_concurrent: 2\n---\n", func(t *testing.T, c *Config) {
+		if c.MaxConcurrent != 2 {
+			t.Errorf("max_concurrent %d", c.MaxConcurrent)
+		}
+	}},
+	{"non-string values for string keys", "broker_id: 42\nbinaries:\n  v:\n    path: x\n    label: true\n    env: {N: 1}\n", func(t *testing.T, c *Config) {
+		if e := c.Binaries["v"]; c.BrokerID != "42" || e.Label != "true" || e.Env["N"] != "1" {
+			t.Errorf("broker_id %q, label %q, env %v", c.BrokerID, e.Label, e.Env)
+		}
+	}},
+}
+
+func TestParseOK(t *testing.T) {
+	for _, tc := range okCases {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Parse([]byte(tc.yaml))
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.check(t, c)
+		})
+	}
+}
+
+// errorCases are refused; key is the key path the error must lead with
+// ("" for errors about the file as a whole) and want a phrase it must hold.
+var errorCases = []struct{ name, yaml, key, want string }{
+	// Unknown keys, at every level.
+	{"unknown top-level key", "listen_adr: \":8080\"", "listen_adr", "unknown key; the keys allowed here are advertise_addr, binaries,"},
+	{"unknown entry key", "binaries:\n  vision:\n    path: x\n    pth: y\n", "binaries.vision.pth", "unknown key; the keys allowed here are args, description, env, label, path, run_as"},
+	{"unknown entry run_as key", "binaries:\n  vision:\n    path: x\n    run_as: {uid: 1, gid: 1, uidd: 2}\n", "binaries.vision.run_as.uidd", "unknown key; the keys allowed here are gid, uid"},
+	{"unknown run_as key", "run_as:\n  uid: 1\n  gid: 1\n  user: nexus\n", "run_as.user", "unknown key"},
+	{"unknown spawnd key", "spawnd:\n  run_dri: /run\n", "spawnd.run_dri", "unknown key; the keys allowed here are gateway_uid, run_dir, socket_gid"},
+	{"unknown key inside an alias", "x: &e {path: a, bogus: 1}\n", "x", "unknown key"},
+	{"unknown key in an aliased entry", "binaries:\n  a: &e {path: a, bogus: 1}\n", "binaries.a.bogus", "unknown key"},
+
+	// Blocks this build does not implement.
+	{"auth block", "auth:\n  validators: []\n", "auth", "does not support the auth: block yet; remove it"},
+	{"agents block", "agents: {}\n", "agents", "does not support the agents: block yet"},
+	{"a2a block", "max_concurrent: [x]\na2a:\n  tasks: {ttl: 24h}\n", "a2a", "does not support the a2a: block yet"},
+	{"empty auth block", "auth:\n", "auth", "does not support the auth: block"},
+
+	// Durations.
+	{"duration without a unit", "idle_timeout: 300", "idle_timeout", `invalid duration "300": want a number with a unit`},
+	{"duration in words", "max_turn_duration: 5 minutes", "max_turn_duration", "invalid duration"},
+	{"duration as a list", "release_grace: [10s]", "release_grace", "want a duration such as 30s or 5m, got a list"},
+	{"duration overflow", "queue_wait_timeout: 9999999999h", "queue_wait_timeout", "invalid duration"},
+	{"reattach_window garbage", "reattach_window: soon", "reattach_window", "invalid duration"},
+	{"session_report_grace empty", "session_report_grace: \"\"", "session_report_grace", "invalid duration"},
+
+	// ready_timeout.
+	{"ready_timeout zero", "ready_timeout: 0", "ready_timeout", "must be positive"},
+	{"ready_timeout 0s", "ready_timeout: 0s", "ready_timeout", "must be positive"},
+	{"ready_timeout negative", "ready_timeout: -30s", "ready_timeout", "must be positive"},
+	{"ready_timeout unparsable", "ready_timeout: 30", "ready_timeout", "invalid duration"},
+	{"ready_timeout empty", "ready_timeout:", "ready_timeout", "has no value"},
+
+	// Sizes.
+	{"size negative", "max_claim_body: -1", "max_claim_body", "invalid byte count"},
+	{"size with a unit", "client_replay_buffer_bytes: 1MiB", "client_replay_buffer_bytes", "invalid byte count"},
+	{"size fractional", "client_replay_buffer_bytes: 1.5", "client_replay_buffer_bytes", "invalid byte count"},
+	{"size mapping", "max_claim_body: {bytes: 1}", "max_claim_body", "want a byte count such as 1048576, got a mapping"},
+	{"max_claim_body zero", "max_claim_body: 0", "max_claim_body", "must be positive"},
+
+	// Integers.
+	{"integer fractional", "max_concurrent: 8.5", "max_concurrent", `want a whole number, got "8.5"`},
+	{"integer quoted", `max_queue_depth: "64"`, "max_queue_depth", `want a whole number, got the string "64"`},
+	{"integer word", "max_leases_per_principal: two", "max_leases_per_principal", "want a whole number"},
+	{"integer overflow", "max_queued_per_principal: 99999999999999999999", "max_queued_per_principal", "want a whole number"},
+	{"integer list", "max_concurrent: [8]", "max_concurrent", "want a whole number, got a list"},
+
+	// Strings and blocks of the wrong shape.
+	{"string as a list", "state_dir: [a]", "state_dir", "want a string, got a list"},
+	{"binaries as a list", "binaries:\n  - path: x\n", "binaries", "want a mapping of keys, got a list"},
+	{"entry as a string", "binaries:\n  vision: /opt/v\n", "binaries.vision", `want a mapping of keys, got the string "/opt/v"`},
+	{"args not a list", "binaries:\n  v:\n    path: x\n    args: -v\n", "binaries.v.args", "want a list"},
+	{"args element a mapping", "binaries:\n  v:\n    path: x\n    args: [{a: b}]\n", "binaries.v.args[0]", "want a string, got a mapping"},
+	{"env a list", "binaries:\n  v:\n    path: x\n    env: [A]\n", "binaries.v.env", "want a mapping of keys, got a list"},
+	{"env value a list", "binaries:\n  v:\n    path: x\n    env: {A: [1]}\n", "binaries.v.env.A", "want a string, got a list"},
+	{"spawnd a scalar", "spawnd: /run", "spawnd", "want a mapping of keys"},
+	{"inherit_env a string", "inherit_env: ANTHROPIC_API_KEY", "inherit_env", `want a list, got the string "ANTHROPIC_API_KEY"`},
+
+	// Empty values where one was meant.
+	{"listen_addr empty", "listen_addr:", "listen_addr", "has no value; give it one, or remove the key"},
+	{"entry empty", "binaries:\n  vision:\n", "binaries.vision", "has no value"},
+	{"env value empty", "binaries:\n  v:\n    path: x\n    env: {A: ~}\n", "binaries.v.env.A", "has no value"},
+	{"inherit_env element empty", "inherit_env: [~]", "inherit_env[0]", "has no value"},
+
+	// nexus_binary_path.
+	{"nexus_binary_path with binaries.nexus.path", "nexus_binary_path: /a\nbinaries:\n  nexus:\n    path: /b\n", "nexus_binary_path", "set together with binaries.nexus.path"},
+	{"nexus_binary_path with trimmed binaries.nexus", "nexus_binary_path: /a\nbinaries:\n  \" nexus\":\n    path: /b\n", "nexus_binary_path", "set together with binaries.nexus.path"},
+	{"nexus_binary_path empty string", `nexus_binary_path: ""`, "nexus_binary_path", `set to ""; remove the key to take the default`},
+	{"nexus_binary_path blank", `nexus_binary_path: "   "`, "nexus_binary_path", `set to ""`},
+	{"nexus_binary_path null", "nexus_binary_path:", "nexus_binary_path", "has no value"},
+	{"nexus_binary_path NUL", `nexus_binary_path: "/a\0b"`, "nexus_binary_path", "NUL"},
+
+	// Entry names and paths.
+	{"entry names collide after trim", "binaries:\n  vision:\n    path: a\n  \" vision\":\n    path: b\n", "binaries.vision", `" vision" and "vision" are the same name`},
+	{"entry name blank", "binaries:\n  \"  \":\n    path: a\n", "binaries", "is empty once whitespace is trimmed"},
+	{"entry name null", "binaries:\n  ~:\n    path: a\n", "binaries", "a key must be a plain name"},
+	{"entry without path", "binaries:\n  vision:\n    label: V\n", "binaries.vision.path", "required"},
+	{"entry with blank path", "binaries:\n  vision:\n    path: \" \"\n", "binaries.vision.path", "required"},
+	{"nexus entry without path", "binaries:\n  nexus: {}\n", "binaries.nexus.path", "required"},
+	{"entry path NUL", "binaries:\n  v:\n    path: \"a\\0\"\n", "binaries.v.path", "NUL"},
+	{"entry arg NUL", "binaries:\n  v:\n    path: a\n    args: [ok, \"b\\0\"]\n", "binaries.v.args[1]", "NUL"},
+	{"entry env name with =", "binaries:\n  v:\n    path: a\n    env: {\"A=B\": x}\n", "binaries.v.env", `"A=B" is not an environment variable name`},
+	{"entry env value NUL", "binaries:\n  v:\n    path: a\n    env: {A: \"\\0\"}\n", "binaries.v.env.A", "NUL"},
+
+	// run_as, wherever it is written.
+	{"run_as uid only", "run_as: {uid: 1500}", "run_as.gid", "required whenever run_as is written"},
+	{"run_as gid only", "run_as: {gid: 1500}", "run_as.uid", "required whenever run_as is written"},
+	{"run_as empty mapping", "run_as: {}", "run_as.uid", "required"},
+	{"run_as empty", "run_as:", "run_as", "has no value"},
+	{"run_as negative uid", "run_as: {uid: -1, gid: 1}", "run_as.uid", "-1 is not a usable uid"},
+	{"run_as negative gid", "run_as: {uid: 1, gid: -2}", "run_as.gid", "-2 is not a usable gid"},
+	{"run_as uid (uid_t)-1", "run_as: {uid: 4294967295, gid: 1}", "run_as.uid", "4294967295 is not a usable uid"},
+	{"run_as uid a name", "run_as: {uid: nexus, gid: 1}", "run_as.uid", `want a whole number, got the string "nexus"`},
+	{"run_as uid quoted", `run_as: {uid: "1500", gid: 1}`, "run_as.uid", "want a whole number"},
+	{"run_as uid null", "run_as: {uid: ~, gid: 1}", "run_as.uid", "has no value"},
+	{"run_as a list", "run_as: [1500, 1500]", "run_as", "want a mapping of keys, got a list"},
+	{"entry run_as gid missing", "binaries:\n  vision:\n    path: x\n    run_as: {uid: 1501}\n", "binaries.vision.run_as.gid", "required"},
+	{"trimmed entry run_as uid missing", "binaries:\n  \" vision \":\n    path: x\n    run_as: {gid: 1501}\n", "binaries.vision.run_as.uid", "required"},
+	{"entry run_as negative", "binaries:\n  vision:\n    path: x\n    run_as: {uid: 1, gid: -1}\n", "binaries.vision.run_as.gid", "not a usable gid"},
+	{"spawnd gateway_uid negative", "spawnd: {gateway_uid: -1}", "spawnd.gateway_uid", "not a usable uid"},
+	{"spawnd socket_gid too large", "spawnd: {socket_gid: 4294967296}", "spawnd.socket_gid", "not a usable gid"},
+
+	// inherit_env.
+	{"inherit_env wildcard", `inherit_env: ["*"]`, "inherit_env[0]", "wildcards are not supported"},
+	{"inherit_env glob", "inherit_env: [HOME, \"AWS_*\"]", "inherit_env[1]", "wildcards are not supported"},
+	{"inherit_env empty name", `inherit_env: [""]`, "inherit_env[0]", "is not an environment variable name"},
+	{"inherit_env assignment", `inherit_env: ["A=B"]`, "inherit_env[0]", "is not an environment variable name"},
+	{"inherit_env space", `inherit_env: ["A B"]`, "inherit_env[0]", "is not an environment variable name"},
+
+	// advertise_addr and listen_addr.
+	{"advertise no port", "advertise_addr: broker-1.example.com", "advertise_addr", "has no port"},
+	{"advertise empty port", "advertise_addr: \"broker:\"", "advertise_addr", "has no port"},
+	{"advertise scheme empty port", "advertise_addr: \"ws://broker:\"", "advertise_addr", "has no port"},
+	{"advertise wildcard 0.0.0.0", `advertise_addr: "0.0.0.0:8080"`, "advertise_addr", "wildcard host"},
+	{"advertise wildcard empty host", `advertise_addr: ":8080"`, "advertise_addr", "wildcard host"},
+	{"advertise wildcard ::", `advertise_addr: "[::]:8080"`, "advertise_addr", "wildcard host"},
+	{"advertise wildcard with scheme", `advertise_addr: "wss://0.0.0.0:443"`, "advertise_addr", "wildcard host"},
+	{"advertise scheme without host", `advertise_addr: "ws://"`, "advertise_addr", "wildcard host"},
+	{"advertise path", `advertise_addr: "ws://broker:8080/lease"`, "advertise_addr", "carries a path"},
+	{"advertise bare path", `advertise_addr: "broker:8080/x"`, "advertise_addr", "carries a path"},
+	{"advertise query", `advertise_addr: "https://broker:443?x=1"`, "advertise_addr", "carries a path, query or user"},
+	{"advertise user", `advertise_addr: "ws://me@broker:80"`, "advertise_addr", "carries a path, query or user"},
+	{"advertise scheme", `advertise_addr: "ftp://broker:21"`, "advertise_addr", `scheme "ftp" is not one of ws, wss, http, https`},
+	{"advertise port range", `advertise_addr: "broker:99999"`, "advertise_addr", "not a port number"},
+	{"advertise port zero", `advertise_addr: "broker:0"`, "advertise_addr", "not a port number"},
+	{"advertise unparsable", `advertise_addr: "broker:http"`, "advertise_addr", "is not host:port"},
+	{"listen_addr without port", `listen_addr: "8080"`, "listen_addr", `"8080" is not host:port; write ":8080"`},
+	{"listen_addr blank", `listen_addr: ""`, "listen_addr", "is not host:port"},
+
+	// Keys and documents yaml.v3 would otherwise misread.
+	{"duplicate top-level key", "max_concurrent: 1\nmax_concurrent: 2\n", "max_concurrent", "written twice (lines 1 and 2)"},
+	{"duplicate entry", "binaries:\n  v: {path: a}\n  v: {path: b}\n", "binaries.v", "written twice (lines 2 and 3)"},
+	{"merge key", "binaries:\n  v:\n    <<: {path: a}\n", "binaries.v", "merge keys (<<) are not supported"},
+	{"non-scalar key", "? [a]\n: 1\n", "(top level)", "a key must be a plain name, not a list"},
+	{"binary key", "binaries:\n  !!binary dmlzaW9u: {path: a}\n", "binaries", "a key must be a plain name"},
+	{"second document", "max_concurrent: 1\n---\nmax_concurrent: 2\n", "", "line 3: a second YAML document starts here"},
+	{"not a mapping", "- listen_addr: \":8080\"\n", "", "the file must be a mapping of keys (listen_addr: …), not a list"},
+	{"a scalar", "hello", "", `not the string "hello"`},
+	{"invalid YAML", "binaries: [\n", "", "not valid YAML"},
+	{"invalid second document", "a: 1\n---\n[\n", "", "not valid YAML"},
+	{"tab indentation", "binaries:\n\tv: {path: a}\n", "", "not valid YAML"},
+}
+
+func TestParseErrors(t *testing.T) {
+	for _, tc := range errorCases {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Parse([]byte(tc.yaml))
+			if err == nil {
+				t.Fatalf("parsed as %+v; want an error naming %q", c, tc.key)
+			}
+			if c != nil {
+				t.Errorf("a Config came back beside the error")
+			}
+			msg := err.Error()
+			prefix := "broker config: "
+			if tc.key != "" {
+				prefix += tc.key + ": "
+			}
+			if !strings.HasPrefix(msg, prefix) {
+				t.Errorf("error %q\ndoes not start %q", msg, prefix)
+			}
+			if !strings.Contains(msg, tc.want) {
+				t.Errorf("error %q\ndoes not say %q", msg, tc.want)
+			}
+		})
+	}
+}
+
+func TestLoad(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "broker.yaml")
+	if err := os.WriteFile(path, []byte(specRegistryExample), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantEntries(t, c, map[string]string{"nexus": "/usr/local/bin/nexus", "vision": "~/builds/nexus-vision", "pinned": "nexus-0.9"})
+
+	if err := os.WriteFile(path, []byte("ready_timeout: 0\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load(path); err == nil || !strings.HasPrefix(err.Error(), "broker config: ready_timeout: ") {
+		t.Errorf("Load of a bad file: %v", err)
+	}
+
+	missing := filepath.Join(dir, "absent.yaml")
+	if _, err := Load(missing); err == nil || !strings.HasPrefix(err.Error(), "broker config: ") || !strings.Contains(err.Error(), missing) {
+		t.Errorf("Load of a missing file: %v", err)
+	}
+}
+
+func TestRunAsString(t *testing.T) {
+	if got := (&RunAs{UID: ptr(1501), GID: ptr(1502)}).String(); got != "1501:1502" {
+		t.Errorf("String() = %q", got)
+	}
+}
+
+func wantDuration(t *testing.T, key string, got Duration, want time.Duration) {
+	t.Helper()
+	if got.D() != want {
+		t.Errorf("%s = %s, want %s", key, got.D(), want)
+	}
+}
+
+func wantEntries(t *testing.T, c *Config, paths map[string]string) {
+	t.Helper()
+	got := map[string]string{}
+	for name, e := range c.Binaries {
+		got[name] = e.Path
+	}
+	if !reflect.DeepEqual(got, paths) {
+		t.Errorf("binaries %v, want %v", got, paths)
+	}
+}
+
+func wantAdvertise(t *testing.T, c *Config, addr string, warnings ...string) {
+	t.Helper()
+	if c.AdvertiseAddr != addr {
+		t.Errorf("advertise_addr = %q, want %q", c.AdvertiseAddr, addr)
+	}
+	assertWarnings(t, c, warnings...)
+}
+
+// assertWarnings wants exactly one warning per phrase, in order.
+func assertWarnings(t *testing.T, c *Config, phrases ...string) {
+	t.Helper()
+	if len(c.Warnings) != len(phrases) {
+		t.Errorf("warnings %q, want %d", c.Warnings, len(phrases))
+		return
+	}
+	for i, p := range phrases {
+		if !strings.Contains(c.Warnings[i], p) {
+			t.Errorf("warning %q does not say %q", c.Warnings[i], p)
+		}
+	}
+}

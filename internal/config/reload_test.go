@@ -1,0 +1,127 @@
+package config
+
+import (
+	"reflect"
+	"slices"
+	"testing"
+)
+
+// reloadClass is the classification ReloadDiff must make of every
+// top-level key: the spec's "Changing config without a restart: SIGHUP"
+// boot-only list, spawnd: (ours), and the rest reloadable.
+var reloadClass = []struct {
+	key, changed string
+	reloadable   bool
+}{
+	{"binaries", "binaries: {vision: {path: /opt/v}}", true},
+	{"inherit_env", "inherit_env: [ANTHROPIC_API_KEY]", true},
+	{"run_as", "run_as: {uid: 1500, gid: 1500}", true},
+	{"max_concurrent", "max_concurrent: 2", true},
+	{"idle_timeout", "idle_timeout: 1m", true},
+	{"max_turn_duration", "max_turn_duration: 1h", true},
+	{"release_grace", "release_grace: 1s", true},
+	{"ready_timeout", "ready_timeout: 2m", true},
+	{"session_report_grace", "session_report_grace: 1s", true},
+	{"max_claim_body", "max_claim_body: 2097152", true},
+	{"listen_addr", `listen_addr: "127.0.0.1:9090"`, false},
+	{"advertise_addr", "advertise_addr: broker:8080", false},
+	{"state_dir", "state_dir: /var/lib/nexus-broker", false},
+	{"broker_id", "broker_id: b1", false},
+	{"reattach_window", "reattach_window: 2m", false},
+	{"client_replay_buffer_bytes", "client_replay_buffer_bytes: 0", false},
+	{"queue_wait_timeout", "queue_wait_timeout: 1s", false},
+	{"max_queue_depth", "max_queue_depth: 1", false},
+	{"max_leases_per_principal", "max_leases_per_principal: 1", false},
+	{"max_queued_per_principal", "max_queued_per_principal: 1", false},
+	{"spawnd", "spawnd: {run_dir: /run/nexus-broker}", false},
+}
+
+// TestReloadClassCoversEveryKey fails when a key is added to Config without
+// deciding whether a SIGHUP applies it.
+func TestReloadClassCoversEveryKey(t *testing.T) {
+	var classified []string
+	for _, k := range reloadClass {
+		classified = append(classified, k.key)
+	}
+	want := append(classified, "nexus_binary_path") // folded into binaries
+	got := sortedKeys(yamlFields(configType))
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("Config keys %v\nclassified %v", got, want)
+	}
+}
+
+func TestReloadDiffEachKey(t *testing.T) {
+	base := mustParse(t, "")
+	for _, k := range reloadClass {
+		t.Run(k.key, func(t *testing.T) {
+			next := mustParse(t, k.changed)
+			var wantR, wantB []string
+			if k.reloadable {
+				wantR = []string{k.key}
+			} else {
+				wantB = []string{k.key}
+			}
+			// Either direction names the same key.
+			for _, pair := range [][2]*Config{{base, next}, {next, base}} {
+				r, b := pair[0].ReloadDiff(pair[1])
+				if !slices.Equal(r, wantR) || !slices.Equal(b, wantB) {
+					t.Errorf("ReloadDiff = %v, %v; want %v, %v", r, b, wantR, wantB)
+				}
+			}
+		})
+	}
+}
+
+func TestReloadDiff(t *testing.T) {
+	for _, d := range []struct {
+		name, cur, next    string
+		reloadable, bootOn []string
+	}{
+		{"identical", specExample, specExample, nil, nil},
+		{"defaults written out equal no file", "", specExample, nil, nil},
+		{"warnings ignored", "", "advertise_addr: wss://b:443", nil, []string{"advertise_addr"}},
+		{"comments and order do not matter",
+			"max_concurrent: 2 # two\nidle_timeout: 1m\n",
+			"idle_timeout: 60s\nmax_concurrent: 2\n", nil, nil},
+		{"nexus_binary_path folded: same path either way",
+			"nexus_binary_path: /usr/local/bin/nexus",
+			"binaries:\n  nexus:\n    path: /usr/local/bin/nexus\n", nil, nil},
+		{"nexus_binary_path changed is binaries",
+			"nexus_binary_path: /a", "nexus_binary_path: /b", []string{"binaries"}, nil},
+		{"nexus_binary_path removed is binaries",
+			"nexus_binary_path: /a", "", []string{"binaries"}, nil},
+		{"entry name whitespace is no change",
+			"binaries: {vision: {path: /v}}", "binaries: {\" vision \": {path: /v}}", nil, nil},
+		{"empty args is no change",
+			"binaries: {v: {path: /v}}", "binaries: {v: {path: /v, args: [], env: {}}}", nil, nil},
+		{"entry run_as changed is binaries",
+			"binaries: {v: {path: /v, run_as: {uid: 1, gid: 1}}}",
+			"binaries: {v: {path: /v, run_as: {uid: 1, gid: 2}}}", []string{"binaries"}, nil},
+		{"reattach_window 0 is the default",
+			"reattach_window: 60s", "reattach_window: 0", nil, nil},
+		{"advertise_addr spelling normalized",
+			"advertise_addr: ws://b:80", `advertise_addr: " ws://b:80/ "`, nil, nil},
+		{"mixed, sorted",
+			"",
+			"spawnd: {gateway_uid: 990}\nmax_concurrent: 1\nlisten_addr: \"127.0.0.1:1\"\nbinaries: {v: {path: /v}}\nmax_queue_depth: 1\nidle_timeout: 1s\n",
+			[]string{"binaries", "idle_timeout", "max_concurrent"},
+			[]string{"listen_addr", "max_queue_depth", "spawnd"}},
+	} {
+		t.Run(d.name, func(t *testing.T) {
+			r, b := mustParse(t, d.cur).ReloadDiff(mustParse(t, d.next))
+			if !reflect.DeepEqual(r, d.reloadable) || !reflect.DeepEqual(b, d.bootOn) {
+				t.Errorf("ReloadDiff = %v, %v; want %v, %v", r, b, d.reloadable, d.bootOn)
+			}
+		})
+	}
+}
+
+func mustParse(t *testing.T, yaml string) *Config {
+	t.Helper()
+	c, err := Parse([]byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}

@@ -1,0 +1,229 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+	"unicode"
+)
+
+// maxID is the largest uid or gid run_as accepts: (uid_t)-1 tells
+// setresuid and setresgid to leave the id unchanged, so accepting it would
+// run instances as spawnd itself, which is root.
+const maxID = 1<<32 - 2
+
+// validate applies the rules that span keys, normalizes what the rest of
+// the broker reads (trimmed entry names, the reserved entry, the default a
+// zero reattach_window stands for) and records boot WARNs.
+func (c *Config) validate() error {
+	if _, _, err := net.SplitHostPort(c.ListenAddr); err != nil {
+		return fmt.Errorf(`broker config: listen_addr: %q is not host:port; write ":8080" to listen on every interface, or "127.0.0.1:8080" for loopback only`, c.ListenAddr)
+	}
+	if err := c.validateAdvertise(); err != nil {
+		return err
+	}
+	if err := c.normalizeBinaries(); err != nil {
+		return err
+	}
+	if c.ReadyTimeout <= 0 {
+		return fmt.Errorf("broker config: ready_timeout: must be positive (it bounds an instance's boot), got %s; raise it, or remove the key for the default %s", c.ReadyTimeout.D(), DefaultReadyTimeout)
+	}
+	if c.MaxClaimBody <= 0 {
+		return fmt.Errorf("broker config: max_claim_body: must be positive (a claim body carries the whole engine config), got %d; remove the key for the default %d (1 MiB)", c.MaxClaimBody, DefaultMaxClaimBody)
+	}
+	if c.ReattachWindow <= 0 {
+		// 0 is not "wait forever": an unbounded wait is the orphan the
+		// window exists to prevent.
+		c.ReattachWindow = Duration(DefaultReattachWindow)
+	}
+	if len(c.InheritEnv) == 0 {
+		c.InheritEnv = nil // inherit_env: [] and no key are the same config
+	}
+	for i, n := range c.InheritEnv {
+		key := fmt.Sprintf("inherit_env[%d]", i)
+		if strings.Contains(n, "*") {
+			return fmt.Errorf("broker config: %s: %q: wildcards are not supported; a claim's config names the variable its provider reads and where its value is sent, so a wildcard would hand every variable the broker holds to whoever claims an instance; list each name instead", key, n)
+		}
+		if err := checkEnvName(key, n); err != nil {
+			return err
+		}
+	}
+	if err := checkRunAs(c.RunAs, "run_as"); err != nil {
+		return err
+	}
+	if err := checkID(c.Spawnd.GatewayUID, "spawnd.gateway_uid", "uid"); err != nil {
+		return err
+	}
+	return checkID(c.Spawnd.SocketGID, "spawnd.socket_gid", "gid")
+}
+
+// normalizeBinaries keys the registry by trimmed name, folds the deprecated
+// nexus_binary_path into it, and synthesizes the reserved entry.
+func (c *Config) normalizeBinaries() error {
+	byName := make(map[string]*Entry, len(c.Binaries)+1)
+	written := make(map[string]string, len(c.Binaries)) // trimmed name → as written
+	for _, raw := range sortedKeys(c.Binaries) {
+		name := strings.TrimSpace(raw)
+		if name == "" {
+			return fmt.Errorf("broker config: binaries: the entry name %q is empty once whitespace is trimmed; give the entry a name", raw)
+		}
+		if prev, dup := written[name]; dup {
+			return fmt.Errorf("broker config: binaries.%s: %q and %q are the same name once surrounding whitespace is trimmed; rename or remove one", name, prev, raw)
+		}
+		written[name] = raw
+		e := c.Binaries[raw]
+		if err := e.validate("binaries." + name); err != nil {
+			return err
+		}
+		byName[name] = e
+	}
+	if p := c.NexusBinaryPath; p != nil {
+		// Both set is refused rather than resolved by precedence: either
+		// rule would silently spawn the binary half the operators did not
+		// mean.
+		if _, ok := byName[ReservedEntry]; ok {
+			return errors.New("broker config: nexus_binary_path: set together with binaries.nexus.path, and neither wins; keep binaries.nexus.path and remove the deprecated nexus_binary_path")
+		}
+		if strings.TrimSpace(*p) == "" {
+			return errors.New(`broker config: nexus_binary_path: set to ""; remove the key to take the default (nexus, looked up on PATH)`)
+		}
+		if err := checkNoNUL("nexus_binary_path", *p); err != nil {
+			return err
+		}
+		byName[ReservedEntry] = &Entry{Path: *p}
+	}
+	if _, ok := byName[ReservedEntry]; !ok {
+		byName[ReservedEntry] = &Entry{Path: ReservedEntry}
+	}
+	c.Binaries = byName
+	return nil
+}
+
+// validate checks one registry entry written at key path.
+func (e *Entry) validate(path string) error {
+	if strings.TrimSpace(e.Path) == "" {
+		return fmt.Errorf("broker config: %s.path: required; give the nexus build this entry spawns (an absolute path, ~/…, or a name looked up on PATH)", path)
+	}
+	if err := checkNoNUL(path+".path", e.Path); err != nil {
+		return err
+	}
+	for i, a := range e.Args {
+		if err := checkNoNUL(fmt.Sprintf("%s.args[%d]", path, i), a); err != nil {
+			return err
+		}
+	}
+	for _, k := range sortedKeys(e.Env) {
+		if err := checkEnvName(path+".env", k); err != nil {
+			return err
+		}
+		if err := checkNoNUL(path+".env."+k, e.Env[k]); err != nil {
+			return err
+		}
+	}
+	// An empty list or mapping is the same entry as none, and ReloadDiff
+	// must not report it as a change.
+	if len(e.Args) == 0 {
+		e.Args = nil
+	}
+	if len(e.Env) == 0 {
+		e.Env = nil
+	}
+	return checkRunAs(e.RunAs, path+".run_as")
+}
+
+func checkEnvName(key, n string) error {
+	if n == "" || strings.ContainsAny(n, "=\x00") || strings.ContainsFunc(n, unicode.IsSpace) {
+		return fmt.Errorf("broker config: %s: %q is not an environment variable name (no =, whitespace or NUL); write a name such as ANTHROPIC_API_KEY", key, n)
+	}
+	return nil
+}
+
+// checkNoNUL refuses at boot what exec would refuse at every claim.
+func checkNoNUL(key, s string) error {
+	if strings.ContainsRune(s, 0) {
+		return fmt.Errorf("broker config: %s: contains a NUL byte, which no path, argument or environment value can carry; remove it", key)
+	}
+	return nil
+}
+
+func checkRunAs(r *RunAs, path string) error {
+	if r == nil {
+		return nil
+	}
+	switch {
+	case r.UID == nil:
+		return fmt.Errorf("broker config: %s.uid: required whenever run_as is written (a gid alone is not a boundary); add a numeric uid", path)
+	case r.GID == nil:
+		return fmt.Errorf("broker config: %s.gid: required whenever run_as is written (a uid alone leaves instances in the broker's primary group); add a numeric gid", path)
+	}
+	if err := checkID(r.UID, path+".uid", "uid"); err != nil {
+		return err
+	}
+	return checkID(r.GID, path+".gid", "gid")
+}
+
+func checkID(id *int, key, what string) error {
+	if id != nil && (*id < 0 || int64(*id) > maxID) {
+		return fmt.Errorf("broker config: %s: %d is not a usable %s; give a number from 0 to %d", key, *id, what, int64(maxID))
+	}
+	return nil
+}
+
+// validateAdvertise enforces the advertise_addr rules, normalizes the value
+// (trimmed, no trailing /) and records the two WARN shapes.
+func (c *Config) validateAdvertise() error {
+	a := strings.TrimSpace(c.AdvertiseAddr)
+	c.AdvertiseAddr = a
+	if a == "" {
+		if host, _, _ := net.SplitHostPort(c.ListenAddr); isWildcard(host) {
+			c.Warnings = append(c.Warnings, fmt.Sprintf("listen_addr %q binds every interface and advertise_addr is empty, so ws_url is built from each claim's Host header; behind a proxy or load balancer set advertise_addr to the address clients use to reach this broker", c.ListenAddr))
+		}
+		return nil
+	}
+	scheme, _, qualified := strings.Cut(a, "://")
+	raw := a
+	if !qualified {
+		raw = "ws://" + a // a bare host:port keeps the ws:// scheme
+	}
+	switch scheme {
+	case "ws", "http":
+	case "wss", "https":
+		c.Warnings = append(c.Warnings, fmt.Sprintf("advertise_addr %q promises %s, but the broker serves cleartext only; this is right behind a TLS-terminating proxy and wrong otherwise (advertise ws:// or a bare host:port to silence it)", a, scheme))
+	default:
+		if qualified {
+			return fmt.Errorf("broker config: advertise_addr: scheme %q is not one of ws, wss, http, https; write host:port or one of those schemes followed by host:port", scheme)
+		}
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return fmt.Errorf("broker config: advertise_addr: %q is not host:port or scheme://host:port (%v); write the address clients use, such as broker-1.example.com:8080", a, err)
+	}
+	if u.Opaque != "" || u.User != nil || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
+		return fmt.Errorf("broker config: advertise_addr: %q carries a path, query or user; give only host:port or scheme://host:port", a)
+	}
+	c.AdvertiseAddr = strings.TrimSuffix(a, "/")
+	if isWildcard(u.Hostname()) {
+		return fmt.Errorf("broker config: advertise_addr: %q names a wildcard host, which no client can dial; give the address clients use to reach this broker", a)
+	}
+	// A scheme implies its port (the spec's own wss://broker-1.example.com);
+	// a bare address has none to imply.
+	port := u.Port()
+	if port == "" && (!qualified || strings.HasSuffix(u.Host, ":")) {
+		return fmt.Errorf("broker config: advertise_addr: %q has no port; write host:port, such as broker-1.example.com:8080", a)
+	}
+	if p, err := strconv.Atoi(port); port != "" && (err != nil || p < 1 || p > 65535) {
+		return fmt.Errorf("broker config: advertise_addr: port %q is not a port number (1 to 65535)", port)
+	}
+	return nil
+}
+
+func isWildcard(host string) bool {
+	if host == "" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsUnspecified()
+}

@@ -1,0 +1,345 @@
+// Package e2e tests nexus-broker from outside, as its users drive it: the
+// real nexus-spawnd, nexus-broker and nexus-echo binaries, started as
+// processes on loopback, talked to over real HTTP and WebSocket.
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nexus-broker/nexus-broker/pkg/brokerclient"
+)
+
+// binDir holds the binaries TestMain builds once for the whole package.
+var binDir string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "nexus-e2e-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binDir = dir
+	cmd := exec.Command("go", "build", "-race", "-o", dir+"/", "../../cmd/nexus-broker", "../../cmd/nexus-spawnd", "../../cmd/nexus-echo")
+	if os.Getenv("E2E_NORACE") != "" {
+		cmd = exec.Command("go", "build", "-o", dir+"/", "../../cmd/nexus-broker", "../../cmd/nexus-spawnd", "../../cmd/nexus-echo")
+	}
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building the binaries under test:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// bin names a built binary.
+func bin(name string) string { return filepath.Join(binDir, name) }
+
+// logBuffer collects a process's output and lets a test wait for a line.
+type logBuffer struct {
+	mu   sync.Mutex
+	buf  bytes.Buffer
+	wake chan struct{}
+}
+
+func newLogBuffer() *logBuffer { return &logBuffer{wake: make(chan struct{})} }
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.buf.Write(p)
+	close(b.wake)
+	b.wake = make(chan struct{})
+	return len(p), nil
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// wait blocks until re matches the output, or the deadline passes. It
+// returns the submatches.
+func (b *logBuffer) wait(t testing.TB, re *regexp.Regexp, within time.Duration) []string {
+	t.Helper()
+	deadline := time.After(within)
+	for {
+		b.mu.Lock()
+		m := re.FindStringSubmatch(b.buf.String())
+		wake := b.wake
+		b.mu.Unlock()
+		if m != nil {
+			return m
+		}
+		select {
+		case <-wake:
+		case <-deadline:
+			t.Fatalf("no log line matching %q within %s; log so far:\n%s", re, within, b.String())
+		}
+	}
+}
+
+// count is how many times re matches the output.
+func (b *logBuffer) count(re *regexp.Regexp) int { return len(re.FindAllStringIndex(b.String(), -1)) }
+
+// Broker is one running nexus-spawnd + nexus-broker pair.
+type Broker struct {
+	t          testing.TB
+	Dir        string
+	ConfigPath string
+	RunDir     string
+	Home       string
+	Base       string
+	Addr       string
+	Client     *brokerclient.Client
+	GatewayLog *logBuffer
+	SpawndLog  *logBuffer
+	gateway    *exec.Cmd
+	spawnd     *exec.Cmd
+	env        []string
+}
+
+// Options shape a test broker.
+type Options struct {
+	// YAML is appended to the base broker.yaml (listen on 127.0.0.1:0, the
+	// run dir, nexus-echo as nexus). It may redeclare binaries: entirely.
+	YAML string
+	// NoNexusEntry leaves binaries: to YAML.
+	NoNexusEntry bool
+	// Env is added to both processes' environment.
+	Env []string
+}
+
+// startBroker writes the config and starts spawnd, then the gateway.
+func startBroker(t testing.TB, o Options) *Broker {
+	t.Helper()
+	dir := t.TempDir()
+	b := &Broker{t: t, Dir: dir, RunDir: filepath.Join(dir, "run"), Home: filepath.Join(dir, "home")}
+	if err := os.MkdirAll(b.Home, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	yaml := fmt.Sprintf("listen_addr: \"127.0.0.1:0\"\nspawnd:\n  run_dir: %q\n", b.RunDir)
+	if !o.NoNexusEntry {
+		yaml += fmt.Sprintf("binaries:\n  nexus:\n    path: %q\n", bin("nexus-echo"))
+	}
+	yaml += o.YAML
+	b.ConfigPath = filepath.Join(dir, "broker.yaml")
+	if err := os.WriteFile(b.ConfigPath, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b.env = append([]string{"HOME=" + b.Home, "PATH=" + os.Getenv("PATH"), "LANG=C.UTF-8", "TZ=UTC"}, o.Env...)
+	t.Cleanup(b.cleanup)
+	b.StartSpawnd()
+	b.StartGateway()
+	return b
+}
+
+// StartSpawnd starts nexus-spawnd and waits for its reattach file.
+func (b *Broker) StartSpawnd() {
+	b.t.Helper()
+	b.SpawndLog = newLogBuffer()
+	reattach := filepath.Join(b.RunDir, "spawnd.json")
+	old, _ := os.ReadFile(reattach)
+	cmd := exec.Command(bin("nexus-spawnd"), "-config", b.ConfigPath)
+	cmd.Env = b.env
+	cmd.Stdout, cmd.Stderr = b.SpawndLog, b.SpawndLog
+	if err := cmd.Start(); err != nil {
+		b.t.Fatal(err)
+	}
+	b.spawnd = cmd
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		data, err := os.ReadFile(reattach)
+		if err == nil && !bytes.Equal(data, old) && bytes.Contains(data, []byte(strconv.Itoa(cmd.Process.Pid))) {
+			return
+		}
+		if cmd.ProcessState != nil || time.Now().After(deadline) {
+			b.t.Fatalf("nexus-spawnd did not publish %s; its log:\n%s", reattach, b.SpawndLog)
+		}
+		time.Sleep(20 * time.Millisecond) // polling a file with a deadline; no event to wait on
+	}
+}
+
+var listeningRE = regexp.MustCompile(`msg="nexus-broker listening" addr=(\S+)`)
+
+// StartGateway starts nexus-broker (attaching to the running spawnd) and
+// waits until it listens.
+func (b *Broker) StartGateway(extraEnv ...string) {
+	b.t.Helper()
+	b.GatewayLog = newLogBuffer()
+	cmd := exec.Command(bin("nexus-broker"), "-config", b.ConfigPath, "-launch-spawnd=false")
+	cmd.Env = append(append([]string{}, b.env...), extraEnv...)
+	cmd.Stdout, cmd.Stderr = b.GatewayLog, b.GatewayLog
+	if err := cmd.Start(); err != nil {
+		b.t.Fatal(err)
+	}
+	b.gateway = cmd
+	m := b.GatewayLog.wait(b.t, listeningRE, 30*time.Second)
+	b.Addr = m[1]
+	b.Base = "http://" + b.Addr
+	b.Client = &brokerclient.Client{Base: b.Base}
+}
+
+// KillGateway sends sig to the gateway and waits for it to exit.
+func (b *Broker) KillGateway(sig syscall.Signal) {
+	_ = b.gateway.Process.Signal(sig)
+	_ = b.gateway.Wait()
+}
+
+// KillSpawnd sends sig to spawnd and waits for it to exit.
+func (b *Broker) KillSpawnd(sig syscall.Signal) {
+	_ = b.spawnd.Process.Signal(sig)
+	_ = b.spawnd.Wait()
+}
+
+// Instances lists the pids of live nexus-echo processes spawned for this
+// broker (found by the dial-back address in their environment).
+func (b *Broker) Instances() []int {
+	return instancesOf(b.RunDir, b.Home)
+}
+
+// instancesOf scans /proc for nexus-echo processes whose HOME is home.
+func instancesOf(_ string, home string) []int {
+	var pids []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+		if err != nil || exe != bin("nexus-echo") {
+			continue
+		}
+		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+		if err != nil || !bytes.Contains(env, []byte("HOME="+home+"\x00")) {
+			continue
+		}
+		if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil && zombie(st) {
+			continue
+		}
+		pids = append(pids, pid)
+	}
+	return pids
+}
+
+func zombie(stat []byte) bool {
+	i := bytes.LastIndexByte(stat, ')')
+	return i > 0 && i+2 < len(stat) && stat[i+2] == 'Z'
+}
+
+// waitNoInstances waits until no instance of this broker is alive.
+func (b *Broker) waitNoInstances(within time.Duration) {
+	b.t.Helper()
+	deadline := time.Now().Add(within)
+	for len(b.Instances()) > 0 {
+		if time.Now().After(deadline) {
+			b.t.Fatalf("instances still alive after %s: %v", within, b.Instances())
+		}
+		time.Sleep(20 * time.Millisecond) // polling /proc with a deadline: process death has no event we can wait on from here
+	}
+}
+
+// cleanup stops both processes and kills any instance a failed test left.
+func (b *Broker) cleanup() {
+	for _, c := range []*exec.Cmd{b.gateway, b.spawnd} {
+		if c != nil && c.ProcessState == nil {
+			_ = c.Process.Kill()
+			_ = c.Wait()
+		}
+	}
+	for _, pid := range b.Instances() {
+		_ = syscall.Kill(-pid, syscall.SIGKILL)
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	if b.t.Failed() {
+		b.t.Logf("gateway log:\n%s\nspawnd log:\n%s", b.GatewayLog, b.SpawndLog)
+	}
+}
+
+// claim claims with a trivial engine config and fails the test on error.
+func (b *Broker) claim(req brokerclient.ClaimRequest) *brokerclient.Claim {
+	b.t.Helper()
+	if req.Config == "" {
+		req.Config = "engine:\n  name: example\n"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c, err := b.Client.Claim(ctx, req)
+	if err != nil {
+		b.t.Fatalf("claim: %v", err)
+	}
+	return c
+}
+
+// dial connects to a claim's ws_url.
+func (b *Broker) dial(c *brokerclient.Claim, o brokerclient.DialOptions) *brokerclient.Conn {
+	b.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := brokerclient.Dial(ctx, c.WSURL, o)
+	if err != nil {
+		b.t.Fatalf("dial %s: %v", c.WSURL, err)
+	}
+	b.t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// metrics scrapes GET /metrics into name{labels} → value.
+func (b *Broker) metrics() map[string]float64 {
+	b.t.Helper()
+	_, text := b.get("/metrics")
+	out := map[string]float64{}
+	sc := bufio.NewScanner(strings.NewReader(text))
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		v, _ := strconv.ParseFloat(line[i+1:], 64)
+		out[line[:i]] = v
+	}
+	return out
+}
+
+// get fetches a route and returns its status and body.
+func (b *Broker) get(path string) (int, string) {
+	return b.do(http.MethodGet, path, "")
+}
+
+// do sends one request and returns the status and body.
+func (b *Broker) do(method, path, body string) (int, string) {
+	b.t.Helper()
+	req, err := http.NewRequest(method, b.Base+path, strings.NewReader(body))
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		b.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(data)
+}

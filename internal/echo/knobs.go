@@ -1,0 +1,121 @@
+package echo
+
+import (
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nexus-broker/nexus-broker/pkg/brokerframe"
+)
+
+// The environment variables nexus-echo reads at start. Tests pass them through
+// a registry entry's env; a stock nexus build has none of them.
+const (
+	EnvExitBeforeReady = "NEXUS_ECHO_EXIT_BEFORE_READY"
+	EnvCrash           = "NEXUS_ECHO_CRASH"
+	EnvSlowTurn        = "NEXUS_ECHO_SLOW_TURN"
+	EnvIgnoreShutdown  = "NEXUS_ECHO_IGNORE_SHUTDOWN"
+	EnvNoSecret        = "NEXUS_ECHO_NO_SECRET"
+	EnvWrongSecret     = "NEXUS_ECHO_WRONG_SECRET"
+	EnvFrameVersion    = "NEXUS_ECHO_FRAME_VERSION"
+	EnvBootDelay       = "NEXUS_ECHO_BOOT_DELAY"
+	EnvNoSessionReport = "NEXUS_ECHO_NO_SESSION_REPORT"
+	EnvPingInterval    = "NEXUS_ECHO_PING_INTERVAL"
+	EnvPeerTimeout     = "NEXUS_ECHO_PEER_TIMEOUT"
+)
+
+// The values EnvCrash accepts.
+const (
+	CrashMidTurn     = "mid-turn"
+	CrashAfterAnswer = "after-answer"
+)
+
+// Liveness defaults, the upstream plugin's cadence: the broker must miss three
+// pings in a row before the socket is declared dead, so one GC pause or slow
+// moment never costs a reconnect.
+const (
+	defaultPingInterval = 15 * time.Second
+	defaultPeerTimeout  = 45 * time.Second
+)
+
+// knobs are the fault-injection and timing settings, fixed at start.
+type knobs struct {
+	ExitBeforeReady bool          // exit 3 right after the register frame
+	Crash           string        // "", CrashMidTurn or CrashAfterAnswer
+	SlowTurn        time.Duration // wait before each stream.delta
+	IgnoreShutdown  bool          // ignore shutdown frames and SIGTERM
+	NoSecret        bool          // register without a secret
+	WrongSecret     bool          // register with a secret that cannot match
+	RegisterVersion int           // version stamped on register frames
+	BootDelay       time.Duration // wait before the first dial
+	NoSessionReport bool          // never send session-id-report
+	PingInterval    time.Duration
+	PeerTimeout     time.Duration
+}
+
+// loadKnobs reads the knobs through getenv (os.Getenv in production). An unset
+// or empty variable leaves its default; a value that does not parse is an
+// error naming the variable.
+func loadKnobs(getenv func(string) string) (knobs, error) {
+	k := knobs{
+		RegisterVersion: brokerframe.Version,
+		PingInterval:    defaultPingInterval,
+		PeerTimeout:     defaultPeerTimeout,
+	}
+	bools := []struct {
+		name string
+		dst  *bool
+	}{
+		{EnvExitBeforeReady, &k.ExitBeforeReady},
+		{EnvIgnoreShutdown, &k.IgnoreShutdown},
+		{EnvNoSecret, &k.NoSecret},
+		{EnvWrongSecret, &k.WrongSecret},
+		{EnvNoSessionReport, &k.NoSessionReport},
+	}
+	for _, b := range bools {
+		v := getenv(b.name)
+		if v == "" {
+			continue
+		}
+		on, err := strconv.ParseBool(v)
+		if err != nil {
+			return knobs{}, fmt.Errorf("%s=%q: want 1 or 0", b.name, v)
+		}
+		*b.dst = on
+	}
+	durations := []struct {
+		name     string
+		dst      *time.Duration
+		positive bool // zero would mean "never" or a busy loop
+	}{
+		{EnvSlowTurn, &k.SlowTurn, false},
+		{EnvBootDelay, &k.BootDelay, false},
+		{EnvPingInterval, &k.PingInterval, true},
+		{EnvPeerTimeout, &k.PeerTimeout, true},
+	}
+	for _, d := range durations {
+		v := getenv(d.name)
+		if v == "" {
+			continue
+		}
+		dur, err := time.ParseDuration(v)
+		if err != nil || dur < 0 || (d.positive && dur == 0) {
+			return knobs{}, fmt.Errorf("%s=%q: want a Go duration such as 250ms or 2s", d.name, v)
+		}
+		*d.dst = dur
+	}
+	switch v := getenv(EnvCrash); v {
+	case "", CrashMidTurn, CrashAfterAnswer:
+		k.Crash = v
+	default:
+		return knobs{}, fmt.Errorf("%s=%q: want %q or %q", EnvCrash, v, CrashMidTurn, CrashAfterAnswer)
+	}
+	if v := getenv(EnvFrameVersion); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return knobs{}, fmt.Errorf("%s=%q: want an integer frame version", EnvFrameVersion, v)
+		}
+		k.RegisterVersion = n
+	}
+	return k, nil
+}

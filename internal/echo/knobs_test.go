@@ -1,0 +1,53 @@
+package echo
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestLoadKnobs(t *testing.T) {
+	tests := []struct {
+		name    string
+		env     map[string]string
+		check   func(knobs) bool
+		wantErr string
+	}{
+		{name: "defaults", check: func(k knobs) bool {
+			return k == knobs{RegisterVersion: 1, PingInterval: 15 * time.Second, PeerTimeout: 45 * time.Second}
+		}},
+		{name: "everything", env: map[string]string{
+			EnvExitBeforeReady: "1", EnvCrash: CrashAfterAnswer, EnvSlowTurn: "150ms", EnvIgnoreShutdown: "true",
+			EnvNoSecret: "1", EnvWrongSecret: "1", EnvFrameVersion: "7", EnvBootDelay: "2s",
+			EnvNoSessionReport: "1", EnvPingInterval: "10ms", EnvPeerTimeout: "30ms",
+		}, check: func(k knobs) bool {
+			return k == knobs{ExitBeforeReady: true, Crash: CrashAfterAnswer, SlowTurn: 150 * time.Millisecond,
+				IgnoreShutdown: true, NoSecret: true, WrongSecret: true, RegisterVersion: 7, BootDelay: 2 * time.Second,
+				NoSessionReport: true, PingInterval: 10 * time.Millisecond, PeerTimeout: 30 * time.Millisecond}
+		}},
+		{name: "zero turns a knob off", env: map[string]string{EnvIgnoreShutdown: "0"}, check: func(k knobs) bool { return !k.IgnoreShutdown }},
+		{name: "bad bool", env: map[string]string{EnvNoSecret: "yes"}, wantErr: EnvNoSecret},
+		{name: "bad crash", env: map[string]string{EnvCrash: "always"}, wantErr: EnvCrash},
+		{name: "bad duration", env: map[string]string{EnvSlowTurn: "5"}, wantErr: EnvSlowTurn},
+		{name: "negative duration", env: map[string]string{EnvBootDelay: "-1s"}, wantErr: EnvBootDelay},
+		{name: "zero ping interval", env: map[string]string{EnvPingInterval: "0s"}, wantErr: EnvPingInterval},
+		{name: "bad version", env: map[string]string{EnvFrameVersion: "two"}, wantErr: EnvFrameVersion},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			k, err := loadKnobs(func(name string) string { return tt.env[name] })
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("err %v, want one naming %s", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !tt.check(k) {
+				t.Errorf("got %+v", k)
+			}
+		})
+	}
+}

@@ -1,0 +1,116 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+)
+
+func TestCapacityRefusals(t *testing.T) {
+	ctx := context.Background()
+	if err := newCapacity(1, 5, 0).acquireN(ctx, 2); !errors.Is(err, errNoCapacity) {
+		t.Fatalf("queue_wait_timeout 0: %v, want no capacity", err)
+	}
+	c := newCapacity(1, 1, time.Hour)
+	_ = c.acquire(ctx)
+	go func() { _ = c.acquire(ctx) }() // parks
+	waitDepth(t, c, 1)
+	if err := c.acquire(ctx); !errors.Is(err, errQueueFull) {
+		t.Fatalf("full queue: %v, want capacity queue full", err)
+	}
+	c2 := newCapacity(1, 0, 20*time.Millisecond)
+	_ = c2.acquire(ctx)
+	if err := c2.acquire(ctx); !errors.Is(err, errQueueTimeout) {
+		t.Fatalf("timeout: %v", err)
+	}
+	if _, inUse, depth, _ := c2.snapshot(); inUse != 1 || depth != 0 {
+		t.Fatalf("after a timeout: inUse %d depth %d", inUse, depth)
+	}
+}
+
+// acquireN takes n slots, returning the first error.
+func (c *capacity) acquireN(ctx context.Context, n int) error {
+	for i := 0; i < n; i++ {
+		if err := c.acquire(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func waitDepth(t *testing.T, c *capacity, want int) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if _, _, d, _ := c.snapshot(); d == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("queue depth never reached %d", want)
+		}
+		time.Sleep(time.Millisecond) // polling a counter with a deadline
+	}
+}
+
+func TestCapacityHandsFreedSlotsToTheOldestWaiter(t *testing.T) {
+	ctx := context.Background()
+	c := newCapacity(1, 0, time.Hour)
+	_ = c.acquire(ctx)
+	order := make(chan int, 3)
+	for i := 0; i < 3; i++ {
+		go func() {
+			if c.acquire(ctx) == nil {
+				order <- i
+			}
+		}()
+		waitDepth(t, c, i+1)
+	}
+	for want := 0; want < 3; want++ {
+		c.release()
+		if got := <-order; got != want {
+			t.Fatalf("slot went to waiter %d, want %d (FIFO)", got, want)
+		}
+	}
+	if _, inUse, _, _ := c.snapshot(); inUse != 1 {
+		t.Fatalf("inUse = %d", inUse)
+	}
+}
+
+func TestCapacityCancelledWaiterLeavesAtOnce(t *testing.T) {
+	c := newCapacity(1, 0, time.Hour)
+	_ = c.acquire(context.Background())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- c.acquire(ctx) }()
+	waitDepth(t, c, 1)
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v", err)
+	}
+	if _, inUse, depth, _ := c.snapshot(); depth != 0 || inUse != 1 {
+		t.Fatalf("after cancel: depth %d inUse %d", depth, inUse)
+	}
+}
+
+func TestCapacitySetMax(t *testing.T) {
+	ctx := context.Background()
+	c := newCapacity(1, 0, time.Hour)
+	_ = c.acquire(ctx)
+	done := make(chan error)
+	go func() { done <- c.acquire(ctx) }()
+	waitDepth(t, c, 1)
+	c.setMax(2) // raising admits the parked claim at once
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	c.setMax(1) // lowering evicts nothing
+	if _, inUse, _, _ := c.snapshot(); inUse != 2 {
+		t.Fatalf("inUse = %d", inUse)
+	}
+	c.release()
+	c.release()
+	if _, inUse, _, _ := c.snapshot(); inUse != 0 {
+		t.Fatalf("inUse = %d", inUse)
+	}
+}

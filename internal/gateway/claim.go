@@ -1,0 +1,253 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/nexus-broker/nexus-broker/internal/config"
+	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
+)
+
+// anonymous is the principal of every caller while no auth: block exists.
+const anonymous = ""
+
+type claimRequest struct {
+	Config    string `json:"config"`
+	SessionID string `json:"session_id"`
+	Binary    string `json:"binary"`
+}
+
+type claimResponse struct {
+	LeaseID   string `json:"lease_id"`
+	WSURL     string `json:"ws_url"`
+	SessionID string `json:"session_id"`
+	Ticket    string `json:"ticket,omitempty"`
+}
+
+// claimError is a refusal: its status, its wire text, and its metrics
+// outcome.
+type claimError struct {
+	status  int
+	text    string
+	outcome string
+}
+
+func (e *claimError) Error() string { return e.text }
+
+func refuse(status int, outcome, format string, args ...any) *claimError {
+	return &claimError{status: status, text: fmt.Sprintf(format, args...), outcome: outcome}
+}
+
+// handleClaim is POST /claim: validate, take a slot, mint, spawn, wait for
+// ready. Every refusal that can be decided from the request is decided
+// before anything is allocated.
+func (g *Gateway) handleClaim(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	resp, cerr := g.claim(r)
+	g.m.claimDuration.observe(time.Since(start))
+	if cerr != nil {
+		g.m.claims.inc(cerr.outcome)
+		if cerr.outcome == "cancelled" {
+			g.log.Info("claim abandoned by its client", "error", cerr.text)
+			return // nobody is listening
+		}
+		g.log.Warn("claim failed", "status", cerr.status, "error", cerr.text)
+		if cerr.status == http.StatusServiceUnavailable {
+			w.Header().Set("Retry-After", "1")
+		}
+		writeError(w, cerr.status, cerr.text)
+		return
+	}
+	g.m.claims.inc("accepted")
+	g.log.Info("claim accepted", "lease_id", resp.LeaseID, "session_id", resp.SessionID, "duration", time.Since(start))
+	writeJSON(w, http.StatusOK, resp)
+}
+
+func (g *Gateway) claim(r *http.Request) (*claimResponse, *claimError) {
+	cfg := g.cfg.Load()
+	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, int64(cfg.MaxClaimBody)))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return nil, refuse(http.StatusRequestEntityTooLarge, "rejected",
+				"claim body exceeds max_claim_body (%d bytes); raise max_claim_body or send a smaller config", tooBig.Limit)
+		}
+		return nil, refuse(http.StatusBadRequest, "rejected", "invalid claim body")
+	}
+	var req claimRequest
+	if json.Unmarshal(body, &req) != nil {
+		return nil, refuse(http.StatusBadRequest, "rejected", "invalid claim body")
+	}
+	if strings.TrimSpace(req.Config) == "" {
+		return nil, refuse(http.StatusBadRequest, "rejected", "claim requires a non-empty config")
+	}
+	entry := strings.TrimSpace(req.Binary)
+	if entry == "" {
+		entry = config.ReservedEntry
+	}
+	if !g.hasBinary(entry) {
+		return nil, refuse(http.StatusBadRequest, "rejected", "unknown binary %q; this broker spawns: %s", entry, strings.Join(g.binaryNames(), ", "))
+	}
+	session := strings.TrimSpace(req.SessionID)
+	principal := anonymous
+
+	if err := g.cap.acquire(r.Context()); err != nil {
+		switch {
+		case errors.Is(err, errNoCapacity):
+			return nil, refuse(http.StatusServiceUnavailable, "no_capacity", "no capacity")
+		case errors.Is(err, errQueueFull):
+			return nil, refuse(http.StatusServiceUnavailable, "queue_full", "capacity queue full")
+		case errors.Is(err, errQueueTimeout):
+			return nil, refuse(http.StatusServiceUnavailable, "queue_timeout", "capacity wait timed out")
+		}
+		return nil, refuse(499, "cancelled", "client went away while queued for capacity")
+	}
+	id, err := newLeaseID()
+	if err != nil {
+		g.cap.release()
+		return nil, refuse(http.StatusInternalServerError, "internal", "minting lease")
+	}
+	l := g.newLease(id, principal, entry, time.Now())
+	l.sessionID = session
+	g.mu.Lock()
+	g.leases[id] = l
+	g.mu.Unlock()
+
+	sr, err := g.sp.Spawn(r.Context(), &spawnpb.SpawnRequest{
+		LeaseId: id, Entry: entry, Config: []byte(req.Config), RecallSessionId: session,
+		Principal: principal, BrokerAddr: g.dialBack,
+	})
+	if err != nil {
+		g.removeLease(l)
+		g.cap.release()
+		g.m.spawnFailures.inc("exec")
+		g.log.Error("spawning instance failed", "lease_id", id, "binary", entry, "error", status.Convert(err).Message(), "code", status.Code(err))
+		if status.Code(err) == codes.Canceled {
+			return nil, refuse(499, "cancelled", "client went away while the instance was spawning")
+		}
+		return nil, refuse(http.StatusInternalServerError, "spawn_failed", "spawning instance")
+	}
+	l.mu.Lock()
+	l.pid = sr.Pid
+	l.spawned = true
+	l.mu.Unlock()
+	g.log.Info("instance spawned", "lease_id", id, "binary", entry, "pid", sr.Pid, "session_id", session)
+
+	if cerr := g.awaitReady(r.Context(), l, cfg); cerr != nil {
+		return nil, cerr
+	}
+	if session == "" {
+		// A new session's id comes from the instance; the claim still
+		// succeeds without it after session_report_grace.
+		select {
+		case <-l.sessionReported:
+		case <-time.After(cfg.SessionReportGrace.D()):
+			g.log.Warn("instance did not report its session id within session_report_grace; answering the claim without it",
+				"lease_id", id, "session_report_grace", cfg.SessionReportGrace.D())
+		}
+	}
+	l.mu.Lock()
+	if l.state == stateSpawning {
+		l.state = stateActive
+		l.lastActivity = time.Now()
+		l.rearmLocked()
+	}
+	session = l.sessionID
+	l.mu.Unlock()
+	return &claimResponse{LeaseID: id, WSURL: g.wsURL(r, id), SessionID: session}, nil
+}
+
+// awaitReady waits for the instance's ready signal, its exit, ready_timeout,
+// or the claimant leaving, whichever is first.
+func (g *Gateway) awaitReady(ctx context.Context, l *lease, cfg *config.Config) *claimError {
+	timer := time.NewTimer(cfg.ReadyTimeout.D())
+	defer timer.Stop()
+	select {
+	case <-l.ready:
+		return nil
+	case <-l.exited:
+		select {
+		case <-l.ready: // it said ready, then died: let the client see the crash
+			return nil
+		default:
+		}
+		g.m.spawnFailures.inc("exited_before_ready")
+		return refuse(http.StatusBadGateway, "spawn_failed", "instance exited before signalling ready")
+	case <-timer.C:
+		g.m.spawnFailures.inc("ready_timeout")
+		go l.teardown(reasonReadyTimeout, teardownSkipGrace)
+		return refuse(http.StatusGatewayTimeout, "ready_timeout", "instance did not become ready in time")
+	case <-ctx.Done():
+		go l.teardown(reasonClaimAbandoned, teardownSkipGrace)
+		return refuse(499, "cancelled", "client went away while the instance was booting")
+	}
+}
+
+// wsURL is where the client connects: advertise_addr when set (its scheme
+// mapped to ws/wss), else the Host the claim arrived on.
+func (g *Gateway) wsURL(r *http.Request, id string) string {
+	path := "/lease/" + id
+	a := strings.TrimSuffix(strings.TrimSpace(g.boot.AdvertiseAddr), "/")
+	if a == "" {
+		return "ws://" + r.Host + path
+	}
+	scheme, hostport, ok := strings.Cut(a, "://")
+	if !ok {
+		return "ws://" + a + path
+	}
+	switch scheme {
+	case "https", "wss":
+		scheme = "wss"
+	default:
+		scheme = "ws"
+	}
+	return scheme + "://" + hostport + path
+}
+
+func (g *Gateway) hasBinary(name string) bool {
+	for _, b := range *g.binaries.Load() {
+		if b.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+func (g *Gateway) binaryNames() []string {
+	bs := *g.binaries.Load()
+	names := make([]string, len(bs))
+	for i, b := range bs {
+		names[i] = b.Name
+	}
+	return names
+}
+
+// record journals a lease's session id in spawnd; a failure is logged, never
+// fatal to the lease.
+func (g *Gateway) record(id, session string) {
+	ctx, cancel := context.WithTimeout(g.ctx, 10*time.Second)
+	defer cancel()
+	if _, err := g.sp.Record(ctx, &spawnpb.RecordRequest{LeaseId: id, SessionId: session}); err != nil && status.Code(err) != codes.NotFound {
+		g.log.Warn("recording a lease's session id with nexus-spawnd failed", "lease_id", id, "error", err)
+	}
+}
+
+// handleRelease is POST /release/{lease_id}.
+func (g *Gateway) handleRelease(w http.ResponseWriter, r *http.Request) {
+	l := g.lookupOwned(r.PathValue("lease_id"), anonymous)
+	if l == nil {
+		writeError(w, http.StatusNotFound, errUnknownLease)
+		return
+	}
+	l.teardown(reasonRelease, teardownGraceful)
+	writeJSON(w, http.StatusOK, map[string]string{"status": "released", "lease_id": l.id})
+}

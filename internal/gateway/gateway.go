@@ -1,0 +1,285 @@
+// Package gateway is the unprivileged half of nexus-broker: the HTTP and
+// WebSocket ingress, leases and their client-bound streams, capacity, the
+// idle and turn policy, and metrics. It never spawns or signals a process
+// itself; it asks nexus-spawnd (over pkg/spawnrpc) for intents about leases.
+package gateway
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/nexus-broker/nexus-broker/internal/config"
+	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
+)
+
+// Options wires a Gateway.
+type Options struct {
+	Config *config.Config
+	// Spawner is spawnd. Calls made while spawnd restarts are expected to
+	// wait for the new connection within their context.
+	Spawner spawnpb.SpawnerClient
+	Logger  *slog.Logger
+	// DialBack is NEXUS_BROKER_ADDR for spawned instances: the ws:// URL of
+	// this gateway's /instance route.
+	DialBack string
+}
+
+// Gateway serves the broker's HTTP API. Create it with New, call Start once,
+// serve Handler, and Shutdown when done.
+type Gateway struct {
+	log      *slog.Logger
+	sp       spawnpb.SpawnerClient
+	dialBack string
+	// boot holds the keys read only at boot; cfg the reloadable ones in force.
+	boot     *config.Config
+	cfg      atomic.Pointer[config.Config]
+	binaries atomic.Pointer[[]*spawnpb.Binary]
+	cap      *capacity
+	m        *metrics
+
+	mu     sync.Mutex
+	leases map[string]*lease
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// New builds a gateway; nothing runs until Start.
+func New(o Options) *Gateway {
+	ctx, cancel := context.WithCancel(context.Background())
+	g := &Gateway{
+		log:      o.Logger,
+		sp:       o.Spawner,
+		dialBack: o.DialBack,
+		boot:     o.Config,
+		cap:      newCapacity(o.Config.MaxConcurrent, o.Config.MaxQueueDepth, o.Config.QueueWaitTimeout.D()),
+		m:        newMetrics(),
+		leases:   map[string]*lease{},
+		ctx:      ctx,
+		cancel:   cancel,
+	}
+	g.cfg.Store(o.Config)
+	empty := []*spawnpb.Binary{}
+	g.binaries.Store(&empty)
+	return g
+}
+
+// Start reads spawnd's registry, restores the leases spawnd still holds
+// (a gateway restart kills nothing), and starts following instance exits.
+func (g *Gateway) Start(ctx context.Context) error {
+	st, err := g.sp.Status(ctx, &spawnpb.StatusRequest{})
+	if err != nil {
+		return fmt.Errorf("asking nexus-spawnd for its registry: %w", err)
+	}
+	g.setBinaries(st.Binaries)
+	if err := g.restore(ctx); err != nil {
+		return err
+	}
+	g.wg.Add(1)
+	go g.watchExits()
+	return nil
+}
+
+func (g *Gateway) setBinaries(bs []*spawnpb.Binary) {
+	bs = append([]*spawnpb.Binary(nil), bs...)
+	sort.Slice(bs, func(i, j int) bool { return bs[i].Name < bs[j].Name })
+	g.binaries.Store(&bs)
+}
+
+// restore re-creates the gateway side of every lease spawnd holds. Each waits
+// as spawning for its instance to redial, up to reattach_window.
+func (g *Gateway) restore(ctx context.Context) error {
+	list, err := g.sp.List(ctx, &spawnpb.ListRequest{})
+	if err != nil {
+		return fmt.Errorf("listing nexus-spawnd's live leases: %w", err)
+	}
+	for _, rl := range list.Leases {
+		l := g.newLease(rl.LeaseId, rl.Principal, rl.Entry, time.Unix(0, rl.CreatedUnixNano))
+		l.sessionID = rl.SessionId
+		l.pid = rl.Pid
+		l.spawned = true
+		l.restored = true
+		g.cap.take()
+		g.mu.Lock()
+		g.leases[l.id] = l
+		g.mu.Unlock()
+		g.m.restoredLeases.inc("restored")
+		window := g.boot.ReattachWindow.D()
+		l.reattachTimer = time.AfterFunc(window, func() {
+			if l.currentState() == stateSpawning {
+				g.log.Warn("restored lease was not reattached by its instance within reattach_window; reaping it",
+					"lease_id", l.id, "reattach_window", window)
+				g.m.restoredLeases.inc("reaped")
+				go l.teardown(reasonReattachTimeout, teardownSkipGrace)
+			}
+		})
+		g.log.Info("lease restored; waiting for its instance to redial", "lease_id", l.id, "pid", l.pid,
+			"session_id", l.sessionID, "binary", l.entry)
+	}
+	return nil
+}
+
+// watchExits follows spawnd's exit stream for the gateway's lifetime,
+// re-subscribing across spawnd restarts and reconciling what it missed.
+func (g *Gateway) watchExits() {
+	defer g.wg.Done()
+	backoff := 50 * time.Millisecond
+	for g.ctx.Err() == nil {
+		stream, err := g.sp.Watch(g.ctx, &spawnpb.WatchRequest{})
+		if err == nil {
+			// An exit while no stream was open is found by difference.
+			err = g.reconcile()
+		}
+		if err != nil {
+			if g.ctx.Err() != nil {
+				return
+			}
+			g.log.Warn("following nexus-spawnd's instance exits failed; retrying", "error", err)
+			select {
+			case <-g.ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 2*time.Second)
+			continue
+		}
+		backoff = 50 * time.Millisecond
+		for {
+			ev, err := stream.Recv()
+			if err != nil {
+				break
+			}
+			if l := g.lookup(ev.LeaseId); l != nil {
+				l.onExit(ev)
+			}
+		}
+	}
+}
+
+// reconcile treats every lease spawnd no longer holds as exited.
+func (g *Gateway) reconcile() error {
+	g.mu.Lock()
+	var spawned []*lease
+	for _, l := range g.leases {
+		if l.isSpawned() {
+			spawned = append(spawned, l)
+		}
+	}
+	g.mu.Unlock()
+	list, err := g.sp.List(g.ctx, &spawnpb.ListRequest{})
+	if err != nil {
+		return err
+	}
+	live := map[string]bool{}
+	for _, rl := range list.Leases {
+		live[rl.LeaseId] = true
+	}
+	for _, l := range spawned {
+		if !live[l.id] {
+			l.onExit(&spawnpb.ExitEvent{LeaseId: l.id, Pid: l.pid, ExitCode: -1})
+		}
+	}
+	return nil
+}
+
+func (g *Gateway) lookup(id string) *lease {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.leases[id]
+}
+
+// lookupOwned finds a lease the principal owns. Not found and not yours are
+// the same answer, so lease ids cannot be enumerated.
+func (g *Gateway) lookupOwned(id, principal string) *lease {
+	l := g.lookup(id)
+	if l == nil || l.principal != principal {
+		return nil
+	}
+	return l
+}
+
+func (g *Gateway) removeLease(l *lease) {
+	g.mu.Lock()
+	if g.leases[l.id] == l {
+		delete(g.leases, l.id)
+	}
+	g.mu.Unlock()
+}
+
+// Shutdown stops serving leases without touching a single instance: clients
+// are closed with 1001, instance sockets dropped (they redial the next
+// gateway), and spawnd keeps every process.
+func (g *Gateway) Shutdown() {
+	g.cancel()
+	g.mu.Lock()
+	ls := make([]*lease, 0, len(g.leases))
+	for _, l := range g.leases {
+		ls = append(ls, l)
+	}
+	g.mu.Unlock()
+	for _, l := range ls {
+		l.detachAll()
+	}
+	g.wg.Wait()
+}
+
+// newLeaseID mints a 128-bit random lease id.
+func newLeaseID() (string, error) {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(b[:]), nil
+}
+
+// terminate asks spawnd to tear a lease's process group down and waits for
+// the exit, retrying across a spawnd restart. A lease spawnd does not hold
+// has nothing left to terminate.
+func (g *Gateway) terminate(l *lease, reason string, skipGrace bool) {
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), g.cfg.Load().ReleaseGrace.D()*3+30*time.Second)
+		_, err := g.sp.Terminate(ctx, &spawnpb.TerminateRequest{LeaseId: l.id, Reason: reason, SkipGrace: skipGrace})
+		cancel()
+		if err == nil || status.Code(err) == codes.NotFound {
+			return
+		}
+		select {
+		case <-l.exited:
+			return
+		default:
+		}
+		g.log.Warn("asking nexus-spawnd to terminate a lease failed; retrying", "lease_id", l.id, "error", err)
+		select {
+		case <-l.exited:
+			return
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// Handler returns the broker's routes.
+func (g *Gateway) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /claim", g.handleClaim)
+	mux.HandleFunc("POST /release/{lease_id}", g.handleRelease)
+	mux.HandleFunc("POST /ticket/{lease_id}", g.handleTicket)
+	mux.HandleFunc("GET /leases", g.handleLeases)
+	mux.HandleFunc("GET /binaries", g.handleBinaries)
+	mux.HandleFunc("GET /metrics", g.handleMetrics)
+	mux.HandleFunc("GET /healthz", g.handleHealthz)
+	mux.HandleFunc("GET /instance", g.handleInstance)
+	mux.HandleFunc("GET /lease/{lease_id}", g.handleClient)
+	return mux
+}

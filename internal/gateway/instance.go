@@ -1,0 +1,283 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/nexus-broker/nexus-broker/pkg/brokerframe"
+	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
+)
+
+// registerWait bounds how long a dialer has to send its register frame.
+const registerWait = 10 * time.Second
+
+// instanceConn is one dial-back socket of a lease's instance.
+type instanceConn struct {
+	ws *wsConn
+	// drained is closed when the read pump has delivered everything the
+	// instance wrote and returned.
+	drained chan struct{}
+}
+
+// sendShutdown asks the instance to end its session and stop redialing.
+func (ic *instanceConn) sendShutdown() {
+	data, _ := brokerframe.Encode(brokerframe.Frame{Signal: brokerframe.SignalShutdown})
+	_ = ic.ws.write(data)
+}
+
+// handleInstance is WS /instance: where a process spawnd started proves it
+// is that process (lease id + per-spawn secret) and then streams.
+func (g *Gateway) handleInstance(w http.ResponseWriter, r *http.Request) {
+	conn, err := upgrader.Upgrade(w, r, nil)
+	if err != nil {
+		return // the upgrader has answered
+	}
+	ws := newWSConn(conn)
+	_ = conn.SetReadDeadline(time.Now().Add(registerWait))
+	_, data, err := conn.ReadMessage()
+	if err != nil {
+		ws.closeNow(websocket.ClosePolicyViolation, "no register frame")
+		return
+	}
+	f, err := brokerframe.Decode(data)
+	if err != nil {
+		ws.closeNow(websocket.ClosePolicyViolation, "invalid register frame")
+		return
+	}
+	if f.Signal != brokerframe.SignalRegister {
+		ws.closeNow(websocket.ClosePolicyViolation, "expected register frame")
+		return
+	}
+	l, refusal := g.admitInstance(r.Context(), f)
+	if l == nil {
+		// Every refusal is byte-identical on the wire, so a dialer cannot
+		// tell a live lease id from a dead one; the log tells them apart.
+		g.logRefusal(f, refusal, r.RemoteAddr)
+		ws.closeNow(websocket.ClosePolicyViolation, closeUnknownLease)
+		return
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(peerTimeout))
+	ic := &instanceConn{ws: ws, drained: make(chan struct{})}
+
+	l.mu.Lock()
+	if l.state == stateDraining {
+		l.mu.Unlock()
+		ws.closeNow(websocket.CloseGoingAway, closeLeaseClosed)
+		return
+	}
+	old := l.inst
+	l.inst = ic
+	reattached := l.restored && l.state == stateSpawning
+	if reattached && l.reattachTimer != nil {
+		l.reattachTimer.Stop()
+	}
+	l.mu.Unlock()
+	if old != nil {
+		old.ws.closeNow(websocket.CloseGoingAway, "superseded by a newer instance connection")
+	}
+	if reattached {
+		l.activate()
+		g.m.restoredLeases.inc("reattached")
+		g.log.Info("restored lease reattached by its instance", "lease_id", l.id)
+	}
+	g.log.Info("instance registered", "lease_id", l.id)
+
+	go ic.writePump(l)
+	ic.readPump(l)
+
+	l.mu.Lock()
+	if l.inst == ic {
+		l.inst = nil
+	}
+	l.mu.Unlock()
+	close(ic.drained)
+	ws.finish()
+	if ws.unresponsive.Load() {
+		g.log.Warn("instance socket unresponsive; detached it (the lease survives and the instance redials)", "lease_id", l.id)
+	} else {
+		g.log.Info("instance disconnected", "lease_id", l.id)
+	}
+}
+
+// refusal names why a registration was refused, for the log only.
+type refusal int
+
+const (
+	refusedUnknownLease refusal = iota
+	refusedNoSecret
+	refusedWrongSecret
+	refusedVersionSkew
+	refusedSpawndUnavailable
+)
+
+// admitInstance decides a register frame. Only spawnd can check the secret:
+// the spawn-key never enters the gateway.
+func (g *Gateway) admitInstance(ctx context.Context, f brokerframe.Frame) (*lease, refusal) {
+	if f.Version != brokerframe.Version {
+		return nil, refusedVersionSkew
+	}
+	l := g.lookup(f.LeaseID)
+	if l == nil || l.currentState() == stateDraining {
+		return nil, refusedUnknownLease
+	}
+	ctx, cancel := context.WithTimeout(ctx, registerWait)
+	defer cancel()
+	res, err := g.sp.Verify(ctx, &spawnpb.VerifyRequest{LeaseId: f.LeaseID, Secret: f.Secret})
+	if err != nil {
+		g.log.Error("could not verify an instance registration with nexus-spawnd", "lease_id", f.LeaseID, "error", err)
+		return nil, refusedSpawndUnavailable
+	}
+	switch res.Result {
+	case spawnpb.VerifyResult_VERIFY_RESULT_OK:
+		return l, 0
+	case spawnpb.VerifyResult_VERIFY_RESULT_NO_SECRET:
+		return nil, refusedNoSecret
+	case spawnpb.VerifyResult_VERIFY_RESULT_WRONG_SECRET:
+		return nil, refusedWrongSecret
+	}
+	return nil, refusedUnknownLease
+}
+
+func (g *Gateway) logRefusal(f brokerframe.Frame, why refusal, remote string) {
+	switch why {
+	case refusedVersionSkew:
+		g.log.Warn("rejecting instance registration: its register frame declares a broker frame schema version this broker does not speak; "+
+			"the instance binary and the broker are different builds of the frame protocol — upgrade whichever is older",
+			"lease_id", f.LeaseID, "instance_frame_version", f.Version, "broker_frame_version", brokerframe.Version, "remote", remote)
+	case refusedNoSecret:
+		g.log.Warn("rejecting instance registration: its register frame carried NO spawn secret, and this broker requires one for every registration — "+
+			"with or without an auth block. The most likely cause is that the instance binary the binaries registry entry points at "+
+			"predates the spawn-secret protocol: upgrade that binary", "lease_id", f.LeaseID, "remote", remote)
+	case refusedWrongSecret:
+		g.log.Warn("rejecting instance registration: its register frame carried the WRONG spawn secret, so this broker did not spawn the process that dialed back; "+
+			"investigate what is dialing /instance", "lease_id", f.LeaseID, "remote", remote)
+	case refusedSpawndUnavailable:
+		g.log.Warn("rejecting instance registration: nexus-spawnd could not be asked to verify its secret; the instance will redial",
+			"lease_id", f.LeaseID, "remote", remote)
+	default:
+		g.log.Warn("rejecting instance registration: no live lease has this id (it was released, reaped, or never minted by this broker)",
+			"lease_id", f.LeaseID, "remote", remote)
+	}
+}
+
+// readPump delivers the instance's frames to the lease's stream until the
+// socket ends.
+func (ic *instanceConn) readPump(l *lease) {
+	g := l.g
+	for {
+		data, err := ic.ws.read()
+		if err != nil {
+			var ne net.Error
+			if !errors.As(err, &ne) && !websocket.IsCloseError(err, websocket.CloseNormalClosure, websocket.CloseGoingAway) &&
+				!websocket.IsUnexpectedCloseError(err) {
+				g.log.Debug("instance read ended", "lease_id", l.id, "error", err)
+			}
+			return
+		}
+		f, err := brokerframe.Decode(data)
+		if err != nil {
+			g.m.framesDropped.inc("undecodable")
+			continue
+		}
+		if f.LeaseID != l.id {
+			g.m.framesDropped.inc("lease_mismatch")
+			continue
+		}
+		switch f.Signal {
+		case brokerframe.SignalRegister, brokerframe.SignalStreamGap:
+			continue // meaningless mid-stream; never a client's business
+		case brokerframe.SignalReady:
+			l.markReady()
+		case brokerframe.SignalSessionIDReport:
+			l.markSession(f.SessionID)
+		case brokerframe.SignalIO:
+			if state, ok := statusState(f.Payload); ok {
+				l.turnStatus(state)
+			}
+		}
+		f.Secret = "" // never relayed, whatever an instance put there
+		lost, err := l.log.append(f)
+		if err != nil {
+			g.m.framesDropped.inc("undecodable")
+			continue
+		}
+		if lost > 0 {
+			g.m.framesDropped.add("client_buffer_full", uint64(lost))
+		}
+	}
+}
+
+var statusType = []byte(`"status"`)
+
+// statusState extracts a status payload's state. The cheap byte test keeps
+// the decode off the path of every delta.
+func statusState(payload json.RawMessage) (string, bool) {
+	if !bytes.Contains(payload, statusType) {
+		return "", false
+	}
+	var p struct {
+		Type  string `json:"type"`
+		State string `json:"state"`
+	}
+	if json.Unmarshal(payload, &p) != nil || p.Type != brokerframe.IOStatus {
+		return "", false
+	}
+	return p.State, true
+}
+
+// writePump feeds the lease's client frames to this connection.
+func (ic *instanceConn) writePump(l *lease) {
+	for {
+		select {
+		case data := <-l.toInstance:
+			l.queuedBytes.Add(-int64(len(data)))
+			if err := ic.ws.write(data); err != nil {
+				l.g.m.framesDropped.inc("no_instance")
+				l.g.log.Warn("a client frame was lost: the instance socket failed while it was being written", "lease_id", l.id, "error", err)
+				return
+			}
+		case <-ic.ws.done:
+			return
+		}
+	}
+}
+
+// sendToInstance queues one client frame. With an instance attached a full
+// queue blocks the caller (and so the client's socket: TCP backpressure, not
+// loss); while the instance redials frames are held up to holdFrames /
+// holdBytes and counted when dropped beyond that.
+func (l *lease) sendToInstance(data []byte, cancel <-chan struct{}) {
+	n := int64(len(data))
+	l.mu.Lock()
+	attached := l.inst != nil
+	l.mu.Unlock()
+	if !attached && l.queuedBytes.Load()+n > holdBytes {
+		l.g.m.framesDropped.inc("no_instance")
+		return
+	}
+	select {
+	case l.toInstance <- data:
+		l.queuedBytes.Add(n)
+		return
+	default:
+	}
+	if !attached {
+		l.g.m.framesDropped.inc("no_instance")
+		return
+	}
+	select {
+	case l.toInstance <- data:
+		l.queuedBytes.Add(n)
+	case <-cancel:
+		l.g.m.framesDropped.inc("lease_gone")
+	case <-l.tornDown:
+		l.g.m.framesDropped.inc("lease_gone")
+	}
+}

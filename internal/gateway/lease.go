@@ -1,0 +1,307 @@
+package gateway
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nexus-broker/nexus-broker/pkg/brokerframe"
+	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
+)
+
+// Lease states as GET /leases reports them.
+const (
+	stateSpawning = "spawning" // not yet registered, or restored and waiting to reattach
+	stateActive   = "active"
+	stateDraining = "draining" // teardown started; reason set
+)
+
+// Teardown reasons, as GET /leases, the log and the journal name them.
+const (
+	reasonRelease         = "manual release"
+	reasonIdle            = "idle"
+	reasonTurnTimeout     = "turn timeout"
+	reasonCrashed         = "crashed"
+	reasonReattachTimeout = "reattach timeout"
+	reasonReadyTimeout    = "ready timeout"
+	reasonClaimAbandoned  = "claim failed"
+)
+
+// How a teardown treats the process.
+type teardownMode int
+
+const (
+	teardownGraceful  teardownMode = iota // shutdown frame, release_grace, then escalate
+	teardownSkipGrace                     // no socket to ask over: straight to SIGTERM
+	teardownExited                        // the process is already gone
+)
+
+// drainGrace bounds the wait for an instance's read pump to deliver what the
+// instance wrote before it went away.
+const drainGrace = 2 * time.Second
+
+// Limits on client → instance frames held while the instance redials.
+const (
+	holdFrames = sendWindow
+	holdBytes  = 1 << 20
+)
+
+// lease is the gateway's view of one claimed instance.
+type lease struct {
+	g         *Gateway
+	id        string
+	principal string
+	entry     string
+	createdAt time.Time
+	log       *streamLog
+
+	// toInstance carries encoded client frames to whichever instance
+	// connection is current; it outlives connections so that frames sent
+	// while the instance redials are held, not dropped.
+	toInstance  chan []byte
+	queuedBytes atomic.Int64
+
+	mu            sync.Mutex
+	state         string
+	reason        string
+	sessionID     string
+	pid           int64
+	spawned       bool
+	restored      bool
+	inst          *instanceConn
+	client        *clientConn
+	lastActivity  time.Time
+	turnStarted   time.Time // zero while settled
+	policyTimer   *time.Timer
+	reattachTimer *time.Timer
+
+	ready           chan struct{}
+	readyOnce       sync.Once
+	sessionReported chan struct{}
+	reportOnce      sync.Once
+	exited          chan struct{}
+	exitOnce        sync.Once
+	exit            *spawnpb.ExitEvent
+	teardownOnce    sync.Once
+	tornDown        chan struct{}
+}
+
+func (g *Gateway) newLease(id, principal, entry string, created time.Time) *lease {
+	return &lease{
+		g: g, id: id, principal: principal, entry: entry, createdAt: created,
+		log:             newStreamLog(id, int64(g.boot.ClientReplayBufferBytes)),
+		toInstance:      make(chan []byte, holdFrames),
+		state:           stateSpawning,
+		lastActivity:    created,
+		ready:           make(chan struct{}),
+		sessionReported: make(chan struct{}),
+		exited:          make(chan struct{}),
+		tornDown:        make(chan struct{}),
+	}
+}
+
+func (l *lease) currentState() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.state
+}
+
+func (l *lease) isSpawned() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.spawned
+}
+
+func (l *lease) markReady() {
+	l.readyOnce.Do(func() { close(l.ready) })
+}
+
+func (l *lease) markSession(id string) {
+	l.mu.Lock()
+	changed := id != "" && l.sessionID != id
+	if id != "" {
+		l.sessionID = id
+	}
+	l.mu.Unlock()
+	l.reportOnce.Do(func() { close(l.sessionReported) })
+	if changed {
+		go l.g.record(l.id, id)
+	}
+}
+
+// onExit is spawnd's word that the instance process is gone.
+func (l *lease) onExit(ev *spawnpb.ExitEvent) {
+	l.exitOnce.Do(func() {
+		l.mu.Lock()
+		l.exit = ev
+		l.mu.Unlock()
+		close(l.exited)
+		go l.teardown(reasonCrashed, teardownExited)
+	})
+}
+
+// teardown ends the lease once, whoever asks first; later callers wait for
+// the same teardown. Order matters: the instance's read pump is drained
+// before anything is closed, so what an instance wrote on its way out still
+// reaches its client.
+func (l *lease) teardown(reason string, mode teardownMode) {
+	l.teardownOnce.Do(func() {
+		l.mu.Lock()
+		l.state = stateDraining
+		l.reason = reason
+		inst := l.inst
+		if l.policyTimer != nil {
+			l.policyTimer.Stop()
+		}
+		if l.reattachTimer != nil {
+			l.reattachTimer.Stop()
+		}
+		l.mu.Unlock()
+		l.g.log.Info("lease draining", "lease_id", l.id, "reason", reason)
+
+		if mode != teardownExited {
+			if inst != nil && mode == teardownGraceful {
+				inst.sendShutdown()
+			}
+			l.g.terminate(l, reason, mode == teardownSkipGrace)
+		}
+		if inst != nil {
+			select {
+			case <-inst.drained:
+			case <-time.After(drainGrace):
+				l.g.log.Warn("instance socket did not drain within the grace after its process exited; closing it",
+					"lease_id", l.id, "grace", drainGrace)
+			}
+			inst.ws.closeNow(1000, "")
+		}
+		code, text := 1001, closeLeaseClosed
+		if reason == reasonCrashed {
+			code, text = codeInstanceCrashed, closeInstanceCrashed
+		}
+		l.mu.Lock()
+		c := l.client
+		l.client = nil
+		l.mu.Unlock()
+		if c != nil {
+			c.finish(code, text)
+		}
+		l.g.cap.release()
+		l.g.removeLease(l)
+		l.g.log.Info("lease closed", "lease_id", l.id, "reason", reason)
+		close(l.tornDown)
+	})
+	<-l.tornDown
+}
+
+// detachAll drops the lease's sockets at gateway shutdown without touching
+// its process: clients get 1001, the instance redials the next gateway.
+func (l *lease) detachAll() {
+	l.mu.Lock()
+	c, inst := l.client, l.inst
+	l.client, l.inst = nil, nil
+	if l.policyTimer != nil {
+		l.policyTimer.Stop()
+	}
+	if l.reattachTimer != nil {
+		l.reattachTimer.Stop()
+	}
+	l.mu.Unlock()
+	if c != nil {
+		c.ws.closeGraceful(1001, closeLeaseClosed)
+	}
+	if inst != nil {
+		inst.ws.closeNow(1001, "broker shutting down")
+	}
+}
+
+// --- idle and turn policy ---------------------------------------------------
+//
+// One timer per lease, re-armed on the events that move its deadline, so a
+// lease is released within milliseconds of its deadline rather than at the
+// next sweep.
+
+// activate starts the idle clock when the lease becomes usable.
+func (l *lease) activate() {
+	l.mu.Lock()
+	l.state = stateActive
+	l.lastActivity = time.Now()
+	l.rearmLocked()
+	l.mu.Unlock()
+}
+
+// clientInput records client → instance input: it resets the idle clock.
+func (l *lease) clientInput() {
+	l.mu.Lock()
+	l.lastActivity = time.Now()
+	l.rearmLocked()
+	l.mu.Unlock()
+}
+
+// turnStatus reads an instance status state on its way to the client.
+func (l *lease) turnStatus(state string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case state == brokerframe.StateIdle:
+		// Settling restarts the idle clock: a turn longer than idle_timeout
+		// must not be reapable the instant it answers.
+		l.turnStarted = time.Time{}
+		l.lastActivity = time.Now()
+	case brokerframe.IsWorkState(state):
+		if !l.turnStarted.IsZero() {
+			return // the turn clock measures the whole turn
+		}
+		l.turnStarted = time.Now()
+	default:
+		return // unknown states are ignored, never read as either signal
+	}
+	l.rearmLocked()
+}
+
+// deadlineLocked is when the policy would release the lease, and why.
+func (l *lease) deadlineLocked() (time.Time, string) {
+	cfg := l.g.cfg.Load()
+	if cfg.IdleTimeout <= 0 || l.state != stateActive {
+		return time.Time{}, ""
+	}
+	if !l.turnStarted.IsZero() {
+		if cfg.MaxTurnDuration <= 0 {
+			return time.Time{}, ""
+		}
+		return l.turnStarted.Add(cfg.MaxTurnDuration.D()), reasonTurnTimeout
+	}
+	return l.lastActivity.Add(cfg.IdleTimeout.D()), reasonIdle
+}
+
+func (l *lease) rearmLocked() {
+	at, _ := l.deadlineLocked()
+	if at.IsZero() {
+		if l.policyTimer != nil {
+			l.policyTimer.Stop()
+		}
+		return
+	}
+	d := time.Until(at)
+	if l.policyTimer == nil {
+		l.policyTimer = time.AfterFunc(d, l.policyFired)
+		return
+	}
+	l.policyTimer.Reset(d)
+}
+
+func (l *lease) policyFired() {
+	l.mu.Lock()
+	at, reason := l.deadlineLocked()
+	if at.IsZero() {
+		l.mu.Unlock()
+		return
+	}
+	if d := time.Until(at); d > 0 { // moved since the timer was armed
+		l.policyTimer.Reset(d)
+		l.mu.Unlock()
+		return
+	}
+	l.mu.Unlock()
+	l.g.log.Info("releasing lease by policy", "lease_id", l.id, "reason", reason)
+	l.teardown(reason, teardownGraceful)
+}

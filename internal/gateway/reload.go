@@ -1,0 +1,67 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"time"
+
+	"github.com/nexus-broker/nexus-broker/internal/config"
+	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
+)
+
+// Reload is SIGHUP: validate the file, have spawnd validate and swap its own
+// keys, then swap the gateway's. A rejection at any step leaves everything
+// in force. Live leases are never touched.
+func (g *Gateway) Reload(path string) error {
+	g.log.Info("SIGHUP received, reloading config", "path", path)
+	next, err := config.Load(path)
+	if err != nil {
+		return g.reloadRejected(path, err)
+	}
+	cur := g.cfg.Load()
+	reloadable, bootOnly := cur.ReloadDiff(next)
+	if len(bootOnly) > 0 {
+		g.log.Warn("config reload: these keys changed in the file but are only read at boot, so the values in force are unchanged; restart the broker to apply them",
+			"path", path, "keys", strings.Join(bootOnly, ","))
+	}
+	ctx, cancel := context.WithTimeout(g.ctx, 30*time.Second)
+	defer cancel()
+	res, err := g.sp.Reload(ctx, &spawnpb.ReloadRequest{})
+	if err != nil {
+		return g.reloadRejected(path, err)
+	}
+	if !res.Applied {
+		return g.reloadRejected(path, errors.New(res.Error))
+	}
+	// Boot-only keys keep the values in force.
+	applied := *next
+	keepBootOnly(&applied, g.boot)
+	g.cfg.Store(&applied)
+	g.setBinaries(res.Binaries)
+	g.cap.setMax(applied.MaxConcurrent)
+	g.m.configReloads.inc("applied")
+	g.log.Info("config reload applied", "path", path, "changed", strings.Join(reloadable, ","), "binaries", len(res.Binaries))
+	return nil
+}
+
+func (g *Gateway) reloadRejected(path string, err error) error {
+	g.m.configReloads.inc("rejected")
+	g.log.Error("config reload rejected; the configuration already in force is unchanged", "path", path, "error", err.Error())
+	return err
+}
+
+// keepBootOnly copies the boot-only keys of boot into c.
+func keepBootOnly(c, boot *config.Config) {
+	c.ListenAddr = boot.ListenAddr
+	c.AdvertiseAddr = boot.AdvertiseAddr
+	c.StateDir = boot.StateDir
+	c.BrokerID = boot.BrokerID
+	c.ReattachWindow = boot.ReattachWindow
+	c.ClientReplayBufferBytes = boot.ClientReplayBufferBytes
+	c.QueueWaitTimeout = boot.QueueWaitTimeout
+	c.MaxQueueDepth = boot.MaxQueueDepth
+	c.MaxLeasesPerPrincipal = boot.MaxLeasesPerPrincipal
+	c.MaxQueuedPerPrincipal = boot.MaxQueuedPerPrincipal
+	c.Spawnd = boot.Spawnd
+}

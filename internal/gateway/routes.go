@@ -1,0 +1,121 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"sort"
+	"time"
+)
+
+const errUnknownLease = "unknown lease"
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// writeError answers the broker's {"error":"…"} envelope.
+func writeError(w http.ResponseWriter, status int, text string) {
+	writeJSON(w, status, map[string]string{"error": text})
+}
+
+func (g *Gateway) handleHealthz(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+// handleTicket is POST /ticket/{lease_id}. With no auth: block it is inert:
+// 200 with the ticket key omitted, and the lease socket needs none.
+func (g *Gateway) handleTicket(w http.ResponseWriter, r *http.Request) {
+	l := g.lookupOwned(r.PathValue("lease_id"), anonymous)
+	if l == nil {
+		writeError(w, http.StatusNotFound, errUnknownLease)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"lease_id": l.id})
+}
+
+type binaryJSON struct {
+	Name        string `json:"name"`
+	Label       string `json:"label,omitempty"`
+	Description string `json:"description,omitempty"`
+}
+
+// handleBinaries is GET /binaries: names and presentational strings only,
+// sorted by name; never a path, argv or environment.
+func (g *Gateway) handleBinaries(w http.ResponseWriter, _ *http.Request) {
+	bs := *g.binaries.Load()
+	out := make([]binaryJSON, len(bs))
+	for i, b := range bs {
+		out[i] = binaryJSON{Name: b.Name, Label: b.Label, Description: b.Description}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"binaries": out})
+}
+
+type leaseJSON struct {
+	LeaseID      string    `json:"lease_id"`
+	SessionID    string    `json:"session_id,omitempty"`
+	PID          int64     `json:"pid"`
+	State        string    `json:"state"`
+	Binary       string    `json:"binary"`
+	Reason       string    `json:"reason,omitempty"`
+	LastActivity time.Time `json:"last_activity"`
+	CreatedAt    time.Time `json:"created_at"`
+}
+
+type leasesJSON struct {
+	MaxConcurrent *int        `json:"max_concurrent,omitempty"`
+	SlotsInUse    *int        `json:"slots_in_use,omitempty"`
+	QueueDepth    *int        `json:"queue_depth,omitempty"`
+	MaxQueueDepth *int        `json:"max_queue_depth,omitempty"`
+	Leases        []leaseJSON `json:"leases"`
+}
+
+func (g *Gateway) snapshotLeases() []leaseJSON {
+	g.mu.Lock()
+	ls := make([]*lease, 0, len(g.leases))
+	for _, l := range g.leases {
+		ls = append(ls, l)
+	}
+	g.mu.Unlock()
+	out := make([]leaseJSON, 0, len(ls))
+	for _, l := range ls {
+		l.mu.Lock()
+		out = append(out, leaseJSON{
+			LeaseID: l.id, SessionID: l.sessionID, PID: l.pid, State: l.state, Binary: l.entry,
+			Reason: l.reason, LastActivity: l.lastActivity.UTC(), CreatedAt: l.createdAt.UTC(),
+		})
+		l.mu.Unlock()
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if !out[i].CreatedAt.Equal(out[j].CreatedAt) {
+			return out[i].CreatedAt.Before(out[j].CreatedAt)
+		}
+		return out[i].LeaseID < out[j].LeaseID
+	})
+	return out
+}
+
+// handleLeases is GET /leases. Without auth every caller is the operator,
+// so it gets the aggregates too.
+func (g *Gateway) handleLeases(w http.ResponseWriter, _ *http.Request) {
+	max, inUse, depth, maxDepth := g.cap.snapshot()
+	writeJSON(w, http.StatusOK, leasesJSON{
+		MaxConcurrent: &max, SlotsInUse: &inUse, QueueDepth: &depth, MaxQueueDepth: &maxDepth,
+		Leases: g.snapshotLeases(),
+	})
+}
+
+// handleMetrics is GET /metrics in the Prometheus text format.
+func (g *Gateway) handleMetrics(w http.ResponseWriter, _ *http.Request) {
+	max, inUse, depth, maxDepth := g.cap.snapshot()
+	gg := gauges{slotsInUse: inUse, maxConcurrent: max, queueDepth: depth, maxQueueDepth: maxDepth, leases: map[string]int{}}
+	for _, l := range g.snapshotLeases() {
+		gg.leases[l.State]++
+	}
+	var buf bytes.Buffer
+	g.m.write(&buf, gg)
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+	_, _ = w.Write(buf.Bytes())
+}

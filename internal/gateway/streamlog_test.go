@@ -1,0 +1,127 @@
+package gateway
+
+import (
+	"encoding/json"
+	"fmt"
+	"testing"
+
+	"github.com/nexus-broker/nexus-broker/pkg/brokerframe"
+)
+
+func appendN(t *testing.T, s *streamLog, n int) {
+	t.Helper()
+	for i := 0; i < n; i++ {
+		if _, err := s.append(brokerframe.Frame{Signal: brokerframe.SignalIO, Payload: json.RawMessage(`{"type":"stream.delta","content":"0123456789"}`)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func seqs(es []logEntry) []uint64 {
+	out := make([]uint64, len(es))
+	for i, e := range es {
+		out[i] = e.seq
+	}
+	return out
+}
+
+func TestStreamLogSequencesFromOneWithoutHoles(t *testing.T) {
+	s := newStreamLog("L", 1<<20)
+	appendN(t, s, 1000)
+	c, gap := s.attach(0)
+	if gap != nil {
+		t.Fatalf("unexpected gap %+v", gap)
+	}
+	var got []uint64
+	for {
+		batch, miss, _, wake := s.readBatch(c, nil, 64)
+		if miss != 0 {
+			t.Fatalf("miss at %d", miss)
+		}
+		if wake != nil {
+			break
+		}
+		got = append(got, seqs(batch)...)
+		s.advance(c, batch[len(batch)-1].seq)
+	}
+	if len(got) != 1000 {
+		t.Fatalf("read %d frames", len(got))
+	}
+	for i, q := range got {
+		if q != uint64(i+1) {
+			t.Fatalf("frame %d has seq %d", i, q)
+		}
+	}
+	var f brokerframe.Frame
+	if err := json.Unmarshal(s.entries[0].data, &f); err != nil || f.Seq != 1 || f.LeaseID != "L" {
+		t.Fatalf("stored frame %s", s.entries[0].data)
+	}
+}
+
+func TestStreamLogAttachPositions(t *testing.T) {
+	frameLen := func() int64 {
+		s := newStreamLog("L", 1<<20)
+		appendN(t, s, 1)
+		return s.retainedBytes()
+	}()
+	s := newStreamLog("L", 10*(frameLen+1)) // holds 10 frames with two-digit seqs
+	appendN(t, s, 30)                   // 21..30 retained
+	cases := []struct {
+		from    int64
+		start   uint64
+		gap     *brokerframe.StreamGap
+		comment string
+	}{
+		{-1, 30, nil, "absent: live only"},
+		{25, 25, nil, "covered"},
+		{20, 20, nil, "exactly the oldest retained is next"},
+		{19, 20, &brokerframe.StreamGap{Reason: "evicted", RequestedFromSeq: 19, MissingFromSeq: 20, MissingThroughSeq: 20}, "one evicted"},
+		{0, 20, &brokerframe.StreamGap{Reason: "evicted", RequestedFromSeq: 0, MissingFromSeq: 1, MissingThroughSeq: 20}, "seen nothing"},
+		{30, 30, nil, "up to date"},
+		{31, 20, &brokerframe.StreamGap{Reason: "restarted", RequestedFromSeq: 31}, "ahead of the stream"},
+	}
+	for _, c := range cases {
+		cur, gap := s.attach(c.from)
+		if cur.seq != c.start || fmt.Sprint(gap) != fmt.Sprint(c.gap) {
+			t.Errorf("%s: attach(%d) = %d %+v, want %d %+v", c.comment, c.from, cur.seq, gap, c.start, c.gap)
+		}
+		s.detach(cur)
+	}
+}
+
+func TestStreamLogPinsTheAttachedClientsSendWindow(t *testing.T) {
+	s := newStreamLog("L", 0) // retain nothing for replay
+	c, _ := s.attach(-1)
+	appendN(t, s, sendWindow)
+	batch, miss, _, _ := s.readBatch(c, nil, 1000)
+	if miss != 0 || len(batch) != sendWindow {
+		t.Fatalf("a live client lost frames within the send window: miss %d, got %d", miss, len(batch))
+	}
+	lost, _ := s.append(brokerframe.Frame{Signal: brokerframe.SignalIO})
+	if lost != 1 {
+		t.Fatalf("past the send window the oldest undelivered frame is lost: lost = %d", lost)
+	}
+	_, miss, through, _ := s.readBatch(c, nil, 1000)
+	if miss != 1 || through != 1 {
+		t.Fatalf("the reader must be told frame 1 is gone: %d..%d", miss, through)
+	}
+	s.detach(c)
+	appendN(t, s, 1)
+	if s.retainedBytes() != 0 {
+		t.Fatalf("with no client and a zero bound nothing is retained, have %d bytes", s.retainedBytes())
+	}
+	if s.lastSeq() != sendWindow+2 {
+		t.Fatalf("sequencing continues with retention off: last = %d", s.lastSeq())
+	}
+}
+
+func TestStreamLogDisplacedCursorDoesNotUnpinSuccessor(t *testing.T) {
+	s := newStreamLog("L", 0)
+	old, _ := s.attach(-1)
+	next, _ := s.attach(-1)
+	s.detach(old)
+	appendN(t, s, 5)
+	if batch, _, _, _ := s.readBatch(next, nil, 10); len(batch) != 5 {
+		t.Fatalf("successor lost its pin: got %d frames", len(batch))
+	}
+}

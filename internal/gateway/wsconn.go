@@ -1,0 +1,179 @@
+package gateway
+
+import (
+	"errors"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gorilla/websocket"
+)
+
+// Liveness: ping every pingInterval, give up after peerTimeout of silence
+// (three unanswered probes: one lost ping proves little). They are constants
+// of the product; only tests shorten them, through TestLivenessEnv, because
+// the end-to-end tests drive the real binary.
+var (
+	pingInterval = 15 * time.Second
+	peerTimeout  = 45 * time.Second
+)
+
+// TestLivenessEnv overrides the two liveness intervals ("interval,timeout",
+// Go durations). It exists for tests only and is not a configuration key.
+const TestLivenessEnv = "NEXUS_BROKER_TEST_LIVENESS"
+
+func init() {
+	v := os.Getenv(TestLivenessEnv)
+	if v == "" {
+		return
+	}
+	a, b, _ := strings.Cut(v, ",")
+	pi, err1 := time.ParseDuration(a)
+	pt, err2 := time.ParseDuration(b)
+	if err1 == nil && err2 == nil && pi > 0 && pt > 0 {
+		pingInterval, peerTimeout = pi, pt
+	}
+}
+
+const (
+	writeWait = 10 * time.Second
+	// closeWait bounds how long a graceful close waits for the peer's echo.
+	closeWait = 2 * time.Second
+	// maxMessage bounds one inbound WebSocket message.
+	maxMessage = 16 << 20
+)
+
+// Close codes and reasons of the wire contract.
+const (
+	closeLeaseClosed     = "lease closed"
+	closeInstanceCrashed = "instance crashed"
+	closeSuperseded      = "superseded by a newer client connection"
+	closeUnknownLease    = "unknown lease"
+	closeUnresponsive    = "peer unresponsive"
+	codeInstanceCrashed  = 4500
+	codeSuperseded       = 4501
+)
+
+var upgrader = websocket.Upgrader{
+	ReadBufferSize:  32 << 10,
+	WriteBufferSize: 32 << 10,
+	// Browsers are a supported client (the ticket flow exists for them) and
+	// the broker is not a cookie-authenticated site, so any origin may
+	// connect; authorization is by credential and lease ownership.
+	CheckOrigin: func(*http.Request) bool { return true },
+}
+
+// wsConn serializes data writes on one gorilla connection (gorilla allows one
+// concurrent writer; control frames are safe from any goroutine) and runs the
+// liveness probe.
+type wsConn struct {
+	c    *websocket.Conn
+	wmu  sync.Mutex
+	once sync.Once
+	done chan struct{} // closed when the connection is finished
+	// unresponsive is set when the liveness probe gave up.
+	unresponsive atomic.Bool
+}
+
+func newWSConn(c *websocket.Conn) *wsConn {
+	w := &wsConn{c: c, done: make(chan struct{})}
+	c.SetReadLimit(maxMessage)
+	_ = c.SetReadDeadline(time.Now().Add(peerTimeout))
+	c.SetPongHandler(func(string) error { return c.SetReadDeadline(time.Now().Add(peerTimeout)) })
+	c.SetPingHandler(func(data string) error {
+		_ = c.SetReadDeadline(time.Now().Add(peerTimeout))
+		err := c.WriteControl(websocket.PongMessage, []byte(data), time.Now().Add(writeWait))
+		if errors.Is(err, websocket.ErrCloseSent) {
+			return nil
+		}
+		return err
+	})
+	go w.probe()
+	return w
+}
+
+// read returns the next message, extending the liveness deadline.
+func (w *wsConn) read() ([]byte, error) {
+	_, data, err := w.c.ReadMessage()
+	if err != nil {
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() && !w.closing() {
+			w.giveUp()
+		}
+		return nil, err
+	}
+	_ = w.c.SetReadDeadline(time.Now().Add(peerTimeout))
+	return data, nil
+}
+
+// write sends one text message.
+func (w *wsConn) write(data []byte) error {
+	w.wmu.Lock()
+	defer w.wmu.Unlock()
+	_ = w.c.SetWriteDeadline(time.Now().Add(writeWait))
+	return w.c.WriteMessage(websocket.TextMessage, data)
+}
+
+// probe pings the peer until the connection ends.
+func (w *wsConn) probe() {
+	t := time.NewTicker(pingInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-w.done:
+			return
+		case <-t.C:
+			if err := w.c.WriteControl(websocket.PingMessage, nil, time.Now().Add(writeWait)); err != nil {
+				return
+			}
+		}
+	}
+}
+
+// giveUp tears an unresponsive peer down without waiting for a close
+// handshake it will never answer.
+func (w *wsConn) giveUp() {
+	w.unresponsive.Store(true)
+	w.closeNow(websocket.CloseGoingAway, closeUnresponsive)
+}
+
+// closeNow sends a close frame and drops the connection at once.
+func (w *wsConn) closeNow(code int, reason string) {
+	w.once.Do(func() {
+		_ = w.c.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, reason), time.Now().Add(time.Second))
+		_ = w.c.Close()
+		close(w.done)
+	})
+}
+
+// closeGraceful sends a close frame and lets the read loop see the peer's
+// echo (or closeWait pass) before the connection is dropped, so the frame is
+// not lost to a reset.
+func (w *wsConn) closeGraceful(code int, reason string) {
+	w.once.Do(func() {
+		_ = w.c.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, reason), time.Now().Add(time.Second))
+		_ = w.c.SetReadDeadline(time.Now().Add(closeWait))
+		close(w.done)
+		time.AfterFunc(closeWait, func() { _ = w.c.Close() })
+	})
+}
+
+// closing reports whether a close has begun.
+func (w *wsConn) closing() bool {
+	select {
+	case <-w.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// finish releases the connection after its read loop ended.
+func (w *wsConn) finish() {
+	w.once.Do(func() { close(w.done) })
+	_ = w.c.Close()
+}

@@ -1,0 +1,281 @@
+package spawnd
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
+)
+
+// termGrace is how long Terminate waits after SIGTERM before SIGKILL. It is
+// fixed and short, as upstream's is (2s): release_grace, the operator's
+// shutdown budget, has already run out by the time it starts, and an engine
+// that has not exited two seconds after SIGTERM is not going to.
+const termGrace = 2 * time.Second
+
+// started is a running, unreaped instance, as start hands it back.
+type started struct {
+	pid, pidfd          int
+	startTime           uint64
+	configPath, logPath string
+}
+
+// start writes the lease's config and execs the entry:
+//
+//	<resolved path> -config <file> [-recall <session>] <entry args…>
+//
+// with the environment of spawnEnv, in the HOME it gives, as the leader of a
+// new process group, under the entry's run_as credential with no
+// supplementary groups. stdout and stderr append to the lease's log file
+// rather than a pipe: a pipe would die with spawnd, and the instance with it
+// on its next write (SIGPIPE).
+func (d *Daemon) start(id string, e *entry, inherit []string, req *spawnpb.SpawnRequest) (started, error) {
+	var cred *syscall.Credential
+	if e.runAs != nil {
+		// An empty, non-nil Groups with NoSetGroups false makes the child
+		// call setgroups(0, NULL), dropping spawnd's supplementary groups.
+		cred = &syscall.Credential{Uid: e.runAs.uid, Gid: e.runAs.gid, Groups: []uint32{}}
+	}
+	p := started{
+		configPath: filepath.Join(d.configDir, id+".yaml"),
+		logPath:    filepath.Join(d.logDir, id+".log"),
+	}
+	if err := writeConfig(p.configPath, req.GetConfig(), cred); err != nil {
+		return started{}, err
+	}
+
+	argv := []string{e.resolved, "-config", p.configPath}
+	if s := req.GetRecallSessionId(); s != "" {
+		argv = append(argv, "-recall", s)
+	}
+	argv = append(argv, e.args...)
+	env := spawnEnv(e, inherit, os.LookupEnv, dialBack{
+		addr:    req.GetBrokerAddr(),
+		leaseID: id,
+		secret:  secretFor(d.key, id),
+	})
+
+	out, err := os.OpenFile(p.logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		_ = os.Remove(p.configPath)
+		return started{}, fmt.Errorf("opening the instance log: %w", err)
+	}
+	defer out.Close()
+	null, err := os.Open(os.DevNull)
+	if err != nil {
+		_ = os.Remove(p.configPath)
+		return started{}, err
+	}
+	defer null.Close()
+
+	p.pidfd = -1
+	p.pid, _, err = syscall.StartProcess(argv[0], argv, &syscall.ProcAttr{
+		Dir:   workingDir(env.values["HOME"]),
+		Env:   env.pairs(),
+		Files: []uintptr{null.Fd(), out.Fd(), out.Fd()},
+		Sys: &syscall.SysProcAttr{
+			Setpgid:    true, // the instance leads its own group: Pgid 0 means its own pid
+			Credential: cred,
+			PidFD:      &p.pidfd,
+		},
+	})
+	if err != nil {
+		_ = os.Remove(p.configPath)
+		return started{}, fmt.Errorf("exec %s: %w", argv[0], err)
+	}
+	if p.pidfd < 0 {
+		err = fmt.Errorf("the kernel gave no pidfd for pid %d; nexus-spawnd needs Linux 5.3 or later", p.pid)
+	} else {
+		p.startTime, err = procStartTime(p.pid)
+	}
+	if err != nil {
+		// Not yet reaped, so the pid and group are still this child's.
+		_ = unix.Kill(-p.pid, unix.SIGKILL)
+		_, _ = reap(p.pid)
+		if p.pidfd >= 0 {
+			_ = unix.Close(p.pidfd)
+		}
+		_ = os.Remove(p.configPath)
+		return started{}, err
+	}
+	return p, nil
+}
+
+// writeConfig writes the claim's config 0600, owned by the instance's own
+// uid when run_as is used so that it, and no other run_as user, can read it.
+func writeConfig(path string, config []byte, cred *syscall.Credential) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return fmt.Errorf("writing temp config: %w", err)
+	}
+	if cred != nil {
+		err = f.Chown(int(cred.Uid), int(cred.Gid))
+	}
+	if err == nil {
+		_, err = f.Write(config)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		_ = os.Remove(path)
+		return fmt.Errorf("writing temp config: %w", err)
+	}
+	return nil
+}
+
+// workingDir is the spawn's HOME when that is a directory, else "/". A
+// run_as user's passwd home may not exist (nobody's is /nonexistent); the
+// instance then still gets it as HOME, as the spec says, and starts in "/".
+func workingDir(home string) string {
+	if info, err := os.Stat(home); home != "" && err == nil && info.IsDir() {
+		return home
+	}
+	return "/"
+}
+
+// procStartTime is field 22 of /proc/<pid>/stat. The command name (field 2)
+// is in parentheses and may itself hold spaces and parentheses, so fields
+// are counted from the last ')'.
+func procStartTime(pid int) (uint64, error) {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, fmt.Errorf("reading the instance's start time: %w", err)
+	}
+	s := string(data)
+	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:]) // fields 3, 4, …
+	if len(fields) < 20 {
+		return 0, fmt.Errorf("reading the instance's start time: /proc/%d/stat has %d fields after the command name", pid, len(fields))
+	}
+	return strconv.ParseUint(fields[22-3], 10, 64)
+}
+
+// supervise waits for the instance's leader to exit, then kills whatever is
+// left of its group, reaps it, and publishes its exit. It runs once per
+// lease, from Spawn until the reap or until Close.
+func (d *Daemon) supervise(l *lease) {
+	defer d.wg.Done()
+	if exited, err := awaitExit(l.pidfd, d.stopR); !exited {
+		if err != nil {
+			d.log.Error("supervising instance failed; its exit will not be reported", "lease_id", l.rec.LeaseID, "pid", l.rec.PID, "error", err)
+		}
+		// Close (or the error above): leave the instance running, unreaped.
+		_ = unix.Close(l.pidfd)
+		return
+	}
+
+	d.mu.Lock()
+	// The leader has exited but is not reaped, so its pid, which is the
+	// group's id, cannot have been reused: this reaches only what the
+	// instance started. Marking the lease gone under the same lock, before
+	// the reap, is what keeps an escalation from signalling the group after.
+	_ = unix.Kill(-l.rec.PID, unix.SIGKILL)
+	terminated := l.state == stateTerminating
+	l.state = stateGone
+	delete(d.leases, l.rec.LeaseID)
+	if !terminated {
+		l.rec.Reason = reasonExited
+	}
+	rec := l.rec
+	d.mu.Unlock()
+
+	ws, err := reap(rec.PID)
+	_ = unix.Close(l.pidfd)
+	_ = os.Remove(l.configPath)
+	ev := &spawnpb.ExitEvent{LeaseId: rec.LeaseID, Pid: int64(rec.PID), ExitCode: -1, Terminated: terminated}
+	switch {
+	case err != nil:
+		d.log.Error("reaping instance failed", "lease_id", rec.LeaseID, "pid", rec.PID, "error", err)
+	case ws.Exited():
+		ev.ExitCode = int32(ws.ExitStatus())
+	case ws.Signaled():
+		ev.Signal = unix.SignalName(ws.Signal())
+	}
+	d.journalize(journal.ended, rec)
+	d.log.Info("instance exited", "lease_id", rec.LeaseID, "entry", rec.Entry, "pid", rec.PID,
+		"exit_code", ev.ExitCode, "signal", ev.Signal, "terminated", terminated, "reason", rec.Reason)
+	d.watchers.publish(ev)
+	l.exit = ev
+	close(l.gone)
+}
+
+// awaitExit blocks until the process behind pidfd exits (true) or stop is
+// closed (false). Polling a pidfd does not reap, which is what lets
+// supervise kill the group while the leader still pins its id.
+func awaitExit(pidfd, stop int) (bool, error) {
+	fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}, {Fd: int32(stop), Events: unix.POLLIN}}
+	for {
+		_, err := unix.Poll(fds, -1)
+		switch {
+		case err == unix.EINTR:
+		case err != nil:
+			return false, err
+		case fds[0].Revents != 0:
+			return true, nil
+		case fds[1].Revents != 0:
+			return false, nil
+		}
+	}
+}
+
+func reap(pid int) (unix.WaitStatus, error) {
+	var ws unix.WaitStatus
+	for {
+		if _, err := unix.Wait4(pid, &ws, 0, nil); err != unix.EINTR {
+			return ws, err
+		}
+	}
+}
+
+// escalate tears a terminating lease down: release_grace for the instance
+// to act on the gateway's shutdown frame (skipped when there is no socket to
+// have sent one over), then SIGTERM to its group, termGrace, then SIGKILL.
+// It stops early once the instance is gone or spawnd is closing.
+func (d *Daemon) escalate(l *lease, skipGrace bool, grace time.Duration) {
+	defer d.wg.Done()
+	if !skipGrace && d.settled(l, grace) {
+		return
+	}
+	d.signalGroup(l, unix.SIGTERM, "instance did not exit within release_grace; sending SIGTERM to its process group", "release_grace", grace)
+	if d.settled(l, termGrace) {
+		return
+	}
+	d.signalGroup(l, unix.SIGKILL, "instance did not exit after SIGTERM; sending SIGKILL to its process group", "term_grace", termGrace)
+}
+
+// settled waits up to wait for the lease to be gone or spawnd to close, and
+// reports whether either happened.
+func (d *Daemon) settled(l *lease, wait time.Duration) bool {
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-l.gone:
+		return true
+	case <-d.closing:
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
+// signalGroup signals a terminating lease's group. Under d.mu the state
+// check and the kill are one step with supervise's, so a group is never
+// signalled once its leader may have been reaped.
+func (d *Daemon) signalGroup(l *lease, sig unix.Signal, msg string, attrs ...any) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if l.state != stateTerminating {
+		return
+	}
+	d.log.Warn(msg, append([]any{"lease_id", l.rec.LeaseID, "pid", l.rec.PID, "reason", l.rec.Reason}, attrs...)...)
+	if err := unix.Kill(-l.rec.PID, sig); err != nil {
+		d.log.Error("signalling the instance's process group failed", "lease_id", l.rec.LeaseID, "signal", unix.SignalName(sig), "error", err)
+	}
+}

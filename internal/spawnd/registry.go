@@ -1,0 +1,331 @@
+package spawnd
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"maps"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/nexus-broker/nexus-broker/internal/config"
+	"github.com/nexus-broker/nexus-broker/pkg/brokerframe"
+	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
+)
+
+// settings is everything Reload may replace, resolved against this machine.
+// It is never modified after resolve returns, so a spawn that took a
+// pointer to it keeps one consistent view however many reloads follow.
+type settings struct {
+	cfg          *config.Config // what these settings were resolved from
+	entries      map[string]*entry
+	inherit      []string // inherit_env
+	releaseGrace time.Duration
+}
+
+// entry is one binaries: entry, resolved.
+type entry struct {
+	name, label, description string
+	path                     string // as written in broker.yaml, for the boot log
+	resolved                 string // the absolute path spawnd execs
+	args                     []string
+	env                      map[string]string
+	runAs                    *credential // nil: spawnd's own credential
+	// passwdHome is the run_as user's home from the passwd database; empty
+	// for an entry without run_as, or whose env sets HOME itself.
+	passwdHome string
+}
+
+// credential is a run_as uid:gid.
+type credential struct{ uid, gid uint32 }
+
+func (c *credential) String() string { return fmt.Sprintf("%d:%d", c.uid, c.gid) }
+
+// loadSettings reads broker.yaml for Reload and resolves it as New does.
+func loadSettings(cfgPath string) (*settings, error) {
+	cfg, err := config.Load(cfgPath)
+	if err != nil {
+		return nil, err
+	}
+	return resolve(cfg)
+}
+
+// resolve checks every entry of cfg against this machine. The first entry
+// (by name) that spawnd could not exec refuses the whole configuration.
+func resolve(cfg *config.Config) (*settings, error) {
+	s := &settings{
+		cfg:          cfg,
+		entries:      make(map[string]*entry, len(cfg.Binaries)),
+		inherit:      cfg.InheritEnv,
+		releaseGrace: cfg.ReleaseGrace.D(),
+	}
+	for _, name := range slices.Sorted(maps.Keys(cfg.Binaries)) {
+		ce := cfg.Binaries[name]
+		resolved, err := resolveEntryPath(name, ce.Path)
+		if err != nil {
+			return nil, err
+		}
+		e := &entry{
+			name:        name,
+			label:       ce.Label,
+			description: ce.Description,
+			path:        ce.Path,
+			resolved:    resolved,
+			args:        ce.Args,
+			env:         ce.Env,
+		}
+		if r := cfg.EntryRunAs(name); r != nil {
+			if e.runAs, err = newCredential(name, r); err != nil {
+				return nil, err
+			}
+			if _, ok := ce.Env["HOME"]; !ok {
+				if e.passwdHome, err = passwdHome(name, *r.UID); err != nil {
+					return nil, err
+				}
+			}
+		}
+		s.entries[name] = e
+	}
+	return s, nil
+}
+
+// resolveEntryPath turns an entry's path into the absolute path of a regular
+// file with an execute bit: expand ~, look a bare name up on spawnd's PATH,
+// make it absolute, stat it. The execute-bit test is a mode check, not "can
+// this user run it": a binary only another user may run fails at exec.
+func resolveEntryPath(name, written string) (string, error) {
+	p, err := expandHome(written)
+	if err != nil {
+		return "", fmt.Errorf("broker config: binaries: %s: %w", name, err)
+	}
+	if !strings.ContainsRune(p, '/') {
+		found, err := exec.LookPath(p)
+		if err != nil {
+			return "", fmt.Errorf("broker config: binaries: %s: path %q has no path separator, so it was looked up on nexus-spawnd's PATH (%s), and no executable of that name is there; install it on that PATH or set binaries.%s.path to its absolute path",
+				name, written, os.Getenv("PATH"), name)
+		}
+		p = found
+	}
+	abs, err := filepath.Abs(p)
+	if err != nil {
+		return "", fmt.Errorf("broker config: binaries: %s: path %q cannot be made absolute: %w", name, written, err)
+	}
+	refuse := func(why string, args ...any) error {
+		return fmt.Errorf("broker config: binaries: %s: path %q (resolved %s) %s", name, written, abs, fmt.Sprintf(why, args...))
+	}
+	info, err := os.Stat(abs)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return "", refuse("does not exist; install the build there or point the entry at another path")
+	case err != nil:
+		return "", refuse("cannot be checked: %v", err)
+	case info.IsDir():
+		return "", refuse("is a directory; point the entry at the executable inside it")
+	case !info.Mode().IsRegular():
+		return "", refuse("is not a regular file (mode %s)", info.Mode())
+	case info.Mode().Perm()&0o111 == 0:
+		return "", refuse("is not executable (mode %s); chmod +x it or point the entry at another build", info.Mode().Perm())
+	}
+	return abs, nil
+}
+
+// expandHome expands a leading ~ to spawnd's own HOME.
+func expandHome(p string) (string, error) {
+	if p != "~" && !strings.HasPrefix(p, "~/") {
+		return p, nil
+	}
+	home := os.Getenv("HOME")
+	if home == "" {
+		return "", fmt.Errorf("path %q starts with ~, but nexus-spawnd's environment has no HOME; write the path out in full", p)
+	}
+	return filepath.Join(home, p[1:]), nil
+}
+
+// newCredential converts a validated run_as block. 2³²-1 is refused too:
+// to setuid(2) it means "leave unchanged".
+func newCredential(name string, r *config.RunAs) (*credential, error) {
+	for _, id := range []int{*r.UID, *r.GID} {
+		if id < 0 || id >= 1<<32-1 {
+			return nil, fmt.Errorf("broker config: binaries: %s: run_as %s: %d is not a usable uid or gid", name, r, id)
+		}
+	}
+	return &credential{uid: uint32(*r.UID), gid: uint32(*r.GID)}, nil
+}
+
+// passwdHome is the home the passwd database records for a run_as uid: HOME
+// follows the credential, so an instance can create ~/.nexus where its uid
+// may write.
+func passwdHome(name string, uid int) (string, error) {
+	u, err := user.LookupId(strconv.Itoa(uid))
+	if err != nil {
+		return "", fmt.Errorf("broker config: binaries: %s: run_as uid %d has no passwd entry (%v), so nexus-spawnd cannot tell which HOME its instances get; add that user or set binaries.%s.env.HOME",
+			name, uid, err, name)
+	}
+	if !filepath.IsAbs(u.HomeDir) {
+		return "", fmt.Errorf("broker config: binaries: %s: run_as uid %d has home %q in the passwd database, which is not an absolute path; set binaries.%s.env.HOME",
+			name, uid, u.HomeDir, name)
+	}
+	return u.HomeDir, nil
+}
+
+// alwaysPass are the variables every spawn takes from spawnd's environment:
+// HOME locates ~/.nexus, PATH makes exec and the shell tool work, and LANG
+// and TZ keep text and times as the operator's host renders them.
+var alwaysPass = []string{"HOME", "LANG", "PATH", "TZ"}
+
+// dialBack is the broker-owned trio a spawn is given last.
+type dialBack struct{ addr, leaseID, secret string }
+
+// spawnEnv builds a spawn's environment from nothing, in the order the spec
+// gives: the always-pass set (HOME replaced by a run_as user's home), then
+// the inherit_env names spawnd holds, then the entry's env, then the dial-back
+// trio. A later layer replaces an earlier one's value, so no name is emitted
+// twice. lookup is spawnd's own environment.
+func spawnEnv(e *entry, inherit []string, lookup func(string) (string, bool), dial dialBack) *envList {
+	env := &envList{values: map[string]string{}}
+	for _, name := range slices.Concat(alwaysPass, inherit) {
+		if v, ok := lookup(name); ok {
+			env.set(name, v)
+		}
+	}
+	if e.passwdHome != "" {
+		env.set("HOME", e.passwdHome)
+	}
+	for _, k := range slices.Sorted(maps.Keys(e.env)) {
+		env.set(k, e.env[k])
+	}
+	env.set(brokerframe.EnvBrokerAddr, dial.addr)
+	env.set(brokerframe.EnvLeaseID, dial.leaseID)
+	env.set(brokerframe.EnvSpawnSecret, dial.secret)
+	return env
+}
+
+// envList is an environment that keeps each name once.
+type envList struct {
+	names  []string
+	values map[string]string
+}
+
+func (l *envList) set(name, value string) {
+	if _, ok := l.values[name]; !ok {
+		l.names = append(l.names, name)
+	}
+	l.values[name] = value
+}
+
+// pairs is the environment as exec wants it.
+func (l *envList) pairs() []string {
+	out := make([]string, len(l.names))
+	for i, n := range l.names {
+		out[i] = n + "=" + l.values[n]
+	}
+	return out
+}
+
+// describe logs, per entry, what a spawn of it will exec and the names (never
+// the values) of what it will carry, then one WARN for declared inherit_env
+// names spawnd does not hold and one for run_as that cannot work. It runs at
+// boot and after every applied reload.
+func (d *Daemon) describe(s *settings) {
+	var runAs []string
+	for _, name := range slices.Sorted(maps.Keys(s.entries)) {
+		e := s.entries[name]
+		env := spawnEnv(e, s.inherit, os.LookupEnv, dialBack{})
+		attrs := []any{
+			"name", name,
+			"path", e.path,
+			"resolved_path", e.resolved,
+			"spawn_env", strings.Join(slices.Sorted(slices.Values(env.names)), ","),
+		}
+		if e.runAs != nil {
+			attrs = append(attrs, "run_as", e.runAs.String(), "run_as_home", env.values["HOME"])
+			runAs = append(runAs, name)
+		}
+		d.log.Info("binary registry entry", attrs...)
+	}
+	var missing []string
+	for _, name := range s.inherit {
+		if _, ok := os.LookupEnv(name); !ok {
+			missing = append(missing, name)
+		}
+	}
+	if len(missing) > 0 {
+		d.log.Warn("inherit_env names variables nexus-spawnd's own environment does not hold, so no spawned instance will carry them; "+
+			"export them into nexus-spawnd's environment or set them under binaries.<name>.env",
+			"missing", strings.Join(missing, ","))
+	}
+	if len(runAs) > 0 && !d.privileged {
+		d.log.Warn("run_as is configured but nexus-spawnd lacks CAP_SETUID and CAP_SETGID, so every spawn of these entries will be refused; "+
+			"run nexus-spawnd as root (or grant it both capabilities) or remove run_as",
+			"entries", strings.Join(runAs, ","))
+	}
+}
+
+// procSelfStatus is where the effective capability set is read from. Tests
+// point it at a copy with CapEff cleared to play an unprivileged spawnd.
+var procSelfStatus = "/proc/self/status"
+
+// hasSetIDCaps reports whether spawnd may set a child's uid, gid and groups.
+// It reads the capability set rather than asking for euid 0: root with
+// CAP_SETUID dropped (a hardened container) cannot do it either, and a
+// non-root spawnd granted both capabilities can.
+func hasSetIDCaps() bool {
+	data, err := os.ReadFile(procSelfStatus)
+	if err != nil {
+		return false
+	}
+	for line := range strings.Lines(string(data)) {
+		if hex, ok := strings.CutPrefix(line, "CapEff:"); ok {
+			caps, err := strconv.ParseUint(strings.TrimSpace(hex), 16, 64)
+			want := uint64(1)<<unix.CAP_SETUID | uint64(1)<<unix.CAP_SETGID
+			return err == nil && caps&want == want
+		}
+	}
+	return false
+}
+
+// listing is the public registry: names, labels and descriptions only. A
+// path, argv or environment never leaves spawnd.
+func (s *settings) listing() []*spawnpb.Binary {
+	out := make([]*spawnpb.Binary, 0, len(s.entries))
+	for _, name := range slices.Sorted(maps.Keys(s.entries)) {
+		e := s.entries[name]
+		out = append(out, &spawnpb.Binary{Name: name, Label: e.label, Description: e.description})
+	}
+	return out
+}
+
+// reloadDiff names the keys spawnd reads that differ between two files:
+// those Reload applies, and those only read at boot.
+func reloadDiff(prev, next *config.Config) (reloadable, bootOnly []string) {
+	for _, k := range []struct {
+		key      string
+		a, b     any
+		reloaded bool
+	}{
+		{"binaries", prev.Binaries, next.Binaries, true},
+		{"inherit_env", prev.InheritEnv, next.InheritEnv, true},
+		{"release_grace", prev.ReleaseGrace, next.ReleaseGrace, true},
+		{"run_as", prev.RunAs, next.RunAs, true},
+		{"broker_id", prev.BrokerID, next.BrokerID, false},
+		{"state_dir", prev.StateDir, next.StateDir, false},
+	} {
+		switch {
+		case reflect.DeepEqual(k.a, k.b):
+		case k.reloaded:
+			reloadable = append(reloadable, k.key)
+		default:
+			bootOnly = append(bootOnly, k.key)
+		}
+	}
+	return reloadable, bootOnly
+}

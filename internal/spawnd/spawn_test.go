@@ -1,0 +1,261 @@
+package spawnd
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"io/fs"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
+)
+
+// TestSpawnEnvironmentArgvAndConfig checks everything an instance is handed:
+// argv in the contract's order, exactly the allowed environment with the
+// dial-back trio winning, a 0600 config it can read, its own process group,
+// HOME as working directory, and output in its log file. It then checks the
+// config is removed once the instance is gone.
+func TestSpawnEnvironmentArgvAndConfig(t *testing.T) {
+	t.Setenv("SPAWND_TEST_INHERITED", "inherited")
+	t.Setenv("SPAWND_TEST_LEAK", "must not reach the instance")
+	h := newHarness(t, `
+state_dir: STATE
+inherit_env: [SPAWND_TEST_INHERITED]
+binaries:
+  nexus:
+    path: FAKE
+    args: [-report, REPORT, -mode, block]
+    env:
+      ENTRY_VAR: from-entry
+      SPAWND_TEST_INHERITED: overridden-by-entry
+      NEXUS_BROKER_SPAWN_SECRET: forged
+`)
+	stream := h.watch()
+	resp, err := h.client.Spawn(h.ctx(), &spawnpb.SpawnRequest{
+		LeaseId:         "lease-env",
+		Entry:           "nexus",
+		Config:          []byte("core:\n  name: env test\n"),
+		RecallSessionId: "sess-1",
+		Principal:       "alice",
+		BrokerAddr:      testBrokerAddr,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := h.accept()
+	r := f.report
+
+	configPath := filepath.Join(h.d.configDir, "lease-env.yaml")
+	wantArgs := []string{fakeBin, "-config", configPath, "-recall", "sess-1", "-report", h.reportPath, "-mode", "block"}
+	if !slices.Equal(r.Args, wantArgs) {
+		t.Errorf("argv = %q\nwant   %q", r.Args, wantArgs)
+	}
+	if r.Config != "core:\n  name: env test\n" || r.ConfigMode != 0o600 {
+		t.Errorf("config read by the instance = %q mode %v, want the claim's text mode 0600", r.Config, r.ConfigMode)
+	}
+
+	env := f.env()
+	if len(env) != len(r.Env) {
+		t.Errorf("environment repeats a name: %q", r.Env)
+	}
+	want := []string{"ENTRY_VAR", "NEXUS_BROKER_ADDR", "NEXUS_BROKER_LEASE_ID", "NEXUS_BROKER_SPAWN_SECRET", "SPAWND_TEST_INHERITED"}
+	for _, name := range alwaysPass {
+		if _, ok := os.LookupEnv(name); ok {
+			want = append(want, name)
+		}
+	}
+	slices.Sort(want)
+	if got := slices.Sorted(maps.Keys(env)); !slices.Equal(got, want) {
+		t.Errorf("environment names = %q\nwant                %q", got, want)
+	}
+	secret := hex.EncodeToString(hmacSHA256(h.d.key, "lease-env"))
+	for name, v := range map[string]string{
+		"NEXUS_BROKER_ADDR":         testBrokerAddr,
+		"NEXUS_BROKER_LEASE_ID":     "lease-env",
+		"NEXUS_BROKER_SPAWN_SECRET": secret,
+		"SPAWND_TEST_INHERITED":     "overridden-by-entry",
+		"ENTRY_VAR":                 "from-entry",
+		"HOME":                      os.Getenv("HOME"),
+	} {
+		if env[name] != v {
+			t.Errorf("%s = %q, want %q", name, env[name], v)
+		}
+	}
+	if r.Cwd != workingDir(os.Getenv("HOME")) {
+		t.Errorf("working directory = %q, want spawnd's HOME %q", r.Cwd, os.Getenv("HOME"))
+	}
+	if r.PGID != r.PID {
+		t.Errorf("instance pid %d is in process group %d, want its own", r.PID, r.PGID)
+	}
+	if resp.CreatedUnixNano == 0 {
+		t.Error("Spawn returned no created time")
+	}
+
+	f.send("exit 0")
+	if ev := h.nextExit(stream); ev.LeaseId != "lease-env" || ev.ExitCode != 0 || ev.Signal != "" || ev.Terminated {
+		t.Errorf("exit = %v, want lease-env exit code 0, not terminated", ev)
+	}
+	if _, err := os.Stat(configPath); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("temp config still there after the instance exited: %v", err)
+	}
+	out, err := os.ReadFile(filepath.Join(h.stateDir, "logs", "lease-env.log"))
+	if err != nil || !strings.Contains(string(out), "fake instance started") {
+		t.Errorf("instance log = %q (%v), want the instance's stdout", out, err)
+	}
+	if strings.Contains(h.logs.text(), secret) {
+		t.Error("spawnd logged a spawn secret")
+	}
+}
+
+func hmacSHA256(key []byte, msg string) []byte {
+	mac := hmac.New(sha256.New, key)
+	mac.Write([]byte(msg))
+	return mac.Sum(nil)
+}
+
+// TestLeaderExitKillsItsGroup: when the instance exits on its own, what it
+// started goes with it, and every Watch stream hears of the exit.
+func TestLeaderExitKillsItsGroup(t *testing.T) {
+	h := newHarness(t, defaultYAML)
+	first, second := h.watch(), h.watch()
+	_, f := h.spawn("lease-family", "family")
+	gpgid, err := unix.Getpgid(f.report.Grandchild)
+	if err != nil || gpgid != f.report.PID {
+		t.Fatalf("grandchild is in group %d (%v), want the instance's %d", gpgid, err, f.report.PID)
+	}
+	grandchild := pidfdOf(t, f.report.Grandchild)
+
+	f.send("exit 7")
+	for _, stream := range []grpc.ServerStreamingClient[spawnpb.ExitEvent]{first, second} {
+		if ev := h.nextExit(stream); ev.LeaseId != "lease-family" || ev.ExitCode != 7 || ev.Terminated {
+			t.Errorf("exit = %v, want lease-family code 7, not terminated", ev)
+		}
+	}
+	awaitGone(t, grandchild)
+	h.logs.await(t, "instance exited", "lease_id", "lease-family", "exit_code", 7, "reason", reasonExited)
+}
+
+func TestExitCodeIsReported(t *testing.T) {
+	h := newHarness(t, defaultYAML)
+	stream := h.watch()
+	h.spawn("lease-3", "exit3")
+	if ev := h.nextExit(stream); ev.ExitCode != 3 || ev.Signal != "" {
+		t.Errorf("exit = %v, want code 3", ev)
+	}
+}
+
+func TestSpawnRefusals(t *testing.T) {
+	h := newHarness(t, defaultYAML)
+	stream := h.watch()
+	h.spawn("lease-once", "exit3")
+	h.nextExit(stream)
+	_, live := h.spawn("lease-live", "nexus")
+
+	for _, tc := range []struct {
+		name string
+		req  *spawnpb.SpawnRequest
+		code codes.Code
+		msg  string
+	}{
+		{"empty lease id", &spawnpb.SpawnRequest{Entry: "nexus", BrokerAddr: testBrokerAddr}, codes.InvalidArgument, "lease id"},
+		{"lease id with a path", &spawnpb.SpawnRequest{LeaseId: "../x", Entry: "nexus", BrokerAddr: testBrokerAddr}, codes.InvalidArgument, "lease id"},
+		{"unknown entry", &spawnpb.SpawnRequest{LeaseId: "lease-new", Entry: "vision", BrokerAddr: testBrokerAddr}, codes.NotFound,
+			`unknown entry "vision"; this nexus-spawnd spawns: exit3, family, ignore, nexus, notify`},
+		{"live lease id", &spawnpb.SpawnRequest{LeaseId: "lease-live", Entry: "nexus", BrokerAddr: testBrokerAddr}, codes.AlreadyExists, "is running"},
+		{"spent lease id", &spawnpb.SpawnRequest{LeaseId: "lease-once", Entry: "nexus", BrokerAddr: testBrokerAddr}, codes.AlreadyExists, "is gone"},
+		{"http broker_addr", &spawnpb.SpawnRequest{LeaseId: "lease-new", Entry: "nexus", BrokerAddr: "http://127.0.0.1:8080/instance"}, codes.InvalidArgument, "broker_addr"},
+		{"broker_addr elsewhere", &spawnpb.SpawnRequest{LeaseId: "lease-new", Entry: "nexus", BrokerAddr: "ws://127.0.0.1:8080/lease"}, codes.InvalidArgument, "broker_addr"},
+		{"broker_addr without host", &spawnpb.SpawnRequest{LeaseId: "lease-new", Entry: "nexus", BrokerAddr: "ws:///instance"}, codes.InvalidArgument, "broker_addr"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := h.client.Spawn(h.ctx(), tc.req)
+			if status.Code(err) != tc.code || !strings.Contains(err.Error(), tc.msg) {
+				t.Errorf("Spawn = %v, want %s containing %q", err, tc.code, tc.msg)
+			}
+		})
+	}
+	// None of the refusals spawned anything or disturbed the live lease.
+	list, err := h.client.List(h.ctx(), &spawnpb.ListRequest{})
+	if err != nil || len(list.Leases) != 1 || list.Leases[0].LeaseId != "lease-live" {
+		t.Errorf("List = %v (%v), want only lease-live", list, err)
+	}
+	live.send("exit 0")
+}
+
+func TestVerify(t *testing.T) {
+	h := newHarness(t, defaultYAML)
+	stream := h.watch()
+	_, f := h.spawn("lease-v", "nexus")
+	secret := f.env()["NEXUS_BROKER_SPAWN_SECRET"]
+	if want := hex.EncodeToString(hmacSHA256(h.d.key, "lease-v")); secret != want {
+		t.Fatalf("instance secret %q is not hex(HMAC-SHA256(spawn-key, lease id)) %q", secret, want)
+	}
+	verify := func(id, secret string) spawnpb.VerifyResult {
+		t.Helper()
+		resp, err := h.client.Verify(h.ctx(), &spawnpb.VerifyRequest{LeaseId: id, Secret: secret})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Result
+	}
+	for _, tc := range []struct {
+		id, secret string
+		want       spawnpb.VerifyResult
+	}{
+		{"lease-v", secret, spawnpb.VerifyResult_VERIFY_RESULT_OK},
+		{"lease-v", "", spawnpb.VerifyResult_VERIFY_RESULT_NO_SECRET},
+		{"lease-v", strings.Repeat("0", len(secret)), spawnpb.VerifyResult_VERIFY_RESULT_WRONG_SECRET},
+		{"lease-v", secret[:10], spawnpb.VerifyResult_VERIFY_RESULT_WRONG_SECRET},
+		{"lease-other", secret, spawnpb.VerifyResult_VERIFY_RESULT_UNKNOWN_LEASE},
+		{"", secret, spawnpb.VerifyResult_VERIFY_RESULT_UNKNOWN_LEASE},
+	} {
+		if got := verify(tc.id, tc.secret); got != tc.want {
+			t.Errorf("Verify(%q, %q) = %v, want %v", tc.id, tc.secret, got, tc.want)
+		}
+	}
+	f.send("exit 0")
+	h.nextExit(stream)
+	if got := verify("lease-v", secret); got != spawnpb.VerifyResult_VERIFY_RESULT_UNKNOWN_LEASE {
+		t.Errorf("Verify after exit = %v, want UNKNOWN_LEASE", got)
+	}
+}
+
+func TestRecordAndList(t *testing.T) {
+	h := newHarness(t, defaultYAML)
+	if _, err := h.client.Record(h.ctx(), &spawnpb.RecordRequest{LeaseId: "lease-none", SessionId: "s"}); status.Code(err) != codes.NotFound {
+		t.Errorf("Record of an unknown lease = %v, want NotFound", err)
+	}
+	first, _ := h.spawn("lease-b", "nexus")
+	second, _ := h.spawn("lease-a", "notify")
+	if _, err := h.client.Record(h.ctx(), &spawnpb.RecordRequest{LeaseId: "lease-b", SessionId: "sess-b"}); err != nil {
+		t.Fatal(err)
+	}
+	list, err := h.client.List(h.ctx(), &spawnpb.ListRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []*spawnpb.Lease{
+		{LeaseId: "lease-b", Principal: "alice", SessionId: "sess-b", Entry: "nexus", Pid: first.Pid, CreatedUnixNano: first.CreatedUnixNano},
+		{LeaseId: "lease-a", Principal: "alice", Entry: "notify", Pid: second.Pid, CreatedUnixNano: second.CreatedUnixNano},
+	}
+	if len(list.Leases) != len(want) {
+		t.Fatalf("List = %v, want %v", list.Leases, want)
+	}
+	for i := range want {
+		if got := list.Leases[i]; !proto.Equal(got, want[i]) {
+			t.Errorf("List[%d] = %v, want %v", i, got, want[i])
+		}
+	}
+}

@@ -1,0 +1,523 @@
+// Package spawnd is the privileged half of nexus-broker: the daemon that
+// execs instances for the unprivileged gateway, hands each its dial-back
+// secret, and tears it down again.
+//
+// It is meant to be read by a security reviewer in an hour, so it is shaped
+// like OpenSSH's privilege-separation monitor. The gateway may send only the
+// eight verbs of the table in this file; each names at most one lease, and
+// each is served only while that lease is in a state its row allows. A lease
+// moves spawning → running → terminating → gone, once, and its id is never
+// spawned again. Nothing the gateway sends is a path, argv, environment, uid
+// or gid: an entry name is resolved against spawnd's own registry, which it
+// builds from broker.yaml (registry.go).
+//
+// spawnd signals nothing but the process group of a lease it holds, and only
+// while that group's leader is unreaped, so the group id cannot have been
+// handed to anyone else (process.go).
+//
+// Files: spawnd.go (verbs and lease states), registry.go (binary registry and
+// spawn environment), process.go (exec, exit supervision, escalation),
+// secrets.go (spawn-key, secrets, broker id), watch.go (exit fan-out),
+// journal.go (the seam for the lease journal).
+package spawnd
+
+import (
+	"cmp"
+	"context"
+	"crypto/hmac"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net/url"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/nexus-broker/nexus-broker/internal/config"
+	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
+)
+
+// leaseState is where a lease is in its one-way life.
+type leaseState int
+
+const (
+	stateNone        leaseState = iota // spawnd has never held this lease id
+	stateSpawning                      // admitted by Spawn; exec in progress
+	stateRunning                       // the instance runs; its pid is known
+	stateTerminating                   // Terminate's escalation is under way
+	stateGone                          // reaped and forgotten; the id is spent
+)
+
+func (s leaseState) String() string {
+	return [...]string{"unknown", "spawning", "running", "terminating", "gone"}[s]
+}
+
+// verb indexes the verb table.
+type verb int
+
+const (
+	verbSpawn verb = iota
+	verbVerify
+	verbTerminate
+	verbList
+	verbWatch
+	verbRecord
+	verbReload
+	verbStatus
+)
+
+// verbs is the whole of what the gateway may ask, and in which lease states.
+// A row with no states names no lease. Every handler below starts by passing
+// its row to admit; nothing else decides whether a request is served.
+var verbs = [...]struct {
+	name   string
+	states []leaseState
+}{
+	verbSpawn:     {"Spawn", []leaseState{stateNone}},
+	verbVerify:    {"Verify", []leaseState{stateSpawning, stateRunning, stateTerminating}},
+	verbTerminate: {"Terminate", []leaseState{stateRunning, stateTerminating}},
+	verbList:      {"List", nil},
+	verbWatch:     {"Watch", nil},
+	verbRecord:    {"Record", []leaseState{stateRunning, stateTerminating}},
+	verbReload:    {"Reload", nil},
+	verbStatus:    {"Status", nil},
+}
+
+// lease is one instance spawnd started. All fields but gone and exit are
+// guarded by Daemon.mu; exit is written once, before gone is closed.
+type lease struct {
+	rec        leaseRecord
+	state      leaseState
+	pidfd      int
+	configPath string
+	// gone is closed once the instance is reaped and its exit published.
+	gone chan struct{}
+	exit *spawnpb.ExitEvent
+}
+
+// Daemon serves the Spawner verbs. Create it with New; it implements
+// spawnpb.SpawnerServer.
+type Daemon struct {
+	// Embedded only because the generated interface requires it; every verb
+	// is implemented below, so none of its methods is ever reached.
+	spawnpb.UnimplementedSpawnerServer
+
+	log        *slog.Logger
+	cfgPath    string
+	key        []byte // spawn-key: the HMAC key every spawn secret derives from
+	brokerID   string
+	privileged bool   // holds CAP_SETUID and CAP_SETGID, so run_as can work
+	configDir  string // temp configs; 0711 so a run_as instance can open its own
+	logDir     string // one stdout/stderr file per lease
+	journal    journal
+
+	// reloadMu serialises Reload so the keys it reports are the ones it swapped.
+	reloadMu sync.Mutex
+
+	mu       sync.Mutex
+	settings *settings           // replaced whole by Reload, never edited
+	leases   map[string]*lease   // spawning, running and terminating leases
+	spent    map[string]struct{} // every lease id Spawn ever admitted
+	closed   bool
+
+	watchers watchers
+	closing  chan struct{} // closed by Close
+	// stopR and stopW are a pipe: closing stopW wakes every supervisor's poll.
+	stopR, stopW int
+	// wg counts supervisors, escalations and spawns in progress; Close waits
+	// for them.
+	wg sync.WaitGroup
+}
+
+var _ spawnpb.SpawnerServer = (*Daemon)(nil)
+
+// New resolves cfg's registry against this machine, loads or creates the
+// spawn-key and broker id, logs the registry, and returns a Daemon that
+// Reload will re-read cfgPath for. Every error says what to change in
+// broker.yaml or on the machine.
+func New(cfgPath string, cfg *config.Config, log *slog.Logger) (*Daemon, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	s, err := resolve(cfg)
+	if err != nil {
+		return nil, err
+	}
+	stateDir, err := expandHome(cfg.StateDir)
+	if err != nil {
+		return nil, fmt.Errorf("broker config: state_dir: %w", err)
+	}
+	if stateDir == "" {
+		log.Warn("state_dir is not set: the spawn-key lives in memory only, so after a nexus-spawnd restart " +
+			"no running instance can prove its identity again; set state_dir to keep it")
+	} else if err := os.MkdirAll(stateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("broker config: state_dir: %w; create it (mode 0700) or point state_dir elsewhere", err)
+	}
+	key, err := loadSpawnKey(stateDir)
+	if err != nil {
+		return nil, err
+	}
+	brokerID, err := loadBrokerID(cfg.BrokerID, stateDir)
+	if err != nil {
+		return nil, err
+	}
+	pipe := make([]int, 2)
+	if err := unix.Pipe2(pipe, unix.O_CLOEXEC); err != nil {
+		return nil, fmt.Errorf("creating the supervisor stop pipe: %w", err)
+	}
+	configDir, logDir, err := makeWorkDirs(stateDir)
+	if err != nil {
+		_ = unix.Close(pipe[0])
+		_ = unix.Close(pipe[1])
+		return nil, err
+	}
+	d := &Daemon{
+		log:        log,
+		cfgPath:    cfgPath,
+		key:        key,
+		brokerID:   brokerID,
+		privileged: hasSetIDCaps(),
+		configDir:  configDir,
+		logDir:     logDir,
+		settings:   s,
+		leases:     map[string]*lease{},
+		spent:      map[string]struct{}{},
+		watchers:   watchers{subs: map[*subscriber]struct{}{}},
+		closing:    make(chan struct{}),
+		stopR:      pipe[0],
+		stopW:      pipe[1],
+	}
+	d.describe(s)
+	return d, nil
+}
+
+// Close stops every supervisor, escalation and Watch stream. It never
+// signals an instance: they keep running, unreaped, for the next nexus-spawnd
+// (or init) to deal with. Temp configs of live instances are left in place,
+// since an instance may still be reading its own.
+func (d *Daemon) Close() error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil
+	}
+	d.closed = true
+	d.mu.Unlock()
+	close(d.closing)
+	_ = unix.Close(d.stopW)
+	d.wg.Wait()
+	_ = unix.Close(d.stopR)
+	_ = os.Remove(d.configDir) // succeeds only once no config is left in it
+	return nil
+}
+
+// admit checks one request against the verb table. The caller holds d.mu.
+// It returns the named lease (nil for a verb that names none, and for Spawn)
+// or the refusal to send back.
+func (d *Daemon) admit(v verb, leaseID string) (*lease, error) {
+	row := verbs[v]
+	if d.closed {
+		return nil, status.Errorf(codes.Unavailable, "%s: nexus-spawnd is shutting down; retry once it is back", row.name)
+	}
+	if row.states == nil {
+		return nil, nil
+	}
+	if !validLeaseID(leaseID) {
+		return nil, status.Errorf(codes.InvalidArgument, "%s: lease id %q is not 1 to %d letters, digits, '-' or '_'", row.name, leaseID, maxLeaseIDLen)
+	}
+	l, st := d.leases[leaseID], stateNone
+	if l != nil {
+		st = l.state
+	} else if _, ok := d.spent[leaseID]; ok {
+		st = stateGone
+	}
+	switch {
+	case slices.Contains(row.states, st):
+		return l, nil
+	case v == verbSpawn:
+		return nil, status.Errorf(codes.AlreadyExists, "Spawn: lease %q is %s; nexus-spawnd spawns a lease id once, so mint a new lease", leaseID, st)
+	case st == stateNone || st == stateGone:
+		return nil, status.Errorf(codes.NotFound, "%s: nexus-spawnd holds no lease %q", row.name, leaseID)
+	default:
+		return nil, status.Errorf(codes.FailedPrecondition, "%s: lease %q is %s; wait for Spawn to return", row.name, leaseID, st)
+	}
+}
+
+// maxLeaseIDLen bounds a lease id. Lease ids name files in spawnd's private
+// directories, which is why their alphabet is narrow too.
+const maxLeaseIDLen = 128
+
+func validLeaseID(id string) bool {
+	if id == "" || len(id) > maxLeaseIDLen {
+		return false
+	}
+	for _, c := range id {
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// checkBrokerAddr accepts only the gateway's own dial-back URL, which
+// becomes the instance's NEXUS_BROKER_ADDR.
+func checkBrokerAddr(addr string) error {
+	u, err := url.Parse(addr)
+	if err != nil || (u.Scheme != "ws" && u.Scheme != "wss") || u.Host == "" || u.User != nil || !strings.HasSuffix(addr, "/instance") {
+		return status.Errorf(codes.InvalidArgument, "Spawn: broker_addr %q is not a ws:// or wss:// URL ending in /instance", addr)
+	}
+	return nil
+}
+
+// Spawn starts the instance of a new lease from a registry entry.
+func (d *Daemon) Spawn(_ context.Context, req *spawnpb.SpawnRequest) (*spawnpb.SpawnResponse, error) {
+	if err := checkBrokerAddr(req.GetBrokerAddr()); err != nil {
+		return nil, err
+	}
+	if strings.ContainsRune(req.GetRecallSessionId(), 0) {
+		return nil, status.Error(codes.InvalidArgument, "Spawn: recall_session_id contains a NUL byte")
+	}
+	id := req.GetLeaseId()
+
+	d.mu.Lock()
+	if _, err := d.admit(verbSpawn, id); err != nil {
+		d.mu.Unlock()
+		return nil, err
+	}
+	s := d.settings
+	e, ok := s.entries[req.GetEntry()]
+	if !ok {
+		d.mu.Unlock()
+		return nil, status.Errorf(codes.NotFound, "Spawn: unknown entry %q; this nexus-spawnd spawns: %s",
+			req.GetEntry(), strings.Join(slices.Sorted(maps.Keys(s.entries)), ", "))
+	}
+	if e.runAs != nil && !d.privileged {
+		d.mu.Unlock()
+		d.log.Error("spawning instance refused: run_as needs CAP_SETUID and CAP_SETGID, which nexus-spawnd does not hold; "+
+			"run it as root or grant both capabilities, or remove run_as from the entry",
+			"lease_id", id, "entry", e.name, "run_as", e.runAs.String())
+		return nil, status.Errorf(codes.PermissionDenied, "Spawn: entry %q runs as %s, and nexus-spawnd lacks CAP_SETUID and CAP_SETGID", e.name, e.runAs)
+	}
+	l := &lease{
+		rec: leaseRecord{
+			LeaseID:         id,
+			Principal:       req.GetPrincipal(),
+			Entry:           e.name,
+			CreatedUnixNano: time.Now().UnixNano(),
+		},
+		state: stateSpawning,
+		gone:  make(chan struct{}),
+	}
+	d.leases[id] = l
+	d.spent[id] = struct{}{}
+	d.wg.Add(1) // handed to the supervisor, or released below if exec fails
+	d.mu.Unlock()
+	d.journalize(journal.minted, l.rec)
+
+	p, err := d.start(id, e, s.inherit, req)
+	if err != nil {
+		d.mu.Lock()
+		l.state = stateGone
+		delete(d.leases, id)
+		d.mu.Unlock()
+		d.wg.Done()
+		d.log.Error("spawning instance failed", "lease_id", id, "entry", e.name, "error", err)
+		return nil, status.Errorf(codes.Internal, "Spawn: spawning instance: %v", err)
+	}
+
+	d.mu.Lock()
+	l.state = stateRunning
+	l.pidfd = p.pidfd
+	l.configPath = p.configPath
+	l.rec.PID = p.pid
+	l.rec.StartTime = p.startTime
+	rec := l.rec
+	d.mu.Unlock()
+	go d.supervise(l)
+	d.journalize(journal.started, rec)
+
+	attrs := []any{"lease_id", id, "entry", e.name, "pid", p.pid, "log", p.logPath}
+	if e.runAs != nil {
+		attrs = append(attrs, "run_as", e.runAs.String())
+	}
+	d.log.Info("instance spawned", attrs...)
+	return &spawnpb.SpawnResponse{Pid: int64(p.pid), CreatedUnixNano: rec.CreatedUnixNano}, nil
+}
+
+// Verify checks a register frame's secret against the lease's derived one.
+// A malformed lease id is as unknown as any other.
+func (d *Daemon) Verify(_ context.Context, req *spawnpb.VerifyRequest) (*spawnpb.VerifyResponse, error) {
+	d.mu.Lock()
+	_, err := d.admit(verbVerify, req.GetLeaseId())
+	d.mu.Unlock()
+	result := spawnpb.VerifyResult_VERIFY_RESULT_OK
+	switch {
+	case status.Code(err) == codes.Unavailable:
+		return nil, err
+	case err != nil:
+		result = spawnpb.VerifyResult_VERIFY_RESULT_UNKNOWN_LEASE
+	case req.GetSecret() == "":
+		result = spawnpb.VerifyResult_VERIFY_RESULT_NO_SECRET
+	case !hmac.Equal([]byte(req.GetSecret()), []byte(secretFor(d.key, req.GetLeaseId()))):
+		result = spawnpb.VerifyResult_VERIFY_RESULT_WRONG_SECRET
+	}
+	return &spawnpb.VerifyResponse{Result: result}, nil
+}
+
+// Terminate starts the lease's escalation, unless one is already under way,
+// and returns the instance's exit. Concurrent calls share one escalation and
+// one exit. The escalation does not depend on the caller: a gateway that
+// goes away half-way still gets its instance torn down.
+func (d *Daemon) Terminate(ctx context.Context, req *spawnpb.TerminateRequest) (*spawnpb.TerminateResponse, error) {
+	d.mu.Lock()
+	l, err := d.admit(verbTerminate, req.GetLeaseId())
+	if err != nil {
+		d.mu.Unlock()
+		return nil, err
+	}
+	began, grace := l.state == stateRunning, d.settings.releaseGrace
+	if began {
+		l.state = stateTerminating
+		l.rec.Reason = req.GetReason()
+		d.wg.Add(1)
+		go d.escalate(l, req.GetSkipGrace(), grace)
+	}
+	pid := l.rec.PID
+	d.mu.Unlock()
+	if began {
+		d.log.Info("terminating instance", "lease_id", req.GetLeaseId(), "pid", pid, "reason", req.GetReason(),
+			"skip_grace", req.GetSkipGrace(), "release_grace", grace)
+	}
+	select {
+	case <-l.gone:
+		return &spawnpb.TerminateResponse{Exit: l.exit}, nil
+	case <-ctx.Done():
+		return nil, status.FromContextError(ctx.Err()).Err()
+	case <-d.closing:
+		return nil, status.Error(codes.Unavailable, "Terminate: nexus-spawnd is shutting down; the instance was left running")
+	}
+}
+
+// List returns the live leases, oldest first.
+func (d *Daemon) List(context.Context, *spawnpb.ListRequest) (*spawnpb.ListResponse, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, err := d.admit(verbList, ""); err != nil {
+		return nil, err
+	}
+	out := make([]*spawnpb.Lease, 0, len(d.leases))
+	for _, l := range d.leases {
+		out = append(out, &spawnpb.Lease{
+			LeaseId:         l.rec.LeaseID,
+			Principal:       l.rec.Principal,
+			SessionId:       l.rec.SessionID,
+			Entry:           l.rec.Entry,
+			Pid:             int64(l.rec.PID),
+			CreatedUnixNano: l.rec.CreatedUnixNano,
+		})
+	}
+	slices.SortFunc(out, func(a, b *spawnpb.Lease) int {
+		return cmp.Or(cmp.Compare(a.CreatedUnixNano, b.CreatedUnixNano), strings.Compare(a.LeaseId, b.LeaseId))
+	})
+	return &spawnpb.ListResponse{Leases: out}, nil
+}
+
+// Watch streams every exit from the moment it subscribes, and sends the
+// stream's response headers once it has: a caller that waits for them
+// (ClientStream.Header) and then calls List misses no exit. A subscriber
+// that falls watchBuffer exits behind is dropped with an error rather than
+// allowed to stall the supervisors that publish to it.
+func (d *Daemon) Watch(_ *spawnpb.WatchRequest, stream grpc.ServerStreamingServer[spawnpb.ExitEvent]) error {
+	d.mu.Lock()
+	_, err := d.admit(verbWatch, "")
+	d.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	sub := d.watchers.subscribe()
+	defer d.watchers.unsubscribe(sub)
+	if err := stream.SendHeader(nil); err != nil {
+		return err
+	}
+	for {
+		select {
+		case ev := <-sub.events:
+			if err := stream.Send(ev); err != nil {
+				return err
+			}
+		case <-sub.dropped:
+			return status.Errorf(codes.ResourceExhausted, "Watch: this stream fell %d exits behind and was dropped; call Watch again, then List to resync", watchBuffer)
+		case <-stream.Context().Done():
+			return status.FromContextError(stream.Context().Err()).Err()
+		case <-d.closing:
+			return status.Error(codes.Unavailable, "Watch: nexus-spawnd is shutting down")
+		}
+	}
+}
+
+// Record stores the session id the gateway learned for a lease.
+func (d *Daemon) Record(_ context.Context, req *spawnpb.RecordRequest) (*spawnpb.RecordResponse, error) {
+	d.mu.Lock()
+	l, err := d.admit(verbRecord, req.GetLeaseId())
+	if err != nil {
+		d.mu.Unlock()
+		return nil, err
+	}
+	l.rec.SessionID = req.GetSessionId()
+	rec := l.rec
+	d.mu.Unlock()
+	d.journalize(journal.recorded, rec)
+	return &spawnpb.RecordResponse{}, nil
+}
+
+// Reload re-reads broker.yaml and resolves it exactly as New did. Only if
+// all of it succeeds are the registry, inherit_env, run_as and release_grace
+// replaced, in one step; live leases are never touched.
+func (d *Daemon) Reload(context.Context, *spawnpb.ReloadRequest) (*spawnpb.ReloadResponse, error) {
+	d.reloadMu.Lock()
+	defer d.reloadMu.Unlock()
+	d.mu.Lock()
+	_, err := d.admit(verbReload, "")
+	prev := d.settings
+	d.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+
+	next, err := loadSettings(d.cfgPath)
+	if err != nil {
+		d.log.Error("config reload rejected; the configuration already in force is unchanged", "path", d.cfgPath, "error", err)
+		return &spawnpb.ReloadResponse{Applied: false, Error: err.Error(), Binaries: prev.listing()}, nil
+	}
+	d.mu.Lock()
+	d.settings = next
+	d.mu.Unlock()
+
+	changed, bootOnly := reloadDiff(prev.cfg, next.cfg)
+	if len(bootOnly) > 0 {
+		d.log.Warn("config reload: these keys changed in the file but are only read at boot, so the values in force are unchanged; restart nexus-spawnd to apply them",
+			"keys", strings.Join(bootOnly, ","))
+	}
+	d.log.Info("config reload applied", "path", d.cfgPath, "changed", strings.Join(changed, ","), "binaries", len(next.entries))
+	d.describe(next)
+	return &spawnpb.ReloadResponse{Applied: true, Changed: changed, Binaries: next.listing()}, nil
+}
+
+// Status returns the public registry listing and spawnd's identity.
+func (d *Daemon) Status(context.Context, *spawnpb.StatusRequest) (*spawnpb.StatusResponse, error) {
+	d.mu.Lock()
+	_, err := d.admit(verbStatus, "")
+	s := d.settings
+	d.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	return &spawnpb.StatusResponse{Binaries: s.listing(), BrokerId: d.brokerID, Pid: int64(os.Getpid())}, nil
+}

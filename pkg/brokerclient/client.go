@@ -1,0 +1,252 @@
+// Package brokerclient is a Go client of nexus-broker's HTTP and WebSocket
+// API: claim, connect (with ?from_seq= resume), send input, read frames,
+// release. The README's nexus-client command, the tests and the benchmarks
+// all use it.
+package brokerclient
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/nexus-broker/nexus-broker/pkg/brokerframe"
+)
+
+// Client talks to one broker.
+type Client struct {
+	// Base is the broker's http:// origin.
+	Base string
+	// Token, when set, is sent as Authorization: Bearer.
+	Token string
+	HTTP  *http.Client
+}
+
+// ClaimRequest is POST /claim's body.
+type ClaimRequest struct {
+	Config    string `json:"config"`
+	SessionID string `json:"session_id,omitempty"`
+	Binary    string `json:"binary,omitempty"`
+}
+
+// Claim is POST /claim's answer.
+type Claim struct {
+	LeaseID   string `json:"lease_id"`
+	WSURL     string `json:"ws_url"`
+	SessionID string `json:"session_id"`
+	Ticket    string `json:"ticket,omitempty"`
+}
+
+// APIError is a non-2xx answer: its status and {"error":…} text.
+type APIError struct {
+	Status  int
+	Message string
+}
+
+func (e *APIError) Error() string { return fmt.Sprintf("broker answered %d: %s", e.Status, e.Message) }
+
+func (c *Client) httpClient() *http.Client {
+	if c.HTTP != nil {
+		return c.HTTP
+	}
+	return http.DefaultClient
+}
+
+// do sends a request and decodes a 2xx JSON answer into out.
+func (c *Client) do(ctx context.Context, method, path string, body, out any) error {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimSuffix(c.Base, "/")+path, rd)
+	if err != nil {
+		return err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if c.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.Token)
+	}
+	resp, err := c.httpClient().Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode/100 != 2 {
+		var e struct {
+			Error string `json:"error"`
+		}
+		if json.Unmarshal(data, &e) != nil || e.Error == "" {
+			e.Error = strings.TrimSpace(string(data))
+		}
+		return &APIError{Status: resp.StatusCode, Message: e.Error}
+	}
+	if out == nil {
+		return nil
+	}
+	return json.Unmarshal(data, out)
+}
+
+// Claim claims an instance.
+func (c *Client) Claim(ctx context.Context, req ClaimRequest) (*Claim, error) {
+	var out Claim
+	if err := c.do(ctx, http.MethodPost, "/claim", req, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// Release releases a lease.
+func (c *Client) Release(ctx context.Context, leaseID string) error {
+	return c.do(ctx, http.MethodPost, "/release/"+url.PathEscape(leaseID), nil, nil)
+}
+
+// Get decodes a GET route's JSON answer into out.
+func (c *Client) Get(ctx context.Context, path string, out any) error {
+	return c.do(ctx, http.MethodGet, path, nil, out)
+}
+
+// Conn is one client WebSocket to a lease.
+type Conn struct {
+	LeaseID string
+	ws      *websocket.Conn
+	// LastSeq is the highest seq read so far: what a reconnect resumes from.
+	LastSeq uint64
+}
+
+// DialOptions tune Dial.
+type DialOptions struct {
+	// FromSeq, when non-nil, asks the broker to replay what followed it.
+	FromSeq *uint64
+	Ticket  string
+	Token   string
+}
+
+// Dial opens ws_url. A refusal before the upgrade is an *APIError.
+func Dial(ctx context.Context, wsURL string, o DialOptions) (*Conn, error) {
+	u, err := url.Parse(wsURL)
+	if err != nil {
+		return nil, err
+	}
+	q := u.Query()
+	if o.FromSeq != nil {
+		q.Set("from_seq", strconv.FormatUint(*o.FromSeq, 10))
+	}
+	if o.Ticket != "" {
+		q.Set("ticket", o.Ticket)
+	}
+	u.RawQuery = q.Encode()
+	h := http.Header{}
+	if o.Token != "" {
+		h.Set("Authorization", "Bearer "+o.Token)
+	}
+	ws, resp, err := websocket.DefaultDialer.DialContext(ctx, u.String(), h)
+	if err != nil {
+		if resp != nil {
+			defer resp.Body.Close()
+			var e struct {
+				Error string `json:"error"`
+			}
+			data, _ := io.ReadAll(resp.Body)
+			_ = json.Unmarshal(data, &e)
+			return nil, &APIError{Status: resp.StatusCode, Message: e.Error}
+		}
+		return nil, err
+	}
+	ws.SetReadLimit(64 << 20)
+	leaseID := u.Path[strings.LastIndex(u.Path, "/")+1:]
+	c := &Conn{LeaseID: leaseID, ws: ws}
+	if o.FromSeq != nil {
+		c.LastSeq = *o.FromSeq
+	}
+	return c, nil
+}
+
+// Send sends one IO payload (for example brokerframe.IO{Type: "input",
+// Content: "hi"}) in an io frame.
+func (c *Conn) Send(payload any) error {
+	p, err := json.Marshal(payload)
+	if err != nil {
+		return err
+	}
+	data, err := brokerframe.Encode(brokerframe.Frame{LeaseID: c.LeaseID, Signal: brokerframe.SignalIO, Payload: p})
+	if err != nil {
+		return err
+	}
+	return c.ws.WriteMessage(websocket.TextMessage, data)
+}
+
+// WriteRaw sends one message as is.
+func (c *Conn) WriteRaw(data []byte) error { return c.ws.WriteMessage(websocket.TextMessage, data) }
+
+// Next reads the next frame, tracking LastSeq. A close from the broker is
+// returned as *websocket.CloseError.
+func (c *Conn) Next() (brokerframe.Frame, error) {
+	_, data, err := c.ws.ReadMessage()
+	if err != nil {
+		return brokerframe.Frame{}, err
+	}
+	f, err := brokerframe.Decode(data)
+	if err != nil {
+		return f, err
+	}
+	if f.Seq > c.LastSeq {
+		c.LastSeq = f.Seq
+	}
+	return f, nil
+}
+
+// Close closes the socket with a normal closure.
+func (c *Conn) Close() error {
+	_ = c.ws.WriteMessage(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""))
+	return c.ws.Close()
+}
+
+// Underlying exposes the WebSocket for tests that need raw control.
+func (c *Conn) Underlying() *websocket.Conn { return c.ws }
+
+// Answer reads frames until the turn settles (status idle after some
+// output) and returns the streamed text.
+func (c *Conn) Answer() (string, error) {
+	var b strings.Builder
+	for {
+		f, err := c.Next()
+		if err != nil {
+			return b.String(), err
+		}
+		if f.Signal != brokerframe.SignalIO {
+			continue
+		}
+		var p brokerframe.IO
+		if json.Unmarshal(f.Payload, &p) != nil {
+			continue
+		}
+		switch p.Type {
+		case brokerframe.IOStreamDelta:
+			b.WriteString(p.Content)
+		case brokerframe.IOOutput:
+			b.Reset()
+			b.WriteString(p.Content)
+		case brokerframe.IOStatus:
+			if p.State == brokerframe.StateIdle && b.Len() > 0 {
+				return b.String(), nil
+			}
+		}
+	}
+}

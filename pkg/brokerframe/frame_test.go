@@ -1,0 +1,96 @@
+package brokerframe
+
+import (
+	"encoding/json"
+	"errors"
+	"reflect"
+	"testing"
+)
+
+func TestEncodeIsUpstreamByteCompatible(t *testing.T) {
+	cases := []struct {
+		f    Frame
+		want string
+	}{
+		{Frame{LeaseID: "L", Signal: SignalRegister, Secret: "s"}, `{"version":1,"lease_id":"L","signal":"register","secret":"s"}`},
+		{Frame{LeaseID: "L", Signal: SignalReady}, `{"version":1,"lease_id":"L","signal":"ready"}`},
+		{Frame{LeaseID: "L", Signal: SignalSessionIDReport, SessionID: "S"}, `{"version":1,"lease_id":"L","signal":"session-id-report","session_id":"S"}`},
+		{Frame{Version: 7, LeaseID: "L", Signal: SignalIO, Seq: 42, Payload: json.RawMessage(`{"type":"stream.delta","content":"…"}`)},
+			`{"version":1,"lease_id":"L","signal":"io","seq":42,"payload":{"type":"stream.delta","content":"…"}}`},
+		{Frame{LeaseID: "L", Signal: SignalStreamGap, Payload: json.RawMessage(`{"reason":"restarted","requested_from_seq":9}`)},
+			`{"version":1,"lease_id":"L","signal":"stream-gap","payload":{"reason":"restarted","requested_from_seq":9}}`},
+	}
+	for _, c := range cases {
+		got, err := Encode(c.f)
+		if err != nil || string(got) != c.want {
+			t.Errorf("Encode(%+v) = %s, %v\nwant %s", c.f, got, err, c.want)
+		}
+	}
+}
+
+func TestDecode(t *testing.T) {
+	f, err := Decode([]byte(`{"version":3,"lease_id":"L","signal":"register"}`))
+	if err != nil || f.Version != 3 || f.Signal != SignalRegister {
+		t.Fatalf("a version-skewed frame must decode so the broker can name the skew: %+v %v", f, err)
+	}
+	for _, bad := range []string{`{"signal":"bogus"}`, `{"type":"input"}`, `[]`, `{`, ``} {
+		if _, err := Decode([]byte(bad)); err == nil {
+			t.Errorf("Decode(%q) succeeded", bad)
+		}
+	}
+	if _, err := Decode([]byte(`{"signal":"bogus"}`)); !errors.Is(err, ErrInvalidSignal) {
+		t.Errorf("unknown signal error = %v, want ErrInvalidSignal", err)
+	}
+}
+
+func TestStreamGapShape(t *testing.T) {
+	got, _ := json.Marshal(StreamGap{Reason: GapEvicted, RequestedFromSeq: 41, MissingFromSeq: 42, MissingThroughSeq: 118})
+	if string(got) != `{"reason":"evicted","requested_from_seq":41,"missing_from_seq":42,"missing_through_seq":118}` {
+		t.Fatal(string(got))
+	}
+	got, _ = json.Marshal(StreamGap{Reason: GapRestarted, RequestedFromSeq: 7})
+	if string(got) != `{"reason":"restarted","requested_from_seq":7}` {
+		t.Fatal(string(got))
+	}
+}
+
+// FuzzDecode: Decode never panics, accepts only known signals, and what it
+// accepts re-encodes to a frame that decodes to the same thing.
+func FuzzDecode(f *testing.F) {
+	for _, s := range []string{
+		`{"version":1,"lease_id":"L","signal":"register","secret":"s"}`,
+		`{"version":1,"lease_id":"L","signal":"io","seq":3,"payload":{"type":"input","content":"hi"}}`,
+		`{"version":1,"lease_id":"L","signal":"stream-gap","payload":{"reason":"evicted"}}`,
+		`{"type":"input","content":"bare"}`, `{"signal":null}`, `{"payload":1e999}`, "\x00",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		fr, err := Decode(data)
+		if err != nil {
+			return
+		}
+		if !fr.Signal.Valid() {
+			t.Fatalf("accepted unknown signal %q", fr.Signal)
+		}
+		enc, err := Encode(fr)
+		if err != nil {
+			t.Fatalf("re-encoding an accepted frame: %v", err)
+		}
+		back, err := Decode(enc)
+		if err != nil || back.LeaseID != fr.LeaseID || back.Signal != fr.Signal || back.Seq != fr.Seq ||
+			back.Secret != fr.Secret || back.SessionID != fr.SessionID || back.Version != Version {
+			t.Fatalf("round trip changed the frame: %+v → %+v (%v)", fr, back, err)
+		}
+		if len(fr.Payload) > 0 && !json.Valid(back.Payload) {
+			t.Fatalf("payload no longer valid JSON: %q", back.Payload)
+		}
+		// Encoding may re-escape (& becomes \u0026) but never changes meaning.
+		var a, b any
+		if json.Unmarshal(fr.Payload, &a) == nil {
+			if err := json.Unmarshal(back.Payload, &b); err != nil || !reflect.DeepEqual(a, b) {
+				t.Fatalf("payload changed meaning: %s → %s", fr.Payload, back.Payload)
+			}
+		}
+	})
+}

@@ -1,0 +1,620 @@
+package spawnrpc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/go-plugin"
+	"github.com/hashicorp/go-plugin/runner"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+
+	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
+)
+
+// DialOptions configures Dial.
+type DialOptions struct {
+	// RunDir is where spawnd publishes spawnd.json; use RunDir(cfg).
+	RunDir string
+	// ConfigPath is passed to a launched spawnd as -config, and named in
+	// the error that tells the operator to start spawnd.
+	ConfigPath string
+	// Launch (development) starts a detached spawnd when none is running,
+	// and starts it again if it dies. Production leaves that to systemd.
+	Launch bool
+	// SpawndPath is the binary to launch; empty means nexus-spawnd beside
+	// this executable, else nexus-spawnd on PATH.
+	SpawndPath string
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Timings of attaching and re-attaching.
+const (
+	// launchTimeout bounds the wait for a launched spawnd to publish.
+	launchTimeout = 10 * time.Second
+	// healthTimeout bounds the check of a connection a call found failing.
+	healthTimeout = 2 * time.Second
+	// Re-attach retries back off between these; a change to spawnd.json
+	// cuts the wait short.
+	minBackoff = 50 * time.Millisecond
+	maxBackoff = 5 * time.Second
+)
+
+var (
+	// errStale: spawnd.json names a spawnd that is not there any more.
+	errStale = errors.New("spawnd.json is stale")
+	// errBusy: a spawnd holds the run directory but does not answer yet
+	// (starting or stopping); launching another would be refused.
+	errBusy = errors.New("nexus-spawnd is starting or stopping")
+)
+
+// Client is the gateway's handle on spawnd. It outlives spawnd restarts:
+// Spawner always talks to the spawnd currently published in the run
+// directory, and Reconnected tells the gateway when that spawnd changed.
+type Client struct {
+	opts  DialOptions
+	log   *slog.Logger
+	hclog hclog.Logger
+
+	ctx         context.Context // ends at Close
+	cancel      context.CancelFunc
+	supervised  chan struct{} // closed when the supervisor returns
+	poke        chan struct{} // a call saw codes.Unavailable
+	reconnected chan struct{}
+	spawner     *spawner
+	closeOnce   sync.Once
+
+	mu      sync.Mutex
+	cur     *conn         // nil while re-attaching
+	ready   chan struct{} // closed when cur is set
+	lastErr error         // why cur is nil
+}
+
+// conn is one attachment to one spawnd process.
+type conn struct {
+	ep     Endpoint
+	pc     *plugin.Client
+	gc     *plugin.GRPCClient
+	api    spawnpb.SpawnerClient
+	runner *pidfdRunner
+
+	stop      context.CancelFunc
+	broken    chan struct{}
+	breakOnce sync.Once
+	why       string
+}
+
+// Dial attaches to the spawnd published in opts.RunDir, launching one first
+// in Launch mode. ctx bounds only this first attach; the Client then keeps
+// re-attaching until Close.
+func Dial(ctx context.Context, opts DialOptions) (*Client, error) {
+	if opts.RunDir == "" {
+		return nil, errors.New("spawnrpc.Dial: no RunDir")
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	c := &Client{
+		opts:        opts,
+		log:         log,
+		hclog:       newHCLog(log),
+		supervised:  make(chan struct{}),
+		poke:        make(chan struct{}, 1),
+		reconnected: make(chan struct{}, 1),
+		ready:       make(chan struct{}),
+	}
+	c.spawner = &spawner{c: c}
+	c.ctx, c.cancel = context.WithCancel(context.WithoutCancel(ctx))
+
+	cn, err := c.firstAttach(ctx)
+	if err != nil {
+		c.cancel()
+		return nil, err
+	}
+	c.setConn(cn, nil)
+	c.log.Info("attached to nexus-spawnd", "pid", cn.ep.Pid, "addr", cn.ep.Addr)
+	go c.supervise()
+	return c, nil
+}
+
+// Spawner returns the spawnd API. Each call goes to the spawnd attached at
+// the time of the call; a call made while re-attaching waits, within its
+// ctx, for the next spawnd. A Watch stream ends when its spawnd goes: wait
+// for Reconnected and open a new one.
+func (c *Client) Spawner() spawnpb.SpawnerClient { return c.spawner }
+
+// Reconnected receives a value after each re-attach (to a restarted spawnd,
+// or to the same one after its connection failed), never for the first
+// attach. Values coalesce. The gateway should List and Watch again: exits
+// that happened in between are only visible in List. It is closed by Close.
+func (c *Client) Reconnected() <-chan struct{} { return c.reconnected }
+
+// Endpoint returns the spawnd currently attached; the zero Endpoint while
+// re-attaching.
+func (c *Client) Endpoint() Endpoint {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cur == nil {
+		return Endpoint{}
+	}
+	return c.cur.ep
+}
+
+// Close detaches from spawnd and stops re-attaching. It never stops spawnd
+// or any instance.
+func (c *Client) Close() error {
+	c.closeOnce.Do(func() {
+		c.cancel()
+		<-c.supervised
+		c.mu.Lock()
+		cn := c.cur
+		c.cur = nil
+		c.lastErr = errors.New("client closed")
+		c.mu.Unlock()
+		if cn != nil {
+			cn.close()
+		}
+		close(c.reconnected)
+	})
+	return nil
+}
+
+func (c *Client) setConn(cn *conn, why error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.cur = cn
+	c.lastErr = why
+	if cn != nil {
+		close(c.ready)
+	} else {
+		c.ready = make(chan struct{})
+	}
+}
+
+func (c *Client) setLastErr(err error) {
+	c.mu.Lock()
+	c.lastErr = err
+	c.mu.Unlock()
+}
+
+// api waits for an attached spawnd.
+func (c *Client) api(ctx context.Context) (spawnpb.SpawnerClient, error) {
+	for {
+		c.mu.Lock()
+		cn, ready, why := c.cur, c.ready, c.lastErr
+		c.mu.Unlock()
+		if c.ctx.Err() != nil {
+			return nil, status.Error(codes.Canceled, "spawnrpc: client closed")
+		}
+		if cn != nil {
+			return cn.api, nil
+		}
+		select {
+		case <-ready:
+		case <-c.ctx.Done():
+		case <-ctx.Done():
+			code := status.FromContextError(ctx.Err()).Code()
+			return nil, status.Errorf(code, "waiting for nexus-spawnd to come back: %v (last attempt: %v)", ctx.Err(), why)
+		}
+	}
+}
+
+// observe lets the supervisor check the connection when a call failed as
+// unreachable. A spawnd that died is noticed by its pidfd at once; this
+// catches a connection that failed while spawnd lives.
+func (c *Client) observe(err error) {
+	if status.Code(err) != codes.Unavailable {
+		return
+	}
+	select {
+	case c.poke <- struct{}{}:
+	default:
+	}
+}
+
+// supervise re-attaches whenever the current connection breaks.
+func (c *Client) supervise() {
+	defer close(c.supervised)
+	for {
+		c.mu.Lock()
+		cn := c.cur
+		c.mu.Unlock()
+		select {
+		case <-c.ctx.Done():
+			return
+		case <-cn.broken:
+		case <-c.poke:
+			if err := cn.health(c.ctx); err == nil || c.ctx.Err() != nil {
+				continue
+			} else {
+				cn.markBroken("health check failed: " + err.Error())
+			}
+		}
+		c.log.Warn("lost connection to nexus-spawnd", "pid", cn.ep.Pid, "reason", cn.why)
+		c.setConn(nil, errors.New(cn.why))
+		cn.close()
+		next := c.reattach()
+		if next == nil {
+			return // closed
+		}
+		c.setConn(next, nil)
+		c.log.Info("reattached to nexus-spawnd", "pid", next.ep.Pid, "addr", next.ep.Addr)
+		select {
+		case c.reconnected <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// reattach retries until a spawnd answers or the Client is closed, waking
+// early whenever spawnd.json changes. It returns nil once closed.
+func (c *Client) reattach() *conn {
+	w := watchFile(c.opts.RunDir, EndpointFile)
+	defer w.Close()
+	backoff := minBackoff
+	var logged string
+	for {
+		cn, err := c.attachOrLaunch(c.ctx)
+		if err == nil {
+			return cn
+		}
+		if c.ctx.Err() != nil {
+			return nil
+		}
+		c.setLastErr(err)
+		if msg := err.Error(); msg != logged {
+			c.log.Warn("nexus-spawnd not reachable yet; retrying", "err", err)
+			logged = msg
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-c.ctx.Done():
+		case <-w.C:
+		case <-t.C:
+		}
+		t.Stop()
+		backoff = min(2*backoff, maxBackoff)
+	}
+}
+
+// firstAttach is Dial's attach. Without Launch it tries once, so a missing
+// spawnd is reported at once. With Launch it waits, up to launchTimeout,
+// for a spawnd that is starting or stopping.
+func (c *Client) firstAttach(ctx context.Context) (*conn, error) {
+	if !c.opts.Launch {
+		return c.attachPublished(ctx)
+	}
+	ctx, cancel := context.WithTimeout(ctx, launchTimeout)
+	defer cancel()
+	w := watchFile(c.opts.RunDir, EndpointFile)
+	defer w.Close()
+	backoff := minBackoff
+	for {
+		cn, err := c.attachOrLaunch(ctx)
+		if err == nil || !errors.Is(err, errBusy) {
+			return cn, err
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("%w (waited %v)", err, launchTimeout)
+		case <-w.C:
+		case <-t.C:
+		}
+		t.Stop()
+		backoff = min(2*backoff, maxBackoff)
+	}
+}
+
+// attachOrLaunch attaches to the published spawnd, or in Launch mode starts
+// one when there is none to attach to.
+func (c *Client) attachOrLaunch(ctx context.Context) (*conn, error) {
+	cn, err := c.attachPublished(ctx)
+	if err == nil || !c.opts.Launch || errors.Is(err, ErrRefused) || ctx.Err() != nil {
+		return cn, err
+	}
+	return c.launchAndAttach(ctx, err)
+}
+
+// attachPublished attaches to the spawnd that spawnd.json names.
+func (c *Client) attachPublished(ctx context.Context) (*conn, error) {
+	ep, err := ReadEndpoint(c.opts.RunDir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil, fmt.Errorf("no nexus-spawnd is running for run directory %s (no %s): start `%s` first", c.opts.RunDir, EndpointFile, c.startHint())
+	case err != nil:
+		return nil, fmt.Errorf("%w: %v", errStale, err)
+	}
+	cn, err := c.attach(ctx, ep)
+	if errors.Is(err, errStale) {
+		return nil, fmt.Errorf("nexus-spawnd is not running (%v): start `%s` first", err, c.startHint())
+	}
+	return cn, err
+}
+
+func (c *Client) startHint() string {
+	cfg := c.opts.ConfigPath
+	if cfg == "" {
+		cfg = "broker.yaml"
+	}
+	return "nexus-spawnd -config " + cfg
+}
+
+// attach connects to ep through go-plugin's reattach path.
+func (c *Client) attach(ctx context.Context, ep Endpoint) (*conn, error) {
+	if ep.Protocol != string(plugin.ProtocolGRPC) || ep.Network != "unix" {
+		return nil, fmt.Errorf("%s describes a %s server on %s; nexus-spawnd serves grpc on unix: is another program using run directory %s?", EndpointFile, ep.Protocol, ep.Network, c.opts.RunDir)
+	}
+	// go-plugin's reattach skips its version negotiation entirely.
+	if ep.ProtocolVersion != ProtocolVersion {
+		return nil, fmt.Errorf("nexus-spawnd pid %d speaks spawnrpc protocol version %d, this gateway version %d: run nexus-broker and nexus-spawnd from the same release", ep.Pid, ep.ProtocolVersion, ProtocolVersion)
+	}
+	owner, err := checkRunDir(c.opts.RunDir)
+	if err != nil {
+		return nil, err
+	}
+	r, err := openPidfdRunner(ep.Pid)
+	if err != nil {
+		return nil, err
+	}
+	// Check liveness, identity and our admission on a plain connection
+	// first: gRPC would turn each of them into a retrying, vague
+	// "connection error" on the first call.
+	if err := probe(ctx, ep, owner); err != nil {
+		r.detach()
+		return nil, err
+	}
+	pc := plugin.NewClient(&plugin.ClientConfig{
+		HandshakeConfig: Handshake,
+		Plugins:         pluginSet(nil),
+		Reattach: &plugin.ReattachConfig{
+			Protocol:        plugin.ProtocolGRPC,
+			ProtocolVersion: ep.ProtocolVersion,
+			Addr:            &net.UnixAddr{Net: "unix", Name: ep.Addr},
+			Pid:             ep.Pid,
+			ReattachFunc:    func() (runner.AttachedRunner, error) { return r, nil },
+		},
+		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
+		Logger:           c.hclog,
+		// Replaces go-plugin's insecure credentials: the last option wins.
+		GRPCDialOptions: []grpc.DialOption{grpc.WithTransportCredentials(&clientCreds{pid: ep.Pid, uid: owner})},
+	})
+	cn := &conn{ep: ep, pc: pc, runner: r, broken: make(chan struct{})}
+	if err := cn.open(ctx); err != nil {
+		cn.close()
+		return nil, err
+	}
+	monCtx, stop := context.WithCancel(context.Background())
+	cn.stop = stop
+	go cn.monitor(monCtx)
+	return cn, nil
+}
+
+// open runs go-plugin's client start, which dials and opens its stdio
+// stream on a context of its own, so it is raced against ctx; if ctx wins,
+// close (detaching the runner) ends the start.
+func (cn *conn) open(ctx context.Context) error {
+	type result struct {
+		proto plugin.ClientProtocol
+		err   error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		p, err := cn.pc.Client()
+		ch <- result{p, err}
+	}()
+	var res result
+	select {
+	case res = <-ch:
+	case <-ctx.Done():
+		cn.runner.detach()
+		res = <-ch
+		if res.err == nil {
+			res.err = ctx.Err()
+		}
+		if gc, ok := res.proto.(*plugin.GRPCClient); ok {
+			cn.gc = gc
+		}
+		return res.err
+	}
+	if res.err != nil {
+		return fmt.Errorf("attach to nexus-spawnd pid %d: %w", cn.ep.Pid, res.err)
+	}
+	gc, ok := res.proto.(*plugin.GRPCClient)
+	if !ok {
+		return fmt.Errorf("attach to nexus-spawnd pid %d: go-plugin returned a %T, not a gRPC client", cn.ep.Pid, res.proto)
+	}
+	cn.gc = gc
+	raw, err := gc.Dispense(PluginName)
+	if err != nil {
+		return err
+	}
+	cn.api = raw.(spawnpb.SpawnerClient)
+	// go-plugin's start treats an unreachable server as "no stdio" and
+	// succeeds; only a round trip proves the connection.
+	if err := cn.health(ctx); err != nil {
+		return fmt.Errorf("attach to nexus-spawnd pid %d: %w", cn.ep.Pid, err)
+	}
+	return nil
+}
+
+// health is a gRPC health check, as go-plugin's Ping, but bounded.
+func (cn *conn) health(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, healthTimeout)
+	defer cancel()
+	_, err := grpc_health_v1.NewHealthClient(cn.gc.Conn).Check(ctx, &grpc_health_v1.HealthCheckRequest{Service: plugin.GRPCServiceName})
+	return err
+}
+
+// monitor marks the connection broken when spawnd exits (pidfd) or gRPC
+// gives up on the socket (TRANSIENT_FAILURE).
+func (cn *conn) monitor(ctx context.Context) {
+	go func() {
+		select {
+		case <-cn.runner.done:
+			if cn.runner.exited() {
+				cn.markBroken(fmt.Sprintf("spawnd pid %d exited", cn.ep.Pid))
+			}
+		case <-ctx.Done():
+		}
+	}()
+	for {
+		s := cn.gc.Conn.GetState()
+		if s == connectivity.TransientFailure {
+			cn.markBroken("connection to " + cn.ep.Addr + " failed")
+			return
+		}
+		if !cn.gc.Conn.WaitForStateChange(ctx, s) {
+			return
+		}
+	}
+}
+
+func (cn *conn) markBroken(why string) {
+	cn.breakOnce.Do(func() {
+		cn.why = why
+		close(cn.broken)
+	})
+}
+
+// close detaches without a word to spawnd. go-plugin's Client.Kill is not
+// used: it would send spawnd a Shutdown and then kill the runner.
+func (cn *conn) close() {
+	if cn.stop != nil {
+		cn.stop()
+	}
+	if cn.gc != nil {
+		_ = cn.gc.Conn.Close()
+	}
+	cn.runner.detach()
+}
+
+// probe connects to ep once and checks who serves it and whether it admits
+// us.
+func probe(ctx context.Context, ep Endpoint, owner int) error {
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, ep.Network, ep.Addr)
+	switch {
+	case errors.Is(err, unix.ECONNREFUSED) || errors.Is(err, unix.ENOENT):
+		return fmt.Errorf("%w: nobody accepts on %s: %v", errStale, ep.Addr, err)
+	case errors.Is(err, unix.EACCES):
+		return fmt.Errorf("connect to nexus-spawnd at %s: %w; run the gateway as a member of group spawnd.socket_gid", ep.Addr, err)
+	case err != nil:
+		return fmt.Errorf("connect to nexus-spawnd at %s: %w", ep.Addr, err)
+	}
+	defer nc.Close()
+	_, err = checkServer(ctx, nc, ep.Pid, owner)
+	return err
+}
+
+// launchAndAttach starts a spawnd under the launch lock, so racing
+// gateways start one between them, and attaches to it.
+func (c *Client) launchAndAttach(ctx context.Context, why error) (*conn, error) {
+	lock, err := lockLaunch(ctx, c.opts.RunDir)
+	if err != nil {
+		return nil, err
+	}
+	defer lock.Close()
+	// Whoever held the lock before us may have launched one.
+	cn, err := c.attachPublished(ctx)
+	if err == nil || errors.Is(err, ErrRefused) {
+		return cn, err
+	}
+	if held, pid := serveLockHolder(c.opts.RunDir); held {
+		return nil, fmt.Errorf("%w: pid %d holds %s but does not answer yet", errBusy, pid, filepath.Join(c.opts.RunDir, serveLockFile))
+	}
+	l, err := c.startSpawnd()
+	if err != nil {
+		return nil, err
+	}
+	c.log.Info("launched nexus-spawnd", "pid", l.pid, "path", l.path, "log", l.logPath, "reason", why.Error())
+	ep, err := l.awaitEndpoint(ctx, c.opts.RunDir)
+	if err != nil {
+		return nil, err
+	}
+	return c.attach(ctx, ep)
+}
+
+// spawner implements spawnpb.SpawnerClient on top of whichever spawnd is
+// attached at the time of each call.
+type spawner struct{ c *Client }
+
+var _ spawnpb.SpawnerClient = (*spawner)(nil)
+
+func call[Req, Resp any](c *Client, ctx context.Context, in Req, opts []grpc.CallOption,
+	method func(spawnpb.SpawnerClient, context.Context, Req, ...grpc.CallOption) (Resp, error),
+) (Resp, error) {
+	api, err := c.api(ctx)
+	if err != nil {
+		var zero Resp
+		return zero, err
+	}
+	out, err := method(api, ctx, in, opts...)
+	c.observe(err)
+	return out, err
+}
+
+func (s *spawner) Spawn(ctx context.Context, in *spawnpb.SpawnRequest, opts ...grpc.CallOption) (*spawnpb.SpawnResponse, error) {
+	return call(s.c, ctx, in, opts, spawnpb.SpawnerClient.Spawn)
+}
+
+func (s *spawner) Verify(ctx context.Context, in *spawnpb.VerifyRequest, opts ...grpc.CallOption) (*spawnpb.VerifyResponse, error) {
+	return call(s.c, ctx, in, opts, spawnpb.SpawnerClient.Verify)
+}
+
+func (s *spawner) Terminate(ctx context.Context, in *spawnpb.TerminateRequest, opts ...grpc.CallOption) (*spawnpb.TerminateResponse, error) {
+	return call(s.c, ctx, in, opts, spawnpb.SpawnerClient.Terminate)
+}
+
+func (s *spawner) List(ctx context.Context, in *spawnpb.ListRequest, opts ...grpc.CallOption) (*spawnpb.ListResponse, error) {
+	return call(s.c, ctx, in, opts, spawnpb.SpawnerClient.List)
+}
+
+func (s *spawner) Record(ctx context.Context, in *spawnpb.RecordRequest, opts ...grpc.CallOption) (*spawnpb.RecordResponse, error) {
+	return call(s.c, ctx, in, opts, spawnpb.SpawnerClient.Record)
+}
+
+func (s *spawner) Reload(ctx context.Context, in *spawnpb.ReloadRequest, opts ...grpc.CallOption) (*spawnpb.ReloadResponse, error) {
+	return call(s.c, ctx, in, opts, spawnpb.SpawnerClient.Reload)
+}
+
+func (s *spawner) Status(ctx context.Context, in *spawnpb.StatusRequest, opts ...grpc.CallOption) (*spawnpb.StatusResponse, error) {
+	return call(s.c, ctx, in, opts, spawnpb.SpawnerClient.Status)
+}
+
+func (s *spawner) Watch(ctx context.Context, in *spawnpb.WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[spawnpb.ExitEvent], error) {
+	stream, err := call(s.c, ctx, in, opts, spawnpb.SpawnerClient.Watch)
+	if err != nil {
+		return nil, err
+	}
+	return &watchStream{ServerStreamingClient: stream, c: s.c}, nil
+}
+
+// watchStream reports a broken stream to the supervisor like a failed call.
+type watchStream struct {
+	grpc.ServerStreamingClient[spawnpb.ExitEvent]
+	c *Client
+}
+
+func (w *watchStream) Recv() (*spawnpb.ExitEvent, error) {
+	ev, err := w.ServerStreamingClient.Recv()
+	w.c.observe(err)
+	return ev, err
+}

@@ -1,0 +1,180 @@
+package spawnrpc
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// SpawndBinary is the executable name Launch mode looks for.
+const SpawndBinary = "nexus-spawnd"
+
+// lockLaunch takes runDir/launch.lock, abandoning the wait when ctx ends.
+func lockLaunch(ctx context.Context, runDir string) (*os.File, error) {
+	// Launch mode is development: the gateway's user owns the run
+	// directory and may create it.
+	if err := os.MkdirAll(runDir, 0o750); err != nil {
+		return nil, fmt.Errorf("create run directory: %w; set spawnd.run_dir to a directory this user can create", err)
+	}
+	path := filepath.Join(runDir, launchLockFile)
+	f, err := flockFile(path, os.O_RDWR|os.O_CREATE, 0o640, unix.LOCK_EX|unix.LOCK_NB)
+	if err == nil || !errors.Is(err, unix.EWOULDBLOCK) {
+		return f, err
+	}
+	// Another gateway is launching. flock cannot be interrupted, so wait
+	// in a goroutine; if ctx ends first, that goroutine releases the lock
+	// as soon as it gets it.
+	got := make(chan *os.File, 1)
+	failed := make(chan error, 1)
+	go func() {
+		f, err := flockFile(path, os.O_RDWR|os.O_CREATE, 0o640, unix.LOCK_EX)
+		if err != nil {
+			failed <- err
+			return
+		}
+		got <- f
+	}()
+	select {
+	case f := <-got:
+		return f, nil
+	case err := <-failed:
+		return nil, err
+	case <-ctx.Done():
+		go func() {
+			select {
+			case f := <-got:
+				f.Close()
+			case <-failed:
+			}
+		}()
+		return nil, ctx.Err()
+	}
+}
+
+// launched is a spawnd this process started.
+type launched struct {
+	pid     int
+	path    string
+	logPath string
+	exited  <-chan error // receives cmd.Wait's result, which also reaps it
+}
+
+// startSpawnd starts spawnd detached: its own session (no terminal signal
+// or hang-up reaches it), stdin /dev/null, stdout and stderr appended to
+// spawnd.log. Never a pipe: a Go program writing to a pipe whose reader
+// died is killed by SIGPIPE (go-plugin after its host died, nomad#27815),
+// and this spawnd must outlive the gateway that started it.
+func (c *Client) startSpawnd() (*launched, error) {
+	path, err := c.spawndPath()
+	if err != nil {
+		return nil, err
+	}
+	logPath := filepath.Join(c.opts.RunDir, LogFile)
+	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o640)
+	if err != nil {
+		return nil, fmt.Errorf("open spawnd log: %w", err)
+	}
+	defer logf.Close()
+	devnull, err := os.Open(os.DevNull)
+	if err != nil {
+		return nil, err
+	}
+	defer devnull.Close()
+
+	args := []string{"-run-dir", c.opts.RunDir}
+	if c.opts.ConfigPath != "" {
+		args = append([]string{"-config", c.opts.ConfigPath}, args...)
+	}
+	cmd := exec.Command(path, args...)
+	// *os.File stdio is handed over as the descriptors themselves, with no
+	// copying goroutine in between.
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = devnull, logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	fmt.Fprintf(logf, "--- %s nexus-broker pid %d launching %s %s\n",
+		time.Now().Format(time.RFC3339), os.Getpid(), path, strings.Join(args, " "))
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("launch %s: %w", path, err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	return &launched{pid: cmd.Process.Pid, path: path, logPath: logPath, exited: exited}, nil
+}
+
+// spawndPath is SpawndPath, else nexus-spawnd beside this executable (how
+// a release is unpacked), else nexus-spawnd on PATH.
+func (c *Client) spawndPath() (string, error) {
+	if c.opts.SpawndPath != "" {
+		return c.opts.SpawndPath, nil
+	}
+	if exe, err := os.Executable(); err == nil {
+		p := filepath.Join(filepath.Dir(exe), SpawndBinary)
+		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode().Perm()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	if p, err := exec.LookPath(SpawndBinary); err == nil {
+		return p, nil
+	}
+	return "", fmt.Errorf("cannot find %s beside this executable or on PATH: build it (go build -o <dir of nexus-broker> ./cmd/nexus-spawnd), or start `%s` yourself", SpawndBinary, c.startHint())
+}
+
+// awaitEndpoint waits for the launched spawnd to publish spawnd.json with
+// its own pid. An older spawnd.json (a dead spawnd's) does not count.
+func (l *launched) awaitEndpoint(ctx context.Context, runDir string) (Endpoint, error) {
+	w := watchFile(runDir, EndpointFile)
+	defer w.Close()
+	deadline := time.NewTimer(launchTimeout)
+	defer deadline.Stop()
+	backoff := 10 * time.Millisecond
+	for {
+		if ep, err := ReadEndpoint(runDir); err == nil && ep.Pid == l.pid {
+			return ep, nil
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case err := <-l.exited:
+			t.Stop()
+			return Endpoint{}, fmt.Errorf("nexus-spawnd (pid %d) exited during startup (%v); its log %s ends:\n%s", l.pid, err, l.logPath, logTail(l.logPath, 8))
+		case <-deadline.C:
+			t.Stop()
+			return Endpoint{}, fmt.Errorf("nexus-spawnd (pid %d) did not publish %s within %v; see %s", l.pid, EndpointFile, launchTimeout, l.logPath)
+		case <-ctx.Done():
+			t.Stop()
+			return Endpoint{}, fmt.Errorf("waiting for nexus-spawnd (pid %d) to start: %w", l.pid, ctx.Err())
+		case <-w.C:
+		case <-t.C:
+		}
+		t.Stop()
+		// The watch makes this fast; the re-check covers a missed event.
+		backoff = min(2*backoff, 500*time.Millisecond)
+	}
+}
+
+// logTail returns the last n lines of the file at path.
+func logTail(path string, n int) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return "  (" + err.Error() + ")"
+	}
+	defer f.Close()
+	const window = 8 << 10
+	if st, err := f.Stat(); err == nil && st.Size() > window {
+		_, _ = f.Seek(-window, io.SeekEnd)
+	}
+	data, _ := io.ReadAll(f)
+	lines := bytes.Split(bytes.TrimRight(data, "\n"), []byte("\n"))
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return "  " + string(bytes.Join(lines, []byte("\n  ")))
+}

@@ -1,0 +1,256 @@
+package spawnrpc
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/nexus-broker/nexus-broker/internal/config"
+)
+
+// Files in the run directory.
+const (
+	// EndpointFile holds the reattach config of the serving spawnd.
+	EndpointFile = "spawnd.json"
+	// LogFile receives a launched spawnd's stdout and stderr.
+	LogFile = "spawnd.log"
+	// serveLockFile is flocked by the serving spawnd for its whole life: a
+	// second spawnd on the same run directory is refused, and a launcher
+	// can tell "starting or stopping" from "gone" without signalling a pid.
+	serveLockFile = "spawnd.lock"
+	// launchLockFile serialises gateways that want to launch spawnd.
+	launchLockFile = "launch.lock"
+	// socketPrefix is how go-plugin names its sockets (os.CreateTemp
+	// pattern "plugin").
+	socketPrefix = "plugin"
+)
+
+// DefaultRunDir is the run directory when spawnd.run_dir is unset:
+// $XDG_RUNTIME_DIR/nexus-broker, else /tmp/nexus-broker-<uid>. The uid is the
+// caller's, so a gateway and a spawnd running as different users must set
+// spawnd.run_dir explicitly.
+func DefaultRunDir() string {
+	if x := os.Getenv("XDG_RUNTIME_DIR"); x != "" {
+		return filepath.Join(x, "nexus-broker")
+	}
+	return filepath.Join("/tmp", "nexus-broker-"+strconv.Itoa(os.Getuid()))
+}
+
+// RunDir is spawnd.run_dir of cfg, or DefaultRunDir. Both processes resolve
+// it with this function so they agree.
+func RunDir(cfg *config.Config) string {
+	if cfg != nil && cfg.Spawnd.RunDir != "" {
+		return cfg.Spawnd.RunDir
+	}
+	return DefaultRunDir()
+}
+
+// Endpoint is the content of spawnd.json: go-plugin's reattach config in a
+// stable JSON shape, written by spawnd once it accepts connections.
+type Endpoint struct {
+	Protocol        string `json:"protocol"`         // "grpc"
+	ProtocolVersion int    `json:"protocol_version"` // ProtocolVersion
+	Network         string `json:"network"`          // "unix"
+	Addr            string `json:"addr"`             // socket path
+	Pid             int    `json:"pid"`              // spawnd's pid
+}
+
+// ReadEndpoint reads runDir/spawnd.json. A missing file is an error
+// satisfying errors.Is(err, fs.ErrNotExist).
+func ReadEndpoint(runDir string) (Endpoint, error) {
+	path := filepath.Join(runDir, EndpointFile)
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return Endpoint{}, err
+	}
+	var ep Endpoint
+	if err := json.Unmarshal(data, &ep); err != nil {
+		return Endpoint{}, fmt.Errorf("%s: %w", path, err)
+	}
+	if ep.Pid <= 0 || ep.Addr == "" || ep.Network == "" {
+		return Endpoint{}, fmt.Errorf("%s: incomplete (pid %d, network %q, addr %q)", path, ep.Pid, ep.Network, ep.Addr)
+	}
+	return ep, nil
+}
+
+// writeEndpoint publishes ep atomically: a reader sees the old file or the
+// new one, never a torn write, and the rename is durable before we return.
+func writeEndpoint(runDir string, ep Endpoint, gid int) error {
+	data, err := json.Marshal(ep)
+	if err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(runDir, "."+EndpointFile+".*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name()) // no-op after the rename
+	if err := writeSynced(tmp, append(data, '\n'), gid); err != nil {
+		return fmt.Errorf("write %s: %w", tmp.Name(), err)
+	}
+	if err := os.Rename(tmp.Name(), filepath.Join(runDir, EndpointFile)); err != nil {
+		return err
+	}
+	return syncDir(runDir)
+}
+
+func writeSynced(f *os.File, data []byte, gid int) error {
+	defer f.Close()
+	// Readable by the gateway's group, which is all the gateway needs.
+	if err := f.Chmod(0o640); err != nil {
+		return err
+	}
+	if gid >= 0 {
+		if err := f.Chown(-1, gid); err != nil {
+			return err
+		}
+	}
+	if _, err := f.Write(data); err != nil {
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		return err
+	}
+	return f.Close()
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// removeEndpointIfOurs removes spawnd.json when it still names pid; a file
+// naming another pid belongs to whoever wrote it.
+func removeEndpointIfOurs(runDir string, pid int) error {
+	ep, err := ReadEndpoint(runDir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err == nil && ep.Pid != pid {
+		return nil
+	}
+	// Ours, or unreadable garbage that nobody can attach with anyway.
+	if err := os.Remove(filepath.Join(runDir, EndpointFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return syncDir(runDir)
+}
+
+// prepareRunDir creates runDir 0750 (group gid when gid >= 0) for spawnd,
+// or checks the one that is there. A run directory somebody else owns (say
+// a squatter's /tmp/nexus-broker-0) would let them swap the socket under
+// the gateway, so it is refused rather than adopted.
+func prepareRunDir(runDir string, gid int) error {
+	if err := os.MkdirAll(runDir, 0o750); err != nil {
+		return fmt.Errorf("create run directory: %w; set spawnd.run_dir to a directory this user can create", err)
+	}
+	st, err := os.Lstat(runDir)
+	if err != nil {
+		return err
+	}
+	sys, ok := st.Sys().(*syscall.Stat_t)
+	if !st.IsDir() || !ok {
+		return fmt.Errorf("run directory %s is not a directory; remove it or set spawnd.run_dir", runDir)
+	}
+	if int(sys.Uid) != os.Geteuid() {
+		return fmt.Errorf("run directory %s is owned by uid %d, not by this process (uid %d); remove it or set spawnd.run_dir", runDir, sys.Uid, os.Geteuid())
+	}
+	// MkdirAll honours the umask and leaves an existing directory's mode
+	// alone; the mode is part of the access control, so set it.
+	if err := os.Chmod(runDir, 0o750); err != nil {
+		return err
+	}
+	if gid >= 0 {
+		if err := os.Chown(runDir, -1, gid); err != nil {
+			return fmt.Errorf("give run directory %s to group %d (spawnd.socket_gid): %w", runDir, gid, err)
+		}
+	}
+	return nil
+}
+
+// checkRunDir is the gateway's view of prepareRunDir: the directory must be
+// a real directory nobody but its owner can write, owned by us or by root.
+// It returns the owner, the uid spawnd is expected to run as.
+func checkRunDir(runDir string) (owner int, err error) {
+	st, err := os.Lstat(runDir)
+	if err != nil {
+		return -1, err
+	}
+	sys, ok := st.Sys().(*syscall.Stat_t)
+	if !st.IsDir() || !ok {
+		return -1, fmt.Errorf("run directory %s is not a directory; remove it or set spawnd.run_dir", runDir)
+	}
+	if uid := int(sys.Uid); uid != 0 && uid != os.Getuid() && uid != os.Geteuid() {
+		return -1, fmt.Errorf("run directory %s is owned by uid %d, neither root nor this user: refusing to trust a socket in it; set spawnd.run_dir", runDir, uid)
+	}
+	if st.Mode().Perm()&0o022 != 0 {
+		return -1, fmt.Errorf("run directory %s is writable by group or others (mode %v): refusing to trust a socket in it; chmod 0750 it", runDir, st.Mode().Perm())
+	}
+	return int(sys.Uid), nil
+}
+
+// removeStaleSockets deletes go-plugin sockets left behind by a spawnd that
+// died without closing its listener (kill -9). Only the holder of the
+// serve lock may call it: every socket it finds is then a dead one.
+func removeStaleSockets(runDir string) {
+	ents, err := os.ReadDir(runDir)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), socketPrefix) && e.Type()&fs.ModeSocket != 0 {
+			_ = os.Remove(filepath.Join(runDir, e.Name()))
+		}
+	}
+}
+
+// flockFile opens path and takes an flock on it (how: unix.LOCK_EX or
+// unix.LOCK_SH, optionally | unix.LOCK_NB). Closing the file releases it;
+// the descriptor is close-on-exec, so no child ever inherits the lock.
+func flockFile(path string, flag int, perm os.FileMode, how int) (*os.File, error) {
+	f, err := os.OpenFile(path, flag, perm)
+	if err != nil {
+		return nil, err
+	}
+	for {
+		err = unix.Flock(int(f.Fd()), how)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// serveLockHolder reports whether some spawnd holds runDir's serve lock,
+// and the pid it wrote there. It needs only read access, so an unprivileged
+// gateway can ask it about a root spawnd.
+func serveLockHolder(runDir string) (held bool, pid int) {
+	path := filepath.Join(runDir, serveLockFile)
+	f, err := flockFile(path, os.O_RDONLY, 0, unix.LOCK_SH|unix.LOCK_NB)
+	if err == nil {
+		f.Close()
+		return false, 0
+	}
+	if !errors.Is(err, unix.EWOULDBLOCK) {
+		return false, 0
+	}
+	data, _ := os.ReadFile(path)
+	pid, _ = strconv.Atoi(strings.TrimSpace(string(data)))
+	return true, pid
+}

@@ -1,0 +1,287 @@
+package spawnrpc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-plugin"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
+)
+
+// ServeOptions configures Serve.
+type ServeOptions struct {
+	// RunDir receives the socket, spawnd.json and spawnd.lock. It is created
+	// 0750 if missing, and must be owned by this process's uid.
+	RunDir string
+	// AllowedUID is the only peer uid accepted on the socket
+	// (spawnd.gateway_uid, or spawnd's own uid in development).
+	AllowedUID int
+	// SocketGID, when >= 0, becomes the group of the run directory, the
+	// socket and spawnd.json, so the gateway's user can reach them. -1
+	// leaves this process's group.
+	SocketGID int
+	// Impl serves the verbs.
+	Impl spawnpb.SpawnerServer
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// probeTimeout bounds Serve's check that its own socket accepts.
+const probeTimeout = 5 * time.Second
+
+// Serve runs the spawnrpc server until ctx is done, then stops it and
+// withdraws spawnd.json. It returns an error if serving cannot start (the
+// run directory is unusable, another spawnd holds it) or stops on its own.
+//
+// go-plugin's server normally belongs to a host that launched it and reads
+// its address from stdout. Its test mode (ServeConfig.Test) instead hands
+// the address back on a channel and stops on a context, which is what a
+// daemon that outlives every gateway needs; the cookie check it skips is
+// not a security measure anyway (SO_PEERCRED is).
+func Serve(ctx context.Context, opts ServeOptions) error {
+	if opts.Impl == nil {
+		return errors.New("spawnrpc.Serve: no Impl")
+	}
+	if opts.RunDir == "" {
+		return errors.New("spawnrpc.Serve: no RunDir")
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	runDir := opts.RunDir
+	release, err := ClaimRunDir(runDir, opts.SocketGID)
+	if err != nil {
+		return err
+	}
+	defer release()
+
+	// go-plugin takes its socket placement from the environment only.
+	if err := pluginEnv(runDir, opts.SocketGID); err != nil {
+		return err
+	}
+
+	creds := &serverCreds{allowedUID: opts.AllowedUID, log: log}
+	serveCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	reattachCh := make(chan *plugin.ReattachConfig, 1)
+	closed := make(chan struct{})
+	go plugin.Serve(&plugin.ServeConfig{
+		HandshakeConfig: Handshake,
+		Plugins:         pluginSet(opts.Impl),
+		GRPCServer: func(o []grpc.ServerOption) *grpc.Server {
+			o = append(o,
+				grpc.Creds(creds),
+				grpc.ChainUnaryInterceptor(onlyOurMethods),
+				grpc.ChainStreamInterceptor(onlyOurStreams))
+			return grpc.NewServer(o...)
+		},
+		Logger: newHCLog(log),
+		Test: &plugin.ServeTestConfig{
+			Context:          serveCtx,
+			ReattachConfigCh: reattachCh,
+			CloseCh:          closed,
+		},
+	})
+
+	var rc *plugin.ReattachConfig
+	select {
+	case rc = <-reattachCh:
+	case <-closed:
+		return fmt.Errorf("go-plugin could not start serving in %s (its error is logged above)", runDir)
+	}
+	ep := Endpoint{
+		Protocol:        string(rc.Protocol),
+		ProtocolVersion: rc.ProtocolVersion,
+		Network:         rc.Addr.Network(),
+		Addr:            rc.Addr.String(),
+		Pid:             rc.Pid,
+	}
+	shutdown := func() {
+		stop()
+		<-closed
+	}
+	// go-plugin sends the reattach config before its accept loop starts
+	// ("the client should retry a few times"); publish only once a real
+	// connection has been accepted and answered.
+	if err := probeAccepting(serveCtx, ep); err != nil {
+		shutdown()
+		return fmt.Errorf("spawnrpc socket %s does not answer: %w", ep.Addr, err)
+	}
+	if err := writeEndpoint(runDir, ep, opts.SocketGID); err != nil {
+		shutdown()
+		return fmt.Errorf("publish %s: %w", filepath.Join(runDir, EndpointFile), err)
+	}
+	log.Info("spawnrpc serving", "addr", ep.Addr, "pid", ep.Pid, "run_dir", runDir, "allowed_uid", opts.AllowedUID)
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+		shutdown()
+	case <-closed:
+		runErr = errors.New("spawnrpc server stopped on its own (see the log above)")
+	}
+	if err := removeEndpointIfOurs(runDir, ep.Pid); err != nil {
+		log.Warn("cannot withdraw spawnd.json", "err", err)
+	}
+	log.Info("spawnrpc stopped", "addr", ep.Addr)
+	return runErr
+}
+
+// claims are the run directories this process holds the serve lock of.
+var claims = struct {
+	sync.Mutex
+	m map[string]bool
+}{m: map[string]bool{}}
+
+// ClaimRunDir prepares runDir as Serve does and makes this process its only
+// spawnd, until release is called. Serve claims by itself; a main calls
+// ClaimRunDir first when it must be sure it is the only spawnd before it
+// touches shared state (the lease journal), and releases after Serve
+// returns. Claiming a directory this process already holds succeeds with a
+// release that does nothing.
+func ClaimRunDir(runDir string, socketGID int) (release func(), err error) {
+	key := filepath.Clean(runDir)
+	claims.Lock()
+	defer claims.Unlock()
+	if claims.m[key] {
+		return func() {}, nil
+	}
+	if err := prepareRunDir(runDir, socketGID); err != nil {
+		return nil, err
+	}
+	lock, err := takeServeLock(runDir, socketGID)
+	if err != nil {
+		return nil, err
+	}
+	// Holding the lock, every go-plugin socket in the directory is a dead
+	// spawnd's.
+	removeStaleSockets(runDir)
+	claims.m[key] = true
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			claims.Lock()
+			delete(claims.m, key)
+			claims.Unlock()
+			lock.Close()
+		})
+	}, nil
+}
+
+// takeServeLock makes this process the only spawnd of runDir and records
+// its pid in the lock file for the error messages of the next one.
+func takeServeLock(runDir string, gid int) (*os.File, error) {
+	path := filepath.Join(runDir, serveLockFile)
+	f, err := flockFile(path, os.O_RDWR|os.O_CREATE, 0o640, unix.LOCK_EX|unix.LOCK_NB)
+	if errors.Is(err, unix.EWOULDBLOCK) {
+		_, pid := serveLockHolder(runDir)
+		return nil, fmt.Errorf("another nexus-spawnd (pid %d) is already serving run directory %s; stop it first, or give this one another spawnd.run_dir", pid, runDir)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("lock %s: %w", path, err)
+	}
+	// The gateway reads the lock to tell a stopping spawnd from a dead one.
+	err = f.Chmod(0o640)
+	if err == nil && gid >= 0 {
+		err = f.Chown(-1, gid)
+	}
+	if err == nil {
+		err = f.Truncate(0)
+	}
+	if err == nil {
+		_, err = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	}
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("lock %s: %w", path, err)
+	}
+	return f, nil
+}
+
+// pluginEnv sets the variables go-plugin's server reads and clears those
+// that would change its transport under us (AutoMTLS, multiplexing).
+func pluginEnv(runDir string, gid int) error {
+	set := map[string]string{plugin.EnvUnixSocketDir: runDir}
+	if gid >= 0 {
+		// Makes go-plugin chown the socket to gid and chmod it 0660:
+		// without group write the gateway's connect gets EACCES.
+		set[plugin.EnvUnixSocketGroup] = strconv.Itoa(gid)
+	}
+	for k, v := range set {
+		if err := os.Setenv(k, v); err != nil {
+			return err
+		}
+	}
+	for _, k := range []string{plugin.EnvUnixSocketGroup, "PLUGIN_CLIENT_CERT", "PLUGIN_MULTIPLEX_GRPC", "PLUGIN_PROTOCOL_VERSIONS"} {
+		if _, keep := set[k]; !keep {
+			if err := os.Unsetenv(k); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// probeAccepting connects to the socket and waits for the verdict line,
+// which spawnd writes from inside the gRPC server's accept path. A refusal
+// (spawnd's uid is not the gateway's) proves acceptance just as well.
+func probeAccepting(ctx context.Context, ep Endpoint) error {
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, ep.Network, ep.Addr)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	if _, err := checkServer(ctx, conn, os.Getpid(), os.Geteuid()); err != nil && !errors.Is(err, ErrRefused) {
+		return err
+	}
+	return nil
+}
+
+// The methods a gateway may call: the Spawner verbs, plus the two go-plugin
+// services its client opens on connect (health for liveness, stdio, which
+// streams nothing here). go-plugin also registers a controller whose
+// Shutdown would let a gateway stop spawnd, and a broker that dials
+// addresses the client names; the privileged side serves neither.
+var spawnerPrefix = "/" + spawnpb.Spawner_ServiceDesc.ServiceName + "/"
+
+func allowedMethod(m string) bool {
+	return strings.HasPrefix(m, spawnerPrefix) ||
+		m == "/grpc.health.v1.Health/Check" ||
+		m == "/plugin.GRPCStdio/StreamStdio"
+}
+
+func refuseMethod(m string) error {
+	return status.Errorf(codes.Unimplemented, "nexus-spawnd does not serve %s", m)
+}
+
+func onlyOurMethods(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	if !allowedMethod(info.FullMethod) {
+		return nil, refuseMethod(info.FullMethod)
+	}
+	return h(ctx, req)
+}
+
+func onlyOurStreams(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	if !allowedMethod(info.FullMethod) {
+		return refuseMethod(info.FullMethod)
+	}
+	return h(srv, ss)
+}
