@@ -34,7 +34,7 @@ var (
 func Load(path string) (*Config, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("broker config: %w; pass -config with the path of a readable broker.yaml", err)
+		return nil, fmt.Errorf("broker config: %w (check the -config path and the file's permissions)", err)
 	}
 	return Parse(data)
 }
@@ -55,6 +55,8 @@ func Parse(data []byte) (*Config, error) {
 		if err := (&checker{done: map[aliasVisit]bool{}}).check(root, configType, ""); err != nil {
 			return nil, fmt.Errorf("broker config: %w", err)
 		}
+		// After the check, what is left to fail here is yaml.v3's own
+		// limit on alias expansion.
 		if err := root.Decode(c); err != nil {
 			return nil, fmt.Errorf("broker config: %w", err)
 		}
@@ -78,13 +80,18 @@ func document(data []byte) (*yaml.Node, error) {
 	}
 	// yaml.Unmarshal would read the first document and drop the rest,
 	// silently ignoring whatever an operator wrote after a stray ---.
-	var next yaml.Node
-	switch err := dec.Decode(&next); {
-	case errors.Is(err, io.EOF):
-	case err != nil:
-		return nil, fmt.Errorf("broker config: not valid YAML: %w", err)
-	case len(next.Content) > 0 && !isNull(next.Content[0]):
-		return nil, fmt.Errorf("broker config: line %d: a second YAML document starts here; broker.yaml is one document, so remove the --- separator and merge the keys", next.Content[0].Line)
+	for {
+		var next yaml.Node
+		err := dec.Decode(&next)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("broker config: not valid YAML: %w", err)
+		}
+		if n := next.Content[0]; !isNull(n) {
+			return nil, fmt.Errorf("broker config: line %d: another YAML document starts here; broker.yaml is one document, so remove the --- separator and merge the keys", n.Line)
+		}
 	}
 	root := doc.Content[0]
 	switch {

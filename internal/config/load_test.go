@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -341,6 +342,11 @@ var okCases = []struct {
 			t.Errorf("binaries.v.run_as = %s", got)
 		}
 	}},
+	{"one alias shared by two entries", "run_as: &ra {uid: 7, gid: 8}\nbinaries:\n  a: {path: x, run_as: *ra}\n  b: {path: y, run_as: *ra}\n", func(t *testing.T, c *Config) {
+		if a, b := c.EntryRunAs("a"), c.EntryRunAs("b"); a.String() != "7:8" || b.String() != "7:8" {
+			t.Errorf("binaries.a.run_as = %s, binaries.b.run_as = %s", a, b)
+		}
+	}},
 	{"run_as uid 0 and the largest id", "run_as: {uid: 0, gid: 4294967294}", func(t *testing.T, c *Config) {
 		if got := c.EntryRunAs("nexus").String(); got != "0:4294967294" {
 			t.Errorf("run_as = %s", got)
@@ -426,7 +432,7 @@ var errorCases = []struct{ name, yaml, key, want string }{
 	{"unknown entry run_as key", "binaries:\n  vision:\n    path: x\n    run_as: {uid: 1, gid: 1, uidd: 2}\n", "binaries.vision.run_as.uidd", "unknown key; the keys allowed here are gid, uid"},
 	{"unknown run_as key", "run_as:\n  uid: 1\n  gid: 1\n  user: nexus\n", "run_as.user", "unknown key"},
 	{"unknown spawnd key", "spawnd:\n  run_dri: /run\n", "spawnd.run_dri", "unknown key; the keys allowed here are gateway_uid, run_dir, socket_gid"},
-	{"unknown key inside an alias", "x: &e {path: a, bogus: 1}\n", "x", "unknown key"},
+	{"alias reused as another type", "binaries:\n  a: &e {path: a}\n  b: *e\nrun_as: *e\n", "run_as.path", "unknown key; the keys allowed here are gid, uid"},
 	{"unknown key in an aliased entry", "binaries:\n  a: &e {path: a, bogus: 1}\n", "binaries.a.bogus", "unknown key"},
 
 	// Blocks this build does not implement.
@@ -462,6 +468,7 @@ var errorCases = []struct{ name, yaml, key, want string }{
 	{"integer quoted", `max_queue_depth: "64"`, "max_queue_depth", `want a whole number, got the string "64"`},
 	{"integer word", "max_leases_per_principal: two", "max_leases_per_principal", "want a whole number"},
 	{"integer overflow", "max_queued_per_principal: 99999999999999999999", "max_queued_per_principal", "want a whole number"},
+	{"integer beyond int64", "max_concurrent: 0xFFFFFFFFFFFFFFFF", "max_concurrent", `want a whole number, got "0xFFFFFFFFFFFFFFFF"`},
 	{"integer list", "max_concurrent: [8]", "max_concurrent", "want a whole number, got a list"},
 
 	// Strings and blocks of the wrong shape.
@@ -551,8 +558,10 @@ var errorCases = []struct{ name, yaml, key, want string }{
 	{"duplicate entry", "binaries:\n  v: {path: a}\n  v: {path: b}\n", "binaries.v", "written twice (lines 2 and 3)"},
 	{"merge key", "binaries:\n  v:\n    <<: {path: a}\n", "binaries.v", "merge keys (<<) are not supported"},
 	{"non-scalar key", "? [a]\n: 1\n", "(top level)", "a key must be a plain name, not a list"},
+	{"alias as a key", "binaries:\n  &k a: {path: x}\n  *k : {path: y}\n", "binaries", "a key must be a plain name, not an alias (*k)"},
 	{"binary key", "binaries:\n  !!binary dmlzaW9u: {path: a}\n", "binaries", "a key must be a plain name"},
-	{"second document", "max_concurrent: 1\n---\nmax_concurrent: 2\n", "", "line 3: a second YAML document starts here"},
+	{"second document", "max_concurrent: 1\n---\nmax_concurrent: 2\n", "", "line 3: another YAML document starts here"},
+	{"third document", "max_concurrent: 1\n---\n---\nmax_concurrent: 2\n", "", "line 4: another YAML document starts here"},
 	{"not a mapping", "- listen_addr: \":8080\"\n", "", "the file must be a mapping of keys (listen_addr: …), not a list"},
 	{"a scalar", "hello", "", `not the string "hello"`},
 	{"invalid YAML", "binaries: [\n", "", "not valid YAML"},
@@ -582,6 +591,25 @@ func TestParseErrors(t *testing.T) {
 				t.Errorf("error %q\ndoes not say %q", msg, tc.want)
 			}
 		})
+	}
+}
+
+// TestExcessiveAliasing: an alias bomb within the schema (every entry's env
+// one aliased mapping) is walked once by the key check, then refused by
+// yaml.v3's own expansion limit, still as a broker config error.
+func TestExcessiveAliasing(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("binaries:\n  e: {path: p, env: &env {")
+	for i := range 500 {
+		fmt.Fprintf(&b, "K%d: v, ", i)
+	}
+	b.WriteString("}}\n")
+	for i := range 500 {
+		fmt.Fprintf(&b, "  e%d: {path: p, env: *env}\n", i)
+	}
+	_, err := Parse([]byte(b.String()))
+	if err == nil || !strings.HasPrefix(err.Error(), "broker config: ") || !strings.Contains(err.Error(), "excessive aliasing") {
+		t.Errorf("got %v, want a broker config error about excessive aliasing", err)
 	}
 }
 

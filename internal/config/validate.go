@@ -201,7 +201,7 @@ func (c *Config) validateAdvertise() error {
 	if err != nil {
 		return fmt.Errorf("broker config: advertise_addr: %q is not host:port or scheme://host:port (%v); write the address clients use, such as broker-1.example.com:8080", a, err)
 	}
-	if u.Opaque != "" || u.User != nil || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
+	if u.User != nil || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
 		return fmt.Errorf("broker config: advertise_addr: %q carries a path, query or user; give only host:port or scheme://host:port", a)
 	}
 	c.AdvertiseAddr = strings.TrimSuffix(a, "/")

@@ -34,6 +34,11 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	binDir = dir
+	// run_as tests exec nexus-echo as another uid, which must reach it.
+	if err := os.Chmod(dir, 0o755); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
 	cmd := exec.Command("go", "build", "-race", "-o", dir+"/", "../../cmd/nexus-broker", "../../cmd/nexus-spawnd", "../../cmd/nexus-echo")
 	if os.Getenv("E2E_NORACE") != "" {
 		cmd = exec.Command("go", "build", "-o", dir+"/", "../../cmd/nexus-broker", "../../cmd/nexus-spawnd", "../../cmd/nexus-echo")
@@ -111,9 +116,44 @@ type Broker struct {
 	Client     *brokerclient.Client
 	GatewayLog *logBuffer
 	SpawndLog  *logBuffer
-	gateway    *exec.Cmd
-	spawnd     *exec.Cmd
+	gateway    *proc
+	spawnd     *proc
 	env        []string
+}
+
+// proc is a started process with exactly one Wait, so a test and its
+// cleanup can both wait for the exit.
+type proc struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+func startProc(t testing.TB, cmd *exec.Cmd) *proc {
+	t.Helper()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{cmd: cmd, done: make(chan struct{})}
+	go func() {
+		_ = cmd.Wait()
+		close(p.done)
+	}()
+	return p
+}
+
+// signal sends sig and waits for the exit.
+func (p *proc) signal(sig syscall.Signal) {
+	_ = p.cmd.Process.Signal(sig)
+	<-p.done
+}
+
+func (p *proc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
 }
 
 // Options shape a test broker.
@@ -160,17 +200,14 @@ func (b *Broker) StartSpawnd() {
 	cmd := exec.Command(bin("nexus-spawnd"), "-config", b.ConfigPath)
 	cmd.Env = b.env
 	cmd.Stdout, cmd.Stderr = b.SpawndLog, b.SpawndLog
-	if err := cmd.Start(); err != nil {
-		b.t.Fatal(err)
-	}
-	b.spawnd = cmd
+	b.spawnd = startProc(b.t, cmd)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		data, err := os.ReadFile(reattach)
 		if err == nil && !bytes.Equal(data, old) && bytes.Contains(data, []byte(strconv.Itoa(cmd.Process.Pid))) {
 			return
 		}
-		if cmd.ProcessState != nil || time.Now().After(deadline) {
+		if b.spawnd.exited() || time.Now().After(deadline) {
 			b.t.Fatalf("nexus-spawnd did not publish %s; its log:\n%s", reattach, b.SpawndLog)
 		}
 		time.Sleep(20 * time.Millisecond) // polling a file with a deadline; no event to wait on
@@ -187,10 +224,7 @@ func (b *Broker) StartGateway(extraEnv ...string) {
 	cmd := exec.Command(bin("nexus-broker"), "-config", b.ConfigPath, "-launch-spawnd=false")
 	cmd.Env = append(append([]string{}, b.env...), extraEnv...)
 	cmd.Stdout, cmd.Stderr = b.GatewayLog, b.GatewayLog
-	if err := cmd.Start(); err != nil {
-		b.t.Fatal(err)
-	}
-	b.gateway = cmd
+	b.gateway = startProc(b.t, cmd)
 	m := b.GatewayLog.wait(b.t, listeningRE, 30*time.Second)
 	b.Addr = m[1]
 	b.Base = "http://" + b.Addr
@@ -198,16 +232,10 @@ func (b *Broker) StartGateway(extraEnv ...string) {
 }
 
 // KillGateway sends sig to the gateway and waits for it to exit.
-func (b *Broker) KillGateway(sig syscall.Signal) {
-	_ = b.gateway.Process.Signal(sig)
-	_ = b.gateway.Wait()
-}
+func (b *Broker) KillGateway(sig syscall.Signal) { b.gateway.signal(sig) }
 
 // KillSpawnd sends sig to spawnd and waits for it to exit.
-func (b *Broker) KillSpawnd(sig syscall.Signal) {
-	_ = b.spawnd.Process.Signal(sig)
-	_ = b.spawnd.Wait()
-}
+func (b *Broker) KillSpawnd(sig syscall.Signal) { b.spawnd.signal(sig) }
 
 // Instances lists the pids of live nexus-echo processes spawned for this
 // broker (found by the dial-back address in their environment).
@@ -259,10 +287,9 @@ func (b *Broker) waitNoInstances(within time.Duration) {
 
 // cleanup stops both processes and kills any instance a failed test left.
 func (b *Broker) cleanup() {
-	for _, c := range []*exec.Cmd{b.gateway, b.spawnd} {
-		if c != nil && c.ProcessState == nil {
-			_ = c.Process.Kill()
-			_ = c.Wait()
+	for _, p := range []*proc{b.gateway, b.spawnd} {
+		if p != nil {
+			p.signal(syscall.SIGKILL)
 		}
 	}
 	for _, pid := range b.Instances() {

@@ -79,6 +79,8 @@ type fakeBroker struct {
 	accepted atomic.Int32
 	// mute makes new connections swallow pings instead of answering them.
 	mute atomic.Bool
+	// refuse is how many coming dials to turn away, as a broker that is down.
+	refuse atomic.Int32
 }
 
 func newFakeBroker(t *testing.T) *fakeBroker {
@@ -92,6 +94,11 @@ func newFakeBroker(t *testing.T) *fakeBroker {
 			http.NotFound(w, r)
 			return
 		}
+		if b.refuse.Add(-1) >= 0 {
+			http.Error(w, "broker restarting", http.StatusServiceUnavailable)
+			return
+		}
+		b.refuse.Store(0)
 		ws, err := up.Upgrade(w, r, nil)
 		if err != nil {
 			return

@@ -277,31 +277,64 @@ func collectAnswer(t *testing.T, c *brokerConn, turnID string) string {
 func TestReconnectDeliversBufferedFrames(t *testing.T) {
 	t.Parallel()
 	b := newFakeBroker(t)
-	// Deltas 100 ms apart and a first redial 250 ms after the drop: some of
-	// the turn is produced while no socket exists.
-	inst := spawn{env: []string{EnvSlowTurn + "=100ms"}}.start(t, b)
+	// Deltas 300 ms apart, and a broker that turns away the first two redials
+	// (250 ms + 500 ms of backoff): part of the turn is produced while no
+	// socket exists and must arrive, in order, after the next handshake.
+	inst := spawn{env: []string{EnvSlowTurn + "=300ms"}}.start(t, b)
 	c1 := b.accept(t)
 	sid := c1.handshake(t)
 	turn := sid + "-1"
-	c1.input(t, "a b c d e f")
+	c1.input(t, "a b c d")
 	c1.expectIOs(t,
 		brokerframe.IO{Type: brokerframe.IOStatus, State: brokerframe.StateThinking, TurnID: turn},
 		brokerframe.IO{Type: brokerframe.IOStreamDelta, TurnID: turn, Content: "echo "})
+	b.refuse.Store(2)
 	c1.ws.NetConn().Close()
+	deltas := []string{"echo "}
+	// Frames that reached the broker before the drop were delivered; only
+	// what follows them may come over the new connection.
+	for data := range c1.msgs {
+		deltas = append(deltas, deltaContent(t, data, turn))
+	}
 
 	c2 := b.accept(t)
 	if got := c2.handshake(t); got != sid {
 		t.Fatalf("re-registered with session %q, want %q", got, sid)
 	}
-	var rest []brokerframe.IO
-	for _, ch := range []string{"#1: ", "a ", "b ", "c ", "d ", "e ", "f"} {
-		rest = append(rest, brokerframe.IO{Type: brokerframe.IOStreamDelta, TurnID: turn, Content: ch})
+	onNewConn := 0
+	for {
+		m := c2.nextIO(t)
+		if m.Type == brokerframe.IOStreamEnd {
+			break
+		}
+		if m.Type != brokerframe.IOStreamDelta || m.TurnID != turn {
+			t.Fatalf("got %+v, want the rest of turn %s", m, turn)
+		}
+		deltas = append(deltas, m.Content)
+		onNewConn++
 	}
-	c2.expectIOs(t, append(rest,
-		brokerframe.IO{Type: brokerframe.IOStreamEnd, TurnID: turn, FinishReason: "stop"},
-		brokerframe.IO{Type: brokerframe.IOStatus, State: brokerframe.StateIdle, TurnID: turn})...)
+	if want := []string{"echo ", "#1: ", "a ", "b ", "c ", "d"}; fmt.Sprintf("%q", deltas) != fmt.Sprintf("%q", want) || onNewConn == 0 {
+		t.Errorf("deltas %q (%d on the new connection), want %q with some on the new connection", deltas, onNewConn, want)
+	}
+	c2.expectIOs(t, brokerframe.IO{Type: brokerframe.IOStatus, State: brokerframe.StateIdle, TurnID: turn})
 	c2.send(t, brokerframe.Frame{Signal: brokerframe.SignalShutdown})
 	inst.expectExit(t, ExitOK)
+	if n := strings.Count(inst.logs.String(), "broker connection lost"); n != 3 {
+		t.Errorf("logged %d lost connections, want 3 (the drop and two refused dials)", n)
+	}
+}
+
+func deltaContent(t *testing.T, data []byte, turnID string) string {
+	t.Helper()
+	f, err := brokerframe.Decode(data)
+	var m brokerframe.IO
+	if err == nil {
+		err = json.Unmarshal(f.Payload, &m)
+	}
+	if err != nil || m.Type != brokerframe.IOStreamDelta || m.TurnID != turnID {
+		t.Fatalf("frame %s (%v), want a delta of turn %s", data, err, turnID)
+	}
+	return m.Content
 }
 
 func TestLivenessRedialsASilentBroker(t *testing.T) {
@@ -429,7 +462,7 @@ func TestRegisterKnobs(t *testing.T) {
 		want string // the register frame's version and secret
 	}{
 		{EnvNoSecret + "=1", `1 "" false`},
-		{EnvWrongSecret + "=1", `1 "wrong-` + testSecret + `" true`},
+		{EnvWrongSecret + "=1", `1 "` + strings.Repeat("x", len(testSecret)) + `" true`},
 		{EnvFrameVersion + "=2", `2 "` + testSecret + `" true`},
 		{EnvFrameVersion + "=0", `0 "` + testSecret + `" true`},
 	}

@@ -137,13 +137,30 @@ func (l *link) registerFrame() ([]byte, error) {
 	case l.knobs.NoSecret:
 		f.Secret = ""
 	case l.knobs.WrongSecret:
-		f.Secret = "wrong-" + l.secret
+		f.Secret = wrongSecret(l.secret)
 	}
 	if l.knobs.RegisterVersion != brokerframe.Version {
 		f.Version = l.knobs.RegisterVersion
 		return json.Marshal(f)
 	}
 	return brokerframe.Encode(f)
+}
+
+// wrongSecret returns a secret of the same length as s that differs from it
+// in every byte and so contains none of it.
+func wrongSecret(s string) string {
+	if s == "" {
+		return "wrong"
+	}
+	b := []byte(s)
+	for i := range b {
+		if b[i] == 'x' {
+			b[i] = 'y'
+		} else {
+			b[i] = 'x'
+		}
+	}
+	return string(b)
 }
 
 // readLoop reads frames until the socket fails. Any frame, ping or pong from

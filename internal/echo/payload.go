@@ -13,8 +13,8 @@ import (
 // through here, and a full json.Unmarshal just to learn that a payload is not
 // for the agent costs a third of the instance's per-frame allocations. The
 // scan relies on the payload being valid JSON (brokerframe.Decode checked the
-// whole frame) and hands anything unusual — an escape in a key or in the
-// type, a type that is not a string — to json.Unmarshal.
+// whole frame) and hands anything unusual — an escape or non-ASCII in a key or
+// in the type, a type that is not a string — to json.Unmarshal.
 func payloadType(p []byte) []byte {
 	if t, ok := scanType(p); ok {
 		return t
@@ -75,7 +75,8 @@ func skipSpace(p []byte, i int) int {
 }
 
 // scanString reads the string starting at p[i]. plain is false if there is
-// none, or if it holds an escape (its bytes are then not its value).
+// none, or if its bytes may not be its value: it holds an escape, or
+// non-ASCII that encoding/json might rewrite (invalid UTF-8 becomes U+FFFD).
 func scanString(p []byte, i int) (s []byte, next int, plain bool) {
 	if i >= len(p) || p[i] != '"' {
 		return nil, i, false
@@ -88,6 +89,10 @@ func scanString(p []byte, i int) (s []byte, next int, plain bool) {
 			j++
 		case '"':
 			return p[i+1 : j], j + 1, plain
+		default:
+			if p[j] >= 0x80 {
+				plain = false
+			}
 		}
 	}
 	return nil, len(p), false

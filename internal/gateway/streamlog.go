@@ -63,6 +63,16 @@ func (s *streamLog) append(f brokerframe.Frame) (lostByClient int, err error) {
 	s.next++
 	s.entries = append(s.entries, logEntry{seq: f.Seq, data: data})
 	s.bytes += int64(len(data))
+	lostByClient = s.trimLocked()
+	close(s.wake)
+	s.wake = make(chan struct{})
+	return lostByClient, nil
+}
+
+// trimLocked evicts the oldest frames while the log is over its bound,
+// except those pinned for the attached client. It runs whenever that can
+// change: an append, the cursor advancing, the client detaching.
+func (s *streamLog) trimLocked() (lostByClient int) {
 	for s.bytes > s.bound && len(s.entries) > 0 {
 		oldest := s.entries[0]
 		if s.pin != nil && oldest.seq > s.pin.seq {
@@ -80,9 +90,7 @@ func (s *streamLog) append(f brokerframe.Frame) (lostByClient int, err error) {
 	if len(s.entries) == 0 {
 		s.entries = nil // let the backing array go
 	}
-	close(s.wake)
-	s.wake = make(chan struct{})
-	return lostByClient, nil
+	return lostByClient
 }
 
 // lastSeq is the seq of the newest frame (0 before any).
@@ -126,6 +134,7 @@ func (s *streamLog) detach(c *cursor) {
 	s.mu.Lock()
 	if s.pin == c {
 		s.pin = nil
+		s.trimLocked()
 	}
 	s.mu.Unlock()
 }
@@ -155,6 +164,9 @@ func (s *streamLog) readBatch(c *cursor, buf []logEntry, max int) (out []logEntr
 func (s *streamLog) advance(c *cursor, seq uint64) {
 	s.mu.Lock()
 	c.seq = seq
+	if s.pin == c {
+		s.trimLocked()
+	}
 	s.mu.Unlock()
 }
 

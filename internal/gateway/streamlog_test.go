@@ -65,7 +65,7 @@ func TestStreamLogAttachPositions(t *testing.T) {
 		return s.retainedBytes()
 	}()
 	s := newStreamLog("L", 10*(frameLen+1)) // holds 10 frames with two-digit seqs
-	appendN(t, s, 30)                   // 21..30 retained
+	appendN(t, s, 30)                       // 21..30 retained
 	cases := []struct {
 		from    int64
 		start   uint64

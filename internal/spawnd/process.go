@@ -243,7 +243,7 @@ func (d *Daemon) escalate(l *lease, skipGrace bool, grace time.Duration) {
 	if !skipGrace && d.settled(l, grace) {
 		return
 	}
-	d.signalGroup(l, unix.SIGTERM, "instance did not exit within release_grace; sending SIGTERM to its process group", "release_grace", grace)
+	d.signalGroup(l, unix.SIGKILL, "instance did not exit within release_grace; sending SIGTERM to its process group", "release_grace", grace)
 	if d.settled(l, termGrace) {
 		return
 	}

@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
-	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -304,28 +303,11 @@ func (s *settings) listing() []*spawnpb.Binary {
 	return out
 }
 
-// reloadDiff names the keys spawnd reads that differ between two files:
-// those Reload applies, and those only read at boot.
-func reloadDiff(prev, next *config.Config) (reloadable, bootOnly []string) {
-	for _, k := range []struct {
-		key      string
-		a, b     any
-		reloaded bool
-	}{
-		{"binaries", prev.Binaries, next.Binaries, true},
-		{"inherit_env", prev.InheritEnv, next.InheritEnv, true},
-		{"release_grace", prev.ReleaseGrace, next.ReleaseGrace, true},
-		{"run_as", prev.RunAs, next.RunAs, true},
-		{"broker_id", prev.BrokerID, next.BrokerID, false},
-		{"state_dir", prev.StateDir, next.StateDir, false},
-	} {
-		switch {
-		case reflect.DeepEqual(k.a, k.b):
-		case k.reloaded:
-			reloadable = append(reloadable, k.key)
-		default:
-			bootOnly = append(bootOnly, k.key)
-		}
-	}
-	return reloadable, bootOnly
+// spawndKeys are the top-level broker.yaml keys nexus-spawnd reads. A
+// reload reports changes to these only; the gateway reports its own.
+var spawndKeys = []string{"binaries", "broker_id", "inherit_env", "release_grace", "run_as", "spawnd", "state_dir"}
+
+// ownKeys keeps the keys of a config.ReloadDiff list that spawnd reads.
+func ownKeys(keys []string) []string {
+	return slices.DeleteFunc(keys, func(k string) bool { return !slices.Contains(spawndKeys, k) })
 }

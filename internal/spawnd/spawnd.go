@@ -214,7 +214,10 @@ func (d *Daemon) Close() error {
 	_ = unix.Close(d.stopW)
 	d.wg.Wait()
 	_ = unix.Close(d.stopR)
-	_ = os.Remove(d.configDir) // succeeds only once no config is left in it
+	// Each succeeds only if empty: a live instance may still read its
+	// config, and instance output is kept for the operator.
+	_ = os.Remove(d.logDir)
+	_ = os.Remove(d.configDir)
 	return nil
 }
 
@@ -500,7 +503,8 @@ func (d *Daemon) Reload(context.Context, *spawnpb.ReloadRequest) (*spawnpb.Reloa
 	d.settings = next
 	d.mu.Unlock()
 
-	changed, bootOnly := reloadDiff(prev.cfg, next.cfg)
+	changed, bootOnly := prev.cfg.ReloadDiff(next.cfg)
+	changed, bootOnly = ownKeys(changed), ownKeys(bootOnly)
 	if len(bootOnly) > 0 {
 		d.log.Warn("config reload: these keys changed in the file but are only read at boot, so the values in force are unchanged; restart nexus-spawnd to apply them",
 			"keys", strings.Join(bootOnly, ","))

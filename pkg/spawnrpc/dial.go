@@ -54,6 +54,8 @@ const (
 )
 
 var (
+	// errNotRunning: no spawnd.json, or one naming a spawnd that is gone.
+	errNotRunning = errors.New("nexus-spawnd is not running")
 	// errStale: spawnd.json names a spawnd that is not there any more.
 	errStale = errors.New("spawnd.json is stale")
 	// errBusy: a spawnd holds the run directory but does not answer yet
@@ -191,8 +193,8 @@ func (c *Client) setLastErr(err error) {
 	c.mu.Unlock()
 }
 
-// api waits for an attached spawnd.
-func (c *Client) api(ctx context.Context) (spawnpb.SpawnerClient, error) {
+// current waits for an attached spawnd.
+func (c *Client) current(ctx context.Context) (*conn, error) {
 	for {
 		c.mu.Lock()
 		cn, ready, why := c.cur, c.ready, c.lastErr
@@ -201,7 +203,7 @@ func (c *Client) api(ctx context.Context) (spawnpb.SpawnerClient, error) {
 			return nil, status.Error(codes.Canceled, "spawnrpc: client closed")
 		}
 		if cn != nil {
-			return cn.api, nil
+			return cn, nil
 		}
 		select {
 		case <-ready:
@@ -244,9 +246,10 @@ func (c *Client) supervise() {
 				cn.markBroken("health check failed: " + err.Error())
 			}
 		}
-		c.log.Warn("lost connection to nexus-spawnd", "pid", cn.ep.Pid, "reason", cn.why)
+		// Calls from now on wait for the next spawnd.
 		c.setConn(nil, errors.New(cn.why))
 		cn.close()
+		c.log.Warn("lost connection to nexus-spawnd", "pid", cn.ep.Pid, "reason", cn.why)
 		next := c.reattach()
 		if next == nil {
 			return // closed
@@ -331,20 +334,29 @@ func (c *Client) attachOrLaunch(ctx context.Context) (*conn, error) {
 	return c.launchAndAttach(ctx, err)
 }
 
-// attachPublished attaches to the spawnd that spawnd.json names.
+// attachPublished attaches to the spawnd that spawnd.json names. Without
+// Launch, an error saying spawnd is not running also says how to start it.
 func (c *Client) attachPublished(ctx context.Context) (*conn, error) {
 	ep, err := ReadEndpoint(c.opts.RunDir)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return nil, fmt.Errorf("no nexus-spawnd is running for run directory %s (no %s): start `%s` first", c.opts.RunDir, EndpointFile, c.startHint())
+		err = fmt.Errorf("%w for run directory %s (no %s)", errNotRunning, c.opts.RunDir, EndpointFile)
 	case err != nil:
-		return nil, fmt.Errorf("%w: %v", errStale, err)
+		err = fmt.Errorf("%w (%w: %v)", errNotRunning, errStale, err)
+	default:
+		var cn *conn
+		cn, err = c.attach(ctx, ep)
+		if err == nil {
+			return cn, nil
+		}
+		if errors.Is(err, errStale) {
+			err = fmt.Errorf("%w (%w)", errNotRunning, err)
+		}
 	}
-	cn, err := c.attach(ctx, ep)
-	if errors.Is(err, errStale) {
-		return nil, fmt.Errorf("nexus-spawnd is not running (%v): start `%s` first", err, c.startHint())
+	if !c.opts.Launch && errors.Is(err, errNotRunning) {
+		err = fmt.Errorf("%w: start `%s` first", err, c.startHint())
 	}
-	return cn, err
+	return nil, err
 }
 
 func (c *Client) startHint() string {
@@ -485,6 +497,23 @@ func (cn *conn) monitor(ctx context.Context) {
 	}
 }
 
+// lost rewrites the error of a call that cn's breaking cut short: the
+// caller sees codes.Unavailable and why, not the Canceled of our closing
+// the connection under it.
+func (cn *conn) lost(ctx context.Context, err error) error {
+	if err == nil || ctx.Err() != nil {
+		return err
+	}
+	select {
+	case <-cn.broken:
+		if code := status.Code(err); code == codes.Canceled || code == codes.Unavailable {
+			return status.Errorf(codes.Unavailable, "lost connection to nexus-spawnd: %s (%v)", cn.why, status.Convert(err).Message())
+		}
+	default:
+	}
+	return err
+}
+
 func (cn *conn) markBroken(why string) {
 	cn.breakOnce.Do(func() {
 		cn.why = why
@@ -561,14 +590,14 @@ var _ spawnpb.SpawnerClient = (*spawner)(nil)
 func call[Req, Resp any](c *Client, ctx context.Context, in Req, opts []grpc.CallOption,
 	method func(spawnpb.SpawnerClient, context.Context, Req, ...grpc.CallOption) (Resp, error),
 ) (Resp, error) {
-	api, err := c.api(ctx)
+	cn, err := c.current(ctx)
 	if err != nil {
 		var zero Resp
 		return zero, err
 	}
-	out, err := method(api, ctx, in, opts...)
+	out, err := method(cn.api, ctx, in, opts...)
 	c.observe(err)
-	return out, err
+	return out, cn.lost(ctx, err)
 }
 
 func (s *spawner) Spawn(ctx context.Context, in *spawnpb.SpawnRequest, opts ...grpc.CallOption) (*spawnpb.SpawnResponse, error) {
@@ -600,21 +629,29 @@ func (s *spawner) Status(ctx context.Context, in *spawnpb.StatusRequest, opts ..
 }
 
 func (s *spawner) Watch(ctx context.Context, in *spawnpb.WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[spawnpb.ExitEvent], error) {
-	stream, err := call(s.c, ctx, in, opts, spawnpb.SpawnerClient.Watch)
+	cn, err := s.c.current(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return &watchStream{ServerStreamingClient: stream, c: s.c}, nil
+	stream, err := cn.api.Watch(ctx, in, opts...)
+	s.c.observe(err)
+	if err != nil {
+		return nil, cn.lost(ctx, err)
+	}
+	return &watchStream{ServerStreamingClient: stream, c: s.c, cn: cn, ctx: ctx}, nil
 }
 
-// watchStream reports a broken stream to the supervisor like a failed call.
+// watchStream reports a broken stream to the supervisor like a failed
+// call, and a stream cut by a lost spawnd as codes.Unavailable.
 type watchStream struct {
 	grpc.ServerStreamingClient[spawnpb.ExitEvent]
-	c *Client
+	c   *Client
+	cn  *conn
+	ctx context.Context
 }
 
 func (w *watchStream) Recv() (*spawnpb.ExitEvent, error) {
 	ev, err := w.ServerStreamingClient.Recv()
 	w.c.observe(err)
-	return ev, err
+	return ev, w.cn.lost(w.ctx, err)
 }

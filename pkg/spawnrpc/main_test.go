@@ -219,8 +219,8 @@ func newLogSink(t *testing.T) (*logSink, *slog.Logger) {
 }
 
 func (s *logSink) Enabled(context.Context, slog.Level) bool { return true }
-func (s *logSink) WithAttrs([]slog.Attr) slog.Handler      { return s }
-func (s *logSink) WithGroup(string) slog.Handler           { return s }
+func (s *logSink) WithAttrs([]slog.Attr) slog.Handler       { return s }
+func (s *logSink) WithGroup(string) slog.Handler            { return s }
 
 func (s *logSink) Handle(_ context.Context, r slog.Record) error {
 	var b strings.Builder

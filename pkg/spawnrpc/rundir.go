@@ -181,8 +181,10 @@ func prepareRunDir(runDir string, gid int) error {
 }
 
 // checkRunDir is the gateway's view of prepareRunDir: the directory must be
-// a real directory nobody but its owner can write, owned by us or by root.
-// It returns the owner, the uid spawnd is expected to run as.
+// a real directory nobody but its owner can write. In a world-writable
+// parent (the /tmp default) anyone could have created it first, so there
+// it must also be ours or root's. It returns the owner, the uid spawnd is
+// expected to run as.
 func checkRunDir(runDir string) (owner int, err error) {
 	st, err := os.Lstat(runDir)
 	if err != nil {
@@ -192,8 +194,15 @@ func checkRunDir(runDir string) (owner int, err error) {
 	if !st.IsDir() || !ok {
 		return -1, fmt.Errorf("run directory %s is not a directory; remove it or set spawnd.run_dir", runDir)
 	}
-	if uid := int(sys.Uid); uid != 0 && uid != os.Getuid() && uid != os.Geteuid() {
-		return -1, fmt.Errorf("run directory %s is owned by uid %d, neither root nor this user: refusing to trust a socket in it; set spawnd.run_dir", runDir, uid)
+	uid := int(sys.Uid)
+	if uid != 0 && uid != os.Getuid() && uid != os.Geteuid() {
+		parent, err := os.Stat(filepath.Dir(runDir))
+		if err != nil {
+			return -1, err
+		}
+		if parent.Mode().Perm()&0o002 != 0 {
+			return -1, fmt.Errorf("run directory %s is owned by uid %d, neither root nor this user, in world-writable %s: refusing to trust a socket in it; set spawnd.run_dir", runDir, uid, filepath.Dir(runDir))
+		}
 	}
 	if st.Mode().Perm()&0o022 != 0 {
 		return -1, fmt.Errorf("run directory %s is writable by group or others (mode %v): refusing to trust a socket in it; chmod 0750 it", runDir, st.Mode().Perm())
@@ -202,15 +211,19 @@ func checkRunDir(runDir string) (owner int, err error) {
 }
 
 // removeStaleSockets deletes go-plugin sockets left behind by a spawnd that
-// died without closing its listener (kill -9). Only the holder of the
-// serve lock may call it: every socket it finds is then a dead one.
+// died without closing its listener (kill -9), and spawnd.json temp files.
+// Only the holder of the serve lock may call it: everything it finds is
+// then a dead spawnd's.
 func removeStaleSockets(runDir string) {
 	ents, err := os.ReadDir(runDir)
 	if err != nil {
 		return
 	}
 	for _, e := range ents {
-		if strings.HasPrefix(e.Name(), socketPrefix) && e.Type()&fs.ModeSocket != 0 {
+		socket := strings.HasPrefix(e.Name(), socketPrefix) && e.Type()&fs.ModeSocket != 0
+		// A temp file of writeEndpoint that a crash left behind.
+		temp := strings.HasPrefix(e.Name(), "."+EndpointFile+".") && e.Type().IsRegular()
+		if socket || temp {
 			_ = os.Remove(filepath.Join(runDir, e.Name()))
 		}
 	}

@@ -115,6 +115,10 @@ func Serve(ctx context.Context, opts ServeOptions) error {
 		stop()
 		<-closed
 	}
+	if ctx.Err() != nil {
+		shutdown()
+		return nil
+	}
 	// go-plugin sends the reattach config before its accept loop starts
 	// ("the client should retry a few times"); publish only once a real
 	// connection has been accepted and answered.

@@ -383,7 +383,18 @@ func TestLaunchedSurvivesLauncher(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	launcher.Stderr = os.Stderr
+	launcherLog := filepath.Join(t.TempDir(), "launcher.log")
+	lf, err := os.Create(launcherLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lf.Close()
+	launcher.Stderr = lf
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("launcher log:\n%s", readFile(t, launcherLog))
+		}
+	})
 	if err := launcher.Start(); err != nil {
 		t.Fatal(err)
 	}

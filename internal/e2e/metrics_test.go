@@ -1,0 +1,81 @@
+package e2e
+
+import (
+	"sort"
+	"strings"
+	"testing"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// TestMetricsExposition parses GET /metrics with the Prometheus text parser
+// on the first scrape: every family of the wire contract, with its type and
+// its whole fixed label set, present at 0.
+func TestMetricsExposition(t *testing.T) {
+	b := startBroker(t, Options{})
+	_, text := b.get("/metrics")
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(strings.NewReader(text))
+	if err != nil {
+		t.Fatalf("the Prometheus text parser refused the exposition: %v\n%s", err, text)
+	}
+	want := map[string]struct {
+		typ    dto.MetricType
+		label  string
+		values []string
+	}{
+		"claims_total": {dto.MetricType_COUNTER, "outcome", []string{"accepted", "rejected", "no_capacity", "queue_timeout", "queue_full",
+			"principal_lease_limit", "principal_queue_limit", "cancelled", "spawn_failed", "ready_timeout", "internal"}},
+		"claim_duration_seconds": {dto.MetricType_HISTOGRAM, "", nil},
+		"spawn_failures_total":   {dto.MetricType_COUNTER, "reason", []string{"exec", "exited_before_ready", "ready_timeout"}},
+		"frames_dropped_total": {dto.MetricType_COUNTER, "reason", []string{"undecodable", "lease_mismatch", "no_instance",
+			"instance_buffer_full", "client_buffer_full", "lease_gone", "client_control"}},
+		"replay_gaps_total":       {dto.MetricType_COUNTER, "reason", []string{"evicted", "restarted"}},
+		"client_evictions_total":  {dto.MetricType_COUNTER, "", nil},
+		"config_reloads_total":    {dto.MetricType_COUNTER, "outcome", []string{"applied", "rejected"}},
+		"restored_leases_total":   {dto.MetricType_COUNTER, "outcome", []string{"restored", "reattached", "reaped"}},
+		"slots_in_use":            {dto.MetricType_GAUGE, "", nil},
+		"max_concurrent":          {dto.MetricType_GAUGE, "", nil},
+		"queue_depth":             {dto.MetricType_GAUGE, "", nil},
+		"max_queue_depth":         {dto.MetricType_GAUGE, "", nil},
+		"tickets_outstanding":     {dto.MetricType_GAUGE, "", nil},
+		"leases":                  {dto.MetricType_GAUGE, "state", []string{"active", "draining", "spawning"}},
+	}
+	for name, w := range want {
+		f, ok := families["nexus_broker_"+name]
+		if !ok {
+			t.Errorf("missing family nexus_broker_%s", name)
+			continue
+		}
+		if f.GetType() != w.typ {
+			t.Errorf("%s has type %v, want %v", name, f.GetType(), w.typ)
+		}
+		var got []string
+		for _, m := range f.Metric {
+			v := m.GetCounter().GetValue() + m.GetGauge().GetValue() + float64(m.GetHistogram().GetSampleCount())
+			if name != "max_concurrent" && name != "max_queue_depth" && v != 0 {
+				t.Errorf("%s%v = %v on the first scrape", name, m.Label, v)
+			}
+			for _, l := range m.Label {
+				if l.GetName() != w.label {
+					t.Errorf("%s carries label %q", name, l.GetName())
+				}
+				got = append(got, l.GetValue())
+			}
+		}
+		sort.Strings(got)
+		wantValues := append([]string(nil), w.values...)
+		sort.Strings(wantValues)
+		if strings.Join(got, ",") != strings.Join(wantValues, ",") {
+			t.Errorf("%s label values = %v, want %v", name, got, wantValues)
+		}
+	}
+	if len(families) != len(want) {
+		t.Errorf("%d families exposed, want %d", len(families), len(want))
+	}
+	if g := families["nexus_broker_max_concurrent"].Metric[0].GetGauge().GetValue(); g != 8 {
+		t.Errorf("max_concurrent = %v", g)
+	}
+}

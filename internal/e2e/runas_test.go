@@ -1,0 +1,95 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nexus-broker/nexus-broker/pkg/brokerclient"
+)
+
+func TestRunAsDropsToTheEntrysCredential(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("run_as needs a privileged nexus-spawnd; CI runs as root")
+	}
+	home, err := os.MkdirTemp("", "nexus-e2e-runas-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(home) })
+	if err := os.Chown(home, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	b := startBroker(t, Options{NoNexusEntry: true, YAML: fmt.Sprintf(`binaries:
+  nexus:
+    path: %[1]q
+  nobody:
+    path: %[1]q
+    run_as: {uid: 65534, gid: 65534}
+    env:
+      HOME: %[2]q
+  nobody-passwd-home:
+    path: %[1]q
+    run_as: {uid: 65534, gid: 65534}
+`, bin("nexus-echo"), home)})
+
+	claim := b.claim(brokerclient.ClaimRequest{Binary: "nobody"})
+	conn := b.dial(claim, brokerclient.DialOptions{})
+	want := fmt.Sprintf("uid=65534 gid=65534 groups= home=%s cwd=%s", home, home)
+	if got := say(t, conn, "/id"); got != want {
+		t.Fatalf("/id = %q\nwant %q", got, want)
+	}
+	if got := say(t, conn, "hi"); got != "echo #2: hi (earlier: /id)" {
+		t.Fatalf("answer = %q", got)
+	}
+	sessionDir := filepath.Join(home, ".nexus", "sessions", claim.SessionID)
+	st, err := os.Stat(sessionDir)
+	if err != nil {
+		t.Fatalf("the session did not persist under the run_as HOME: %v", err)
+	}
+	if sys := st.Sys().(*syscall.Stat_t); sys.Uid != 65534 || sys.Gid != 65534 {
+		t.Fatalf("session dir owned by %d:%d", sys.Uid, sys.Gid)
+	}
+	if status, _ := b.do("POST", "/release/"+claim.LeaseID, ""); status != 200 {
+		t.Fatalf("release = %d", status)
+	}
+	b.waitNoInstances(15 * time.Second)
+
+	// Without env.HOME the spawn gets the passwd database's home for 65534.
+	b.SpawndLog.wait(t, regexp.MustCompile(`msg="binary registry entry" name=nobody-passwd-home .*run_as=65534:65534 run_as_home=(/\S*)`), time.Second)
+	want65534 := passwdHome(t, 65534)
+	m := b.SpawndLog.wait(t, regexp.MustCompile(`name=nobody-passwd-home .*run_as_home=(\S+)`), time.Second)
+	if m[1] != want65534 {
+		t.Fatalf("run_as_home = %q, want the passwd home %q", m[1], want65534)
+	}
+	// That home (/nonexistent on Debian) is not writable, so the instance
+	// cannot create its session directory and never becomes ready: the
+	// failure the spec describes for HOME not following the credential.
+	if want65534 == "/nonexistent" {
+		_, err := b.Client.Claim(context.Background(), brokerclient.ClaimRequest{Config: "a: 1", Binary: "nobody-passwd-home"})
+		var ae *brokerclient.APIError
+		if !errors.As(err, &ae) || ae.Status != 502 {
+			t.Fatalf("claim under an unwritable passwd home = %v, want 502", err)
+		}
+	}
+}
+
+// passwdHome reads uid's home directory from /etc/passwd.
+func passwdHome(t *testing.T, uid int) string {
+	t.Helper()
+	data, err := os.ReadFile("/etc/passwd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(fmt.Sprintf(`(?m)^[^:]*:[^:]*:%d:[^:]*:[^:]*:([^:]*):`, uid)).FindSubmatch(data)
+	if m == nil {
+		t.Fatalf("uid %d not in /etc/passwd", uid)
+	}
+	return string(m[1])
+}

@@ -1,0 +1,103 @@
+package spawnd
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
+)
+
+func (h *harness) names() []string {
+	h.t.Helper()
+	st, err := h.client.Status(h.ctx(), &spawnpb.StatusRequest{})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	var names []string
+	for _, b := range st.Binaries {
+		names = append(names, b.Name)
+	}
+	return names
+}
+
+func TestReloadIsAllOrNothing(t *testing.T) {
+	const before = `
+state_dir: STATE
+release_grace: 10s
+binaries:
+  nexus:
+    path: FAKE
+    args: [-report, REPORT]
+`
+	h := newHarness(t, before)
+	_, live := h.spawn("lease-live", "nexus")
+
+	// A file with one bad entry changes nothing, not even its valid keys.
+	h.writeConfig(strings.Replace(before, "release_grace: 10s", "release_grace: 1s", 1) + `
+  vision:
+    path: /nonexistent/nexus-vision
+inherit_env: [SPAWND_TEST_INHERITED]
+`)
+	resp, err := h.client.Reload(h.ctx(), &spawnpb.ReloadRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Applied || !strings.Contains(resp.Error, `binaries: vision: path "/nonexistent/nexus-vision" (resolved /nonexistent/nexus-vision) does not exist`) {
+		t.Errorf("Reload = %v, want rejected naming vision's path", resp)
+	}
+	if got := h.names(); !slices.Equal(got, []string{"nexus"}) {
+		t.Errorf("after a rejected reload the registry is %v, want [nexus]", got)
+	}
+	if h.d.settings.releaseGrace != 10*time.Second {
+		t.Errorf("a rejected reload changed release_grace to %s", h.d.settings.releaseGrace)
+	}
+	h.logs.await(t, "config reload rejected; the configuration already in force is unchanged", "path", h.cfgPath)
+
+	// A good file is applied whole, and reports the keys it changed.
+	h.writeConfig(`
+state_dir: STATE
+release_grace: 1s
+inherit_env: [SPAWND_TEST_INHERITED]
+binaries:
+  nexus:
+    path: FAKE
+    args: [-report, REPORT]
+  vision:
+    path: FAKE
+    label: Vision
+    description: Multimodal build
+    args: [-report, REPORT, -mode, exit]
+`)
+	resp, err = h.client.Reload(h.ctx(), &spawnpb.ReloadRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !resp.Applied || !slices.Equal(resp.Changed, []string{"binaries", "inherit_env", "release_grace"}) {
+		t.Errorf("Reload = %v, want applied, changed binaries, inherit_env, release_grace", resp)
+	}
+	if len(resp.Binaries) != 2 || resp.Binaries[1].Label != "Vision" || resp.Binaries[1].Description != "Multimodal build" {
+		t.Errorf("Reload listing = %v", resp.Binaries)
+	}
+	if h.d.settings.releaseGrace != time.Second {
+		t.Errorf("release_grace after reload = %s, want 1s", h.d.settings.releaseGrace)
+	}
+	h.logs.await(t, "config reload applied", "changed", "binaries,inherit_env,release_grace", "binaries", 2)
+	h.logs.await(t, "binary registry entry", "name", "vision", "resolved_path", fakeBin)
+	h.spawn("lease-vision", "vision")
+
+	// The lease spawned before either reload is untouched.
+	v, err := h.client.Verify(h.ctx(), &spawnpb.VerifyRequest{LeaseId: "lease-live", Secret: live.env()["NEXUS_BROKER_SPAWN_SECRET"]})
+	if err != nil || v.Result != spawnpb.VerifyResult_VERIFY_RESULT_OK {
+		t.Errorf("the live lease after reloads: Verify = %v (%v)", v, err)
+	}
+
+	// Boot-only keys are reported and left as they were.
+	h.writeConfig(strings.Replace(defaultYAML, "state_dir: STATE", "state_dir: /elsewhere", 1))
+	if resp, err = h.client.Reload(h.ctx(), &spawnpb.ReloadRequest{}); err != nil || !resp.Applied {
+		t.Fatalf("Reload = %v (%v)", resp, err)
+	}
+	h.logs.await(t, "config reload: these keys changed in the file but are only read at boot, so the values in force are unchanged; restart nexus-spawnd to apply them",
+		"keys", "state_dir")
+}

@@ -1,0 +1,107 @@
+package spawnd
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
+)
+
+func stateYAML(stateDir string) string {
+	return "state_dir: " + stateDir + "\nbinaries:\n  nexus: {path: " + fakeBin + "}\n"
+}
+
+func TestSpawnKeyAndBrokerIDPersist(t *testing.T) {
+	stateDir := filepath.Join(t.TempDir(), "state")
+	first, _, err := boot(t, stateYAML(stateDir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for path, want := range map[string]os.FileMode{
+		stateDir:                             0o700 | os.ModeDir,
+		filepath.Join(stateDir, "spawn-key"): 0o600,
+		filepath.Join(stateDir, "broker-id"): 0o600,
+	} {
+		if info, err := os.Stat(path); err != nil || info.Mode() != want {
+			t.Errorf("%s: %v (%v), want mode %v", path, info.Mode(), err, want)
+		}
+	}
+	key, err := os.ReadFile(filepath.Join(stateDir, "spawn-key"))
+	if err != nil || len(key) != spawnKeySize || !bytes.Equal(key, first.key) {
+		t.Fatalf("spawn-key file = %x (%v), want the %d bytes in use", key, err, spawnKeySize)
+	}
+	firstStatus, err := first.Status(context.Background(), &spawnpb.StatusRequest{})
+	if err != nil || firstStatus.BrokerId == "" || firstStatus.Pid != int64(os.Getpid()) {
+		t.Fatalf("Status = %v (%v)", firstStatus, err)
+	}
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	second, _, err := boot(t, stateYAML(stateDir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(second.key, first.key) || secretFor(second.key, "lease-x") != secretFor(first.key, "lease-x") {
+		t.Error("a restart changed the spawn-key, so no surviving instance could reattach")
+	}
+	if second.brokerID != firstStatus.BrokerId {
+		t.Errorf("broker id after restart = %q, want %q", second.brokerID, firstStatus.BrokerId)
+	}
+}
+
+func TestSpawnKeyRefusals(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		key  []byte
+		mode os.FileMode
+		want string
+	}{
+		{"wrong size", []byte("short"), 0o600, "holds 5 bytes, not 32"},
+		{"readable by others", bytes.Repeat([]byte{1}, spawnKeySize), 0o644, "has mode -rw-r--r--, so users other than its owner may read it"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			stateDir := t.TempDir()
+			path := filepath.Join(stateDir, "spawn-key")
+			if err := os.WriteFile(path, tc.key, tc.mode); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chmod(path, tc.mode); err != nil {
+				t.Fatal(err)
+			}
+			if _, _, err := boot(t, stateYAML(stateDir)); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("New = %v, want an error containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestWithoutStateDir: the key and the broker id live in memory, fresh per
+// boot, and a configured broker_id wins.
+func TestWithoutStateDir(t *testing.T) {
+	yaml := "binaries:\n  nexus: {path: " + fakeBin + "}\n"
+	first, logs, err := boot(t, yaml)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs.await(t, "state_dir is not set: the spawn-key lives in memory only, so after a nexus-spawnd restart "+
+		"no running instance can prove its identity again; set state_dir to keep it")
+	second, _, err := boot(t, yaml)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Equal(first.key, second.key) || len(first.key) != spawnKeySize {
+		t.Error("two boots without state_dir share a spawn-key")
+	}
+	if first.brokerID == second.brokerID {
+		t.Error("two boots without state_dir share a broker id")
+	}
+	named, _, err := boot(t, "broker_id: broker-eu-1\n"+yaml)
+	if err != nil || named.brokerID != "broker-eu-1" {
+		t.Errorf("configured broker_id: got %q (%v)", named.brokerID, err)
+	}
+}
