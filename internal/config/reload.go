@@ -46,3 +46,17 @@ func (c *Config) ReloadDiff(next *Config) (reloadable, bootOnly []string) {
 	}
 	return reloadable, bootOnly
 }
+
+// Reloaded is the configuration a SIGHUP puts in force: next's reloadable
+// keys over boot's boot-only ones, by the same table ReloadDiff uses.
+func Reloaded(boot, next *Config) *Config {
+	out := *boot
+	dst, src := reflect.ValueOf(&out).Elem(), reflect.ValueOf(next).Elem()
+	for key, f := range yamlFields(configType) {
+		if sighupKeys[key] {
+			dst.FieldByIndex(f.Index).Set(src.FieldByIndex(f.Index))
+		}
+	}
+	out.Warnings = next.Warnings
+	return &out
+}

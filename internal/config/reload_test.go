@@ -3,6 +3,7 @@ package config
 import (
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -124,4 +125,25 @@ func mustParse(t *testing.T, yaml string) *Config {
 		t.Fatal(err)
 	}
 	return c
+}
+
+func TestReloadedTakesOnlyReloadableKeys(t *testing.T) {
+	boot, err := Parse([]byte("listen_addr: \"127.0.0.1:1\"\nmax_concurrent: 2\nqueue_wait_timeout: 5s\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	next, err := Parse([]byte("listen_addr: \"127.0.0.1:2\"\nmax_concurrent: 9\nqueue_wait_timeout: 7s\nidle_timeout: 1m\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := Reloaded(boot, next)
+	if got.ListenAddr != "127.0.0.1:1" || got.QueueWaitTimeout != boot.QueueWaitTimeout {
+		t.Fatalf("a boot-only key changed: %+v", got)
+	}
+	if got.MaxConcurrent != 9 || got.IdleTimeout.D().String() != "1m0s" {
+		t.Fatalf("a reloadable key was not applied: %+v", got)
+	}
+	if reloadable, bootOnly := got.ReloadDiff(next); len(reloadable) != 0 || strings.Join(bootOnly, ",") != "listen_addr,queue_wait_timeout" {
+		t.Fatalf("after Reloaded, diff = %v / %v", reloadable, bootOnly)
+	}
 }

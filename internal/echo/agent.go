@@ -256,7 +256,9 @@ func (a *agent) ask(ctx context.Context, t *turn, question string) (reply, error
 }
 
 // stream sends the chunks as stream.delta payloads. The slow-turn knob waits
-// before each one; a cancel is honoured between any two.
+// before each one; a cancel is honoured between any two. A long answer is
+// paced to the socket (and so waits out a disconnection) instead of
+// outrunning the outbox, which would evict the answer's own beginning.
 func (a *agent) stream(ctx context.Context, turnID string, chunks []string) error {
 	var wait *time.Timer
 	if a.knobs.SlowTurn > 0 {
@@ -279,6 +281,13 @@ func (a *agent) stream(ctx context.Context, turnID string, chunks []string) erro
 		a.send.io(brokerframe.IO{Type: brokerframe.IOStreamDelta, TurnID: turnID, Content: c})
 		if i == 0 && a.knobs.Crash == CrashMidTurn {
 			a.crash(ExitCrashMidTurn)
+		}
+		if a.send.out.congested() {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-a.send.out.flushed():
+			}
 		}
 	}
 	return nil

@@ -578,3 +578,23 @@ func TestReplayFlagAndExtraArgsAccepted(t *testing.T) {
 	c.send(t, brokerframe.Frame{Signal: brokerframe.SignalShutdown})
 	inst.expectExit(t, ExitOK)
 }
+
+func TestBigAnswerIsPacedNotDropped(t *testing.T) {
+	t.Parallel()
+	const n = 30000 // about 3 MiB of frames, three times the outbox limit
+	b := newFakeBroker(t)
+	inst := spawn{}.start(t, b)
+	c := b.accept(t)
+	sid := c.handshake(t)
+	c.input(t, "/big "+strconv.Itoa(n))
+	chunks := make([]string, n)
+	for i := range chunks {
+		chunks[i] = "0123456789"
+	}
+	c.expectTurn(t, sid+"-1", chunks...)
+	c.send(t, brokerframe.Frame{Signal: brokerframe.SignalShutdown})
+	inst.expectExit(t, ExitOK)
+	if strings.Contains(inst.logs.String(), "oldest frames dropped") {
+		t.Error("the outbox dropped frames of a turn on a live connection")
+	}
+}

@@ -103,6 +103,14 @@ func (o *outbox) flushed() <-chan struct{} {
 	return ch
 }
 
+// congested reports whether more than half the limit is queued: a producer
+// that can wait should, rather than make the outbox evict its own frames.
+func (o *outbox) congested() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.size > o.limit/2
+}
+
 // takeDropped returns how many frames were evicted since the last call.
 func (o *outbox) takeDropped() int {
 	o.mu.Lock()

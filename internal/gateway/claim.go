@@ -61,9 +61,6 @@ func (g *Gateway) handleClaim(w http.ResponseWriter, r *http.Request) {
 			return // nobody is listening
 		}
 		g.log.Warn("claim failed", "status", cerr.status, "error", cerr.text)
-		if cerr.status == http.StatusServiceUnavailable {
-			w.Header().Set("Retry-After", "1")
-		}
 		writeError(w, cerr.status, cerr.text)
 		return
 	}

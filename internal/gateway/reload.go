@@ -34,10 +34,8 @@ func (g *Gateway) Reload(path string) error {
 	if !res.Applied {
 		return g.reloadRejected(path, errors.New(res.Error))
 	}
-	// Boot-only keys keep the values in force.
-	applied := *next
-	keepBootOnly(&applied, g.boot)
-	g.cfg.Store(&applied)
+	applied := config.Reloaded(g.boot, next) // boot-only keys keep the values in force
+	g.cfg.Store(applied)
 	g.setBinaries(res.Binaries)
 	g.cap.setMax(applied.MaxConcurrent)
 	g.m.configReloads.inc("applied")
@@ -49,19 +47,4 @@ func (g *Gateway) reloadRejected(path string, err error) error {
 	g.m.configReloads.inc("rejected")
 	g.log.Error("config reload rejected; the configuration already in force is unchanged", "path", path, "error", err.Error())
 	return err
-}
-
-// keepBootOnly copies the boot-only keys of boot into c.
-func keepBootOnly(c, boot *config.Config) {
-	c.ListenAddr = boot.ListenAddr
-	c.AdvertiseAddr = boot.AdvertiseAddr
-	c.StateDir = boot.StateDir
-	c.BrokerID = boot.BrokerID
-	c.ReattachWindow = boot.ReattachWindow
-	c.ClientReplayBufferBytes = boot.ClientReplayBufferBytes
-	c.QueueWaitTimeout = boot.QueueWaitTimeout
-	c.MaxQueueDepth = boot.MaxQueueDepth
-	c.MaxLeasesPerPrincipal = boot.MaxLeasesPerPrincipal
-	c.MaxQueuedPerPrincipal = boot.MaxQueuedPerPrincipal
-	c.Spawnd = boot.Spawnd
 }

@@ -5,6 +5,7 @@ import (
 	"io"
 	"log"
 	"log/slog"
+	"sync/atomic"
 
 	"github.com/hashicorp/go-hclog"
 )
@@ -16,10 +17,14 @@ type hclogAdapter struct {
 	log  *slog.Logger
 	name string
 	args []any
+	// stopping, when set, marks a shutdown we asked for: go-plugin closes
+	// the listener before stopping gRPC, so every clean stop makes it log
+	// grpc.Server.Serve's "use of closed network connection" as an ERROR.
+	stopping *atomic.Bool
 }
 
-func newHCLog(l *slog.Logger) hclog.Logger {
-	return &hclogAdapter{log: l.With("component", "go-plugin")}
+func newHCLog(l *slog.Logger) *hclogAdapter {
+	return &hclogAdapter{log: l.With("component", "go-plugin"), stopping: new(atomic.Bool)}
 }
 
 func slogLevel(l hclog.Level) slog.Level {
@@ -40,6 +45,9 @@ func slogLevel(l hclog.Level) slog.Level {
 func (a *hclogAdapter) Log(level hclog.Level, msg string, args ...any) {
 	if level == hclog.Off {
 		return
+	}
+	if level == hclog.Error && msg == "grpc server" && a.stopping.Load() {
+		level = hclog.Debug
 	}
 	all := append(append([]any{}, a.args...), args...)
 	if a.name != "" {

@@ -75,6 +75,7 @@ func Serve(ctx context.Context, opts ServeOptions) error {
 		return err
 	}
 
+	hlog := newHCLog(log)
 	creds := &serverCreds{allowedUID: opts.AllowedUID, log: log}
 	serveCtx, stop := context.WithCancel(ctx)
 	defer stop()
@@ -90,7 +91,7 @@ func Serve(ctx context.Context, opts ServeOptions) error {
 				grpc.ChainStreamInterceptor(onlyOurStreams))
 			return grpc.NewServer(o...)
 		},
-		Logger: newHCLog(log),
+		Logger: hlog,
 		Test: &plugin.ServeTestConfig{
 			Context:          serveCtx,
 			ReattachConfigCh: reattachCh,
@@ -112,6 +113,7 @@ func Serve(ctx context.Context, opts ServeOptions) error {
 		Pid:             rc.Pid,
 	}
 	shutdown := func() {
+		hlog.stopping.Store(true)
 		stop()
 		<-closed
 	}
