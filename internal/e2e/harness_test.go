@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -175,7 +176,9 @@ func startBroker(t testing.TB, o Options) *Broker {
 	if err := os.MkdirAll(b.Home, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	yaml := fmt.Sprintf("listen_addr: \"127.0.0.1:0\"\nspawnd:\n  run_dir: %q\n", b.RunDir)
+	// A fixed port, as an operator's would be: instances redial the address
+	// they were spawned with, so a restarted gateway must come back on it.
+	yaml := fmt.Sprintf("listen_addr: \"127.0.0.1:%d\"\nspawnd:\n  run_dir: %q\n", freePort(t), b.RunDir)
 	if !o.NoNexusEntry {
 		yaml += fmt.Sprintf("binaries:\n  nexus:\n    path: %q\n", bin("nexus-echo"))
 	}
@@ -189,6 +192,16 @@ func startBroker(t testing.TB, o Options) *Broker {
 	b.StartSpawnd()
 	b.StartGateway()
 	return b
+}
+
+// freePort asks the kernel for a loopback port nobody is using.
+func freePort(t testing.TB) int {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
 }
 
 // StartSpawnd starts nexus-spawnd and waits for its reattach file.

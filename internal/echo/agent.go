@@ -45,9 +45,9 @@ type agent struct {
 	failed func(error) // a turn could not be persisted: the instance must stop
 
 	mu      sync.Mutex
-	pending []brokerframe.IO // inputs waiting for the running turn
-	current *turn            // the running turn, nil between turns
-	wake    chan struct{}    // capacity 1: pending grew
+	pending []string      // inputs waiting for the running turn
+	current *turn         // the running turn, nil between turns
+	wake    chan struct{} // capacity 1: pending grew
 }
 
 // turn is the state the read loop may touch while a turn runs.
@@ -81,7 +81,7 @@ func (a *agent) handle(payload json.RawMessage) {
 	defer a.mu.Unlock()
 	switch m.Type {
 	case brokerframe.IOInput:
-		a.pending = append(a.pending, m)
+		a.pending = append(a.pending, m.Content)
 		select {
 		case a.wake <- struct{}{}:
 		default:
@@ -115,11 +115,11 @@ func (a *agent) run(ctx context.Context) {
 				continue
 			}
 		}
-		in := a.pending[0]
-		a.pending[0] = brokerframe.IO{}
+		input := a.pending[0]
+		a.pending[0] = "" // the backing array outlives this input
 		a.pending = a.pending[1:]
 		a.mu.Unlock()
-		a.runTurn(ctx, in.Content)
+		a.runTurn(ctx, input)
 		if ctx.Err() != nil {
 			return
 		}
@@ -282,12 +282,8 @@ func (a *agent) stream(ctx context.Context, turnID string, chunks []string) erro
 		if i == 0 && a.knobs.Crash == CrashMidTurn {
 			a.crash(ExitCrashMidTurn)
 		}
-		if a.send.out.congested() {
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-a.send.out.flushed():
-			}
+		if err := a.send.out.waitRoom(ctx); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -579,7 +579,7 @@ func TestReplayFlagAndExtraArgsAccepted(t *testing.T) {
 	inst.expectExit(t, ExitOK)
 }
 
-func TestBigAnswerIsPacedNotDropped(t *testing.T) {
+func TestBigAnswerArrivesWhole(t *testing.T) {
 	t.Parallel()
 	const n = 30000 // about 3 MiB of frames, three times the outbox limit
 	b := newFakeBroker(t)

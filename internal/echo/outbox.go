@@ -1,6 +1,7 @@
 package echo
 
 import (
+	"context"
 	"encoding/json"
 	"log/slog"
 	"sync"
@@ -103,12 +104,22 @@ func (o *outbox) flushed() <-chan struct{} {
 	return ch
 }
 
-// congested reports whether more than half the limit is queued: a producer
-// that can wait should, rather than make the outbox evict its own frames.
-func (o *outbox) congested() bool {
+// waitRoom is for a producer that can wait: while more than half the limit
+// is queued it waits for the queue to drain (or ctx), rather than make the
+// outbox evict the producer's own earlier frames.
+func (o *outbox) waitRoom(ctx context.Context) error {
 	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.size > o.limit/2
+	congested := o.size > o.limit/2
+	o.mu.Unlock()
+	if !congested {
+		return nil
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-o.flushed():
+		return nil
+	}
 }
 
 // takeDropped returns how many frames were evicted since the last call.

@@ -1,8 +1,10 @@
 package echo
 
 import (
+	"context"
 	"fmt"
 	"testing"
+	"time"
 )
 
 // drain takes everything queued, as a writer whose writes all succeed.
@@ -56,5 +58,30 @@ func TestOutboxRequeuesUnsentInOrder(t *testing.T) {
 	case <-o.flushed():
 	default:
 		t.Fatal("an empty outbox is not flushed")
+	}
+}
+
+func TestOutboxWaitRoom(t *testing.T) {
+	o := newOutbox(10)
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	o.push([]byte("12345"))
+	if err := o.waitRoom(cancelled); err != nil {
+		t.Fatalf("half full is not congested, yet waitRoom said %v", err)
+	}
+	o.push([]byte("6"))
+	if err := o.waitRoom(cancelled); err == nil {
+		t.Fatal("waitRoom did not wait on a congested outbox")
+	}
+	done := make(chan error, 1)
+	go func() { done <- o.waitRoom(context.Background()) }()
+	drain(o)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(waitTimeout):
+		t.Fatal("waitRoom still waiting after a drain")
 	}
 }

@@ -240,11 +240,11 @@ func (c *Client) supervise() {
 			return
 		case <-cn.broken:
 		case <-c.poke:
-			if err := cn.health(c.ctx); err == nil || c.ctx.Err() != nil {
-				continue
-			} else {
-				cn.markBroken("health check failed: " + err.Error())
+			err := cn.health(c.ctx)
+			if err == nil || c.ctx.Err() != nil {
+				continue // spawnd answered: the failure was the call's own
 			}
+			cn.markBroken("health check failed: " + err.Error())
 		}
 		// Calls from now on wait for the next spawnd.
 		c.setConn(nil, errors.New(cn.why))
@@ -558,7 +558,7 @@ func probe(ctx context.Context, ep Endpoint, owner int) error {
 func (c *Client) launchAndAttach(ctx context.Context, why error) (*conn, error) {
 	lock, err := lockLaunch(ctx, c.opts.RunDir)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("cannot launch nexus-spawnd (%v): %w; start `%s` yourself", why, err, c.startHint())
 	}
 	defer lock.Close()
 	// Whoever held the lock before us may have launched one.

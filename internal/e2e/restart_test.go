@@ -1,0 +1,181 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nexus-broker/nexus-broker/pkg/brokerclient"
+)
+
+// leaseStates returns lease_id → state from GET /leases.
+func (b *Broker) leaseStates() map[string]string {
+	var v struct {
+		Leases []struct {
+			LeaseID string `json:"lease_id"`
+			State   string `json:"state"`
+		} `json:"leases"`
+	}
+	_, body := b.get("/leases")
+	_ = json.Unmarshal([]byte(body), &v)
+	out := map[string]string{}
+	for _, l := range v.Leases {
+		out[l.LeaseID] = l.State
+	}
+	return out
+}
+
+// waitStates waits until every lease in ids is in state.
+func (b *Broker) waitStates(ids []string, state string, within time.Duration) {
+	b.t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		st := b.leaseStates()
+		ok := true
+		for _, id := range ids {
+			ok = ok && st[id] == state
+		}
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			b.t.Fatalf("leases not all %s within %s: %v", state, within, st)
+		}
+		time.Sleep(20 * time.Millisecond) // polling the public API with a deadline
+	}
+}
+
+func TestGatewayKill9RestoresAndReattachesEveryLease(t *testing.T) {
+	b := startBroker(t, Options{})
+	const n = 3
+	var claims []*brokerclient.Claim
+	var lastSeq []uint64
+	for i := 0; i < n; i++ {
+		c := b.claim(brokerclient.ClaimRequest{})
+		conn := b.dial(c, brokerclient.DialOptions{})
+		if got := say(t, conn, fmt.Sprintf("before %d", i)); got != fmt.Sprintf("echo #1: before %d", i) {
+			t.Fatalf("answer = %q", got)
+		}
+		claims, lastSeq = append(claims, c), append(lastSeq, conn.LastSeq)
+	}
+	pids := b.Instances()
+
+	b.KillGateway(syscall.SIGKILL)
+	b.StartGateway()
+	ids := make([]string, n)
+	for i, c := range claims {
+		ids[i] = c.LeaseID
+	}
+	// Restored as spawning, then active once each instance redials with its
+	// secret (nexus-echo's backoff is at most 5s).
+	b.waitStates(ids, "active", 20*time.Second)
+	if after := b.Instances(); len(after) != len(pids) {
+		t.Fatalf("instances before %v, after %v", pids, after)
+	}
+	for i, c := range claims {
+		from := lastSeq[i]
+		conn := b.dial(c, brokerclient.DialOptions{FromSeq: &from})
+		// The old numbering is void: the socket opens with a restarted gap.
+		_ = conn.Underlying().SetReadDeadline(time.Now().Add(10 * time.Second))
+		_, data, err := conn.Underlying().ReadMessage()
+		if err != nil || !strings.Contains(string(data), `"signal":"stream-gap"`) || !strings.Contains(string(data), `"reason":"restarted"`) {
+			t.Fatalf("lease %d: first frame after restart = %s %v", i, data, err)
+		}
+		if got := say(t, conn, "after"); got != fmt.Sprintf("echo #2: after (earlier: before %d)", i) {
+			t.Fatalf("lease %d after the restart: %q", i, got)
+		}
+	}
+	m := b.metrics()
+	if m[`nexus_broker_restored_leases_total{outcome="restored"}`] != n || m[`nexus_broker_restored_leases_total{outcome="reattached"}`] != n {
+		t.Fatalf("restored_leases_total: %v", m)
+	}
+	if _, inUse := b.slots(); inUse != n {
+		t.Fatalf("slots_in_use after restore = %d, want %d", inUse, n)
+	}
+	for _, c := range claims {
+		if status, _ := b.do("POST", "/release/"+c.LeaseID, ""); status != 200 {
+			t.Fatalf("release = %d", status)
+		}
+	}
+	b.waitNoInstances(15 * time.Second)
+	if _, inUse := b.slots(); inUse != 0 {
+		t.Fatalf("slots_in_use = %d", inUse)
+	}
+}
+
+func TestARestoredLeaseNobodyReattachesIsReaped(t *testing.T) {
+	b := startBroker(t, Options{YAML: "reattach_window: 1s\nrelease_grace: 1s\n"})
+	claim := b.claim(brokerclient.ClaimRequest{})
+	b.KillGateway(syscall.SIGKILL)
+	// Freeze the instance so it cannot redial the new gateway.
+	pids := b.Instances()
+	for _, pid := range pids {
+		_ = syscall.Kill(pid, syscall.SIGSTOP)
+	}
+	b.StartGateway()
+	if st := b.leaseStates()[claim.LeaseID]; st != "spawning" {
+		t.Fatalf("restored lease state = %q, want spawning", st)
+	}
+	b.GatewayLog.wait(t, regexp.MustCompile(`restored lease was not reattached by its instance within reattach_window; reaping it" lease_id=`+claim.LeaseID), 10*time.Second)
+	b.waitNoInstances(15 * time.Second) // SIGKILL reaches a stopped process group
+	if v := b.metrics()[`nexus_broker_restored_leases_total{outcome="reaped"}`]; v != 1 {
+		t.Fatalf("reaped = %v", v)
+	}
+}
+
+func TestSIGHUPReload(t *testing.T) {
+	b := startBroker(t, Options{})
+	original, err := os.ReadFile(b.ConfigPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hup := func() { _ = b.gateway.cmd.Process.Signal(syscall.SIGHUP) }
+
+	// Adding an entry makes it listed and claimable without a restart.
+	added := string(original) + fmt.Sprintf("  vision:\n    path: %q\n    label: Vision\nmax_concurrent: 3\n", bin("nexus-echo"))
+	if err := os.WriteFile(b.ConfigPath, []byte(added), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	hup()
+	b.GatewayLog.wait(t, regexp.MustCompile(`msg="config reload applied" .*changed=binaries,max_concurrent`), 10*time.Second)
+	if _, body := b.get("/binaries"); !strings.Contains(body, `{"name":"vision","label":"Vision"}`) {
+		t.Fatalf("GET /binaries after reload = %s", body)
+	}
+	claim := b.claim(brokerclient.ClaimRequest{Binary: "vision"})
+	if max, _ := b.slots(); max != 3 {
+		t.Fatalf("max_concurrent after reload = %d", max)
+	}
+
+	// A broken file is rejected whole and the config in force keeps serving.
+	broken := strings.Replace(added, bin("nexus-echo")+"\"\n    label", "/nonexistent/nexus\"\n    label", 1)
+	if err := os.WriteFile(b.ConfigPath, []byte(broken), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	hup()
+	b.GatewayLog.wait(t, regexp.MustCompile(`level=ERROR msg="config reload rejected; the configuration already in force is unchanged" .*vision`), 10*time.Second)
+	b.claim(brokerclient.ClaimRequest{Binary: "vision"})
+
+	// A boot-only key is reported and ignored; the rest still applies.
+	bootOnly := regexp.MustCompile(`listen_addr: "127.0.0.1:\d+"`).ReplaceAllString(added, `listen_addr: "127.0.0.1:1"`) + "idle_timeout: 7m\n"
+	if err := os.WriteFile(b.ConfigPath, []byte(bootOnly), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	hup()
+	b.GatewayLog.wait(t, regexp.MustCompile(`level=WARN msg="config reload: these keys changed in the file but are only read at boot[^"]*" path=\S+ keys=listen_addr`), 10*time.Second)
+	b.GatewayLog.wait(t, regexp.MustCompile(`msg="config reload applied" .*changed=idle_timeout`), 10*time.Second)
+
+	// Live leases were never touched.
+	conn := b.dial(claim, brokerclient.DialOptions{})
+	if got := say(t, conn, "still"); got != "echo #1: still" {
+		t.Fatalf("lease across reloads: %q", got)
+	}
+	m := b.metrics()
+	if m[`nexus_broker_config_reloads_total{outcome="applied"}`] != 2 || m[`nexus_broker_config_reloads_total{outcome="rejected"}`] != 1 {
+		t.Fatalf("config_reloads_total: %v", m)
+	}
+}
