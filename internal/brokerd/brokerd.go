@@ -131,7 +131,7 @@ func resolveConfig(path string, log *slog.Logger) (string, bool, error) {
 		return "", false, err
 	}
 	p := filepath.Join(dir, "broker.yaml")
-	text := strings.NewReplacer("{{ECHO}}", echo, "{{RUN_DIR}}", filepath.Join(dir, "run")).Replace(devYAML)
+	text := strings.NewReplacer("{{ECHO}}", echo, "{{RUN_DIR}}", filepath.Join(dir, "run"), "{{STATE_DIR}}", filepath.Join(dir, "state")).Replace(devYAML)
 	if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
 		return "", false, err
 	}

@@ -119,18 +119,20 @@ func (g *Gateway) claim(r *http.Request) (*claimResponse, *claimError) {
 	g.leases[id] = l
 	g.mu.Unlock()
 
-	sr, err := g.sp.Spawn(r.Context(), &spawnpb.SpawnRequest{
+	// The spawn runs to completion even if the claimant hangs up meanwhile:
+	// cancelling it half-way could leave a process spawnd started and
+	// nobody tracks. A claimant gone by then is handled by awaitReady.
+	spawnCtx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 30*time.Second)
+	sr, err := g.sp.Spawn(spawnCtx, &spawnpb.SpawnRequest{
 		LeaseId: id, Entry: entry, Config: []byte(req.Config), RecallSessionId: session,
 		Principal: principal, BrokerAddr: g.dialBack,
 	})
+	cancel()
 	if err != nil {
 		g.removeLease(l)
 		g.cap.release()
 		g.m.spawnFailures.inc("exec")
 		g.log.Error("spawning instance failed", "lease_id", id, "binary", entry, "error", status.Convert(err).Message(), "code", status.Code(err))
-		if status.Code(err) == codes.Canceled {
-			return nil, refuse(499, "cancelled", "client went away while the instance was spawning")
-		}
 		return nil, refuse(http.StatusInternalServerError, "spawn_failed", "spawning instance")
 	}
 	l.mu.Lock()
