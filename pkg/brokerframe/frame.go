@@ -10,9 +10,11 @@
 package brokerframe
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 )
 
 // Version is the frame schema version. Encode always stamps it; Decode accepts
@@ -70,17 +72,55 @@ type Frame struct {
 // not in the known set.
 var ErrInvalidSignal = errors.New("brokerframe: invalid signal")
 
-// Encode stamps Version and marshals f.
+// Encode stamps Version and encodes f with the same field order and
+// omitempty rules as encoding/json would. It is written by hand because it
+// sits on the relay's hot path: it appends the payload as it is (compacted
+// and validated, never re-escaped), so a payload reaches its peer with the
+// bytes it was sent with.
 func Encode(f Frame) ([]byte, error) {
 	if !f.Signal.Valid() {
 		return nil, fmt.Errorf("%w %q", ErrInvalidSignal, f.Signal)
 	}
-	f.Version = Version
-	b, err := json.Marshal(f)
-	if err != nil {
-		return nil, fmt.Errorf("brokerframe: encode: %w", err)
+	buf := bytes.NewBuffer(make([]byte, 0, 96+len(f.LeaseID)+len(f.Secret)+len(f.SessionID)+len(f.Payload)))
+	buf.WriteString(`{"version":1,"lease_id":`)
+	appendString(buf, f.LeaseID)
+	buf.WriteString(`,"signal":`)
+	appendString(buf, string(f.Signal))
+	if f.Secret != "" {
+		buf.WriteString(`,"secret":`)
+		appendString(buf, f.Secret)
 	}
-	return b, nil
+	if f.SessionID != "" {
+		buf.WriteString(`,"session_id":`)
+		appendString(buf, f.SessionID)
+	}
+	if f.Seq != 0 {
+		buf.WriteString(`,"seq":`)
+		buf.Write(strconv.AppendUint(buf.AvailableBuffer(), f.Seq, 10))
+	}
+	if len(f.Payload) > 0 {
+		buf.WriteString(`,"payload":`)
+		if err := json.Compact(buf, f.Payload); err != nil {
+			return nil, fmt.Errorf("brokerframe: encode: payload is not JSON: %w", err)
+		}
+	}
+	buf.WriteByte('}')
+	return buf.Bytes(), nil
+}
+
+// appendString writes s as a JSON string. Ids are plain ASCII, so that is
+// the fast path; anything else goes through encoding/json.
+func appendString(buf *bytes.Buffer, s string) {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			b, _ := json.Marshal(s) // a string always marshals
+			buf.Write(b)
+			return
+		}
+	}
+	buf.WriteByte('"')
+	buf.WriteString(s)
+	buf.WriteByte('"')
 }
 
 // Decode unmarshals one frame and checks its signal. The version is not

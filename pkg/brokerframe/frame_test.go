@@ -77,6 +77,15 @@ func FuzzDecode(f *testing.F) {
 		if err != nil {
 			t.Fatalf("re-encoding an accepted frame: %v", err)
 		}
+		// Same meaning, field order and omitempty rules as encoding/json.
+		std, _ := json.Marshal(struct {
+			Frame
+			Version int `json:"version"`
+		}{fr, Version})
+		var a1, b1 any
+		if json.Unmarshal(enc, &a1) != nil || json.Unmarshal(std, &b1) != nil || !reflect.DeepEqual(a1, b1) {
+			t.Fatalf("hand encoding differs from encoding/json:\n%s\n%s", enc, std)
+		}
 		back, err := Decode(enc)
 		if err != nil || back.LeaseID != fr.LeaseID || back.Signal != fr.Signal || back.Seq != fr.Seq ||
 			back.Secret != fr.Secret || back.SessionID != fr.SessionID || back.Version != Version {
@@ -93,4 +102,14 @@ func FuzzDecode(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestEncodeKeepsPayloadBytes(t *testing.T) {
+	got, err := Encode(Frame{LeaseID: "L", Signal: SignalIO, Payload: json.RawMessage("{ \"content\": \"a & <b>\" }")})
+	if err != nil || string(got) != `{"version":1,"lease_id":"L","signal":"io","payload":{"content":"a & <b>"}}` {
+		t.Fatalf("%s %v", got, err)
+	}
+	if _, err := Encode(Frame{Signal: SignalIO, Payload: json.RawMessage(`{`)}); err == nil {
+		t.Fatal("an invalid payload encoded")
+	}
 }

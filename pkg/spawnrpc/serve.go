@@ -77,7 +77,9 @@ func Serve(ctx context.Context, opts ServeOptions) error {
 
 	hlog := newHCLog(log)
 	creds := &serverCreds{allowedUID: opts.AllowedUID, log: log}
-	serveCtx, stop := context.WithCancel(ctx)
+	// go-plugin stops on its own context, which only shutdown cancels, so
+	// that the shutdown is marked as ours before go-plugin acts on it.
+	serveCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	defer stop()
 	reattachCh := make(chan *plugin.ReattachConfig, 1)
 	closed := make(chan struct{})
@@ -124,8 +126,11 @@ func Serve(ctx context.Context, opts ServeOptions) error {
 	// go-plugin sends the reattach config before its accept loop starts
 	// ("the client should retry a few times"); publish only once a real
 	// connection has been accepted and answered.
-	if err := probeAccepting(serveCtx, ep); err != nil {
+	if err := probeAccepting(ctx, ep); err != nil {
 		shutdown()
+		if ctx.Err() != nil {
+			return nil
+		}
 		return fmt.Errorf("spawnrpc socket %s does not answer: %w", ep.Addr, err)
 	}
 	if err := writeEndpoint(runDir, ep, opts.SocketGID); err != nil {

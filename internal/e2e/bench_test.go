@@ -1,0 +1,713 @@
+package e2e
+
+// Benchmarks of the broker against baselines taken in the same run, so that
+// every figure is a ratio or a difference on the same machine under the same
+// load rather than an absolute number that only means something on the
+// machine it was taken on. Each benchmark records one sample per iteration
+// and reports percentiles with b.ReportMetric; the built-in ns/op is
+// suppressed because one iteration pairs a broker measurement with its
+// baseline and its cleanup, so its mean is nobody's figure. Each benchmark
+// logs whether its issue target is met; none of them fails on timing.
+//
+// Run them with the binaries built without -race:
+//
+//	E2E_NORACE=1 go test -run '^$' -bench . -benchtime 2s ./internal/e2e/
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/nexus-broker/nexus-broker/pkg/brokerclient"
+	"github.com/nexus-broker/nexus-broker/pkg/brokerframe"
+)
+
+// benchConfig is the engine config every benchmark claim sends; nexus-echo
+// ignores its content.
+const benchConfig = "engine:\n  name: example\n"
+
+// rttDeadline bounds one round trip or handshake in a benchmark: far above
+// any plausible figure, so it only turns a hang into a failure.
+const rttDeadline = 30 * time.Second
+
+// benchEcho is the payload the relay benchmarks send. nexus-echo sends any
+// type it does not handle back verbatim, so n identifies the echo.
+type benchEcho struct {
+	Type string `json:"type"`
+	N    int    `json:"n"`
+}
+
+// benchPreflight skips a benchmark whose figures would measure the race
+// detector instead of the broker.
+func benchPreflight(b *testing.B) {
+	b.Helper()
+	if os.Getenv("E2E_NORACE") == "" {
+		b.Skip("the binaries under test are built with -race; rerun with E2E_NORACE=1 (make bench sets it)")
+	}
+	if benchRace {
+		b.Skip("this test binary is built with -race, which slows the benchmark's own client side; run benchmarks without -race")
+	}
+	// The suppressed ns/op: see the package comment above.
+	b.Cleanup(func() { b.ReportMetric(0, "ns/op") })
+}
+
+// pct is the nearest-rank percentile p (0 < p <= 100) of samples.
+func pct(samples []time.Duration, p float64) time.Duration {
+	if len(samples) == 0 {
+		return 0
+	}
+	s := slices.Clone(samples)
+	slices.Sort(s)
+	i := int(math.Ceil(p/100*float64(len(s)))) - 1
+	return s[max(0, min(i, len(s)-1))]
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// verdict logs one issue target as met or not. Benchmarks report; they
+// never fail on timing.
+func verdict(b *testing.B, target string, met bool, format string, args ...any) {
+	b.Helper()
+	word := "NOT met"
+	if met {
+		word = "met"
+	}
+	b.Logf("target %s: %s (%s)", target, word, fmt.Sprintf(format, args...))
+}
+
+// --- baselines --------------------------------------------------------------
+
+// instanceRig stands in for the gateway's /instance route: a bare gorilla
+// listener that nexus-echo, exec'd directly by the benchmark, dials back to.
+// It is the floor a claim cannot beat (exec, boot, dial, handshake) and the
+// way to reach an instance with no broker in between.
+type instanceRig struct {
+	url    string // NEXUS_BROKER_ADDR
+	home   string
+	config string
+
+	mu      sync.Mutex
+	waiting map[string]chan rigArrival // by lease id
+	live    map[*rigInstance]bool      // killed at cleanup if a benchmark fails
+}
+
+// rigArrival is one instance's completed handshake.
+type rigArrival struct {
+	ws *websocket.Conn
+	// at is when the session-id-report was read: the point a claim also
+	// waits for before it answers.
+	at  time.Time
+	err error
+}
+
+// rigInstance is one nexus-echo the rig exec'd.
+type rigInstance struct {
+	rig     *instanceRig
+	leaseID string
+	cmd     *exec.Cmd
+	started time.Time
+	arrived chan rigArrival
+	exited  chan struct{}
+	ws      *websocket.Conn // set by await
+}
+
+func newInstanceRig(b *testing.B) *instanceRig {
+	b.Helper()
+	dir := b.TempDir()
+	r := &instanceRig{
+		home:    filepath.Join(dir, "home"),
+		config:  filepath.Join(dir, "engine.yaml"),
+		waiting: map[string]chan rigArrival{},
+		live:    map[*rigInstance]bool{},
+	}
+	if err := os.MkdirAll(r.home, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	if err := os.WriteFile(r.config, []byte(benchConfig), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	srv := httptest.NewServer(http.HandlerFunc(r.serve))
+	r.url = "ws" + strings.TrimPrefix(srv.URL, "http") + "/instance"
+	b.Cleanup(func() {
+		r.mu.Lock()
+		for inst := range r.live {
+			_ = syscall.Kill(-inst.cmd.Process.Pid, syscall.SIGKILL)
+		}
+		r.mu.Unlock()
+		srv.CloseClientConnections()
+		srv.Close()
+	})
+	return r
+}
+
+// serve reads the dial-back handshake as the gateway does (register, ready,
+// session-id-report) and hands the socket to whoever spawned that lease.
+func (r *instanceRig) serve(w http.ResponseWriter, req *http.Request) {
+	ws, err := (&websocket.Upgrader{}).Upgrade(w, req, nil)
+	if err != nil {
+		return
+	}
+	_ = ws.SetReadDeadline(time.Now().Add(rttDeadline))
+	var leaseID string
+	var arr rigArrival
+	for _, want := range []brokerframe.Signal{brokerframe.SignalRegister, brokerframe.SignalReady, brokerframe.SignalSessionIDReport} {
+		_, data, err := ws.ReadMessage()
+		if err != nil {
+			arr.err = fmt.Errorf("reading the %s frame: %w", want, err)
+			break
+		}
+		f, err := brokerframe.Decode(data)
+		if err == nil && f.Signal != want {
+			err = fmt.Errorf("got %s, want %s", f.Signal, want)
+		}
+		if err != nil {
+			arr.err = err
+			break
+		}
+		leaseID = f.LeaseID
+	}
+	arr.at = time.Now()
+	_ = ws.SetReadDeadline(time.Time{})
+	r.mu.Lock()
+	ch := r.waiting[leaseID]
+	delete(r.waiting, leaseID)
+	r.mu.Unlock()
+	if ch == nil {
+		ws.Close()
+		return
+	}
+	arr.ws = ws
+	ch <- arr
+}
+
+// spawn execs nexus-echo as spawnd would (its own process group, HOME as the
+// working directory, the three dial-back variables) and starts its clock.
+func (r *instanceRig) spawn(b *testing.B, leaseID string) *rigInstance {
+	b.Helper()
+	inst := &rigInstance{rig: r, leaseID: leaseID, arrived: make(chan rigArrival, 1), exited: make(chan struct{})}
+	r.mu.Lock()
+	r.waiting[leaseID] = inst.arrived
+	r.mu.Unlock()
+	cmd := exec.Command(bin("nexus-echo"), "-config", r.config)
+	cmd.Env = []string{
+		"HOME=" + r.home, "PATH=" + os.Getenv("PATH"),
+		brokerframe.EnvBrokerAddr + "=" + r.url,
+		brokerframe.EnvLeaseID + "=" + leaseID,
+		brokerframe.EnvSpawnSecret + "=floor-secret",
+	}
+	cmd.Dir = r.home
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	inst.cmd = cmd
+	inst.started = time.Now()
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	r.mu.Lock()
+	r.live[inst] = true
+	r.mu.Unlock()
+	go func() {
+		_ = cmd.Wait()
+		close(inst.exited)
+	}()
+	return inst
+}
+
+// await waits for the instance's handshake and returns when it completed.
+func (inst *rigInstance) await(b *testing.B) time.Time {
+	b.Helper()
+	t := time.NewTimer(rttDeadline)
+	defer t.Stop()
+	select {
+	case arr := <-inst.arrived:
+		if arr.err != nil {
+			b.Fatalf("nexus-echo %s dial-back: %v", inst.leaseID, arr.err)
+		}
+		inst.ws = arr.ws
+		return arr.at
+	case <-inst.exited:
+		b.Fatalf("nexus-echo %s exited before its handshake: %v", inst.leaseID, inst.cmd.ProcessState)
+	case <-t.C:
+		b.Fatalf("nexus-echo %s did not dial back within %s", inst.leaseID, rttDeadline)
+	}
+	return time.Time{}
+}
+
+// stop ends the instance the way the gateway's release does (a shutdown
+// frame, then the close handshake it starts) and waits for its exit.
+func (inst *rigInstance) stop(b *testing.B) {
+	b.Helper()
+	data, _ := brokerframe.Encode(brokerframe.Frame{LeaseID: inst.leaseID, Signal: brokerframe.SignalShutdown})
+	_ = inst.ws.SetWriteDeadline(time.Now().Add(rttDeadline))
+	_ = inst.ws.WriteMessage(websocket.TextMessage, data)
+	// Reading lets gorilla answer the instance's close frame; the read ends
+	// with that close.
+	_ = inst.ws.SetReadDeadline(time.Now().Add(rttDeadline))
+	for {
+		if _, _, err := inst.ws.ReadMessage(); err != nil {
+			break
+		}
+	}
+	inst.ws.Close()
+	t := time.NewTimer(rttDeadline)
+	defer t.Stop()
+	select {
+	case <-inst.exited:
+	case <-t.C:
+		b.Fatalf("nexus-echo %s did not exit within %s of its shutdown frame", inst.leaseID, rttDeadline)
+	}
+	inst.rig.mu.Lock()
+	delete(inst.rig.live, inst)
+	inst.rig.mu.Unlock()
+}
+
+// newDirectEcho is the relay baseline: a gorilla WebSocket server in this
+// process that writes every message it reads straight back.
+func newDirectEcho(b *testing.B) string {
+	b.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ws, err := (&websocket.Upgrader{}).Upgrade(w, r, nil)
+		if err != nil {
+			return
+		}
+		defer ws.Close()
+		for {
+			kind, data, err := ws.ReadMessage()
+			if err != nil {
+				return
+			}
+			if err := ws.WriteMessage(kind, data); err != nil {
+				return
+			}
+		}
+	}))
+	b.Cleanup(func() {
+		srv.CloseClientConnections()
+		srv.Close()
+	})
+	// The last path segment is what brokerclient takes for the lease id.
+	return "ws" + strings.TrimPrefix(srv.URL, "http") + "/lease/direct"
+}
+
+// dialBench opens a client socket and closes it at cleanup.
+func dialBench(b *testing.B, url string) *brokerclient.Conn {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), rttDeadline)
+	defer cancel()
+	c, err := brokerclient.Dial(ctx, url, brokerclient.DialOptions{})
+	if err != nil {
+		b.Fatalf("dial %s: %v", url, err)
+	}
+	b.Cleanup(func() { c.Close() })
+	return c
+}
+
+// checkEcho verifies that payload is the echo of frame n.
+func checkEcho(payload json.RawMessage, n int) error {
+	var p benchEcho
+	if err := json.Unmarshal(payload, &p); err != nil || p.Type != "echo" || p.N != n {
+		return fmt.Errorf("got %s, want the echo of frame %d", payload, n)
+	}
+	return nil
+}
+
+// clientRoundTrip sends frame n as a client and waits for its echo.
+func clientRoundTrip(c *brokerclient.Conn, n int) (time.Duration, error) {
+	_ = c.Underlying().SetReadDeadline(time.Now().Add(rttDeadline))
+	start := time.Now()
+	if err := c.Send(benchEcho{Type: "echo", N: n}); err != nil {
+		return 0, err
+	}
+	f, err := c.Next()
+	d := time.Since(start)
+	if err != nil {
+		return 0, err
+	}
+	return d, checkEcho(f.Payload, n)
+}
+
+// instanceRoundTrip does what clientRoundTrip does, on the instance's own
+// dial-back socket: the same encode and decode, no broker in between.
+func instanceRoundTrip(inst *rigInstance, n int) (time.Duration, error) {
+	_ = inst.ws.SetReadDeadline(time.Now().Add(rttDeadline))
+	start := time.Now()
+	p, err := json.Marshal(benchEcho{Type: "echo", N: n})
+	if err != nil {
+		return 0, err
+	}
+	data, err := brokerframe.Encode(brokerframe.Frame{LeaseID: inst.leaseID, Signal: brokerframe.SignalIO, Payload: p})
+	if err != nil {
+		return 0, err
+	}
+	if err := inst.ws.WriteMessage(websocket.TextMessage, data); err != nil {
+		return 0, err
+	}
+	_, msg, err := inst.ws.ReadMessage()
+	d := time.Since(start)
+	if err != nil {
+		return 0, err
+	}
+	f, err := brokerframe.Decode(msg)
+	if err != nil {
+		return 0, err
+	}
+	return d, checkEcho(f.Payload, n)
+}
+
+// --- 1. claim latency ---------------------------------------------------------
+
+// BenchmarkClaim measures POST /claim → 200 against the floor: the same
+// nexus-echo exec'd directly, from exec until its register, ready and
+// session-id-report have reached a bare listener (a claim with no session
+// id waits for the session-id-report too). Each iteration takes one floor
+// sample and one claim sample back to back, so both see the same machine;
+// the release and the floor instance's shutdown are not in either sample.
+func BenchmarkClaim(b *testing.B) {
+	benchPreflight(b)
+	br := startBroker(b, Options{YAML: "idle_timeout: 0s\n"})
+	rig := newInstanceRig(b)
+	ctx := context.Background()
+	var floor, claim []time.Duration
+	sample := func(i int) {
+		inst := rig.spawn(b, fmt.Sprintf("floor-%d", i))
+		floor = append(floor, inst.await(b).Sub(inst.started))
+		inst.stop(b)
+
+		start := time.Now()
+		c, err := br.Client.Claim(ctx, brokerclient.ClaimRequest{Config: benchConfig})
+		d := time.Since(start)
+		if err != nil {
+			b.Fatalf("claim: %v", err)
+		}
+		claim = append(claim, d)
+		if err := br.Client.Release(ctx, c.LeaseID); err != nil {
+			b.Fatalf("release: %v", err)
+		}
+	}
+	// The first claim of a gateway also dials spawnd's socket and warms
+	// the page cache with a freshly built nexus-echo: a cold start, which
+	// is a different figure from the claim latency in service.
+	sample(-1)
+	floor, claim = floor[:0], claim[:0]
+	for i := 0; b.Loop(); i++ {
+		sample(i)
+	}
+	for i, d := range claim {
+		if d > 20*time.Millisecond || floor[i] > 20*time.Millisecond {
+			b.Logf("DEBUG iteration %d: claim %s floor %s", i, d, floor[i])
+		}
+	}
+	p50, p99 := pct(claim, 50), pct(claim, 99)
+	f50, f99 := pct(floor, 50), pct(floor, 99)
+	b.ReportMetric(ms(p50), "p50-ms")
+	b.ReportMetric(ms(p99), "p99-ms")
+	b.ReportMetric(ms(f50), "floor-p50-ms")
+	b.ReportMetric(ms(f99), "floor-p99-ms")
+	b.ReportMetric(ms(p50-f50), "overhead-p50-ms")
+	b.ReportMetric(ms(p99-f99), "overhead-p99-ms")
+	b.ReportMetric(float64(p50)/float64(f50), "ratio-p50")
+	verdict(b, "claim overhead over the floor < 2 ms at p50", p50-f50 < 2*time.Millisecond,
+		"overhead p50 %.3f ms = claim %.3f ms − floor %.3f ms; p99 %.3f vs %.3f ms; %d samples each",
+		ms(p50-f50), ms(p50), ms(f50), ms(p99), ms(f99), len(claim))
+}
+
+// --- 2. relay round trip ------------------------------------------------------
+
+// BenchmarkRelayRoundTrip measures one {"type":"echo"} frame from a client
+// through the broker to nexus-echo and back, sequentially, against the same
+// client code talking to a gorilla echo server in this process (the issue's
+// baseline). A third sample per iteration talks to a directly exec'd
+// nexus-echo on its own dial-back socket: what the instance itself costs,
+// so that broker minus instance is what the relay adds.
+func BenchmarkRelayRoundTrip(b *testing.B) {
+	benchPreflight(b)
+	br := startBroker(b, Options{YAML: "idle_timeout: 0s\n"})
+	ctx, cancel := context.WithTimeout(context.Background(), rttDeadline)
+	defer cancel()
+	claim, err := br.Client.Claim(ctx, brokerclient.ClaimRequest{Config: benchConfig})
+	if err != nil {
+		b.Fatal(err)
+	}
+	viaBroker := dialBench(b, claim.WSURL)
+	direct := dialBench(b, newDirectEcho(b))
+	rig := newInstanceRig(b)
+	inst := rig.spawn(b, "instance-direct")
+	inst.await(b)
+
+	var relay, base, instance []time.Duration
+	for n := 0; b.Loop(); n++ {
+		d, err := clientRoundTrip(viaBroker, n)
+		if err != nil {
+			b.Fatalf("through the broker: %v", err)
+		}
+		relay = append(relay, d)
+		if d, err = clientRoundTrip(direct, n); err != nil {
+			b.Fatalf("direct: %v", err)
+		}
+		base = append(base, d)
+		if d, err = instanceRoundTrip(inst, n); err != nil {
+			b.Fatalf("instance direct: %v", err)
+		}
+		instance = append(instance, d)
+	}
+	inst.stop(b)
+	p50, p99 := pct(relay, 50), pct(relay, 99)
+	d50, d99 := pct(base, 50), pct(base, 99)
+	i50 := pct(instance, 50)
+	b.ReportMetric(ms(p50), "p50-ms")
+	b.ReportMetric(ms(p99), "p99-ms")
+	b.ReportMetric(ms(d50), "direct-p50-ms")
+	b.ReportMetric(ms(d99), "direct-p99-ms")
+	b.ReportMetric(float64(p50)/float64(d50), "ratio-p50")
+	b.ReportMetric(float64(p99)/float64(d99), "ratio-p99")
+	b.ReportMetric(ms(i50), "instance-p50-ms")
+	b.ReportMetric(ms(p50-i50), "relay-overhead-p50-ms")
+	verdict(b, "relay round trip < 2× direct", p50 < 2*d50,
+		"p50 %.3f ms vs direct %.3f ms = %.2f×; p99 %.3f vs %.3f ms = %.2f×; nexus-echo alone %.3f ms; %d samples each",
+		ms(p50), ms(d50), float64(p50)/float64(d50), ms(p99), ms(d99), float64(p99)/float64(d99), ms(i50), len(relay))
+}
+
+// --- 3. relay throughput ------------------------------------------------------
+
+// BenchmarkRelayThroughput has every client pipeline its frames while
+// reading them back, one lease alone and fifty at once, against the same
+// clients on the direct echo server. An iteration is one burst through the
+// broker and one direct; frames/s is all frames over all burst time.
+//
+// Bursts stay under client_replay_buffer_bytes (1 MiB) and nexus-echo's
+// 1 MiB outbound buffer, so backpressure, never eviction, paces them and
+// every frame must come back; a lost frame fails the benchmark.
+func BenchmarkRelayThroughput(b *testing.B) {
+	benchPreflight(b)
+	br := startBroker(b, Options{YAML: "max_concurrent: 0\nidle_timeout: 0s\n"})
+	directURL := newDirectEcho(b)
+	for _, tc := range []struct{ leases, frames int }{{1, 5000}, {50, 400}} {
+		b.Run(fmt.Sprintf("leases=%d", tc.leases), func(b *testing.B) {
+			b.Cleanup(func() { b.ReportMetric(0, "ns/op") })
+			viaBroker := make([]*brokerclient.Conn, tc.leases)
+			direct := make([]*brokerclient.Conn, tc.leases)
+			leases := claimMany(b, br, tc.leases, 8)
+			for i, c := range leases {
+				viaBroker[i] = dialBench(b, c.WSURL)
+				direct[i] = dialBench(b, directURL)
+			}
+			defer releaseMany(b, br, leases)
+			var relayTime, directTime time.Duration
+			bursts := 0
+			for b.Loop() {
+				relayTime += pump(b, viaBroker, tc.frames)
+				directTime += pump(b, direct, tc.frames)
+				bursts++
+			}
+			frames := float64(bursts * tc.leases * tc.frames)
+			relayRate, directRate := frames/relayTime.Seconds(), frames/directTime.Seconds()
+			b.ReportMetric(relayRate, "frames/s")
+			b.ReportMetric(directRate, "direct-frames/s")
+			b.ReportMetric(relayRate/directRate, "ratio")
+			b.Logf("relay throughput, %d lease(s) × %d frames per burst, %d bursts: %.0f frames/s through the broker, %.0f direct (%.2f of direct)",
+				tc.leases, tc.frames, bursts, relayRate, directRate, relayRate/directRate)
+		})
+	}
+}
+
+// pump has every conn send frames echo frames while it reads them back, and
+// returns how long it took until every conn had all of its own back.
+func pump(b *testing.B, conns []*brokerclient.Conn, frames int) time.Duration {
+	b.Helper()
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*len(conns))
+	start := time.Now()
+	for _, c := range conns {
+		deadline := time.Now().Add(rttDeadline)
+		_ = c.Underlying().SetWriteDeadline(deadline)
+		_ = c.Underlying().SetReadDeadline(deadline)
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			for n := 0; n < frames; n++ {
+				if err := c.Send(benchEcho{Type: "echo", N: n}); err != nil {
+					errs <- fmt.Errorf("sending frame %d: %w", n, err)
+					return
+				}
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			for n := 0; n < frames; n++ {
+				f, err := c.Next()
+				if err == nil {
+					err = checkEcho(f.Payload, n)
+				}
+				if err != nil {
+					errs <- fmt.Errorf("frame %d of %d: %w", n, frames, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	d := time.Since(start)
+	close(errs)
+	if err := <-errs; err != nil {
+		b.Fatal(err)
+	}
+	return d
+}
+
+// claimMany claims n leases, parallel claims at a time.
+func claimMany(b *testing.B, br *Broker, n, parallel int) []*brokerclient.Claim {
+	b.Helper()
+	out := make([]*brokerclient.Claim, n)
+	errs := make([]error, n)
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range parallel {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+				out[i], errs[i] = br.Client.Claim(ctx, brokerclient.ClaimRequest{Config: benchConfig})
+				cancel()
+			}
+		}()
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			b.Fatalf("claim %d of %d: %v", i+1, n, err)
+		}
+	}
+	return out
+}
+
+// releaseMany releases leases concurrently.
+func releaseMany(b *testing.B, br *Broker, leases []*brokerclient.Claim) {
+	b.Helper()
+	var wg sync.WaitGroup
+	errs := make(chan error, len(leases))
+	for _, c := range leases {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if err := br.Client.Release(ctx, c.LeaseID); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-errs; err != nil {
+		b.Fatalf("release: %v", err)
+	}
+}
+
+// --- gateway log arrival times ----------------------------------------------
+
+// logTail follows a process's log and stamps each line with when it reached
+// this process. The gateway's own timestamps have millisecond resolution;
+// arrival over the pipe is within microseconds of the write.
+type logTail struct {
+	mu    sync.Mutex
+	lines []stampedLine
+	wake  chan struct{} // closed and replaced when lines grows
+}
+
+type stampedLine struct {
+	at   time.Time
+	text string
+}
+
+func tailLog(b *testing.B, lb *logBuffer) *logTail {
+	t := &logTail{wake: make(chan struct{})}
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		off, partial := 0, ""
+		for {
+			lb.mu.Lock()
+			all := lb.buf.Bytes()
+			chunk := string(all[off:])
+			off = len(all)
+			wake := lb.wake
+			lb.mu.Unlock()
+			now := time.Now()
+			if chunk != "" {
+				text := partial + chunk
+				i := strings.LastIndexByte(text, '\n')
+				partial = text[i+1:]
+				if i >= 0 {
+					t.mu.Lock()
+					for _, line := range strings.Split(text[:i], "\n") {
+						t.lines = append(t.lines, stampedLine{at: now, text: line})
+					}
+					close(t.wake)
+					t.wake = make(chan struct{})
+					t.mu.Unlock()
+				}
+			}
+			select {
+			case <-wake:
+			case <-stop:
+				return
+			}
+		}
+	}()
+	b.Cleanup(func() {
+		close(stop)
+		<-done
+	})
+	return t
+}
+
+// mark is the index of the next line to arrive.
+func (t *logTail) mark() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.lines)
+}
+
+// await returns the arrival time of the first line at or after from that
+// matches re.
+func (t *logTail) await(b *testing.B, from int, re *regexp.Regexp) time.Time {
+	b.Helper()
+	deadline := time.NewTimer(rttDeadline)
+	defer deadline.Stop()
+	for {
+		t.mu.Lock()
+		for _, l := range t.lines[min(from, len(t.lines)):] {
+			if re.MatchString(l.text) {
+				t.mu.Unlock()
+				return l.at
+			}
+		}
+		from = len(t.lines)
+		wake := t.wake
+		t.mu.Unlock()
+		select {
+		case <-wake:
+		case <-deadline.C:
+			b.Fatalf("no gateway log line matching %q within %s", re, rttDeadline)
+		}
+	}
+}
