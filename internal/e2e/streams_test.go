@@ -388,3 +388,40 @@ func TestCapacityUnderAFiftyClaimBurst(t *testing.T) {
 		t.Fatalf("claims_total disagrees with what clients saw: %v", m)
 	}
 }
+
+// TestClientFramesAreHeldWhileTheInstanceRedials: input sent while the
+// instance's socket is down is delivered once it re-registers, not dropped.
+func TestClientFramesAreHeldWhileTheInstanceRedials(t *testing.T) {
+	b := startBroker(t, Options{})
+	claim := b.claim(brokerclient.ClaimRequest{})
+	conn := b.dial(claim, brokerclient.DialOptions{})
+	if err := conn.Send(brokerframe.IO{Type: "input", Content: "/drop 1s"}); err != nil {
+		t.Fatal(err)
+	}
+	b.GatewayLog.wait(t, regexp.MustCompile(`msg="instance disconnected" lease_id=`+claim.LeaseID), 10*time.Second)
+	for i := 0; i < 3; i++ {
+		if err := conn.Send(echoPayload{Type: "echo", N: i}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The held echoes come back after the instance redials, in order, after
+	// the /drop turn's own buffered answer.
+	_ = conn.Underlying().SetReadDeadline(time.Now().Add(20 * time.Second))
+	next := 0
+	for next < 3 {
+		f, err := conn.Next()
+		if err != nil {
+			t.Fatalf("waiting for held frame %d: %v", next, err)
+		}
+		var p echoPayload
+		if json.Unmarshal(f.Payload, &p) == nil && p.Type == "echo" {
+			if p.N != next {
+				t.Fatalf("held frames out of order: got %d, want %d", p.N, next)
+			}
+			next++
+		}
+	}
+	if v := b.metrics()[`nexus_broker_frames_dropped_total{reason="no_instance"}`]; v != 0 {
+		t.Fatalf("no_instance drops = %v", v)
+	}
+}

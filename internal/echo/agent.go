@@ -23,6 +23,10 @@ const (
 	cmdSpawnChild = "/spawn-child"
 	cmdAsk        = "/ask "
 	cmdBig        = "/big "
+	// cmdDrop drops the broker connection abruptly and stays away for the
+	// given duration before redialing: it exercises the broker holding
+	// client frames while an instance redials.
+	cmdDrop = "/drop "
 )
 
 const (
@@ -43,6 +47,8 @@ type agent struct {
 	knobs  knobs
 	log    *slog.Logger
 	failed func(error) // a turn could not be persisted: the instance must stop
+	// drop cuts the broker connection for a while (cmdDrop); set by Run.
+	drop func(time.Duration)
 
 	mu      sync.Mutex
 	pending []string      // inputs waiting for the running turn
@@ -189,6 +195,12 @@ func (a *agent) compute(ctx context.Context, t *turn, n int, input string) (repl
 	}
 	if q, ok := strings.CutPrefix(input, cmdAsk); ok && q != "" {
 		return a.ask(ctx, t, q)
+	}
+	if s, ok := strings.CutPrefix(input, cmdDrop); ok {
+		if d, err := time.ParseDuration(s); err == nil && d >= 0 && a.drop != nil {
+			a.drop(d)
+			return words("dropped for " + d.String()), nil
+		}
 	}
 	if s, ok := strings.CutPrefix(input, cmdBig); ok {
 		if count, err := strconv.Atoi(s); err == nil && count >= 0 && count <= maxBig {

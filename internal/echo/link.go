@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/gorilla/websocket"
@@ -47,6 +48,18 @@ type link struct {
 	// onShutdown is called when the broker sends shutdown (unless the knob
 	// says to ignore it); it must make ctx passed to run end.
 	onShutdown func()
+
+	cur   atomic.Pointer[websocket.Conn] // the live connection, if any
+	pause atomic.Int64                   // nanoseconds to stay away before the next dial
+}
+
+// drop closes the live connection without a close handshake and keeps the
+// link down for d before redialing (agent's cmdDrop).
+func (l *link) drop(d time.Duration) {
+	l.pause.Store(int64(d))
+	if c := l.cur.Load(); c != nil {
+		_ = c.UnderlyingConn().Close()
+	}
 }
 
 // run keeps a connection to the broker until ctx ends. A connection that
@@ -64,8 +77,9 @@ func (l *link) run(ctx context.Context) {
 		if up >= maxBackoff {
 			backoff = minBackoff
 		}
-		l.log.Warn("broker connection lost", "broker_addr", l.addr, "error", err, "retry_in", backoff)
-		t := time.NewTimer(backoff)
+		wait := max(backoff, time.Duration(l.pause.Swap(0)))
+		l.log.Warn("broker connection lost", "broker_addr", l.addr, "error", err, "retry_in", wait)
+		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -90,6 +104,8 @@ func (l *link) connect(ctx context.Context) (up time.Duration, err error) {
 	}
 	l.log.Info("registered with broker", "broker_addr", l.addr)
 	start := time.Now()
+	l.cur.Store(conn)
+	defer l.cur.Store(nil)
 
 	readErr := make(chan error, 1)
 	go func() { readErr <- l.readLoop(conn) }()

@@ -240,7 +240,7 @@ func reap(pid int) (unix.WaitStatus, error) {
 // It stops early once the instance is gone or spawnd is closing.
 func (d *Daemon) escalate(l *lease, skipGrace bool, grace time.Duration) {
 	defer d.wg.Done()
-	if d.settled(l, grace/1000) {
+	if !skipGrace && d.settled(l, grace) {
 		return
 	}
 	d.signalGroup(l, unix.SIGTERM, "instance did not exit within release_grace; sending SIGTERM to its process group", "release_grace", grace)
