@@ -206,12 +206,18 @@ func (f *fakeConn) send(line string) {
 	}
 }
 
-// expectLine waits for the fake instance to say line.
+// readLine waits for the fake instance's next line. It does not fail the
+// test, so it may be called from any goroutine.
+func (f *fakeConn) readLine() (string, error) {
+	_ = f.conn.SetReadDeadline(time.Now().Add(waitLimit))
+	line, err := f.r.ReadString('\n')
+	return strings.TrimSpace(line), err
+}
+
+// expectLine waits for the fake instance to say want.
 func (f *fakeConn) expectLine(want string) {
 	f.t.Helper()
-	_ = f.conn.SetReadDeadline(time.Now().Add(waitLimit))
-	got, err := f.r.ReadString('\n')
-	if err != nil || strings.TrimSpace(got) != want {
+	if got, err := f.readLine(); got != want {
 		f.t.Fatalf("fake instance said %q (%v), want %q", got, err, want)
 	}
 }

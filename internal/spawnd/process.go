@@ -27,15 +27,8 @@ type started struct {
 	configPath, logPath string
 }
 
-// start writes the lease's config and execs the entry:
-//
-//	<resolved path> -config <file> [-recall <session>] <entry args…>
-//
-// with the environment of spawnEnv, in the HOME it gives, as the leader of a
-// new process group, under the entry's run_as credential with no
-// supplementary groups. stdout and stderr append to the lease's log file
-// rather than a pipe: a pipe would die with spawnd, and the instance with it
-// on its next write (SIGPIPE).
+// start writes the lease's config and execs the entry. On failure nothing
+// is left behind: no config, no process.
 func (d *Daemon) start(id string, e *entry, inherit []string, req *spawnpb.SpawnRequest) (started, error) {
 	var cred *syscall.Credential
 	if e.runAs != nil {
@@ -43,15 +36,28 @@ func (d *Daemon) start(id string, e *entry, inherit []string, req *spawnpb.Spawn
 		// call setgroups(0, NULL), dropping spawnd's supplementary groups.
 		cred = &syscall.Credential{Uid: e.runAs.uid, Gid: e.runAs.gid, Groups: []uint32{}}
 	}
-	p := started{
-		configPath: filepath.Join(d.configDir, id+".yaml"),
-		logPath:    filepath.Join(d.logDir, id+".log"),
-	}
-	if err := writeConfig(p.configPath, req.GetConfig(), cred); err != nil {
+	configPath := filepath.Join(d.configDir, id+".yaml")
+	if err := writeConfig(configPath, req.GetConfig(), cred); err != nil {
 		return started{}, err
 	}
+	p, err := d.exec(id, e, inherit, req, configPath, cred)
+	if err != nil {
+		_ = os.Remove(configPath)
+	}
+	return p, err
+}
 
-	argv := []string{e.resolved, "-config", p.configPath}
+// exec runs
+//
+//	<resolved path> -config <file> [-recall <session>] <entry args…>
+//
+// with the environment of spawnEnv, in the HOME it gives, as the leader of a
+// new process group, under cred. stdout and stderr append to the lease's
+// log file rather than a pipe: a pipe would die with spawnd, and the
+// instance with it on its next write (SIGPIPE).
+func (d *Daemon) exec(id string, e *entry, inherit []string, req *spawnpb.SpawnRequest, configPath string, cred *syscall.Credential) (started, error) {
+	p := started{configPath: configPath, logPath: filepath.Join(d.logDir, id+".log"), pidfd: -1}
+	argv := []string{e.resolved, "-config", configPath}
 	if s := req.GetRecallSessionId(); s != "" {
 		argv = append(argv, "-recall", s)
 	}
@@ -61,23 +67,21 @@ func (d *Daemon) start(id string, e *entry, inherit []string, req *spawnpb.Spawn
 		leaseID: id,
 		secret:  secretFor(d.key, id),
 	})
+	dir := workingDir(env.values["HOME"])
 
 	out, err := os.OpenFile(p.logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
-		_ = os.Remove(p.configPath)
 		return started{}, fmt.Errorf("opening the instance log: %w", err)
 	}
 	defer out.Close()
 	null, err := os.Open(os.DevNull)
 	if err != nil {
-		_ = os.Remove(p.configPath)
 		return started{}, err
 	}
 	defer null.Close()
 
-	p.pidfd = -1
 	p.pid, _, err = syscall.StartProcess(argv[0], argv, &syscall.ProcAttr{
-		Dir:   workingDir(env.values["HOME"]),
+		Dir:   dir,
 		Env:   env.pairs(),
 		Files: []uintptr{null.Fd(), out.Fd(), out.Fd()},
 		Sys: &syscall.SysProcAttr{
@@ -87,22 +91,21 @@ func (d *Daemon) start(id string, e *entry, inherit []string, req *spawnpb.Spawn
 		},
 	})
 	if err != nil {
-		_ = os.Remove(p.configPath)
-		return started{}, fmt.Errorf("exec %s: %w", argv[0], err)
+		as := "nexus-spawnd's own credential"
+		if e.runAs != nil {
+			as = "run_as " + e.runAs.String()
+		}
+		return started{}, fmt.Errorf("exec %s in %s under %s: %w", argv[0], dir, as, err)
 	}
 	if p.pidfd < 0 {
 		err = fmt.Errorf("the kernel gave no pidfd for pid %d; nexus-spawnd needs Linux 5.3 or later", p.pid)
-	} else {
-		p.startTime, err = procStartTime(p.pid)
+	} else if p.startTime, err = procStartTime(p.pid); err != nil {
+		_ = unix.Close(p.pidfd)
 	}
 	if err != nil {
-		// Not yet reaped, so the pid and group are still this child's.
+		// Not yet reaped, so the pid and its group are still this child's.
 		_ = unix.Kill(-p.pid, unix.SIGKILL)
 		_, _ = reap(p.pid)
-		if p.pidfd >= 0 {
-			_ = unix.Close(p.pidfd)
-		}
-		_ = os.Remove(p.configPath)
 		return started{}, err
 	}
 	return p, nil
@@ -240,14 +243,17 @@ func reap(pid int) (unix.WaitStatus, error) {
 // It stops early once the instance is gone or spawnd is closing.
 func (d *Daemon) escalate(l *lease, skipGrace bool, grace time.Duration) {
 	defer d.wg.Done()
-	if !skipGrace && d.settled(l, grace) {
+	msg := "instance did not exit within release_grace; sending SIGTERM to its process group"
+	if skipGrace {
+		msg = "release_grace skipped: no socket could have asked the instance to stop; sending SIGTERM to its process group"
+	} else if d.settled(l, grace) {
 		return
 	}
-	d.signalGroup(l, unix.SIGTERM, "instance did not exit within release_grace; sending SIGTERM to its process group", "release_grace", grace)
+	d.signalGroup(l, unix.SIGTERM, msg, "release_grace", grace.String())
 	if d.settled(l, termGrace) {
 		return
 	}
-	d.signalGroup(l, unix.SIGKILL, "instance did not exit after SIGTERM; sending SIGKILL to its process group", "term_grace", termGrace)
+	d.signalGroup(l, unix.SIGKILL, "instance did not exit after SIGTERM; sending SIGKILL to its process group", "term_grace", termGrace.String())
 }
 
 // settled waits up to wait for the lease to be gone or spawnd to close, and
@@ -265,17 +271,23 @@ func (d *Daemon) settled(l *lease, wait time.Duration) bool {
 	}
 }
 
-// signalGroup signals a terminating lease's group. Under d.mu the state
-// check and the kill are one step with supervise's, so a group is never
-// signalled once its leader may have been reaped.
+// signalGroup signals a terminating lease's group, then logs msg. The state
+// check and the kill happen under d.mu, as supervise's do, so a group is
+// never signalled once its leader may have been reaped.
 func (d *Daemon) signalGroup(l *lease, sig unix.Signal, msg string, attrs ...any) {
 	d.mu.Lock()
-	defer d.mu.Unlock()
-	if l.state != stateTerminating {
+	live := l.state == stateTerminating
+	var err error
+	if live {
+		err = unix.Kill(-l.rec.PID, sig)
+	}
+	rec := l.rec
+	d.mu.Unlock()
+	if !live {
 		return
 	}
-	d.log.Warn(msg, append([]any{"lease_id", l.rec.LeaseID, "pid", l.rec.PID, "reason", l.rec.Reason}, attrs...)...)
-	if err := unix.Kill(-l.rec.PID, sig); err != nil {
-		d.log.Error("signalling the instance's process group failed", "lease_id", l.rec.LeaseID, "signal", unix.SignalName(sig), "error", err)
+	d.log.Warn(msg, append([]any{"lease_id", rec.LeaseID, "pid", rec.PID, "reason", rec.Reason}, attrs...)...)
+	if err != nil {
+		d.log.Error("signalling the instance's process group failed", "lease_id", rec.LeaseID, "signal", unix.SignalName(sig), "error", err)
 	}
 }

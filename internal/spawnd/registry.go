@@ -185,10 +185,12 @@ var alwaysPass = []string{"HOME", "LANG", "PATH", "TZ"}
 type dialBack struct{ addr, leaseID, secret string }
 
 // spawnEnv builds a spawn's environment from nothing, in the order the spec
-// gives: the always-pass set (HOME replaced by a run_as user's home), then
-// the inherit_env names spawnd holds, then the entry's env, then the dial-back
-// trio. A later layer replaces an earlier one's value, so no name is emitted
-// twice. lookup is spawnd's own environment.
+// gives: the always-pass set, then the inherit_env names spawnd holds, then
+// the entry's env, then the dial-back trio. A run_as user's passwd home
+// replaces HOME before the entry's env, so it wins over spawnd's own HOME
+// (even one named in inherit_env) but not over the entry's env.HOME. A later
+// layer replaces an earlier one's value, so no name is emitted twice. lookup
+// is spawnd's own environment.
 func spawnEnv(e *entry, inherit []string, lookup func(string) (string, bool), dial dialBack) *envList {
 	env := &envList{values: map[string]string{}}
 	for _, name := range slices.Concat(alwaysPass, inherit) {

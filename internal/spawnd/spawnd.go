@@ -113,19 +113,21 @@ type Daemon struct {
 	cfgPath    string
 	key        []byte // spawn-key: the HMAC key every spawn secret derives from
 	brokerID   string
-	privileged bool   // holds CAP_SETUID and CAP_SETGID, so run_as can work
-	configDir  string // temp configs; 0711 so a run_as instance can open its own
-	logDir     string // one stdout/stderr file per lease
-	journal    journal
+	privileged bool    // holds CAP_SETUID and CAP_SETGID, so run_as can work
+	configDir  string  // temp configs; 0711 so a run_as instance can open its own
+	logDir     string  // one stdout/stderr file per lease
+	journal    journal // nil until the lease journal lands (journal.go)
 
 	// reloadMu serialises Reload so the keys it reports are the ones it swapped.
 	reloadMu sync.Mutex
 
 	mu       sync.Mutex
-	settings *settings           // replaced whole by Reload, never edited
-	leases   map[string]*lease   // spawning, running and terminating leases
-	spent    map[string]struct{} // every lease id Spawn ever admitted
-	closed   bool
+	settings *settings         // replaced whole by Reload, never edited
+	leases   map[string]*lease // spawning, running and terminating leases
+	// spent holds every lease id Spawn ever admitted, so none is spawned
+	// twice; it grows by one short string per lease for spawnd's lifetime.
+	spent  map[string]struct{}
+	closed bool
 
 	watchers watchers
 	closing  chan struct{} // closed by Close
@@ -376,8 +378,9 @@ func (d *Daemon) Verify(_ context.Context, req *spawnpb.VerifyRequest) (*spawnpb
 
 // Terminate starts the lease's escalation, unless one is already under way,
 // and returns the instance's exit. Concurrent calls share one escalation and
-// one exit. The escalation does not depend on the caller: a gateway that
-// goes away half-way still gets its instance torn down.
+// one exit; the first call's reason and skip_grace stand. The escalation
+// does not depend on the caller: a gateway that goes away half-way still
+// gets its instance torn down.
 func (d *Daemon) Terminate(ctx context.Context, req *spawnpb.TerminateRequest) (*spawnpb.TerminateResponse, error) {
 	d.mu.Lock()
 	l, err := d.admit(verbTerminate, req.GetLeaseId())
@@ -396,7 +399,7 @@ func (d *Daemon) Terminate(ctx context.Context, req *spawnpb.TerminateRequest) (
 	d.mu.Unlock()
 	if began {
 		d.log.Info("terminating instance", "lease_id", req.GetLeaseId(), "pid", pid, "reason", req.GetReason(),
-			"skip_grace", req.GetSkipGrace(), "release_grace", grace)
+			"skip_grace", req.GetSkipGrace(), "release_grace", grace.String())
 	}
 	select {
 	case <-l.gone:

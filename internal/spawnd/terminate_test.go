@@ -68,18 +68,25 @@ func TestTerminateSendsSIGTERMAfterTheGrace(t *testing.T) {
 	const grace = 300 * time.Millisecond
 	h := newHarness(t, withGrace(grace.String()))
 	_, f := h.spawn("lease-term", "notify")
+	type heard struct {
+		line string
+		err  error
+		at   time.Time
+	}
 	began := time.Now()
-	got := make(chan time.Time, 1)
+	said := make(chan heard, 1)
 	go func() {
-		f.expectLine("sigterm")
-		got <- time.Now()
+		line, err := f.readLine()
+		said <- heard{line, err, time.Now()}
 	}()
 	ev, err := h.terminate("lease-term", "idle", false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if at := <-got; at.Sub(began) < grace {
-		t.Errorf("SIGTERM arrived %s after Terminate, before release_grace %s ran out", at.Sub(began), grace)
+	if got := <-said; got.line != "sigterm" {
+		t.Errorf("the instance said %q (%v), want it to report SIGTERM", got.line, got.err)
+	} else if got.at.Sub(began) < grace {
+		t.Errorf("SIGTERM arrived %s after Terminate, before release_grace %s ran out", got.at.Sub(began), grace)
 	}
 	if ev.ExitCode != 0 || !ev.Terminated {
 		t.Errorf("exit = %v, want code 0, terminated", ev)
@@ -99,6 +106,8 @@ func TestTerminateSkipGrace(t *testing.T) {
 	if ev.Signal != "SIGTERM" || ev.ExitCode != -1 || !ev.Terminated {
 		t.Errorf("exit = %v, want killed by SIGTERM, terminated", ev)
 	}
+	h.logs.await(t, "release_grace skipped: no socket could have asked the instance to stop; sending SIGTERM to its process group",
+		"lease_id", "lease-restored", "reason", "reattach timeout")
 }
 
 // TestTerminateEscalatesToSIGKILL: an instance ignoring SIGTERM, and a
@@ -158,6 +167,7 @@ func TestTerminateOutlivesItsCaller(t *testing.T) {
 	stream := h.watch()
 	h.spawn("lease-orphaned", "nexus")
 	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	errs := make(chan error, 1)
 	go func() {
 		_, err := h.client.Terminate(ctx, &spawnpb.TerminateRequest{LeaseId: "lease-orphaned", Reason: "manual release"})
