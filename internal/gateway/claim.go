@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"time"
@@ -191,12 +192,17 @@ func (g *Gateway) awaitReady(ctx context.Context, l *lease, cfg *config.Config) 
 	}
 }
 
-// wsURL is where the client connects: advertise_addr when set (its scheme
-// mapped to ws/wss), else the Host the claim arrived on.
+// wsURL is where the client connects, by precedence: advertise_addr (its
+// scheme mapped to ws/wss), else an explicit host in listen_addr, else the
+// Host the claim arrived on (a guess, and wrong behind a proxy: hence the
+// boot WARN for that shape).
 func (g *Gateway) wsURL(r *http.Request, id string) string {
 	path := "/lease/" + id
 	a := strings.TrimSuffix(strings.TrimSpace(g.boot.AdvertiseAddr), "/")
 	if a == "" {
+		if host, _, err := net.SplitHostPort(g.boot.ListenAddr); err == nil && host != "" && !net.ParseIP(host).IsUnspecified() {
+			return "ws://" + g.boot.ListenAddr + path
+		}
 		return "ws://" + r.Host + path
 	}
 	scheme, hostport, ok := strings.Cut(a, "://")
