@@ -166,6 +166,8 @@ type Options struct {
 	NoNexusEntry bool
 	// Env is added to both processes' environment.
 	Env []string
+	// StateDir gives the broker a state_dir (journal, spawn-key, indexes).
+	StateDir bool
 }
 
 // startBroker writes the config and starts spawnd, then the gateway.
@@ -179,6 +181,9 @@ func startBroker(t testing.TB, o Options) *Broker {
 	// A fixed port, as an operator's would be: instances redial the address
 	// they were spawned with, so a restarted gateway must come back on it.
 	yaml := fmt.Sprintf("listen_addr: \"127.0.0.1:%d\"\nspawnd:\n  run_dir: %q\n", freePort(t), b.RunDir)
+	if o.StateDir {
+		yaml += fmt.Sprintf("state_dir: %q\n", filepath.Join(dir, "state"))
+	}
 	if !o.NoNexusEntry {
 		yaml += fmt.Sprintf("binaries:\n  nexus:\n    path: %q\n", bin("nexus-echo"))
 	}

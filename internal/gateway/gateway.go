@@ -156,6 +156,7 @@ func (g *Gateway) watchExits() {
 			continue
 		}
 		backoff = 50 * time.Millisecond
+		g.log.Info("following nexus-spawnd's instance exits")
 		for {
 			ev, err := stream.Recv()
 			if err != nil {
@@ -188,6 +189,7 @@ func (g *Gateway) reconcile() error {
 	}
 	for _, l := range spawned {
 		if !live[l.id] {
+			g.log.Warn("nexus-spawnd no longer holds this lease's instance; closing the lease as crashed", "lease_id", l.id, "pid", l.pid)
 			l.onExit(&spawnpb.ExitEvent{LeaseId: l.id, Pid: l.pid, ExitCode: -1})
 		}
 	}
