@@ -40,6 +40,8 @@ func TestConcurrentReleasesCollapseIntoOneTeardown(t *testing.T) {
 	}
 	b.waitNoInstances(10 * time.Second)
 	re := regexp.MustCompile(`msg="terminating instance" lease_id=` + claim.LeaseID)
+	b.SpawndLog.wait(t, re, 5*time.Second) // spawnd's stderr reaches us asynchronously
+	b.SpawndLog.wait(t, regexp.MustCompile(`msg="instance exited" lease_id=`+claim.LeaseID), 5*time.Second)
 	if n := b.SpawndLog.count(re); n != 1 {
 		t.Fatalf("spawnd terminated the lease %d times, want once", n)
 	}

@@ -169,7 +169,7 @@ func (c *clientConn) readPump() {
 			continue
 		}
 		l.clientInput()
-		l.sendToInstance(out, c.ws.done)
+		l.sendToInstance(out)
 	}
 }
 

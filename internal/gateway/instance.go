@@ -72,14 +72,12 @@ func (g *Gateway) handleInstance(w http.ResponseWriter, r *http.Request) {
 		ws.closeNow(websocket.CloseGoingAway, closeLeaseClosed)
 		return
 	}
-	old := l.inst
-	l.inst = ic
 	reattached := l.restored && l.state == stateSpawning
 	if reattached && l.reattachTimer != nil {
 		l.reattachTimer.Stop()
 	}
 	l.mu.Unlock()
-	if old != nil {
+	if old := l.attachInstance(ic); old != nil {
 		old.ws.closeNow(websocket.CloseGoingAway, "superseded by a newer instance connection")
 	}
 	if reattached {
@@ -89,7 +87,6 @@ func (g *Gateway) handleInstance(w http.ResponseWriter, r *http.Request) {
 	}
 	g.log.Info("instance registered", "lease_id", l.id)
 
-	go ic.writePump(l)
 	ic.readPump(l)
 
 	l.mu.Lock()
@@ -232,52 +229,46 @@ func statusState(payload json.RawMessage) (string, bool) {
 	return p.State, true
 }
 
-// writePump feeds the lease's client frames to this connection.
-func (ic *instanceConn) writePump(l *lease) {
-	for {
-		select {
-		case data := <-l.toInstance:
-			l.queuedBytes.Add(-int64(len(data)))
-			if err := ic.ws.write(data); err != nil {
-				l.g.m.framesDropped.inc("no_instance")
-				l.g.log.Warn("a client frame was lost: the instance socket failed while it was being written", "lease_id", l.id, "error", err)
-				return
-			}
-		case <-ic.ws.done:
+// sendToInstance delivers one client frame. With an instance attached it is
+// written at once, and a slow instance blocks the caller (and so the client's
+// socket: TCP backpressure, not loss); while the instance redials, frames are
+// held up to holdFrames / holdBytes and counted when dropped beyond that.
+func (l *lease) sendToInstance(data []byte) {
+	l.sendMu.Lock()
+	defer l.sendMu.Unlock()
+	l.mu.Lock()
+	inst := l.inst
+	l.mu.Unlock()
+	if inst == nil {
+		if len(l.held) >= holdFrames || l.heldBytes+len(data) > holdBytes {
+			l.g.m.framesDropped.inc("no_instance")
 			return
 		}
+		l.held = append(l.held, data)
+		l.heldBytes += len(data)
+		return
+	}
+	if err := inst.ws.write(data); err != nil {
+		l.g.m.framesDropped.inc("no_instance")
+		l.g.log.Warn("a client frame was lost: the instance socket failed while it was being written", "lease_id", l.id, "error", err)
 	}
 }
 
-// sendToInstance queues one client frame. With an instance attached a full
-// queue blocks the caller (and so the client's socket: TCP backpressure, not
-// loss); while the instance redials frames are held up to holdFrames /
-// holdBytes and counted when dropped beyond that.
-func (l *lease) sendToInstance(data []byte, cancel <-chan struct{}) {
-	n := int64(len(data))
+// attachInstance makes ic the lease's instance connection and delivers the
+// frames held while there was none, before any newer client frame.
+func (l *lease) attachInstance(ic *instanceConn) (old *instanceConn) {
+	l.sendMu.Lock()
+	defer l.sendMu.Unlock()
 	l.mu.Lock()
-	attached := l.inst != nil
+	old = l.inst
+	l.inst = ic
 	l.mu.Unlock()
-	if !attached && l.queuedBytes.Load()+n > holdBytes {
-		l.g.m.framesDropped.inc("no_instance")
-		return
+	for i, data := range l.held {
+		if err := ic.ws.write(data); err != nil {
+			l.g.m.framesDropped.add("no_instance", uint64(len(l.held)-i))
+			break
+		}
 	}
-	select {
-	case l.toInstance <- data:
-		l.queuedBytes.Add(n)
-		return
-	default:
-	}
-	if !attached {
-		l.g.m.framesDropped.inc("no_instance")
-		return
-	}
-	select {
-	case l.toInstance <- data:
-		l.queuedBytes.Add(n)
-	case <-cancel:
-		l.g.m.framesDropped.inc("lease_gone")
-	case <-l.tornDown:
-		l.g.m.framesDropped.inc("lease_gone")
-	}
+	l.held, l.heldBytes = nil, 0
+	return old
 }

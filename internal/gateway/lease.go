@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/nexus-broker/nexus-broker/pkg/brokerframe"
@@ -55,11 +54,13 @@ type lease struct {
 	createdAt time.Time
 	log       *streamLog
 
-	// toInstance carries encoded client frames to whichever instance
-	// connection is current; it outlives connections so that frames sent
-	// while the instance redials are held, not dropped.
-	toInstance  chan []byte
-	queuedBytes atomic.Int64
+	// sendMu orders client → instance frames: the client's read pump writes
+	// them straight to the instance socket (a blocking write is the TCP
+	// backpressure), and an instance (re)registering flushes the held ones
+	// first. held/heldBytes are the frames sent while no instance was there.
+	sendMu    sync.Mutex
+	held      [][]byte
+	heldBytes int
 
 	mu            sync.Mutex
 	state         string
@@ -90,7 +91,6 @@ func (g *Gateway) newLease(id, principal, entry string, created time.Time) *leas
 	return &lease{
 		g: g, id: id, principal: principal, entry: entry, createdAt: created,
 		log:             newStreamLog(id, int64(g.boot.ClientReplayBufferBytes)),
-		toInstance:      make(chan []byte, holdFrames),
 		state:           stateSpawning,
 		lastActivity:    created,
 		ready:           make(chan struct{}),

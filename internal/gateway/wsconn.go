@@ -59,8 +59,11 @@ const (
 )
 
 var upgrader = websocket.Upgrader{
-	ReadBufferSize:  32 << 10,
-	WriteBufferSize: 32 << 10,
+	// An idle lease holds two sockets and its memory is mostly theirs: reuse
+	// the HTTP server's hijacked read buffer (ReadBufferSize 0) and take write
+	// buffers from a pool only while writing.
+	WriteBufferSize: 4 << 10,
+	WriteBufferPool: &sync.Pool{},
 	// Browsers are a supported client (the ticket flow exists for them) and
 	// the broker is not a cookie-authenticated site, so any origin may
 	// connect; authorization is by credential and lease ownership.
@@ -75,6 +78,9 @@ type wsConn struct {
 	wmu  sync.Mutex
 	once sync.Once
 	done chan struct{} // closed when the connection is finished
+	// pinger probes the peer every pingInterval; a timer rather than a
+	// goroutine per socket.
+	pinger *time.Timer
 	// unresponsive is set when the liveness probe gave up.
 	unresponsive atomic.Bool
 }
@@ -92,7 +98,7 @@ func newWSConn(c *websocket.Conn) *wsConn {
 		}
 		return err
 	})
-	go w.probe()
+	w.pinger = time.AfterFunc(pingInterval, w.probe)
 	return w
 }
 
@@ -118,20 +124,15 @@ func (w *wsConn) write(data []byte) error {
 	return w.c.WriteMessage(websocket.TextMessage, data)
 }
 
-// probe pings the peer until the connection ends.
+// probe sends one ping and re-arms itself until the connection ends.
 func (w *wsConn) probe() {
-	t := time.NewTicker(pingInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-w.done:
-			return
-		case <-t.C:
-			if err := w.c.WriteControl(websocket.PingMessage, nil, time.Now().Add(writeWait)); err != nil {
-				return
-			}
-		}
+	if w.closing() {
+		return
 	}
+	if err := w.c.WriteControl(websocket.PingMessage, nil, time.Now().Add(writeWait)); err != nil {
+		return
+	}
+	w.pinger.Reset(pingInterval)
 }
 
 // giveUp tears an unresponsive peer down without waiting for a close
@@ -144,6 +145,7 @@ func (w *wsConn) giveUp() {
 // closeNow sends a close frame and drops the connection at once.
 func (w *wsConn) closeNow(code int, reason string) {
 	w.once.Do(func() {
+		w.pinger.Stop()
 		_ = w.c.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, reason), time.Now().Add(time.Second))
 		_ = w.c.Close()
 		close(w.done)
@@ -155,6 +157,7 @@ func (w *wsConn) closeNow(code int, reason string) {
 // not lost to a reset.
 func (w *wsConn) closeGraceful(code int, reason string) {
 	w.once.Do(func() {
+		w.pinger.Stop()
 		_ = w.c.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, reason), time.Now().Add(time.Second))
 		_ = w.c.SetReadDeadline(time.Now().Add(closeWait))
 		close(w.done)
@@ -174,6 +177,9 @@ func (w *wsConn) closing() bool {
 
 // finish releases the connection after its read loop ended.
 func (w *wsConn) finish() {
-	w.once.Do(func() { close(w.done) })
+	w.once.Do(func() {
+		w.pinger.Stop()
+		close(w.done)
+	})
 	_ = w.c.Close()
 }
