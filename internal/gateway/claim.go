@@ -88,14 +88,17 @@ func (g *Gateway) claim(r *http.Request) (*claimResponse, *claimError) {
 	if strings.TrimSpace(req.Config) == "" {
 		return nil, refuse(http.StatusBadRequest, "rejected", "claim requires a non-empty config")
 	}
-	entry := strings.TrimSpace(req.Binary)
-	if entry == "" {
-		entry = config.ReservedEntry
-	}
-	if !g.hasBinary(entry) {
-		return nil, refuse(http.StatusBadRequest, "rejected", "unknown binary %q; this broker spawns: %s", entry, strings.Join(g.binaryNames(), ", "))
+	requested := strings.TrimSpace(req.Binary)
+	// A typo is a 400 that lists the entries, even on a resume of a bound
+	// session: only the 400 says what this broker has.
+	if requested != "" && !g.hasBinary(requested) {
+		return nil, refuse(http.StatusBadRequest, "rejected", "unknown binary %q; this broker spawns: %s", requested, strings.Join(g.binaryNames(), ", "))
 	}
 	session := strings.TrimSpace(req.SessionID)
+	entry, cerr := g.resumeEntry(r.Context(), session, requested)
+	if cerr != nil {
+		return nil, cerr
+	}
 	principal := anonymous
 
 	if err := g.cap.acquire(r.Context()); err != nil {
@@ -164,6 +167,44 @@ func (g *Gateway) claim(r *http.Request) (*claimResponse, *claimError) {
 	session = l.sessionID
 	l.mu.Unlock()
 	return &claimResponse{LeaseID: id, WSURL: g.wsURL(r, id), SessionID: session}, nil
+}
+
+// resumeEntry picks the entry a claim spawns. A resume is reconciled against
+// the entry spawnd recorded for the session: omitting binary inherits it, and
+// naming another is a 409, as is a recorded entry this broker no longer
+// offers. No record means no opinion: the claim gets what it asked for, or
+// the reserved entry. The record is best-effort, so a spawnd that cannot be
+// asked is no opinion too.
+func (g *Gateway) resumeEntry(ctx context.Context, session, requested string) (string, *claimError) {
+	recorded := ""
+	if session != "" {
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		res, err := g.sp.Binding(ctx, &spawnpb.BindingRequest{SessionId: session})
+		cancel()
+		if err != nil {
+			g.log.Warn("could not ask nexus-spawnd which binary created a session; resuming unchecked", "session_id", session, "error", err)
+		} else {
+			recorded = res.Entry
+		}
+	}
+	switch {
+	case recorded == "" && requested == "":
+		return config.ReservedEntry, nil
+	case recorded == "":
+		return requested, nil
+	case requested == "":
+		if !g.hasBinary(recorded) {
+			return "", refuse(http.StatusConflict, "rejected",
+				"session %q was created by binary %q, which this broker no longer offers; restore that entry, or start a new session. This broker spawns: %s",
+				session, recorded, strings.Join(g.binaryNames(), ", "))
+		}
+		return recorded, nil
+	case requested != recorded:
+		return "", refuse(http.StatusConflict, "rejected",
+			"session %q was created by binary %q but this claim requests %q; resume it with %q, or omit `binary` to inherit it, or start a new session",
+			session, recorded, requested, recorded)
+	}
+	return requested, nil
 }
 
 // awaitReady waits for the instance's ready signal, its exit, ready_timeout,

@@ -302,10 +302,11 @@ func (b *logBuffer) text() string {
 }
 
 // harness is a Daemon served over a real gRPC unix socket, with a listener
-// its fake instances report to.
+// its fake instances report to. stop and start replace the Daemon with a
+// new one on the same config and state_dir, as a nexus-spawnd restart does.
 type harness struct {
 	t        *testing.T
-	d        *Daemon
+	d        *Daemon // nil while stopped
 	client   spawnpb.SpawnerClient
 	logs     *logBuffer
 	cfgPath  string
@@ -314,6 +315,10 @@ type harness struct {
 	// reportPath is where fake instances dial; tests write it into entry
 	// args as REPORT.
 	reportPath string
+	dir        string // world-writable, for sockets
+	boots      int
+	conn       *grpc.ClientConn
+	srv        *grpc.Server
 }
 
 // defaultYAML registers the fake instance under one entry per behaviour.
@@ -376,6 +381,7 @@ func newHarness(t *testing.T, yaml string) *harness {
 		cfgPath:    filepath.Join(t.TempDir(), "broker.yaml"),
 		stateDir:   filepath.Join(t.TempDir(), "state"),
 		reportPath: filepath.Join(dir, "r.sock"),
+		dir:        dir,
 	}
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: h.reportPath, Net: "unix"})
 	if err != nil {
@@ -388,30 +394,11 @@ func newHarness(t *testing.T, yaml string) *harness {
 	h.report = ln
 
 	h.writeConfig(yaml)
-	cfg, err := config.Load(h.cfgPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h.d, err = New(h.cfgPath, cfg, slog.New(slog.NewJSONHandler(h.logs, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	sockPath := filepath.Join(dir, "s.sock")
-	rpcLn, err := net.Listen("unix", sockPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	spawnpb.RegisterSpawnerServer(srv, h.d)
-	go func() { _ = srv.Serve(rpcLn) }()
-	conn, err := grpc.NewClient("unix://"+sockPath, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	h.client = spawnpb.NewSpawnerClient(conn)
-
+	h.start()
 	t.Cleanup(func() {
+		if h.d == nil {
+			return
+		}
 		// Close never signals an instance, so tear down whatever a test left.
 		ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
 		defer cancel()
@@ -420,13 +407,49 @@ func newHarness(t *testing.T, yaml string) *harness {
 				_, _ = h.d.Terminate(ctx, &spawnpb.TerminateRequest{LeaseId: l.LeaseId, SkipGrace: true})
 			}
 		}
-		conn.Close()
-		srv.Stop()
-		if err := h.d.Close(); err != nil {
-			t.Error(err)
-		}
+		h.stop()
 	})
 	return h
+}
+
+// start boots a Daemon on the harness's config and serves it on a fresh
+// socket.
+func (h *harness) start() {
+	h.t.Helper()
+	cfg, err := config.Load(h.cfgPath)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.d, err = New(h.cfgPath, cfg, slog.New(slog.NewJSONHandler(h.logs, nil)))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.boots++
+	sockPath := filepath.Join(h.dir, fmt.Sprintf("s%d.sock", h.boots))
+	rpcLn, err := net.Listen("unix", sockPath)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.srv = grpc.NewServer()
+	spawnpb.RegisterSpawnerServer(h.srv, h.d)
+	go func() { _ = h.srv.Serve(rpcLn) }()
+	h.conn, err = grpc.NewClient("unix://"+sockPath, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.client = spawnpb.NewSpawnerClient(h.conn)
+}
+
+// stop closes the Daemon and its server, leaving every instance running, as
+// nexus-spawnd's own shutdown does.
+func (h *harness) stop() {
+	h.t.Helper()
+	h.conn.Close()
+	h.srv.Stop()
+	if err := h.d.Close(); err != nil {
+		h.t.Error(err)
+	}
+	h.d = nil
 }
 
 const testBrokerAddr = "ws://127.0.0.1:8080/instance"

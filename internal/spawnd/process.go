@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
@@ -36,7 +34,7 @@ func (d *Daemon) start(id string, e *entry, inherit []string, req *spawnpb.Spawn
 		// call setgroups(0, NULL), dropping spawnd's supplementary groups.
 		cred = &syscall.Credential{Uid: e.runAs.uid, Gid: e.runAs.gid, Groups: []uint32{}}
 	}
-	configPath := filepath.Join(d.configDir, id+".yaml")
+	configPath := d.configFor(id)
 	if err := writeConfig(configPath, req.GetConfig(), cred); err != nil {
 		return started{}, err
 	}
@@ -99,8 +97,11 @@ func (d *Daemon) exec(id string, e *entry, inherit []string, req *spawnpb.SpawnR
 	}
 	if p.pidfd < 0 {
 		err = fmt.Errorf("the kernel gave no pidfd for pid %d; nexus-spawnd needs Linux 5.3 or later", p.pid)
-	} else if p.startTime, err = procStartTime(p.pid); err != nil {
+	} else if st, serr := readProcStat(p.pid); serr != nil {
+		err = fmt.Errorf("reading the instance's start time: %w", serr)
 		_ = unix.Close(p.pidfd)
+	} else {
+		p.startTime = st.startTime
 	}
 	if err != nil {
 		// Not yet reaped, so the pid and its group are still this child's.
@@ -144,25 +145,10 @@ func workingDir(home string) string {
 	return "/"
 }
 
-// procStartTime is field 22 of /proc/<pid>/stat. The command name (field 2)
-// is in parentheses and may itself hold spaces and parentheses, so fields
-// are counted from the last ')'.
-func procStartTime(pid int) (uint64, error) {
-	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0, fmt.Errorf("reading the instance's start time: %w", err)
-	}
-	s := string(data)
-	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:]) // fields 3, 4, …
-	if len(fields) < 20 {
-		return 0, fmt.Errorf("reading the instance's start time: /proc/%d/stat has %d fields after the command name", pid, len(fields))
-	}
-	return strconv.ParseUint(fields[22-3], 10, 64)
-}
-
 // supervise waits for the instance's leader to exit, then kills whatever is
-// left of its group, reaps it, and publishes its exit. It runs once per
-// lease, from Spawn until the reap or until Close.
+// left of its group, reaps it (when spawnd is its parent), and publishes its
+// exit. It runs once per lease, from Spawn or adoption until the exit or
+// until Close.
 func (d *Daemon) supervise(l *lease) {
 	defer d.wg.Done()
 	if exited, err := awaitExit(l.pidfd, d.stopR); !exited {
@@ -170,39 +156,64 @@ func (d *Daemon) supervise(l *lease) {
 			d.log.Error("supervising instance failed; its exit will not be reported", "lease_id", l.rec.LeaseID, "pid", l.rec.PID, "error", err)
 		}
 		// Close (or the error above): leave the instance running, unreaped.
+		// Under d.mu, so an escalation never signals through a closed pidfd.
+		d.mu.Lock()
 		_ = unix.Close(l.pidfd)
+		l.pidfd = -1
+		d.mu.Unlock()
 		return
 	}
 
 	d.mu.Lock()
-	// The leader has exited but is not reaped, so its pid, which is the
-	// group's id, cannot have been reused: this reaches only what the
-	// instance started. Marking the lease gone under the same lock, before
-	// the reap, is what keeps an escalation from signalling the group after.
-	_ = unix.Kill(-l.rec.PID, unix.SIGKILL)
+	if !l.adopted {
+		// The leader has exited but is not reaped, so its pid, which is
+		// the group's id, cannot have been reused: this reaches only what
+		// the instance started. Marking the lease gone under the same
+		// lock, before the reap, is what keeps an escalation from
+		// signalling the group after.
+		_ = unix.Kill(-l.rec.PID, unix.SIGKILL)
+	}
 	terminated := l.state == stateTerminating
 	l.state = stateGone
 	delete(d.leases, l.rec.LeaseID)
-	if !terminated {
-		l.rec.Reason = reasonExited
-	}
-	rec := l.rec
+	pidfd := l.pidfd
+	l.pidfd = -1
+	rec := l.snapshot()
 	d.mu.Unlock()
 
-	ws, err := reap(rec.PID)
-	_ = unix.Close(l.pidfd)
-	_ = os.Remove(l.configPath)
+	var ws unix.WaitStatus
+	known := false
+	if l.adopted {
+		// The status first: init may reap the leader at any moment.
+		ws, known = adoptedStatus(rec)
+		if n, err := killGroupRemains(rec.PID, l.sid, rec.StartTime); err != nil {
+			d.log.Error("killing what is left of an adopted instance's process group failed", "lease_id", rec.LeaseID, "pid", rec.PID, "killed", n, "error", err)
+		}
+	} else {
+		var err error
+		if ws, err = reap(rec.PID); err != nil {
+			d.log.Error("reaping instance failed", "lease_id", rec.LeaseID, "pid", rec.PID, "error", err)
+		}
+		known = err == nil
+	}
+	_ = unix.Close(pidfd)
+	d.removeConfig(l.configPath)
 	ev := &spawnpb.ExitEvent{LeaseId: rec.LeaseID, Pid: int64(rec.PID), ExitCode: -1, Terminated: terminated}
 	switch {
-	case err != nil:
-		d.log.Error("reaping instance failed", "lease_id", rec.LeaseID, "pid", rec.PID, "error", err)
+	case !known:
 	case ws.Exited():
 		ev.ExitCode = int32(ws.ExitStatus())
 	case ws.Signaled():
 		ev.Signal = unix.SignalName(ws.Signal())
 	}
-	d.journalize(journal.ended, rec)
-	d.log.Info("instance exited", "lease_id", rec.LeaseID, "entry", rec.Entry, "pid", rec.PID,
+	if !terminated {
+		rec.Reason = reasonExited
+		if ev.ExitCode > 0 || ev.Signal != "" {
+			rec.Reason = reasonCrashed
+		}
+	}
+	d.journal.append(kindEnded, rec)
+	d.log.Info("instance exited", "lease_id", rec.LeaseID, "entry", rec.Entry, "pid", rec.PID, "adopted", l.adopted,
 		"exit_code", ev.ExitCode, "signal", ev.Signal, "terminated", terminated, "reason", rec.Reason)
 	d.watchers.publish(ev)
 	l.exit = ev
@@ -274,12 +285,24 @@ func (d *Daemon) settled(l *lease, wait time.Duration) bool {
 // signalGroup signals a terminating lease's group, then logs msg. The state
 // check and the kill happen under d.mu, as supervise's do, so a group is
 // never signalled once its leader may have been reaped.
+//
+// An adopted instance's leader is reaped by init, not by spawnd, so the
+// state check cannot pin its group id. Its leader is signalled through its
+// pidfd instead, and only when that succeeds, proving the leader still holds
+// its pid (alive or a zombie) and so its group id, is the group signalled.
+// Once the leader is gone its supervisor kills the rest (killGroupRemains).
 func (d *Daemon) signalGroup(l *lease, sig unix.Signal, msg string, attrs ...any) {
 	d.mu.Lock()
-	live := l.state == stateTerminating
+	live := l.state == stateTerminating && l.pidfd >= 0
 	var err error
-	if live {
+	switch {
+	case !live:
+	case !l.adopted:
 		err = unix.Kill(-l.rec.PID, sig)
+	case unix.PidfdSendSignal(l.pidfd, sig, nil, 0) == nil:
+		err = unix.Kill(-l.rec.PID, sig)
+	default:
+		live = false
 	}
 	rec := l.rec
 	d.mu.Unlock()

@@ -137,7 +137,7 @@ func writeFileAtomic(path string, data []byte) error {
 // it after a restart; without a state_dir, to a logs directory inside the
 // temp directory.
 func makeWorkDirs(stateDir string) (configDir, logDir string, err error) {
-	configDir, err = os.MkdirTemp("", "nexus-spawnd-")
+	configDir, err = os.MkdirTemp("", configDirPrefix)
 	if err == nil {
 		err = os.Chmod(configDir, 0o711)
 	}

@@ -88,8 +88,9 @@ func TestWithoutStateDir(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs.await(t, "state_dir is not set: the spawn-key lives in memory only, so after a nexus-spawnd restart "+
-		"no running instance can prove its identity again; set state_dir to keep it")
+	logs.await(t, "state_dir is not set: leases are kept in memory only, so after a nexus-spawnd restart no running instance "+
+		"is re-adopted or can prove its identity again, and resumes are not checked against the binary that created their session; "+
+		"set state_dir to keep them")
 	second, _, err := boot(t, yaml)
 	if err != nil {
 		t.Fatal(err)

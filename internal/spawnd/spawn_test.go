@@ -144,7 +144,7 @@ func TestLeaderExitKillsItsGroup(t *testing.T) {
 		}
 	}
 	awaitGone(t, grandchild)
-	h.logs.await(t, "instance exited", "lease_id", "lease-family", "exit_code", 7, "reason", reasonExited)
+	h.logs.await(t, "instance exited", "lease_id", "lease-family", "exit_code", 7, "reason", reasonCrashed)
 }
 
 func TestExitCodeIsReported(t *testing.T) {

@@ -4,21 +4,23 @@
 //
 // It is meant to be read by a security reviewer in an hour, so it is shaped
 // like OpenSSH's privilege-separation monitor. The gateway may send only the
-// eight verbs of the table in this file; each names at most one lease, and
+// nine verbs of the table in this file; each names at most one lease, and
 // each is served only while that lease is in a state its row allows. A lease
 // moves spawning → running → terminating → gone, once, and its id is never
-// spawned again. Nothing the gateway sends is a path, argv, environment, uid
+// spawned again; a lease re-adopted from the journal after a restart enters
+// at running. Nothing the gateway sends is a path, argv, environment, uid
 // or gid: an entry name is resolved against spawnd's own registry, which it
 // builds from broker.yaml (registry.go).
 //
 // spawnd signals nothing but the process group of a lease it holds, and only
-// while that group's leader is unreaped, so the group id cannot have been
-// handed to anyone else (process.go).
+// while that group's leader provably still holds the group id, so the id
+// cannot have been handed to anyone else (process.go, recover.go).
 //
 // Files: spawnd.go (verbs and lease states), registry.go (binary registry and
 // spawn environment), process.go (exec, exit supervision, escalation),
 // secrets.go (spawn-key, secrets, broker id), watch.go (exit fan-out),
-// journal.go (the seam for the lease journal).
+// journal.go (the fsynced lease journal and the state_dir lock), recover.go
+// (re-adoption at boot), index.go (the session → binary index).
 package spawnd
 
 import (
@@ -30,6 +32,7 @@ import (
 	"maps"
 	"net/url"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -71,6 +74,7 @@ const (
 	verbRecord
 	verbReload
 	verbStatus
+	verbBinding
 )
 
 // verbs is the whole of what the gateway may ask, and in which lease states.
@@ -88,18 +92,35 @@ var verbs = [...]struct {
 	verbRecord:    {"Record", []leaseState{stateRunning, stateTerminating}},
 	verbReload:    {"Reload", nil},
 	verbStatus:    {"Status", nil},
+	verbBinding:   {"Binding", nil},
 }
 
-// lease is one instance spawnd started. All fields but gone and exit are
-// guarded by Daemon.mu; exit is written once, before gone is closed.
+// lease is one instance spawnd started or adopted. All fields but gone and
+// exit are guarded by Daemon.mu; exit is written once, before gone is
+// closed.
 type lease struct {
-	rec        leaseRecord
-	state      leaseState
-	pidfd      int
+	rec   leaseRecord
+	state leaseState
+	pidfd int // -1 once closed
+	// configPath is the temp config to remove when the instance is gone;
+	// empty for an adopted lease whose record named none spawnd would trust.
 	configPath string
+	// adopted is set for a lease re-adopted from the journal: spawnd is not
+	// its instance's parent, so it cannot reap it, and its process group is
+	// signalled as process.go's signalGroup describes.
+	adopted bool
+	sid     int // the adopted leader's session id, for killGroupRemains
 	// gone is closed once the instance is reaped and its exit published.
 	gone chan struct{}
 	exit *spawnpb.ExitEvent
+}
+
+// snapshot is the lease's record for the journal, numbered so the journal
+// can put snapshots appended out of order back in order. The caller holds
+// Daemon.mu.
+func (l *lease) snapshot() leaseRecord {
+	l.rec.seq++
+	return l.rec
 }
 
 // Daemon serves the Spawner verbs. Create it with New; it implements
@@ -113,10 +134,16 @@ type Daemon struct {
 	cfgPath    string
 	key        []byte // spawn-key: the HMAC key every spawn secret derives from
 	brokerID   string
-	privileged bool    // holds CAP_SETUID and CAP_SETGID, so run_as can work
-	configDir  string  // temp configs; 0711 so a run_as instance can open its own
-	logDir     string  // one stdout/stderr file per lease
-	journal    journal // nil until the lease journal lands (journal.go)
+	bootID     string // this boot's /proc/sys/kernel/random/boot_id
+	advertise  string // advertise_addr, journaled with each lease
+	privileged bool   // holds CAP_SETUID and CAP_SETGID, so run_as can work
+	configDir  string // temp configs; 0711 so a run_as instance can open its own
+	logDir     string // one stdout/stderr file per lease
+	// With a state_dir: its lock, the lease journal and the session →
+	// binary index. Without one all three are nil and nothing is durable.
+	stateLock *os.File
+	journal   *leaseJournal
+	index     *sessionIndex // also nil when the index could not be opened
 
 	// reloadMu serialises Reload so the keys it reports are the ones it swapped.
 	reloadMu sync.Mutex
@@ -141,10 +168,11 @@ type Daemon struct {
 var _ spawnpb.SpawnerServer = (*Daemon)(nil)
 
 // New resolves cfg's registry against this machine, loads or creates the
-// spawn-key and broker id, logs the registry, and returns a Daemon that
-// Reload will re-read cfgPath for. Every error says what to change in
-// broker.yaml or on the machine.
-func New(cfgPath string, cfg *config.Config, log *slog.Logger) (*Daemon, error) {
+// spawn-key and broker id, and, with a state_dir, locks it, replays the lease
+// journal and re-adopts the instances whose identity it can prove. It logs
+// the registry and returns a Daemon that Reload will re-read cfgPath for.
+// Every error says what to change in broker.yaml or on the machine.
+func New(cfgPath string, cfg *config.Config, log *slog.Logger) (_ *Daemon, err error) {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -156,54 +184,95 @@ func New(cfgPath string, cfg *config.Config, log *slog.Logger) (*Daemon, error) 
 	if err != nil {
 		return nil, fmt.Errorf("broker config: state_dir: %w", err)
 	}
+	d := &Daemon{
+		log:        log,
+		cfgPath:    cfgPath,
+		advertise:  cfg.AdvertiseAddr,
+		privileged: hasSetIDCaps(),
+		settings:   s,
+		leases:     map[string]*lease{},
+		spent:      map[string]struct{}{},
+		watchers:   watchers{subs: map[*subscriber]struct{}{}},
+		closing:    make(chan struct{}),
+		stopR:      -1,
+		stopW:      -1,
+	}
+	defer func() {
+		if err != nil {
+			d.release()
+		}
+	}()
 	if stateDir == "" {
-		log.Warn("state_dir is not set: the spawn-key lives in memory only, so after a nexus-spawnd restart " +
-			"no running instance can prove its identity again; set state_dir to keep it")
+		log.Warn("state_dir is not set: leases are kept in memory only, so after a nexus-spawnd restart no running instance " +
+			"is re-adopted or can prove its identity again, and resumes are not checked against the binary that created their session; " +
+			"set state_dir to keep them")
 	} else if err := os.MkdirAll(stateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("broker config: state_dir: %w; create it (mode 0700) or point state_dir elsewhere", err)
-	}
-	key, err := loadSpawnKey(stateDir)
-	if err != nil {
+	} else if d.stateLock, err = lockStateDir(stateDir); err != nil {
+		// Before anything else in state_dir is read: a second spawnd must
+		// not even replay a journal another one appends to.
 		return nil, err
 	}
-	brokerID, err := loadBrokerID(cfg.BrokerID, stateDir)
-	if err != nil {
+	if d.key, err = loadSpawnKey(stateDir); err != nil {
+		return nil, err
+	}
+	if d.brokerID, err = loadBrokerID(cfg.BrokerID, stateDir); err != nil {
+		return nil, err
+	}
+	if d.bootID, err = readBootID(); err != nil {
 		return nil, err
 	}
 	pipe := make([]int, 2)
 	if err := unix.Pipe2(pipe, unix.O_CLOEXEC); err != nil {
 		return nil, fmt.Errorf("creating the supervisor stop pipe: %w", err)
 	}
-	configDir, logDir, err := makeWorkDirs(stateDir)
-	if err != nil {
-		_ = unix.Close(pipe[0])
-		_ = unix.Close(pipe[1])
+	d.stopR, d.stopW = pipe[0], pipe[1]
+	if d.configDir, d.logDir, err = makeWorkDirs(stateDir); err != nil {
 		return nil, err
 	}
-	d := &Daemon{
-		log:        log,
-		cfgPath:    cfgPath,
-		key:        key,
-		brokerID:   brokerID,
-		privileged: hasSetIDCaps(),
-		configDir:  configDir,
-		logDir:     logDir,
-		settings:   s,
-		leases:     map[string]*lease{},
-		spent:      map[string]struct{}{},
-		watchers:   watchers{subs: map[*subscriber]struct{}{}},
-		closing:    make(chan struct{}),
-		stopR:      pipe[0],
-		stopW:      pipe[1],
+	var adopted []*lease
+	if stateDir != "" {
+		var live []leaseRecord
+		if d.journal, live, err = openJournal(stateDir, d.brokerID, log); err != nil {
+			return nil, err
+		}
+		adopted = d.recoverLeases(live)
+		d.index = openSessionIndex(stateDir, maxBindings, log)
 	}
 	d.describe(s)
+	for _, l := range adopted {
+		d.wg.Add(1)
+		go d.supervise(l)
+	}
 	return d, nil
+}
+
+// release frees what New acquired, for Close and for a New that fails.
+// Instances are never touched.
+func (d *Daemon) release() {
+	for _, fd := range []int{d.stopR, d.stopW} {
+		if fd >= 0 {
+			_ = unix.Close(fd)
+		}
+	}
+	d.journal.close()
+	d.index.close()
+	if d.configDir != "" {
+		// Each succeeds only if empty: a live instance may still read its
+		// config, and instance output is kept for the operator.
+		_ = os.Remove(d.logDir)
+		_ = os.Remove(d.configDir)
+	}
+	if d.stateLock != nil {
+		_ = d.stateLock.Close()
+	}
 }
 
 // Close stops every supervisor, escalation and Watch stream. It never
 // signals an instance: they keep running, unreaped, for the next nexus-spawnd
-// (or init) to deal with. Temp configs of live instances are left in place,
-// since an instance may still be reading its own.
+// to re-adopt from the journal, where every live lease stays live. Temp
+// configs of live instances are left in place, since an instance may still
+// be reading its own.
 func (d *Daemon) Close() error {
 	d.mu.Lock()
 	if d.closed {
@@ -214,13 +283,15 @@ func (d *Daemon) Close() error {
 	d.mu.Unlock()
 	close(d.closing)
 	_ = unix.Close(d.stopW)
+	d.stopW = -1
 	d.wg.Wait()
-	_ = unix.Close(d.stopR)
-	// Each succeeds only if empty: a live instance may still read its
-	// config, and instance output is kept for the operator.
-	_ = os.Remove(d.logDir)
-	_ = os.Remove(d.configDir)
+	d.release()
 	return nil
+}
+
+// configFor is where a lease's temp config is written.
+func (d *Daemon) configFor(id string) string {
+	return filepath.Join(d.configDir, id+".yaml")
 }
 
 // admit checks one request against the verb table. The caller holds d.mu.
@@ -312,26 +383,37 @@ func (d *Daemon) Spawn(_ context.Context, req *spawnpb.SpawnRequest) (*spawnpb.S
 	}
 	l := &lease{
 		rec: leaseRecord{
-			LeaseID:         id,
-			Principal:       req.GetPrincipal(),
-			Entry:           e.name,
-			CreatedUnixNano: time.Now().UnixNano(),
+			LeaseID:   id,
+			Principal: req.GetPrincipal(),
+			// A resume's session id is known now; a new session's comes
+			// later, through Record.
+			SessionID:     req.GetRecallSessionId(),
+			Entry:         e.name,
+			CreatedAt:     time.Now().UTC(),
+			BrokerID:      d.brokerID,
+			AdvertiseAddr: d.advertise,
+			ConfigPath:    d.configFor(id),
 		},
 		state: stateSpawning,
+		pidfd: -1,
 		gone:  make(chan struct{}),
 	}
 	d.leases[id] = l
 	d.spent[id] = struct{}{}
 	d.wg.Add(1) // handed to the supervisor, or released below if exec fails
+	rec := l.snapshot()
 	d.mu.Unlock()
-	d.journalize(journal.minted, l.rec)
+	d.journal.append(kindMinted, rec)
 
 	p, err := d.start(id, e, s.inherit, req)
 	if err != nil {
 		d.mu.Lock()
 		l.state = stateGone
 		delete(d.leases, id)
+		l.rec.Reason = reasonSpawnFailed
+		rec := l.snapshot()
 		d.mu.Unlock()
+		d.journal.append(kindEnded, rec)
 		d.wg.Done()
 		d.log.Error("spawning instance failed", "lease_id", id, "entry", e.name, "error", err)
 		return nil, status.Errorf(codes.Internal, "Spawn: spawning instance: %v", err)
@@ -343,17 +425,22 @@ func (d *Daemon) Spawn(_ context.Context, req *spawnpb.SpawnRequest) (*spawnpb.S
 	l.configPath = p.configPath
 	l.rec.PID = p.pid
 	l.rec.StartTime = p.startTime
-	rec := l.rec
+	l.rec.BootID = d.bootID
+	rec = l.snapshot()
 	d.mu.Unlock()
+	// Journaled before the supervisor takes over this call's share of d.wg,
+	// so a Close meanwhile waits for the record that carries the pid.
+	d.journal.append(kindStarted, rec)
+	// Bound only once the instance runs: a failed exec replayed nothing.
+	d.index.bind(req.GetRecallSessionId(), e.name)
 	go d.supervise(l)
-	d.journalize(journal.started, rec)
 
 	attrs := []any{"lease_id", id, "entry", e.name, "pid", p.pid, "log", p.logPath}
 	if e.runAs != nil {
 		attrs = append(attrs, "run_as", e.runAs.String())
 	}
 	d.log.Info("instance spawned", attrs...)
-	return &spawnpb.SpawnResponse{Pid: int64(p.pid), CreatedUnixNano: rec.CreatedUnixNano}, nil
+	return &spawnpb.SpawnResponse{Pid: int64(p.pid), CreatedUnixNano: rec.CreatedAt.UnixNano()}, nil
 }
 
 // Verify checks a register frame's secret against the lease's derived one.
@@ -426,7 +513,8 @@ func (d *Daemon) List(context.Context, *spawnpb.ListRequest) (*spawnpb.ListRespo
 			SessionId:       l.rec.SessionID,
 			Entry:           l.rec.Entry,
 			Pid:             int64(l.rec.PID),
-			CreatedUnixNano: l.rec.CreatedUnixNano,
+			CreatedUnixNano: l.rec.CreatedAt.UnixNano(),
+			Adopted:         l.adopted,
 		})
 	}
 	slices.SortFunc(out, func(a, b *spawnpb.Lease) int {
@@ -468,7 +556,8 @@ func (d *Daemon) Watch(_ *spawnpb.WatchRequest, stream grpc.ServerStreamingServe
 	}
 }
 
-// Record stores the session id the gateway learned for a lease.
+// Record stores the session id the gateway learned for a lease, in the
+// journal and in the session → binary index.
 func (d *Daemon) Record(_ context.Context, req *spawnpb.RecordRequest) (*spawnpb.RecordResponse, error) {
 	d.mu.Lock()
 	l, err := d.admit(verbRecord, req.GetLeaseId())
@@ -477,9 +566,12 @@ func (d *Daemon) Record(_ context.Context, req *spawnpb.RecordRequest) (*spawnpb
 		return nil, err
 	}
 	l.rec.SessionID = req.GetSessionId()
-	rec := l.rec
+	rec := l.snapshot()
+	d.wg.Add(1) // so Close waits for these writes rather than racing them
 	d.mu.Unlock()
-	d.journalize(journal.recorded, rec)
+	defer d.wg.Done()
+	d.journal.append(kindRecorded, rec)
+	d.index.bind(rec.SessionID, rec.Entry)
 	return &spawnpb.RecordResponse{}, nil
 }
 
@@ -527,4 +619,30 @@ func (d *Daemon) Status(context.Context, *spawnpb.StatusRequest) (*spawnpb.Statu
 		return nil, err
 	}
 	return &spawnpb.StatusResponse{Binaries: s.listing(), BrokerId: d.brokerID, Pid: int64(os.Getpid())}, nil
+}
+
+// Binding answers which entry ran a session, for the gateway to hold a resume
+// to it: a live lease's entry first, then the session → binary index. ""
+// means no opinion: the session is unknown (never recorded, evicted from the
+// index, or there is no state_dir), and the resume proceeds unchecked.
+func (d *Daemon) Binding(_ context.Context, req *spawnpb.BindingRequest) (*spawnpb.BindingResponse, error) {
+	session := req.GetSessionId()
+	d.mu.Lock()
+	_, err := d.admit(verbBinding, "")
+	var newest *lease
+	for _, l := range d.leases {
+		if l.rec.SessionID == session && (newest == nil || l.rec.CreatedAt.After(newest.rec.CreatedAt)) {
+			newest = l
+		}
+	}
+	d.mu.Unlock()
+	switch {
+	case err != nil:
+		return nil, err
+	case session == "":
+		return nil, status.Error(codes.InvalidArgument, "Binding: session_id is empty; ask only about a claim that resumes a session")
+	case newest != nil:
+		return &spawnpb.BindingResponse{Entry: newest.rec.Entry}, nil
+	}
+	return &spawnpb.BindingResponse{Entry: d.index.lookup(session)}, nil
 }

@@ -628,6 +628,10 @@ func (s *spawner) Status(ctx context.Context, in *spawnpb.StatusRequest, opts ..
 	return call(s.c, ctx, in, opts, spawnpb.SpawnerClient.Status)
 }
 
+func (s *spawner) Binding(ctx context.Context, in *spawnpb.BindingRequest, opts ...grpc.CallOption) (*spawnpb.BindingResponse, error) {
+	return call(s.c, ctx, in, opts, spawnpb.SpawnerClient.Binding)
+}
+
 func (s *spawner) Watch(ctx context.Context, in *spawnpb.WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[spawnpb.ExitEvent], error) {
 	cn, err := s.c.current(ctx)
 	if err != nil {

@@ -642,7 +642,8 @@ type ExitEvent struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	LeaseId string                 `protobuf:"bytes,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
 	Pid     int64                  `protobuf:"varint,2,opt,name=pid,proto3" json:"pid,omitempty"`
-	// exit_code is -1 when the instance was killed by a signal.
+	// exit_code is -1 when the instance was killed by a signal, and when its
+	// status is unknown: an adopted instance is reaped by init, not spawnd.
 	ExitCode int32 `protobuf:"varint,3,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
 	// signal names the terminating signal ("SIGKILL"), empty otherwise.
 	Signal string `protobuf:"bytes,4,opt,name=signal,proto3" json:"signal,omitempty"`
@@ -1067,6 +1068,96 @@ func (x *StatusResponse) GetPid() int64 {
 	return 0
 }
 
+type BindingRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SessionId     string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BindingRequest) Reset() {
+	*x = BindingRequest{}
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BindingRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BindingRequest) ProtoMessage() {}
+
+func (x *BindingRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BindingRequest.ProtoReflect.Descriptor instead.
+func (*BindingRequest) Descriptor() ([]byte, []int) {
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *BindingRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+type BindingResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// entry is the binaries: entry name that ran the session, "" for no
+	// opinion.
+	Entry         string `protobuf:"bytes,1,opt,name=entry,proto3" json:"entry,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BindingResponse) Reset() {
+	*x = BindingResponse{}
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BindingResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BindingResponse) ProtoMessage() {}
+
+func (x *BindingResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BindingResponse.ProtoReflect.Descriptor instead.
+func (*BindingResponse) Descriptor() ([]byte, []int) {
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *BindingResponse) GetEntry() string {
+	if x != nil {
+		return x.Entry
+	}
+	return ""
+}
+
 var File_pkg_spawnrpc_spawnpb_spawn_proto protoreflect.FileDescriptor
 
 const file_pkg_spawnrpc_spawnpb_spawn_proto_rawDesc = "" +
@@ -1135,13 +1226,18 @@ const file_pkg_spawnrpc_spawnpb_spawn_proto_rawDesc = "" +
 	"\x0eStatusResponse\x128\n" +
 	"\bbinaries\x18\x01 \x03(\v2\x1c.nexusbroker.spawn.v1.BinaryR\bbinaries\x12\x1b\n" +
 	"\tbroker_id\x18\x02 \x01(\tR\bbrokerId\x12\x10\n" +
-	"\x03pid\x18\x03 \x01(\x03R\x03pid*\xa1\x01\n" +
+	"\x03pid\x18\x03 \x01(\x03R\x03pid\"/\n" +
+	"\x0eBindingRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\"'\n" +
+	"\x0fBindingResponse\x12\x14\n" +
+	"\x05entry\x18\x01 \x01(\tR\x05entry*\xa1\x01\n" +
 	"\fVerifyResult\x12\x1d\n" +
 	"\x19VERIFY_RESULT_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10VERIFY_RESULT_OK\x10\x01\x12\x1f\n" +
 	"\x1bVERIFY_RESULT_UNKNOWN_LEASE\x10\x02\x12\x1b\n" +
 	"\x17VERIFY_RESULT_NO_SECRET\x10\x03\x12\x1e\n" +
-	"\x1aVERIFY_RESULT_WRONG_SECRET\x10\x042\xac\x05\n" +
+	"\x1aVERIFY_RESULT_WRONG_SECRET\x10\x042\x84\x06\n" +
 	"\aSpawner\x12P\n" +
 	"\x05Spawn\x12\".nexusbroker.spawn.v1.SpawnRequest\x1a#.nexusbroker.spawn.v1.SpawnResponse\x12S\n" +
 	"\x06Verify\x12#.nexusbroker.spawn.v1.VerifyRequest\x1a$.nexusbroker.spawn.v1.VerifyResponse\x12\\\n" +
@@ -1150,7 +1246,8 @@ const file_pkg_spawnrpc_spawnpb_spawn_proto_rawDesc = "" +
 	"\x05Watch\x12\".nexusbroker.spawn.v1.WatchRequest\x1a\x1f.nexusbroker.spawn.v1.ExitEvent0\x01\x12S\n" +
 	"\x06Record\x12#.nexusbroker.spawn.v1.RecordRequest\x1a$.nexusbroker.spawn.v1.RecordResponse\x12S\n" +
 	"\x06Reload\x12#.nexusbroker.spawn.v1.ReloadRequest\x1a$.nexusbroker.spawn.v1.ReloadResponse\x12S\n" +
-	"\x06Status\x12#.nexusbroker.spawn.v1.StatusRequest\x1a$.nexusbroker.spawn.v1.StatusResponseB;Z9github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpbb\x06proto3"
+	"\x06Status\x12#.nexusbroker.spawn.v1.StatusRequest\x1a$.nexusbroker.spawn.v1.StatusResponse\x12V\n" +
+	"\aBinding\x12$.nexusbroker.spawn.v1.BindingRequest\x1a%.nexusbroker.spawn.v1.BindingResponseB;Z9github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpbb\x06proto3"
 
 var (
 	file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescOnce sync.Once
@@ -1165,7 +1262,7 @@ func file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP() []byte {
 }
 
 var file_pkg_spawnrpc_spawnpb_spawn_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_pkg_spawnrpc_spawnpb_spawn_proto_goTypes = []any{
 	(VerifyResult)(0),         // 0: nexusbroker.spawn.v1.VerifyResult
 	(*SpawnRequest)(nil),      // 1: nexusbroker.spawn.v1.SpawnRequest
@@ -1186,6 +1283,8 @@ var file_pkg_spawnrpc_spawnpb_spawn_proto_goTypes = []any{
 	(*Binary)(nil),            // 16: nexusbroker.spawn.v1.Binary
 	(*StatusRequest)(nil),     // 17: nexusbroker.spawn.v1.StatusRequest
 	(*StatusResponse)(nil),    // 18: nexusbroker.spawn.v1.StatusResponse
+	(*BindingRequest)(nil),    // 19: nexusbroker.spawn.v1.BindingRequest
+	(*BindingResponse)(nil),   // 20: nexusbroker.spawn.v1.BindingResponse
 }
 var file_pkg_spawnrpc_spawnpb_spawn_proto_depIdxs = []int32{
 	0,  // 0: nexusbroker.spawn.v1.VerifyResponse.result:type_name -> nexusbroker.spawn.v1.VerifyResult
@@ -1201,16 +1300,18 @@ var file_pkg_spawnrpc_spawnpb_spawn_proto_depIdxs = []int32{
 	12, // 10: nexusbroker.spawn.v1.Spawner.Record:input_type -> nexusbroker.spawn.v1.RecordRequest
 	14, // 11: nexusbroker.spawn.v1.Spawner.Reload:input_type -> nexusbroker.spawn.v1.ReloadRequest
 	17, // 12: nexusbroker.spawn.v1.Spawner.Status:input_type -> nexusbroker.spawn.v1.StatusRequest
-	2,  // 13: nexusbroker.spawn.v1.Spawner.Spawn:output_type -> nexusbroker.spawn.v1.SpawnResponse
-	4,  // 14: nexusbroker.spawn.v1.Spawner.Verify:output_type -> nexusbroker.spawn.v1.VerifyResponse
-	6,  // 15: nexusbroker.spawn.v1.Spawner.Terminate:output_type -> nexusbroker.spawn.v1.TerminateResponse
-	9,  // 16: nexusbroker.spawn.v1.Spawner.List:output_type -> nexusbroker.spawn.v1.ListResponse
-	11, // 17: nexusbroker.spawn.v1.Spawner.Watch:output_type -> nexusbroker.spawn.v1.ExitEvent
-	13, // 18: nexusbroker.spawn.v1.Spawner.Record:output_type -> nexusbroker.spawn.v1.RecordResponse
-	15, // 19: nexusbroker.spawn.v1.Spawner.Reload:output_type -> nexusbroker.spawn.v1.ReloadResponse
-	18, // 20: nexusbroker.spawn.v1.Spawner.Status:output_type -> nexusbroker.spawn.v1.StatusResponse
-	13, // [13:21] is the sub-list for method output_type
-	5,  // [5:13] is the sub-list for method input_type
+	19, // 13: nexusbroker.spawn.v1.Spawner.Binding:input_type -> nexusbroker.spawn.v1.BindingRequest
+	2,  // 14: nexusbroker.spawn.v1.Spawner.Spawn:output_type -> nexusbroker.spawn.v1.SpawnResponse
+	4,  // 15: nexusbroker.spawn.v1.Spawner.Verify:output_type -> nexusbroker.spawn.v1.VerifyResponse
+	6,  // 16: nexusbroker.spawn.v1.Spawner.Terminate:output_type -> nexusbroker.spawn.v1.TerminateResponse
+	9,  // 17: nexusbroker.spawn.v1.Spawner.List:output_type -> nexusbroker.spawn.v1.ListResponse
+	11, // 18: nexusbroker.spawn.v1.Spawner.Watch:output_type -> nexusbroker.spawn.v1.ExitEvent
+	13, // 19: nexusbroker.spawn.v1.Spawner.Record:output_type -> nexusbroker.spawn.v1.RecordResponse
+	15, // 20: nexusbroker.spawn.v1.Spawner.Reload:output_type -> nexusbroker.spawn.v1.ReloadResponse
+	18, // 21: nexusbroker.spawn.v1.Spawner.Status:output_type -> nexusbroker.spawn.v1.StatusResponse
+	20, // 22: nexusbroker.spawn.v1.Spawner.Binding:output_type -> nexusbroker.spawn.v1.BindingResponse
+	14, // [14:23] is the sub-list for method output_type
+	5,  // [5:14] is the sub-list for method input_type
 	5,  // [5:5] is the sub-list for extension type_name
 	5,  // [5:5] is the sub-list for extension extendee
 	0,  // [0:5] is the sub-list for field type_name
@@ -1227,7 +1328,7 @@ func file_pkg_spawnrpc_spawnpb_spawn_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_pkg_spawnrpc_spawnpb_spawn_proto_rawDesc), len(file_pkg_spawnrpc_spawnpb_spawn_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   18,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

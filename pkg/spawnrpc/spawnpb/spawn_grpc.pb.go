@@ -33,6 +33,7 @@ const (
 	Spawner_Record_FullMethodName    = "/nexusbroker.spawn.v1.Spawner/Record"
 	Spawner_Reload_FullMethodName    = "/nexusbroker.spawn.v1.Spawner/Reload"
 	Spawner_Status_FullMethodName    = "/nexusbroker.spawn.v1.Spawner/Status"
+	Spawner_Binding_FullMethodName   = "/nexusbroker.spawn.v1.Spawner/Binding"
 )
 
 // SpawnerClient is the client API for Spawner service.
@@ -53,18 +54,28 @@ type SpawnerClient interface {
 	// completion inside spawnd even if the caller goes away. It returns once
 	// the instance has exited. NOT_FOUND for a lease spawnd does not hold.
 	Terminate(ctx context.Context, in *TerminateRequest, opts ...grpc.CallOption) (*TerminateResponse, error)
-	// List returns every live lease spawnd holds.
+	// List returns every live lease spawnd holds, including those it
+	// re-adopted from its journal after a restart (adopted = true).
 	List(ctx context.Context, in *ListRequest, opts ...grpc.CallOption) (*ListResponse, error)
 	// Watch streams one event per instance exit, for as long as the stream
 	// stays open.
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExitEvent], error)
-	// Record journals what the gateway learned about a lease (its session id).
+	// Record journals what the gateway learned about a lease (its session id),
+	// and binds that session to the lease's entry in the session → binary
+	// index.
 	Record(ctx context.Context, in *RecordRequest, opts ...grpc.CallOption) (*RecordResponse, error)
 	// Reload re-reads spawnd's own keys of broker.yaml and swaps them in
 	// atomically, or leaves everything in force and says why.
 	Reload(ctx context.Context, in *ReloadRequest, opts ...grpc.CallOption) (*ReloadResponse, error)
 	// Status describes spawnd: its public registry listing and identity.
 	Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*StatusResponse, error)
+	// Binding answers which entry ran a session, so that a resume can be held
+	// to the binary that created it. Read-only: a live lease running the
+	// session answers first, then the session → binary index under
+	// state_dir. An empty entry is no opinion (never recorded, evicted, or no
+	// state_dir): the resume proceeds unchecked. INVALID_ARGUMENT for an
+	// empty session_id.
+	Binding(ctx context.Context, in *BindingRequest, opts ...grpc.CallOption) (*BindingResponse, error)
 }
 
 type spawnerClient struct {
@@ -164,6 +175,16 @@ func (c *spawnerClient) Status(ctx context.Context, in *StatusRequest, opts ...g
 	return out, nil
 }
 
+func (c *spawnerClient) Binding(ctx context.Context, in *BindingRequest, opts ...grpc.CallOption) (*BindingResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(BindingResponse)
+	err := c.cc.Invoke(ctx, Spawner_Binding_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SpawnerServer is the server API for Spawner service.
 // All implementations must embed UnimplementedSpawnerServer
 // for forward compatibility.
@@ -182,18 +203,28 @@ type SpawnerServer interface {
 	// completion inside spawnd even if the caller goes away. It returns once
 	// the instance has exited. NOT_FOUND for a lease spawnd does not hold.
 	Terminate(context.Context, *TerminateRequest) (*TerminateResponse, error)
-	// List returns every live lease spawnd holds.
+	// List returns every live lease spawnd holds, including those it
+	// re-adopted from its journal after a restart (adopted = true).
 	List(context.Context, *ListRequest) (*ListResponse, error)
 	// Watch streams one event per instance exit, for as long as the stream
 	// stays open.
 	Watch(*WatchRequest, grpc.ServerStreamingServer[ExitEvent]) error
-	// Record journals what the gateway learned about a lease (its session id).
+	// Record journals what the gateway learned about a lease (its session id),
+	// and binds that session to the lease's entry in the session → binary
+	// index.
 	Record(context.Context, *RecordRequest) (*RecordResponse, error)
 	// Reload re-reads spawnd's own keys of broker.yaml and swaps them in
 	// atomically, or leaves everything in force and says why.
 	Reload(context.Context, *ReloadRequest) (*ReloadResponse, error)
 	// Status describes spawnd: its public registry listing and identity.
 	Status(context.Context, *StatusRequest) (*StatusResponse, error)
+	// Binding answers which entry ran a session, so that a resume can be held
+	// to the binary that created it. Read-only: a live lease running the
+	// session answers first, then the session → binary index under
+	// state_dir. An empty entry is no opinion (never recorded, evicted, or no
+	// state_dir): the resume proceeds unchecked. INVALID_ARGUMENT for an
+	// empty session_id.
+	Binding(context.Context, *BindingRequest) (*BindingResponse, error)
 	mustEmbedUnimplementedSpawnerServer()
 }
 
@@ -227,6 +258,9 @@ func (UnimplementedSpawnerServer) Reload(context.Context, *ReloadRequest) (*Relo
 }
 func (UnimplementedSpawnerServer) Status(context.Context, *StatusRequest) (*StatusResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Status not implemented")
+}
+func (UnimplementedSpawnerServer) Binding(context.Context, *BindingRequest) (*BindingResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Binding not implemented")
 }
 func (UnimplementedSpawnerServer) mustEmbedUnimplementedSpawnerServer() {}
 func (UnimplementedSpawnerServer) testEmbeddedByValue()                 {}
@@ -386,6 +420,24 @@ func _Spawner_Status_Handler(srv interface{}, ctx context.Context, dec func(inte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Spawner_Binding_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(BindingRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SpawnerServer).Binding(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Spawner_Binding_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SpawnerServer).Binding(ctx, req.(*BindingRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Spawner_ServiceDesc is the grpc.ServiceDesc for Spawner service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -420,6 +472,10 @@ var Spawner_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Status",
 			Handler:    _Spawner_Status_Handler,
+		},
+		{
+			MethodName: "Binding",
+			Handler:    _Spawner_Binding_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

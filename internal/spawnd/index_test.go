@@ -1,0 +1,252 @@
+package spawnd
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
+)
+
+func (h *harness) binding(session string) string {
+	h.t.Helper()
+	resp, err := h.client.Binding(h.ctx(), &spawnpb.BindingRequest{SessionId: session})
+	if err != nil {
+		h.t.Fatalf("Binding(%q): %v", session, err)
+	}
+	return resp.Entry
+}
+
+// resume spawns lease id from entry as a resume of session.
+func (h *harness) resume(id, entry, session string) *fakeConn {
+	h.t.Helper()
+	_, err := h.client.Spawn(h.ctx(), &spawnpb.SpawnRequest{
+		LeaseId: id, Entry: entry, Config: []byte("core: {}\n"), RecallSessionId: session,
+		Principal: "alice", BrokerAddr: testBrokerAddr,
+	})
+	if err != nil {
+		h.t.Fatalf("Spawn(%s, %s, resume %s): %v", id, entry, session, err)
+	}
+	return h.accept()
+}
+
+func indexLines(t *testing.T, path string) []string {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Split(strings.TrimSuffix(string(data), "\n"), "\n")
+}
+
+// TestBindingIsWrittenOnResumeAndRecord: a resume binds its session when
+// spawned, a new session when Record reports it; Binding answers from the
+// live lease, then from the index, across a restart too.
+func TestBindingIsWrittenOnResumeAndRecord(t *testing.T) {
+	h := newHarness(t, defaultYAML)
+	path := filepath.Join(h.stateDir, indexFile)
+	stream := h.watch()
+	resumed := h.resume("lease-resume", "notify", "sess-old")
+	if got := indexLines(t, path); got[len(got)-1] != `{"session_id":"sess-old","entry":"notify"}` {
+		t.Errorf("index after a resume = %q, want its binding last", got)
+	}
+	_, fresh := h.spawn("lease-new", "nexus")
+	if _, err := h.client.Record(h.ctx(), &spawnpb.RecordRequest{LeaseId: "lease-new", SessionId: "sess-new"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := indexLines(t, path); got[len(got)-1] != `{"session_id":"sess-new","entry":"nexus"}` {
+		t.Errorf("index after Record = %q, want its binding last", got)
+	}
+	if a, b := h.binding("sess-old"), h.binding("sess-new"); a != "notify" || b != "nexus" {
+		t.Errorf("Binding while live = %q, %q, want notify, nexus", a, b)
+	}
+	resumed.send("exit 0")
+	fresh.send("exit 0")
+	h.nextExit(stream)
+	h.nextExit(stream)
+	h.stop()
+	h.start()
+	for session, want := range map[string]string{"sess-old": "notify", "sess-new": "nexus", "sess-unknown": ""} {
+		if got := h.binding(session); got != want {
+			t.Errorf("Binding(%s) after the leases ended and a restart = %q, want %q", session, got, want)
+		}
+	}
+	if _, err := h.client.Binding(h.ctx(), &spawnpb.BindingRequest{}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("Binding of no session = %v, want InvalidArgument", err)
+	}
+}
+
+// TestBindingPrefersALiveLease: while a lease runs the session, its entry
+// is the answer, whatever the index says.
+func TestBindingPrefersALiveLease(t *testing.T) {
+	h := newHarness(t, defaultYAML)
+	stream := h.watch()
+	f := h.resume("lease-live", "nexus", "sess-x")
+	h.d.index.bind("sess-x", "notify")
+	if got := h.binding("sess-x"); got != "nexus" {
+		t.Errorf("Binding with a live lease on the session = %q, want its entry nexus", got)
+	}
+	f.send("exit 0")
+	h.nextExit(stream)
+	if got := h.binding("sess-x"); got != "notify" {
+		t.Errorf("Binding once the lease is gone = %q, want the index's notify", got)
+	}
+}
+
+// TestBindingWithoutStateDir answers from live leases only and keeps
+// nothing.
+func TestBindingWithoutStateDir(t *testing.T) {
+	h := newHarness(t, strings.Replace(defaultYAML, "state_dir: STATE\n", "", 1))
+	stream := h.watch()
+	f := h.resume("lease-mem", "notify", "sess-mem")
+	if got := h.binding("sess-mem"); got != "notify" {
+		t.Errorf("Binding while live = %q, want notify", got)
+	}
+	f.send("exit 0")
+	h.nextExit(stream)
+	if got := h.binding("sess-mem"); got != "" {
+		t.Errorf("Binding after the lease without state_dir = %q, want no opinion", got)
+	}
+	if _, err := os.Stat(h.stateDir); !os.IsNotExist(err) {
+		t.Errorf("without state_dir something was written to %s: %v", h.stateDir, err)
+	}
+}
+
+// TestUnopenableIndexTurnsTheCheckOff: a directory where the index should be
+// costs one WARN, never the boot; Binding then answers from live leases only.
+func TestUnopenableIndexTurnsTheCheckOff(t *testing.T) {
+	h := newHarness(t, defaultYAML)
+	h.stop()
+	path := filepath.Join(h.stateDir, indexFile)
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(path, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	h.start()
+	h.logs.await(t, "the session → binary index cannot be used, so resumes are not checked against the binary that created their session; "+
+		"fix or remove the file and restart nexus-spawnd to turn the check back on", "path", path)
+	stream := h.watch()
+	_, f := h.spawn("lease-off", "notify")
+	if _, err := h.client.Record(h.ctx(), &spawnpb.RecordRequest{LeaseId: "lease-off", SessionId: "sess-off"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.binding("sess-off"); got != "notify" {
+		t.Errorf("Binding while live = %q, want notify", got)
+	}
+	f.send("exit 0")
+	h.nextExit(stream)
+	if got := h.binding("sess-off"); got != "" {
+		t.Errorf("Binding with the index off = %q, want no opinion", got)
+	}
+}
+
+func openTestIndex(t *testing.T, dir string, limit int) (*sessionIndex, *logBuffer) {
+	t.Helper()
+	logs := newLogBuffer()
+	x := openSessionIndex(dir, limit, slog.New(slog.NewJSONHandler(logs, nil)))
+	if x == nil {
+		t.Fatalf("the index in %s did not open:\n%s", dir, logs.text())
+	}
+	t.Cleanup(x.close)
+	return x, logs
+}
+
+// TestIndexDropsTheOldestBinding: past the cap the binding written longest
+// ago goes, a rebinding counts as new, and a reopened index agrees.
+func TestIndexDropsTheOldestBinding(t *testing.T) {
+	dir := t.TempDir()
+	x, _ := openTestIndex(t, dir, 3)
+	for _, s := range []string{"s1", "s2", "s3"} {
+		x.bind(s, "nexus")
+	}
+	x.bind("s1", "vision") // refreshed: s2 is now the oldest
+	x.bind("s4", "nexus")
+	want := map[string]string{"s1": "vision", "s2": "", "s3": "nexus", "s4": "nexus"}
+	for s, e := range want {
+		if got := x.lookup(s); got != e {
+			t.Errorf("lookup(%s) = %q, want %q", s, got, e)
+		}
+	}
+	x.close()
+	y, _ := openTestIndex(t, dir, 3)
+	for s, e := range want {
+		if got := y.lookup(s); got != e {
+			t.Errorf("after reopening, lookup(%s) = %q, want %q", s, got, e)
+		}
+	}
+}
+
+// TestIndexCapIs4096 runs the real cap: 4097 sessions keep the newest 4096,
+// in memory, and in the file once reopened.
+func TestIndexCapIs4096(t *testing.T) {
+	dir := t.TempDir()
+	x, _ := openTestIndex(t, dir, maxBindings)
+	for i := range maxBindings + 1 {
+		x.bind(fmt.Sprint("sess-", i), "nexus")
+	}
+	if x.lookup("sess-0") != "" || x.lookup("sess-1") != "nexus" || x.lookup(fmt.Sprint("sess-", maxBindings)) != "nexus" {
+		t.Error("past the cap the oldest binding was not the one dropped")
+	}
+	x.close()
+	y, _ := openTestIndex(t, dir, maxBindings)
+	if n := len(indexLines(t, filepath.Join(dir, indexFile))); n != maxBindings || y.order.Len() != maxBindings {
+		t.Errorf("reopened index has %d lines, %d bindings; want %d", n, y.order.Len(), maxBindings)
+	}
+	if y.lookup("sess-0") != "" || y.lookup("sess-1") != "nexus" {
+		t.Error("the reopened index does not hold the newest 4096")
+	}
+}
+
+// TestIndexCompactsEvery256Appends counts lines on either side of the
+// 256th append.
+func TestIndexCompactsEvery256Appends(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, indexFile)
+	x, _ := openTestIndex(t, dir, maxBindings)
+	for range indexCompactEvery - 1 {
+		x.bind("sess-same", "nexus")
+	}
+	if n := len(indexLines(t, path)); n != indexCompactEvery-1 {
+		t.Fatalf("after %d appends the index has %d lines, want one per append", indexCompactEvery-1, n)
+	}
+	x.bind("sess-other", "vision")
+	if got := indexLines(t, path); len(got) != 2 {
+		t.Fatalf("after the %dth append the index is %q, want its two bindings", indexCompactEvery, got)
+	}
+	x.bind("sess-third", "nexus")
+	if n := len(indexLines(t, path)); n != 3 {
+		t.Errorf("an append after compaction left %d lines, want 3", n)
+	}
+}
+
+// TestIndexSkipsCorruptLines: bad and torn lines are skipped with a WARN
+// naming them; the good ones still answer.
+func TestIndexSkipsCorruptLines(t *testing.T) {
+	dir := t.TempDir()
+	text := `{"session_id":"sess-a","entry":"nexus"}` + "\n" +
+		"not json\n" +
+		`{"session_id":"","entry":"nexus"}` + "\n" +
+		`{"session_id":"sess-b","entry":"vision"}` + "\n" +
+		`{"session_id":"sess-torn","en`
+	if err := os.WriteFile(filepath.Join(dir, indexFile), []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	x, logs := openTestIndex(t, dir, maxBindings)
+	for _, n := range []int{2, 3, 5} {
+		logs.await(t, "skipping a session → binary index line that is not a whole binding (torn by a crash mid-write, or edited)", "line", n)
+	}
+	if a, b, c := x.lookup("sess-a"), x.lookup("sess-b"), x.lookup("sess-torn"); a != "nexus" || b != "vision" || c != "" {
+		t.Errorf("lookups = %q, %q, %q; want nexus, vision and no opinion", a, b, c)
+	}
+	if n := len(indexLines(t, filepath.Join(dir, indexFile))); n != 2 {
+		t.Errorf("index after the rewrite at open has %d lines, want 2", n)
+	}
+}

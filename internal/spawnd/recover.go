@@ -1,0 +1,272 @@
+package spawnd
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// Recovery: what a nexus-spawnd does at boot with the leases its
+// predecessor journaled as live. The instances outlived it (each leads its
+// own process group, and was reparented to init when the old spawnd died)
+// and keep redialing the gateway, so each one whose identity is proven is
+// adopted: supervised, listed, verifiable and terminable as if spawned here.
+//
+// Identity is (boot id, pid, start time), never a live pid alone: a pid is
+// recycled, and the process now holding a journaled pid may be anybody's. A
+// record that cannot be proven is closed out and its process is never
+// signalled.
+
+// Reasons a record is closed out at recovery.
+const (
+	// reasonPidGone: no process has the journaled pid any more.
+	reasonPidGone = "pid gone"
+	// reasonIdentityMismatch: the pid is held by a process with another
+	// start time, or the host rebooted since (another boot id).
+	reasonIdentityMismatch = "identity mismatch"
+	// reasonNeverStarted: the previous nexus-spawnd stopped between minting
+	// the lease and journaling its pid, so there is nothing to prove.
+	reasonNeverStarted = "never started"
+)
+
+// configDirPrefix names spawnd's temp config directories (makeWorkDirs).
+const configDirPrefix = "nexus-spawnd-"
+
+// readBootID is this boot's /proc/sys/kernel/random/boot_id.
+func readBootID() (string, error) {
+	data, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return "", fmt.Errorf("reading the boot id: %w; nexus-spawnd needs /proc mounted to prove an instance's identity", err)
+	}
+	return strings.TrimSpace(string(data)), nil
+}
+
+// procStat is what spawnd reads from /proc/<pid>/stat.
+type procStat struct {
+	state     byte   // field 3: 'Z' is a zombie
+	pgid, sid int    // fields 5 and 6
+	startTime uint64 // field 22, clock ticks since boot
+	// exitStatus is field 52, the wait status of a zombie; 0 for a live
+	// process, and for one whose status we may not read.
+	exitStatus uint32
+}
+
+// readProcStat parses /proc/<pid>/stat. The command name (field 2) is in
+// parentheses and may itself hold spaces and parentheses, so fields are
+// counted from the last ')'.
+func readProcStat(pid int) (procStat, error) {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return procStat{}, err
+	}
+	s := string(data)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:]) // f[0] is field 3
+	field := func(n int) string { return f[n-3] }
+	if len(f) < 22-2 || len(field(3)) != 1 {
+		return procStat{}, fmt.Errorf("/proc/%d/stat has %d fields after the command name, not the layout nexus-spawnd reads", pid, len(f))
+	}
+	st := procStat{state: field(3)[0]}
+	st.pgid, err = strconv.Atoi(field(5))
+	if err == nil {
+		st.sid, err = strconv.Atoi(field(6))
+	}
+	if err == nil {
+		st.startTime, err = strconv.ParseUint(field(22), 10, 64)
+	}
+	if err == nil && len(f) >= 52-2 {
+		var status uint64
+		status, err = strconv.ParseUint(field(52), 10, 32)
+		st.exitStatus = uint32(status)
+	}
+	if err != nil {
+		return procStat{}, fmt.Errorf("/proc/%d/stat: %w", pid, err)
+	}
+	return st, nil
+}
+
+// identify proves that rec's process is still the instance it was journaled
+// for, and returns a pidfd for it and its stat. Otherwise it returns the
+// reason to close the record out, and what was found, for the log.
+//
+// The start time is checked before pidfd_open and again after: the first
+// read proves the instance held the pid then; the second, that it still
+// holds it now. The pidfd was opened in between, so it refers to the
+// instance: a pid belongs to one process at a time, and a process keeps its
+// pid for life.
+func identify(rec leaseRecord, bootID string) (pidfd int, st procStat, reason, found string) {
+	if rec.PID <= 0 {
+		return -1, st, reasonNeverStarted, "no pid was journaled"
+	}
+	if rec.BootID != bootID {
+		return -1, st, reasonIdentityMismatch, fmt.Sprintf("journaled under boot id %q; the host has rebooted since (boot id %q)", rec.BootID, bootID)
+	}
+	check := func() (string, string) {
+		var err error
+		st, err = readProcStat(rec.PID)
+		switch {
+		case errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ESRCH):
+			return reasonPidGone, "no such process"
+		case err != nil:
+			return reasonIdentityMismatch, err.Error()
+		case st.startTime != rec.StartTime:
+			return reasonIdentityMismatch, fmt.Sprintf("the pid now belongs to a process started at tick %d, not %d", st.startTime, rec.StartTime)
+		}
+		return "", ""
+	}
+	if reason, found = check(); reason != "" {
+		return -1, st, reason, found
+	}
+	pidfd, err := unix.PidfdOpen(rec.PID, 0)
+	if err == unix.ESRCH {
+		return -1, st, reasonPidGone, "the process exited during recovery"
+	} else if err != nil {
+		return -1, st, reasonIdentityMismatch, fmt.Sprintf("pidfd_open: %v", err)
+	}
+	if reason, found = check(); reason != "" {
+		_ = unix.Close(pidfd)
+		return -1, st, reason, found
+	}
+	return pidfd, st, "", ""
+}
+
+// adoptedStatus is the wait status of an adopted instance that has exited,
+// if spawnd can still learn it. Not being its parent, spawnd cannot reap it;
+// its status stays readable in /proc only until init reaps it, so this is
+// best-effort.
+func adoptedStatus(rec leaseRecord) (unix.WaitStatus, bool) {
+	st, err := readProcStat(rec.PID)
+	if err != nil || st.state != 'Z' || st.startTime != rec.StartTime {
+		return 0, false
+	}
+	return unix.WaitStatus(st.exitStatus), true
+}
+
+// maxScanRounds bounds killGroupRemains. A round signals every member it
+// sees; the next finds only children forked during the last, and a killed
+// process forks no more, so a couple of rounds is the norm.
+const maxScanRounds = 16
+
+// killGroupRemains SIGKILLs what is left of an adopted instance's process
+// group once its leader has exited. spawnd is not the leader's parent, so it
+// cannot keep the leader unreaped to pin the group id as it does for an
+// instance it spawned; kill(-pgid) could then reach a group that reused the
+// id. Instead it scans /proc for the members and signals each through its
+// own pidfd.
+//
+// Why this reaches only the instance's processes: Linux does not hand out a
+// pid again while any process still uses it as a process group id (nor does
+// POSIX allow a group id's reuse within the group's lifetime), so while the
+// group has a member the id is still the instance's. Only if the group had
+// emptied and the pid come round again in the instant since the leader's
+// exit could a process with this pgid be a stranger, and the filter shuts
+// out what it can even then: a member is in the leader's session (setpgid
+// never crosses sessions) and started no earlier than the leader (it is a
+// descendant, or joined a group that already existed). Each candidate is
+// read again after its pidfd is open, as identify does, so the signal goes
+// to the process that was checked.
+func killGroupRemains(pgid, sid int, leaderStart uint64) (killed int, err error) {
+	member := func(st procStat) bool {
+		return st.pgid == pgid && st.sid == sid && st.startTime >= leaderStart && st.state != 'Z'
+	}
+	signalled := map[int]uint64{} // pid → start time
+	for range maxScanRounds {
+		names, err := os.ReadDir("/proc")
+		if err != nil {
+			return killed, fmt.Errorf("scanning /proc for the instance's process group: %w", err)
+		}
+		fresh := 0
+		for _, de := range names {
+			pid, err := strconv.Atoi(de.Name())
+			if err != nil {
+				continue
+			}
+			st, err := readProcStat(pid)
+			if err != nil || !member(st) {
+				continue
+			}
+			if start, ok := signalled[pid]; ok && start == st.startTime {
+				continue // killed last round, not yet a zombie
+			}
+			fd, err := unix.PidfdOpen(pid, 0)
+			if err != nil {
+				continue // gone already
+			}
+			if again, err := readProcStat(pid); err == nil && member(again) && again.startTime == st.startTime &&
+				unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0) == nil {
+				signalled[pid] = st.startTime
+				fresh++
+			}
+			_ = unix.Close(fd)
+		}
+		if fresh == 0 {
+			return len(signalled), nil
+		}
+	}
+	return len(signalled), fmt.Errorf("process group %d still had new members after %d rounds of SIGKILL", pgid, maxScanRounds)
+}
+
+// journaledConfig is the temp config a journal record names, if it has the
+// shape of one spawnd wrote (<temp>/nexus-spawnd-*/<lease id>.yaml); else "".
+// The journal is spawnd's own 0700 file, but a path it deletes is checked
+// all the same.
+func journaledConfig(rec leaseRecord) string {
+	p := rec.ConfigPath
+	if !filepath.IsAbs(p) || filepath.Clean(p) != p || filepath.Base(p) != rec.LeaseID+".yaml" ||
+		!strings.HasPrefix(filepath.Base(filepath.Dir(p)), configDirPrefix) {
+		return ""
+	}
+	return p
+}
+
+// removeConfig removes a gone instance's temp config, and the temp
+// directory of the nexus-spawnd that wrote it once that is empty: a
+// predecessor killed with -9 never removed its own.
+func (d *Daemon) removeConfig(path string) {
+	if path == "" {
+		return
+	}
+	_ = os.Remove(path)
+	if dir := filepath.Dir(path); dir != d.configDir {
+		_ = os.Remove(dir) // fails unless empty
+	}
+}
+
+// recoverLeases decides, for each live lease the journal replayed, whether
+// to adopt its instance or close it out. It runs in New, before any verb is
+// served; the adopted leases' supervisors are started by the caller.
+func (d *Daemon) recoverLeases(live []leaseRecord) []*lease {
+	var adopted []*lease
+	for _, rec := range live {
+		d.spent[rec.LeaseID] = struct{}{}
+		pidfd, st, reason, found := identify(rec, d.bootID)
+		if reason != "" {
+			rec.Reason = reason
+			rec.seq++
+			d.journal.append(kindEnded, rec)
+			d.removeConfig(journaledConfig(rec))
+			d.log.Warn("journaled lease closed out; its process was not signalled",
+				"lease_id", rec.LeaseID, "entry", rec.Entry, "pid", rec.PID, "reason", reason, "found", found)
+			continue
+		}
+		l := &lease{
+			rec:        rec,
+			state:      stateRunning,
+			pidfd:      pidfd,
+			configPath: journaledConfig(rec),
+			adopted:    true,
+			sid:        st.sid,
+			gone:       make(chan struct{}),
+		}
+		d.leases[rec.LeaseID] = l
+		adopted = append(adopted, l)
+		d.log.Info("instance re-adopted", "lease_id", rec.LeaseID, "entry", rec.Entry, "pid", rec.PID,
+			"session_id", rec.SessionID, "principal", rec.Principal)
+	}
+	return adopted
+}
