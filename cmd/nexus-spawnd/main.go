@@ -69,6 +69,15 @@ func run(cfgPath, runDir string, log *slog.Logger) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	// A SIGHUP meant for the gateway (pkill -HUP -f nexus-broker matches this
+	// process too) must not kill spawnd, which is the runtime's default.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	go func() {
+		for range hup {
+			log.Warn("SIGHUP ignored: send it to nexus-broker, which reloads both processes in one step")
+		}
+	}()
 	return spawnrpc.Serve(ctx, spawnrpc.ServeOptions{
 		RunDir:     runDir,
 		AllowedUID: allowedUID,

@@ -179,3 +179,32 @@ func TestSIGHUPReload(t *testing.T) {
 		t.Fatalf("config_reloads_total: %v", m)
 	}
 }
+
+func TestSpawndShutdownLeavesInstancesForTheNextOne(t *testing.T) {
+	b := startBroker(t, Options{StateDir: true})
+	claim := b.claim(brokerclient.ClaimRequest{})
+	conn := b.dial(claim, brokerclient.DialOptions{})
+
+	// A stray SIGHUP (pkill -HUP -f nexus-broker matches spawnd too) is
+	// logged and ignored.
+	_ = b.spawnd.cmd.Process.Signal(syscall.SIGHUP)
+	b.SpawndLog.wait(t, regexp.MustCompile(`SIGHUP ignored: send it to nexus-broker`), 5*time.Second)
+	if b.spawnd.exited() {
+		t.Fatal("spawnd died of a SIGHUP")
+	}
+
+	pids := b.Instances()
+	b.KillSpawnd(syscall.SIGTERM)
+	if after := b.Instances(); len(after) != 1 || after[0] != pids[0] {
+		t.Fatalf("instances after spawnd's SIGTERM: %v, want %v", after, pids)
+	}
+	if got := say(t, conn, "spawnd is down"); got != "echo #1: spawnd is down" {
+		t.Fatalf("the stream stopped with spawnd: %q", got)
+	}
+	b.StartSpawnd()
+	b.SpawndLog.wait(t, regexp.MustCompile(`msg="instance re-adopted" lease_id=`+claim.LeaseID), 10*time.Second)
+	if status, _ := b.do("POST", "/release/"+claim.LeaseID, ""); status != 200 {
+		t.Fatalf("release through the new spawnd = %d", status)
+	}
+	b.waitNoInstances(10 * time.Second)
+}

@@ -237,7 +237,7 @@ func (l *envList) pairs() []string {
 // names spawnd does not hold and one for run_as that cannot work. It runs at
 // boot and after every applied reload.
 func (d *Daemon) describe(s *settings) {
-	var runAs []string
+	var runAs, asRoot []string
 	for _, name := range slices.Sorted(maps.Keys(s.entries)) {
 		e := s.entries[name]
 		env := spawnEnv(e, s.inherit, os.LookupEnv, dialBack{})
@@ -250,6 +250,8 @@ func (d *Daemon) describe(s *settings) {
 		if e.runAs != nil {
 			attrs = append(attrs, "run_as", e.runAs.String(), "run_as_home", env.values["HOME"])
 			runAs = append(runAs, name)
+		} else if os.Geteuid() == 0 {
+			asRoot = append(asRoot, name)
 		}
 		d.log.Info("binary registry entry", attrs...)
 	}
@@ -263,6 +265,13 @@ func (d *Daemon) describe(s *settings) {
 		d.log.Warn("inherit_env names variables nexus-spawnd's own environment does not hold, so no spawned instance will carry them; "+
 			"export them into nexus-spawnd's environment or set them under binaries.<name>.env",
 			"missing", strings.Join(missing, ","))
+	}
+	if len(asRoot) > 0 {
+		// Upstream's "the instance runs as the broker's uid" means root here:
+		// spawnd is the process that execs.
+		d.log.Warn("these entries have no run_as and nexus-spawnd runs as root, so their instances run as root; "+
+			"set run_as (a broker-level default covers every entry) to run them as an unprivileged user",
+			"entries", strings.Join(asRoot, ","))
 	}
 	if len(runAs) > 0 && !d.privileged {
 		d.log.Warn("run_as is configured but nexus-spawnd lacks CAP_SETUID and CAP_SETGID, so every spawn of these entries will be refused; "+
