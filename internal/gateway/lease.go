@@ -74,6 +74,7 @@ type lease struct {
 	lastActivity  time.Time
 	turnStarted   time.Time // zero while settled
 	policyTimer   *time.Timer
+	policyAt      time.Time // when policyTimer fires; zero when not armed
 	reattachTimer *time.Timer
 
 	ready           chan struct{}
@@ -273,24 +274,30 @@ func (l *lease) deadlineLocked() (time.Time, string) {
 	return l.lastActivity.Add(cfg.IdleTimeout.D()), reasonIdle
 }
 
+// rearmLocked makes sure the policy timer fires no later than the current
+// deadline. A deadline that moved later needs no timer update: the timer
+// fires early and policyFired re-arms it for the new deadline, which keeps
+// timer work off the path of every client frame.
 func (l *lease) rearmLocked() {
 	at, _ := l.deadlineLocked()
-	if at.IsZero() {
+	switch {
+	case at.IsZero():
 		if l.policyTimer != nil {
 			l.policyTimer.Stop()
 		}
-		return
+		l.policyAt = time.Time{}
+	case l.policyTimer == nil:
+		l.policyTimer = time.AfterFunc(time.Until(at), l.policyFired)
+		l.policyAt = at
+	case l.policyAt.IsZero() || at.Before(l.policyAt):
+		l.policyTimer.Reset(time.Until(at))
+		l.policyAt = at
 	}
-	d := time.Until(at)
-	if l.policyTimer == nil {
-		l.policyTimer = time.AfterFunc(d, l.policyFired)
-		return
-	}
-	l.policyTimer.Reset(d)
 }
 
 func (l *lease) policyFired() {
 	l.mu.Lock()
+	l.policyAt = time.Time{}
 	at, reason := l.deadlineLocked()
 	if at.IsZero() {
 		l.mu.Unlock()
@@ -298,6 +305,7 @@ func (l *lease) policyFired() {
 	}
 	if d := time.Until(at); d > 0 { // moved since the timer was armed
 		l.policyTimer.Reset(d)
+		l.policyAt = at
 		l.mu.Unlock()
 		return
 	}

@@ -81,6 +81,9 @@ type wsConn struct {
 	// pinger probes the peer every pingInterval; a timer rather than a
 	// goroutine per socket.
 	pinger *time.Timer
+	// writeBy is the write deadline in force (guarded by wmu); it is pushed
+	// out only when half spent, not on every message.
+	writeBy time.Time
 	// unresponsive is set when the liveness probe gave up.
 	unresponsive atomic.Bool
 }
@@ -102,7 +105,10 @@ func newWSConn(c *websocket.Conn) *wsConn {
 	return w
 }
 
-// read returns the next message, extending the liveness deadline.
+// read returns the next message. The liveness deadline is pushed out by the
+// peer's pongs and pings (see newWSConn), not by each message: any conformant
+// peer answers every ping, and not touching the deadline per message keeps a
+// timer update off the relay's hot path.
 func (w *wsConn) read() ([]byte, error) {
 	_, data, err := w.c.ReadMessage()
 	if err != nil {
@@ -112,15 +118,18 @@ func (w *wsConn) read() ([]byte, error) {
 		}
 		return nil, err
 	}
-	_ = w.c.SetReadDeadline(time.Now().Add(peerTimeout))
 	return data, nil
 }
 
-// write sends one text message.
+// write sends one text message. A write that cannot complete within
+// writeWait fails rather than pinning the writer on a dead peer.
 func (w *wsConn) write(data []byte) error {
 	w.wmu.Lock()
 	defer w.wmu.Unlock()
-	_ = w.c.SetWriteDeadline(time.Now().Add(writeWait))
+	if now := time.Now(); w.writeBy.Sub(now) < writeWait/2 {
+		w.writeBy = now.Add(writeWait)
+		_ = w.c.SetWriteDeadline(w.writeBy)
+	}
 	return w.c.WriteMessage(websocket.TextMessage, data)
 }
 
