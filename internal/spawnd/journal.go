@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nexus-broker/nexus-broker/internal/atomicfile"
 )
 
 // The lease journal, <state_dir>/leases.jsonl, is what lets a restarted
@@ -342,22 +344,13 @@ func rewrite(path string, data []byte, durable bool) (*os.File, error) {
 		return nil, err
 	}
 	if durable {
-		if err := syncDir(dir); err != nil {
+		if err := atomicfile.SyncDir(dir); err != nil {
 			_ = f.Close()
 			return nil, fmt.Errorf("the rewrite of %s may not survive a power loss: %w", path, err)
 		}
 	}
 	// f's offset is at the end of data, and nobody else writes the file.
 	return f, nil
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
 
 // removeTemps removes the temp files of rewrites a crash interrupted. Only

@@ -7,11 +7,14 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"golang.org/x/sys/unix"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/nexus-broker/nexus-broker/internal/atomicfile"
 )
 
 // spawnKeySize is the spawn-key's length: HMAC-SHA256 gains nothing from a
@@ -45,7 +48,7 @@ func loadSpawnKey(stateDir string) ([]byte, error) {
 		if err != nil {
 			return nil, err
 		}
-		return key, writeFileAtomic(path, key)
+		return key, atomicfile.Write(path, key, nil)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("spawn-key %s: %w", path, err)
@@ -87,7 +90,7 @@ func loadBrokerID(configured, stateDir string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return id, writeFileAtomic(path, []byte(id+"\n"))
+	return id, atomicfile.Write(path, []byte(id+"\n"), nil)
 }
 
 func randomID() (string, error) {
@@ -101,31 +104,6 @@ func randomBytes(n int) ([]byte, error) {
 		return nil, fmt.Errorf("reading random bytes: %w", err)
 	}
 	return b, nil
-}
-
-// writeFileAtomic writes a 0600 file through a synced temp file and a
-// rename, so a crash mid-write never leaves a short key that would refuse
-// the next boot.
-func writeFileAtomic(path string, data []byte) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+"-*") // created 0600
-	if err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(f.Name(), path)
-	}
-	if err != nil {
-		_ = os.Remove(f.Name())
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	return nil
 }
 
 // tempRoot is where per-claim config files are created: $TMPDIR when the

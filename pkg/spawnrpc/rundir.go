@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nexus-broker/nexus-broker/internal/atomicfile"
 	"github.com/nexus-broker/nexus-broker/internal/config"
 )
 
@@ -83,52 +84,21 @@ func ReadEndpoint(runDir string) (Endpoint, error) {
 
 // writeEndpoint publishes ep atomically: a reader sees the old file or the
 // new one, never a torn write, and the rename is durable before we return.
+// It is readable by the gateway's group, which is all the gateway needs.
 func writeEndpoint(runDir string, ep Endpoint, gid int) error {
 	data, err := json.Marshal(ep)
 	if err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(runDir, "."+EndpointFile+".*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name()) // no-op after the rename
-	if err := writeSynced(tmp, append(data, '\n'), gid); err != nil {
-		return fmt.Errorf("write %s: %w", tmp.Name(), err)
-	}
-	if err := os.Rename(tmp.Name(), filepath.Join(runDir, EndpointFile)); err != nil {
-		return err
-	}
-	return syncDir(runDir)
-}
-
-func writeSynced(f *os.File, data []byte, gid int) error {
-	defer f.Close()
-	// Readable by the gateway's group, which is all the gateway needs.
-	if err := f.Chmod(0o640); err != nil {
-		return err
-	}
-	if gid >= 0 {
-		if err := f.Chown(-1, gid); err != nil {
+	return atomicfile.Write(filepath.Join(runDir, EndpointFile), append(data, '\n'), func(f *os.File) error {
+		if err := f.Chmod(0o640); err != nil {
 			return err
 		}
-	}
-	if _, err := f.Write(data); err != nil {
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		return err
-	}
-	return f.Close()
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+		if gid >= 0 {
+			return f.Chown(-1, gid)
+		}
+		return nil
+	})
 }
 
 // removeEndpointIfOurs removes spawnd.json when it still names pid; a file
@@ -145,7 +115,7 @@ func removeEndpointIfOurs(runDir string, pid int) error {
 	if err := os.Remove(filepath.Join(runDir, EndpointFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
-	return syncDir(runDir)
+	return atomicfile.SyncDir(runDir)
 }
 
 // prepareRunDir creates runDir 0750 (group gid when gid >= 0) for spawnd,
