@@ -284,3 +284,19 @@ func TestExitBeforeReadyIs502AndFreesTheSlot(t *testing.T) {
 		t.Fatalf("metrics after one failed and one good claim: %v", m)
 	}
 }
+
+func TestClaimSucceedsWithoutASessionReportAfterTheGrace(t *testing.T) {
+	b := startBroker(t, Options{NoNexusEntry: true, YAML: fmt.Sprintf("session_report_grace: 300ms\nbinaries:\n  nexus:\n    path: %q\n    env: {NEXUS_ECHO_NO_SESSION_REPORT: \"1\"}\n", bin("nexus-echo"))})
+	start := time.Now()
+	claim := b.claim(brokerclient.ClaimRequest{})
+	if d := time.Since(start); d < 300*time.Millisecond {
+		t.Fatalf("claim answered after %s, before session_report_grace", d)
+	}
+	if claim.SessionID != "" {
+		t.Fatalf("session_id = %q from an instance that never reported one", claim.SessionID)
+	}
+	b.GatewayLog.wait(t, regexp.MustCompile(`instance did not report its session id within session_report_grace; answering the claim without it" lease_id=`+claim.LeaseID), time.Second)
+	if got := say(t, b.dial(claim, brokerclient.DialOptions{}), "hi"); got != "echo #1: hi" {
+		t.Fatalf("answer = %q", got)
+	}
+}
