@@ -42,6 +42,11 @@ var devYAML string
 // Run serves until SIGTERM/SIGINT. Instances keep running when it returns.
 func Run(o Options) error {
 	log := o.Logger
+	// Before anything can announce this process: a SIGHUP's default action
+	// is to terminate it.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	path, dev, err := resolveConfig(o.ConfigPath, log)
 	if err != nil {
 		return err
@@ -87,9 +92,6 @@ func Run(o Options) error {
 		go showDevClaim(ctx, base, log)
 	}
 
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
 	for {
 		select {
 		case <-hup:
