@@ -459,8 +459,9 @@ func BenchmarkRelayRoundTrip(b *testing.B) {
 	rig := newInstanceRig(b)
 	inst := rig.spawn(b, "instance-direct")
 	inst.await(b)
+	viaFloor := startRelayFloor(b)
 
-	var relay, base, instance []time.Duration
+	var relay, base, instance, floor []time.Duration
 	for n := 0; b.Loop(); n++ {
 		d, err := clientRoundTrip(viaBroker, n)
 		if err != nil {
@@ -475,6 +476,10 @@ func BenchmarkRelayRoundTrip(b *testing.B) {
 			b.Fatalf("instance direct: %v", err)
 		}
 		instance = append(instance, d)
+		if d, err = clientRoundTrip(viaFloor, n); err != nil {
+			b.Fatalf("relay floor: %v", err)
+		}
+		floor = append(floor, d)
 	}
 	inst.stop(b)
 	p50, p99 := pct(relay, 50), pct(relay, 99)
@@ -488,6 +493,10 @@ func BenchmarkRelayRoundTrip(b *testing.B) {
 	b.ReportMetric(float64(p99)/float64(d99), "ratio-p99")
 	b.ReportMetric(ms(i50), "instance-p50-ms")
 	b.ReportMetric(ms(p50-i50), "relay-overhead-p50-ms")
+	f50 := pct(floor, 50)
+	b.ReportMetric(ms(f50), "relay-floor-p50-ms")
+	b.Logf("against the same nexus-echo: direct %.3f ms, through a minimal copy-only relay process %.3f ms (%.2f×), through the broker %.3f ms (%.2f×)",
+		ms(i50), ms(f50), float64(f50)/float64(i50), ms(p50), float64(p50)/float64(i50))
 	verdict(b, "relay round trip < 2× direct", p50 < 2*d50,
 		"p50 %.3f ms vs direct %.3f ms = %.2f×; p99 %.3f vs %.3f ms = %.2f×; nexus-echo alone %.3f ms; %d samples each",
 		ms(p50), ms(d50), float64(p50)/float64(d50), ms(p99), ms(d99), float64(p99)/float64(d99), ms(i50), len(relay))

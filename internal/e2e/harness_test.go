@@ -29,6 +29,10 @@ import (
 var binDir string
 
 func TestMain(m *testing.M) {
+	if os.Getenv(relayFloorRole) != "" {
+		runRelayFloor()
+		return
+	}
 	dir, err := os.MkdirTemp("", "nexus-e2e-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
