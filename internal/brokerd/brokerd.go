@@ -56,12 +56,9 @@ func Run(o Options) error {
 		return err
 	}
 	for _, w := range cfg.Warnings {
-		log.Warn(w)
+		log.Warn(w, "listen_addr", cfg.ListenAddr, "advertise_addr", cfg.AdvertiseAddr)
 	}
 	log.Warn("client authentication is DISABLED: broker config has no auth block, so any caller that can reach this broker can claim, release and list leases")
-	if cfg.StateDir == "" {
-		log.Warn("state_dir is empty: lease state is in-memory only, so a restart of nexus-spawnd cannot re-adopt running instances; set state_dir to survive restarts")
-	}
 
 	ln, err := net.Listen("tcp", cfg.ListenAddr)
 	if err != nil {

@@ -174,12 +174,14 @@ func checkID(id *int, key, what string) error {
 
 // validateAdvertise enforces the advertise_addr rules, normalizes the value
 // (trimmed, no trailing /) and records the two WARN shapes.
+//
+// The WARN texts are upstream's, word for word: operators grep for them.
 func (c *Config) validateAdvertise() error {
 	a := strings.TrimSpace(c.AdvertiseAddr)
 	c.AdvertiseAddr = a
 	if a == "" {
 		if host, _, _ := net.SplitHostPort(c.ListenAddr); isWildcard(host) {
-			c.Warnings = append(c.Warnings, fmt.Sprintf("listen_addr %q binds every interface and advertise_addr is empty, so ws_url is built from each claim's Host header; behind a proxy or load balancer set advertise_addr to the address clients use to reach this broker", c.ListenAddr))
+			c.Warnings = append(c.Warnings, WarnNoAdvertise)
 		}
 		return nil
 	}
@@ -191,7 +193,7 @@ func (c *Config) validateAdvertise() error {
 	switch scheme {
 	case "ws", "http":
 	case "wss", "https":
-		c.Warnings = append(c.Warnings, fmt.Sprintf("advertise_addr %q promises %s, but the broker serves cleartext only; this is right behind a TLS-terminating proxy and wrong otherwise (advertise ws:// or a bare host:port to silence it)", a, scheme))
+		c.Warnings = append(c.Warnings, WarnTLSScheme)
 	default:
 		if qualified {
 			return fmt.Errorf("broker config: advertise_addr: scheme %q is not one of ws, wss, http, https; write host:port or one of those schemes followed by host:port", scheme)
@@ -227,3 +229,17 @@ func isWildcard(host string) bool {
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsUnspecified()
 }
+
+// The two advertise_addr WARNs. They are logged with listen_addr and
+// advertise_addr as attributes.
+const (
+	WarnNoAdvertise = "advertise_addr is not set and listen_addr names no host: " +
+		"the ws_url returned by POST /claim will be derived from each claim request's Host header, " +
+		"which behind a reverse proxy or load balancer names the proxy rather than this broker " +
+		"and can send a client to a broker that does not hold its lease; " +
+		"set advertise_addr to the address clients use to reach this broker"
+	WarnTLSScheme = "advertise_addr names a TLS scheme but this broker serves cleartext: " +
+		"it has no TLS listener, so the wss:// ws_url returned by POST /claim is correct " +
+		"ONLY if a TLS-terminating proxy fronts this broker; " +
+		"expected behind such a proxy, and a misconfiguration otherwise"
+)

@@ -61,7 +61,7 @@ func (g *Gateway) handleClaim(w http.ResponseWriter, r *http.Request) {
 			g.log.Info("claim abandoned by its client", "error", cerr.text)
 			return // nobody is listening
 		}
-		g.log.Warn("claim failed", "status", cerr.status, "error", cerr.text)
+		g.log.Warn("claim failed", "status", cerr.status, "reason", cerr.text)
 		writeError(w, cerr.status, cerr.text)
 		return
 	}

@@ -84,6 +84,12 @@ func (g *Gateway) Start(ctx context.Context) error {
 		return fmt.Errorf("asking nexus-spawnd for its registry: %w", err)
 	}
 	g.setBinaries(st.Binaries)
+	if g.boot.StateDir == "" {
+		g.log.Warn("state_dir is not set: lease state is in-memory only and a restart " +
+			"will lose track of every instance this broker spawned")
+	} else {
+		g.log.Info("lease durability enabled", "state_dir", g.boot.StateDir, "broker_id", st.BrokerId)
+	}
 	if err := g.restore(ctx); err != nil {
 		return err
 	}
