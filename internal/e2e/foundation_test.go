@@ -267,7 +267,7 @@ func TestUnknownLeaseRegistrationClosesWithPolicyViolation(t *testing.T) {
 	if !errors.As(err, &ce) || ce.Code != 1008 || ce.Text != "unknown lease" {
 		t.Fatalf("got %v, want close 1008 unknown lease", err)
 	}
-	b.GatewayLog.wait(t, regexp.MustCompile(`rejecting instance registration: no live lease has this id`), time.Second)
+	b.GatewayLog.wait(t, regexp.MustCompile(`level=WARN msg="rejecting instance registration" lease_id=nope remote=\S+ error="unknown lease: no live lease has this id`), time.Second)
 }
 
 func TestExitBeforeReadyIs502AndFreesTheSlot(t *testing.T) {

@@ -241,7 +241,7 @@ func TestNewestClientWinsAndTheOlderIsClosedWith4501(t *testing.T) {
 	if got := say(t, second, "still here"); got != "echo #1: still here" {
 		t.Fatalf("answer on the newer connection = %q", got)
 	}
-	b.GatewayLog.wait(t, regexp.MustCompile(`msg="client connection superseded by a newer one" lease_id=`+claim.LeaseID+` principal="" reason="superseded by a newer client connection"`), time.Second)
+	b.GatewayLog.wait(t, regexp.MustCompile(`level=WARN msg="this connection displaced the lease's previous client[^"]*" lease_id=`+claim.LeaseID+` principal_id="" credential=anonymous reason="superseded by a newer client connection" close_status=4501`), time.Second)
 	if v := b.metrics()["nexus_broker_client_evictions_total"]; v != 1 {
 		t.Fatalf("client_evictions_total = %v", v)
 	}
@@ -324,7 +324,7 @@ func TestADeadClientIsDetachedAndTheLeaseSurvives(t *testing.T) {
 	// Stop reading: gorilla answers pings only from a read loop, so this
 	// client now answers nothing.
 	start := time.Now()
-	b.GatewayLog.wait(t, regexp.MustCompile(`client socket unresponsive; detached it`), 10*time.Second)
+	b.GatewayLog.wait(t, regexp.MustCompile(`level=WARN msg="peer stopped answering pings; closing its socket so the lease detaches[^"]*" lease_id=`+claim.LeaseID+` peer=client`), 10*time.Second)
 	if d := time.Since(start); d < 1400*time.Millisecond || d > 3*time.Second {
 		t.Fatalf("detached after %s, want within [timeout, timeout+2 intervals] = [1.5s, ~2.1s]", d)
 	}

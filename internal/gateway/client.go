@@ -61,7 +61,7 @@ func (g *Gateway) handleClient(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		return
 	}
-	c := &clientConn{l: l, ws: newWSConn(conn), principal: principal, resumed: fromSeq >= 0, closeCh: make(chan closeReq, 1)}
+	c := &clientConn{l: l, ws: newWSConn(conn, g.log, "client", l.id), principal: principal, resumed: fromSeq >= 0, closeCh: make(chan closeReq, 1)}
 
 	l.mu.Lock()
 	if l.state == stateDraining {
@@ -71,15 +71,32 @@ func (g *Gateway) handleClient(w http.ResponseWriter, r *http.Request) {
 	}
 	var gap *brokerframe.StreamGap
 	c.cur, gap = l.log.attach(fromSeq)
+	startSeq, lastSeq := c.cur.seq, l.log.lastSeq()
 	old := l.client
 	l.client = c
 	l.mu.Unlock()
+	g.log.Info("client connected", "lease_id", l.id, "principal_id", principal, "credential", "anonymous", "evicted_previous_client", old != nil)
 	if old != nil {
 		// The newest connection wins: a half-open socket must not lock its
 		// owner out of the reconnect the ticket flow exists for.
 		old.ws.closeNow(codeSuperseded, closeSuperseded)
 		g.m.clientEvictions.Add(1)
-		g.log.Info("client connection superseded by a newer one", "lease_id", l.id, "principal", principal, "reason", closeSuperseded)
+		g.log.Warn("this connection displaced the lease's previous client, which has been "+
+			"closed. A client must not keep two connections open to one lease — they will "+
+			"evict each other",
+			"lease_id", l.id, "principal_id", principal, "credential", "anonymous",
+			"reason", closeSuperseded, "close_status", codeSuperseded)
+	}
+	switch {
+	case gap != nil:
+		g.log.Warn("a resuming client could not be fully replayed; it has been told which "+
+			"frames are gone. Raise client_replay_buffer_bytes if this is routine rather than "+
+			"the tail of a long disconnection",
+			"lease_id", l.id, "reason", gap.Reason, "requested_from_seq", gap.RequestedFromSeq,
+			"missing_from_seq", gap.MissingFromSeq, "missing_through_seq", gap.MissingThroughSeq,
+			"replayed_frames", lastSeq-startSeq, "last_seq", lastSeq)
+	case fromSeq >= 0 && lastSeq > startSeq:
+		g.log.Info("replaying buffered frames to a resuming client", "lease_id", l.id, "frames", lastSeq-startSeq, "last_seq", lastSeq)
 	}
 
 	go c.writePump(gap)
@@ -92,9 +109,7 @@ func (g *Gateway) handleClient(w http.ResponseWriter, r *http.Request) {
 	}
 	l.mu.Unlock()
 	c.ws.finish()
-	if c.ws.unresponsive.Load() {
-		g.log.Warn("client socket unresponsive; detached it (the lease survives for a reconnect)", "lease_id", l.id, "principal", principal)
-	}
+	g.log.Info("client disconnected", "lease_id", l.id)
 }
 
 // writePump writes the lease's stream from the cursor on: replayed frames

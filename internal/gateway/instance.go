@@ -39,7 +39,7 @@ func (g *Gateway) handleInstance(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		return // the upgrader has answered
 	}
-	ws := newWSConn(conn)
+	ws := newWSConn(conn, g.log, "instance", "")
 	_ = conn.SetReadDeadline(time.Now().Add(registerWait))
 	_, data, err := conn.ReadMessage()
 	if err != nil {
@@ -64,6 +64,7 @@ func (g *Gateway) handleInstance(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	_ = conn.SetReadDeadline(time.Now().Add(peerTimeout))
+	ws.leaseID = l.id
 	ic := &instanceConn{ws: ws, drained: make(chan struct{})}
 
 	l.mu.Lock()
@@ -96,11 +97,7 @@ func (g *Gateway) handleInstance(w http.ResponseWriter, r *http.Request) {
 	l.mu.Unlock()
 	close(ic.drained)
 	ws.finish()
-	if ws.unresponsive.Load() {
-		g.log.Warn("instance socket unresponsive; detached it (the lease survives and the instance redials)", "lease_id", l.id)
-	} else {
-		g.log.Info("instance disconnected", "lease_id", l.id)
-	}
+	g.log.Info("instance disconnected", "lease_id", l.id)
 }
 
 // refusal names why a registration was refused, for the log only.
@@ -145,22 +142,26 @@ func (g *Gateway) admitInstance(ctx context.Context, f brokerframe.Frame) (*leas
 func (g *Gateway) logRefusal(f brokerframe.Frame, why refusal, remote string) {
 	switch why {
 	case refusedVersionSkew:
-		g.log.Warn("rejecting instance registration: its register frame declares a broker frame schema version this broker does not speak; "+
-			"the instance binary and the broker are different builds of the frame protocol — upgrade whichever is older",
+		g.log.Warn("rejecting instance registration: its register frame declares a broker frame "+
+			"schema version this broker does not speak. The binary the binaries registry entry for "+
+			"this lease points at is a different build from this broker: upgrade whichever is older "+
+			"so both speak the same version",
 			"lease_id", f.LeaseID, "instance_frame_version", f.Version, "broker_frame_version", brokerframe.Version, "remote", remote)
 	case refusedNoSecret:
-		g.log.Warn("rejecting instance registration: its register frame carried NO spawn secret, and this broker requires one for every registration — "+
-			"with or without an auth block. The most likely cause is that the instance binary the binaries registry entry points at "+
-			"predates the spawn-secret protocol: upgrade that binary", "lease_id", f.LeaseID, "remote", remote)
+		g.log.Warn("rejecting instance registration: its register frame carried NO spawn secret, "+
+			"and this broker requires one for every registration — with or without an auth block. "+
+			"The most likely cause is that the instance binary the binaries registry entry points at "+
+			"predates the spawn-secret protocol: upgrade it. Removing the auth block no longer makes "+
+			"this work", "lease_id", f.LeaseID, "remote", remote)
 	case refusedWrongSecret:
-		g.log.Warn("rejecting instance registration: its register frame carried the WRONG spawn secret, so this broker did not spawn the process that dialed back; "+
-			"investigate what is dialing /instance", "lease_id", f.LeaseID, "remote", remote)
+		g.log.Warn("rejecting instance registration: its register frame carried the WRONG spawn secret. "+
+			"This broker did not spawn the process that dialed back", "lease_id", f.LeaseID, "remote", remote)
 	case refusedSpawndUnavailable:
-		g.log.Warn("rejecting instance registration: nexus-spawnd could not be asked to verify its secret; the instance will redial",
-			"lease_id", f.LeaseID, "remote", remote)
+		g.log.Warn("rejecting instance registration", "lease_id", f.LeaseID, "remote", remote,
+			"error", "nexus-spawnd could not be asked to verify the spawn secret; the instance will redial")
 	default:
-		g.log.Warn("rejecting instance registration: no live lease has this id (it was released, reaped, or never minted by this broker)",
-			"lease_id", f.LeaseID, "remote", remote)
+		g.log.Warn("rejecting instance registration", "lease_id", f.LeaseID, "remote", remote,
+			"error", "unknown lease: no live lease has this id (released, reaped, or never minted by this broker)")
 	}
 }
 

@@ -2,12 +2,12 @@ package gateway
 
 import (
 	"errors"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/gorilla/websocket"
@@ -74,6 +74,10 @@ var upgrader = websocket.Upgrader{
 // concurrent writer; control frames are safe from any goroutine) and runs the
 // liveness probe.
 type wsConn struct {
+	// peer ("client" or "instance") and leaseID name the socket in logs.
+	peer, leaseID string
+	log           *slog.Logger
+
 	c    *websocket.Conn
 	wmu  sync.Mutex
 	once sync.Once
@@ -84,12 +88,10 @@ type wsConn struct {
 	// writeBy is the write deadline in force (guarded by wmu); it is pushed
 	// out only when half spent, not on every message.
 	writeBy time.Time
-	// unresponsive is set when the liveness probe gave up.
-	unresponsive atomic.Bool
 }
 
-func newWSConn(c *websocket.Conn) *wsConn {
-	w := &wsConn{c: c, done: make(chan struct{})}
+func newWSConn(c *websocket.Conn, log *slog.Logger, peer, leaseID string) *wsConn {
+	w := &wsConn{c: c, done: make(chan struct{}), log: log, peer: peer, leaseID: leaseID}
 	c.SetReadLimit(maxMessage)
 	_ = c.SetReadDeadline(time.Now().Add(peerTimeout))
 	c.SetPongHandler(func(string) error { return c.SetReadDeadline(time.Now().Add(peerTimeout)) })
@@ -147,7 +149,10 @@ func (w *wsConn) probe() {
 // giveUp tears an unresponsive peer down without waiting for a close
 // handshake it will never answer.
 func (w *wsConn) giveUp() {
-	w.unresponsive.Store(true)
+	w.log.Warn("peer stopped answering pings; closing its socket so the lease detaches. "+
+		"The connection is half-open — the peer's host slept, moved network, or had its flow "+
+		"dropped by a NAT — and would otherwise have looked healthy until the OS keepalive noticed",
+		"lease_id", w.leaseID, "peer", w.peer, "deadline", peerTimeout)
 	w.closeNow(websocket.CloseGoingAway, closeUnresponsive)
 }
 
