@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"sync/atomic"
 
 	"github.com/nexus-broker/nexus-broker/pkg/brokerclient"
 	"github.com/nexus-broker/nexus-broker/pkg/brokerframe"
@@ -50,8 +51,12 @@ func run(broker, binary, session, configText, token string, keep bool) error {
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
-	go printFrames(conn)
+	var done atomic.Bool // we closed the socket ourselves: not an error to report
+	defer func() {
+		done.Store(true)
+		conn.Close()
+	}()
+	go printFrames(conn, &done)
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
 		if err := conn.Send(brokerframe.IO{Type: brokerframe.IOInput, Content: in.Text()}); err != nil {
@@ -61,11 +66,13 @@ func run(broker, binary, session, configText, token string, keep bool) error {
 	return nil
 }
 
-func printFrames(conn *brokerclient.Conn) {
+func printFrames(conn *brokerclient.Conn, done *atomic.Bool) {
 	for {
 		f, err := conn.Next()
 		if err != nil {
-			fmt.Println("\nconnection closed:", err)
+			if !done.Load() {
+				fmt.Println("\nconnection closed:", err)
+			}
 			return
 		}
 		var p brokerframe.IO
