@@ -30,8 +30,11 @@ bench: build
 # Short fuzzing of every decoder and the config loader.
 FUZZTIME ?= 30s
 fuzz:
-	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime $(FUZZTIME) ./pkg/brokerframe
-	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime $(FUZZTIME) ./internal/config
+	$(GO) test -run '^$$' -fuzz 'FuzzDecode$$' -fuzztime $(FUZZTIME) ./pkg/brokerframe
+	$(GO) test -run '^$$' -fuzz 'FuzzDecodeFastAgrees$$' -fuzztime $(FUZZTIME) ./pkg/brokerframe
+	$(GO) test -run '^$$' -fuzz 'FuzzParse$$' -fuzztime $(FUZZTIME) ./internal/config
+	$(GO) test -run '^$$' -fuzz 'FuzzParseTranscript$$' -fuzztime $(FUZZTIME) ./internal/echo
+	$(GO) test -run '^$$' -fuzz 'FuzzPayloadType$$' -fuzztime $(FUZZTIME) ./internal/echo
 
 # Regenerates pkg/spawnrpc/spawnpb from spawn.proto with Debian's
 # protobuf-compiler (apt-get install protobuf-compiler) and the plugin

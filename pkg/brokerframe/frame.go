@@ -126,7 +126,11 @@ func appendString(buf *bytes.Buffer, s string) {
 // Decode unmarshals one frame and checks its signal. The version is not
 // checked here; see Version.
 func Decode(data []byte) (Frame, error) {
-	var f Frame
+	f, ok := decodeFast(data)
+	if ok && f.Signal.Valid() {
+		return f, nil
+	}
+	f = Frame{}
 	if err := json.Unmarshal(data, &f); err != nil {
 		return Frame{}, fmt.Errorf("brokerframe: decode: %w", err)
 	}

@@ -113,3 +113,41 @@ func TestEncodeKeepsPayloadBytes(t *testing.T) {
 		t.Fatal("an invalid payload encoded")
 	}
 }
+
+// FuzzDecodeFastAgrees: whenever the fast path accepts an input,
+// encoding/json decodes it to the very same frame.
+func FuzzDecodeFastAgrees(f *testing.F) {
+	for _, s := range []string{
+		`{"version":1,"lease_id":"L","signal":"io","seq":3,"payload":{"type":"input","content":"hi"}}`,
+		`{"version":1,"lease_id":"L","signal":"register","secret":"s"}`,
+		` { "signal" : "ready" , "x" : [1,{"a":"\""}] } `,
+		`{"Signal":"io"}`, `{"seq":01}`, `{"seq":1.5}`, `{"payload":null}`, `{"lease_id":"a\u00e9"}`,
+		`{"version":1,"version":2}`, `{}`, `{"payload":"x"}garbage`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		fast, ok := decodeFast(data)
+		if !ok {
+			return
+		}
+		var std Frame
+		if err := json.Unmarshal(data, &std); err != nil {
+			t.Fatalf("fast path accepted what encoding/json refuses (%v): %q", err, data)
+		}
+		if fast.Version != std.Version || fast.LeaseID != std.LeaseID || fast.Signal != std.Signal || fast.Secret != std.Secret ||
+			fast.SessionID != std.SessionID || fast.Seq != std.Seq || string(fast.Payload) != string(std.Payload) {
+			t.Fatalf("fast %+v\nstd  %+v\ninput %q", fast, std, data)
+		}
+	})
+}
+
+func BenchmarkDecode(b *testing.B) {
+	data := []byte(`{"version":1,"lease_id":"133194fa6928971ca911b73fddd27c10","signal":"io","seq":42,"payload":{"type":"stream.delta","turn_id":"t-1","content":"0123456789"}}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := Decode(data); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
