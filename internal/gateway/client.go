@@ -61,6 +61,13 @@ func (g *Gateway) handleClient(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		return
 	}
+	// As for instances: return, so net/http can drop its per-connection
+	// state, and serve the socket on its own goroutine.
+	go g.serveClient(l, conn, principal, fromSeq)
+}
+
+// serveClient runs one client socket of l until it ends.
+func (g *Gateway) serveClient(l *lease, conn *websocket.Conn, principal string, fromSeq int64) {
 	c := &clientConn{l: l, ws: newWSConn(conn, g.log, "client", l.id), principal: principal, resumed: fromSeq >= 0, closeCh: make(chan closeReq, 1)}
 
 	l.mu.Lock()

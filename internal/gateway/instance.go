@@ -39,6 +39,14 @@ func (g *Gateway) handleInstance(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		return // the upgrader has answered
 	}
+	// Serve the socket on a fresh goroutine and return: a handler that never
+	// returns pins net/http's per-connection buffers, request and contexts
+	// for the socket's whole life.
+	go g.serveInstance(conn, r.RemoteAddr)
+}
+
+// serveInstance runs one dial-back socket: register, then the read pump.
+func (g *Gateway) serveInstance(conn *websocket.Conn, remote string) {
 	ws := newWSConn(conn, g.log, "instance", "")
 	_ = conn.SetReadDeadline(time.Now().Add(registerWait))
 	_, data, err := conn.ReadMessage()
@@ -55,11 +63,11 @@ func (g *Gateway) handleInstance(w http.ResponseWriter, r *http.Request) {
 		ws.closeNow(websocket.ClosePolicyViolation, "expected register frame")
 		return
 	}
-	l, refusal := g.admitInstance(r.Context(), f)
+	l, refusal := g.admitInstance(g.ctx, f)
 	if l == nil {
 		// Every refusal is byte-identical on the wire, so a dialer cannot
 		// tell a live lease id from a dead one; the log tells them apart.
-		g.logRefusal(f, refusal, r.RemoteAddr)
+		g.logRefusal(f, refusal, remote)
 		ws.closeNow(websocket.ClosePolicyViolation, closeUnknownLease)
 		return
 	}
