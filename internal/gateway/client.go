@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/gorilla/websocket"
@@ -25,7 +26,18 @@ type clientConn struct {
 	// resumed: the client connected with ?from_seq=, so it is told about
 	// evicted ranges in-band with stream-gap rather than by a seq jump alone.
 	resumed bool
-	closeCh chan closeReq
+
+	// One writer at a time holds the turn: the instance's read pump writing
+	// a frame itself when the client is caught up and its socket has room
+	// (no goroutine handoff, no thread wakeup, on the hot path), or a
+	// transient drain goroutine for everything else: a replay, a lagging
+	// client, a close. A slow client therefore never stalls its instance.
+	wmu     sync.Mutex
+	writing bool
+	dead    bool                   // a write failed or the socket closed: write nothing more
+	gap     *brokerframe.StreamGap // the notice to send before anything else
+	closing *closeReq
+	flushBy time.Time
 }
 
 type closeReq struct {
@@ -36,10 +48,156 @@ type closeReq struct {
 // finish closes the connection after writing it everything the lease
 // produced, bounded by finishFlush.
 func (c *clientConn) finish(code int, reason string) {
-	select {
-	case c.closeCh <- closeReq{code, reason}:
-	default:
+	c.wmu.Lock()
+	if c.closing == nil {
+		c.closing = &closeReq{code, reason}
+		c.flushBy = time.Now().Add(finishFlush)
 	}
+	c.wmu.Unlock()
+	c.notify(false)
+}
+
+// notify says the lease's stream grew or the connection must close. With
+// direct set the caller (the instance read pump) may write a caught-up
+// frame itself.
+func (c *clientConn) notify(direct bool) {
+	c.wmu.Lock()
+	if c.writing || c.dead {
+		c.wmu.Unlock()
+		return // the writer holding the turn sees the new work when it releases
+	}
+	c.writing = true
+	direct = direct && c.gap == nil && c.closing == nil
+	c.wmu.Unlock()
+	if direct && c.writeDirect() && c.release() {
+		return
+	}
+	go c.drain()
+}
+
+// release gives up the writing turn, unless work arrived meanwhile: then it
+// keeps it and reports false. Checking under wmu is what makes a
+// concurrent notify either see the turn taken or find nothing left.
+func (c *clientConn) release() bool {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if !c.dead && (c.closing != nil || c.l.log.hasAfter(c.cur)) {
+		return false
+	}
+	c.writing = false
+	return true
+}
+
+func (c *clientConn) markDead() {
+	c.wmu.Lock()
+	c.dead = true
+	c.wmu.Unlock()
+}
+
+// directMax bounds what the read pump writes itself; more goes to a drain
+// goroutine.
+const directMax = 8
+
+// writeDirect writes the few frames after the cursor on the caller's
+// goroutine, if the socket can take them without blocking. It reports false
+// when it left them for a drain goroutine.
+func (c *clientConn) writeDirect() bool {
+	var arr [directMax]logEntry
+	batch, missFrom, _, _ := c.l.log.readBatch(c.cur, arr[:0], directMax)
+	if missFrom > 0 || len(batch) == directMax {
+		return false
+	}
+	size := 0
+	for _, e := range batch {
+		size += len(e.data) + 14 // plus the WebSocket frame header, at most
+	}
+	if len(batch) == 0 {
+		return true
+	}
+	if !c.ws.roomFor(size) {
+		return false
+	}
+	for _, e := range batch {
+		if c.ws.write(e.data) != nil {
+			c.markDead()
+			return true
+		}
+	}
+	c.l.log.advance(c.cur, batch[len(batch)-1].seq)
+	return true
+}
+
+// drain writes until the client has everything, then releases the turn; a
+// close requested meanwhile is carried out once the stream is flushed, or
+// at finishFlush.
+func (c *clientConn) drain() {
+	for {
+		if !c.writeAll() {
+			c.markDead()
+			return
+		}
+		c.wmu.Lock()
+		closing := c.closing
+		c.wmu.Unlock()
+		if closing != nil {
+			if c.l.log.hasAfter(c.cur) && time.Now().Before(c.flushBy) {
+				continue
+			}
+			c.ws.closeGraceful(closing.code, closing.reason)
+			c.markDead()
+			return
+		}
+		if c.release() {
+			return
+		}
+	}
+}
+
+// writeAll writes the gap notice if one is due, then every frame after the
+// cursor: replayed frames first, then live ones, in seq order, never
+// skipping a frame the log still holds. It reports false on a write error.
+func (c *clientConn) writeAll() bool {
+	l, g := c.l, c.l.g
+	if gap := c.gap; gap != nil {
+		c.gap = nil // only the turn holder touches it
+		g.m.replayGaps.inc(gap.Reason)
+		if c.ws.write(gapFrame(l.id, gap)) != nil {
+			return false
+		}
+	}
+	buf := make([]logEntry, 0, 64)
+	for {
+		batch, missFrom, missThrough, _ := l.log.readBatch(c.cur, buf[:0], cap(buf))
+		if missFrom > 0 {
+			// This reader fell more than client_replay_buffer_bytes behind.
+			if c.resumed {
+				g.m.replayGaps.inc(brokerframe.GapEvicted)
+				if c.ws.write(gapFrame(l.id, &brokerframe.StreamGap{Reason: brokerframe.GapEvicted,
+					RequestedFromSeq: missFrom - 1, MissingFromSeq: missFrom, MissingThroughSeq: missThrough})) != nil {
+					return false
+				}
+			}
+			continue
+		}
+		if len(batch) == 0 {
+			return true
+		}
+		for _, e := range batch {
+			if c.ws.write(e.data) != nil {
+				return false
+			}
+		}
+		l.log.advance(c.cur, batch[len(batch)-1].seq)
+		if c.closingExpired() {
+			return true
+		}
+	}
+}
+
+func (c *clientConn) closingExpired() bool {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	return c.closing != nil && time.Now().After(c.flushBy)
 }
 
 // handleClient is WS /lease/{lease_id}. Ownership is checked before the
@@ -68,7 +226,7 @@ func (g *Gateway) handleClient(w http.ResponseWriter, r *http.Request) {
 
 // serveClient runs one client socket of l until it ends.
 func (g *Gateway) serveClient(l *lease, conn *websocket.Conn, principal string, fromSeq int64) {
-	c := &clientConn{l: l, ws: newWSConn(conn, g.log, "client", l.id), principal: principal, resumed: fromSeq >= 0, closeCh: make(chan closeReq, 1)}
+	c := &clientConn{l: l, ws: newWSConn(conn, g.log, "client", l.id), principal: principal, resumed: fromSeq >= 0}
 
 	l.mu.Lock()
 	if l.state == stateDraining {
@@ -78,6 +236,7 @@ func (g *Gateway) serveClient(l *lease, conn *websocket.Conn, principal string, 
 	}
 	var gap *brokerframe.StreamGap
 	c.cur, gap = l.log.attach(fromSeq)
+	c.gap = gap
 	startSeq, lastSeq := c.cur.seq, l.log.lastSeq()
 	old := l.client
 	l.client = c
@@ -106,8 +265,9 @@ func (g *Gateway) serveClient(l *lease, conn *websocket.Conn, principal string, 
 		g.log.Info("replaying buffered frames to a resuming client", "lease_id", l.id, "frames", lastSeq-startSeq, "last_seq", lastSeq)
 	}
 
-	go c.writePump(gap)
+	c.notify(false) // the replay, if any, on a drain goroutine
 	c.readPump()
+	c.markDead()
 
 	l.log.detach(c.cur)
 	l.mu.Lock()
@@ -117,60 +277,6 @@ func (g *Gateway) serveClient(l *lease, conn *websocket.Conn, principal string, 
 	l.mu.Unlock()
 	c.ws.finish()
 	g.log.Info("client disconnected", "lease_id", l.id)
-}
-
-// writePump writes the lease's stream from the cursor on: replayed frames
-// first, then live ones, in seq order, never skipping a frame the log still
-// holds.
-func (c *clientConn) writePump(gap *brokerframe.StreamGap) {
-	l, g := c.l, c.l.g
-	if gap != nil {
-		g.m.replayGaps.inc(gap.Reason)
-		if c.ws.write(gapFrame(l.id, gap)) != nil {
-			return
-		}
-	}
-	buf := make([]logEntry, 0, 64)
-	var flushBy <-chan time.Time
-	var closing *closeReq
-	for {
-		batch, missFrom, missThrough, wake := l.log.readBatch(c.cur, buf[:0], cap(buf))
-		if missFrom > 0 {
-			// This reader fell more than client_replay_buffer_bytes behind.
-			if c.resumed {
-				g.m.replayGaps.inc(brokerframe.GapEvicted)
-				if c.ws.write(gapFrame(l.id, &brokerframe.StreamGap{Reason: brokerframe.GapEvicted,
-					RequestedFromSeq: missFrom - 1, MissingFromSeq: missFrom, MissingThroughSeq: missThrough})) != nil {
-					return
-				}
-			}
-			continue
-		}
-		for _, e := range batch {
-			if c.ws.write(e.data) != nil {
-				return
-			}
-		}
-		if len(batch) > 0 {
-			l.log.advance(c.cur, batch[len(batch)-1].seq)
-			continue
-		}
-		if closing != nil {
-			c.ws.closeGraceful(closing.code, closing.reason)
-			return
-		}
-		select {
-		case <-wake:
-		case req := <-c.closeCh:
-			closing = &req
-			flushBy = time.After(finishFlush)
-		case <-flushBy:
-			c.ws.closeNow(closing.code, closing.reason)
-			return
-		case <-c.ws.done:
-			return
-		}
-	}
 }
 
 // readPump forwards the client's io frames to the instance.

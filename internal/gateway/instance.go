@@ -217,6 +217,12 @@ func (ic *instanceConn) readPump(l *lease) {
 		if lost > 0 {
 			g.m.framesDropped.add("client_buffer_full", uint64(lost))
 		}
+		l.mu.Lock()
+		cl := l.client
+		l.mu.Unlock()
+		if cl != nil {
+			cl.notify(true)
+		}
 	}
 }
 

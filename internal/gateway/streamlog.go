@@ -160,6 +160,13 @@ func (s *streamLog) readBatch(c *cursor, buf []logEntry, max int) (out []logEntr
 	return buf, 0, 0, nil
 }
 
+// hasAfter reports whether frames after c are waiting.
+func (s *streamLog) hasAfter(c *cursor) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return c.seq+1 < s.next
+}
+
 // advance records that c's connection has been written through seq.
 func (s *streamLog) advance(c *cursor, seq uint64) {
 	s.mu.Lock()

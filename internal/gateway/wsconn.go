@@ -8,9 +8,11 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/gorilla/websocket"
+	"golang.org/x/sys/unix"
 )
 
 // Liveness: ping every pingInterval, give up after peerTimeout of silence
@@ -88,6 +90,8 @@ type wsConn struct {
 	// writeBy is the write deadline in force (guarded by wmu); it is pushed
 	// out only when half spent, not on every message.
 	writeBy time.Time
+	// room is roomFor's remaining budget of bytes.
+	room int
 }
 
 func newWSConn(c *websocket.Conn, log *slog.Logger, peer, leaseID string) *wsConn {
@@ -133,6 +137,40 @@ func (w *wsConn) write(data []byte) error {
 		_ = w.c.SetWriteDeadline(w.writeBy)
 	}
 	return w.c.WriteMessage(websocket.TextMessage, data)
+}
+
+// roomFor reports whether the socket's send buffer can take n more bytes
+// without the write blocking: what is queued (SIOCOUTQ) plus n fits in half
+// the buffer (SO_SNDBUF). Anything unexpected answers no. A check leaves a
+// byte budget that later calls spend before asking the kernel again: the
+// queue only drains meanwhile, so the budget never overstates the room.
+// Only the holder of the client's writing turn calls it.
+func (w *wsConn) roomFor(n int) bool {
+	if n <= w.room {
+		w.room -= n
+		return true
+	}
+	sc, ok := w.c.UnderlyingConn().(syscall.Conn)
+	if !ok {
+		return false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	w.room = 0
+	_ = rc.Control(func(fd uintptr) {
+		queued, err1 := unix.IoctlGetInt(int(fd), unix.SIOCOUTQ)
+		size, err2 := unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF)
+		if err1 == nil && err2 == nil {
+			w.room = size/2 - queued
+		}
+	})
+	if n > w.room {
+		return false
+	}
+	w.room -= n
+	return true
 }
 
 // probe sends one ping and re-arms itself until the connection ends.
