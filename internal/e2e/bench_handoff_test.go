@@ -58,7 +58,7 @@ func BenchmarkSlotHandoff(b *testing.B) {
 			c, err := br.Client.Claim(ctx, brokerclient.ClaimRequest{Config: benchConfig})
 			queued <- answer{c, time.Now(), err}
 		}()
-		waitQueueDepth(b, br, 1)
+		br.waitQueueDepth(1, rttDeadline)
 
 		sent := time.Now()
 		release(holder)
@@ -101,29 +101,4 @@ func BenchmarkSlotHandoff(b *testing.B) {
 	verdict(b, "slot handoff < 1 ms (end to end: queued claim's answer after the slot is freed, minus an uncontended claim)", excess < time.Millisecond,
 		"excess p50 %.3f ms = %.3f − %.3f ms; release sent → queued instance spawned p50 %.3f ms (p99 %.3f), of which teardown %.3f ms and slot freed → spawned %.3f ms (p99 %.3f); %d samples",
 		ms(excess), ms(pct(freedToAnswer, 50)), ms(pct(uncontended, 50)), ms(h50), ms(h99), ms(pct(teardown, 50)), ms(s50), ms(s99), len(handoff))
-}
-
-// waitQueueDepth polls GET /leases until depth claims wait for a slot. The
-// queue has no log line or other event to wait on; each poll is one HTTP
-// round trip, which paces the loop.
-func waitQueueDepth(b *testing.B, br *Broker, depth int) {
-	b.Helper()
-	deadline := time.Now().Add(rttDeadline)
-	for {
-		var v struct {
-			QueueDepth int `json:"queue_depth"`
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), rttDeadline)
-		err := br.Client.Get(ctx, "/leases", &v)
-		cancel()
-		if err != nil {
-			b.Fatalf("GET /leases: %v", err)
-		}
-		if v.QueueDepth == depth {
-			return
-		}
-		if time.Now().After(deadline) {
-			b.Fatalf("queue_depth is %d after %s, want %d", v.QueueDepth, rttDeadline, depth)
-		}
-	}
 }

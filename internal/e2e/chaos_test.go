@@ -132,14 +132,9 @@ func TestChaosRestartsKillNothing(t *testing.T) {
 	for i, s := range streamers {
 		base[i] = s.trips.Load()
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for i := 0; i < n; i++ {
-		for streamers[i].trips.Load() < base[i]+3 {
-			if time.Now().After(deadline) {
-				t.Fatalf("lease %s stopped streaming after the spawnd restart", streamers[i].claim.LeaseID)
-			}
-			time.Sleep(10 * time.Millisecond) // polling progress counters with a deadline
-		}
+	for i, s := range streamers {
+		eventually(t, 30*time.Second, func() string { return "lease " + s.claim.LeaseID + " streaming after the spawnd restart" },
+			func() bool { return s.trips.Load() >= base[i]+3 })
 	}
 	close(stop)
 	wg.Wait()

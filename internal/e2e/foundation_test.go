@@ -141,13 +141,8 @@ func TestGrandchildIsGoneAfterRelease(t *testing.T) {
 	if status, _ := b.do("POST", "/release/"+claim.LeaseID, ""); status != 200 {
 		t.Fatalf("release = %d", status)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for alive(child) {
-		if time.Now().After(deadline) {
-			t.Fatalf("grandchild %d survived its instance's release", child)
-		}
-		time.Sleep(10 * time.Millisecond) // polling /proc with a deadline
-	}
+	eventually(t, 10*time.Second, func() string { return fmt.Sprintf("grandchild %d gone after its instance's release", child) },
+		func() bool { return !alive(child) })
 }
 
 // alive reports whether pid is a live (non-zombie) process.

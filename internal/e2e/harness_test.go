@@ -295,18 +295,6 @@ func zombie(stat []byte) bool {
 	return i > 0 && i+2 < len(stat) && stat[i+2] == 'Z'
 }
 
-// waitNoInstances waits until no instance of this broker is alive.
-func (b *Broker) waitNoInstances(within time.Duration) {
-	b.t.Helper()
-	deadline := time.Now().Add(within)
-	for len(b.Instances()) > 0 {
-		if time.Now().After(deadline) {
-			b.t.Fatalf("instances still alive after %s: %v", within, b.Instances())
-		}
-		time.Sleep(20 * time.Millisecond) // polling /proc with a deadline: process death has no event we can wait on from here
-	}
-}
-
 // cleanup stops both processes and kills any instance a failed test left.
 func (b *Broker) cleanup() {
 	for _, p := range []*proc{b.gateway, b.spawnd} {

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"encoding/json"
 	"fmt"
 	"regexp"
 	"testing"
@@ -10,32 +9,6 @@ import (
 	"github.com/nexus-broker/nexus-broker/pkg/brokerclient"
 	"github.com/nexus-broker/nexus-broker/pkg/brokerframe"
 )
-
-// waitDraining polls GET /leases until the lease is draining and returns when
-// that was first seen and the reason.
-func (b *Broker) waitDraining(leaseID string, within time.Duration) (time.Time, string) {
-	b.t.Helper()
-	deadline := time.Now().Add(within)
-	for time.Now().Before(deadline) {
-		var v struct {
-			Leases []struct {
-				LeaseID string `json:"lease_id"`
-				State   string `json:"state"`
-				Reason  string `json:"reason"`
-			} `json:"leases"`
-		}
-		_, body := b.get("/leases")
-		_ = json.Unmarshal([]byte(body), &v)
-		for _, l := range v.Leases {
-			if l.LeaseID == leaseID && l.State == "draining" {
-				return time.Now(), l.Reason
-			}
-		}
-		time.Sleep(10 * time.Millisecond) // polling the public API with a deadline, as an operator would
-	}
-	b.t.Fatalf("lease %s never drained within %s", leaseID, within)
-	return time.Time{}, ""
-}
 
 func policyBroker(t *testing.T, yaml, slowTurn string) *Broker {
 	return startBroker(t, Options{NoNexusEntry: true, YAML: yaml + fmt.Sprintf(`release_grace: 3s

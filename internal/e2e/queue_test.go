@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"os"
 	"regexp"
 	"strings"
@@ -12,27 +11,6 @@ import (
 
 	"github.com/nexus-broker/nexus-broker/pkg/brokerclient"
 )
-
-// queueDepth reads queue_depth from GET /leases.
-func (b *Broker) queueDepth() int {
-	var v struct {
-		QueueDepth int `json:"queue_depth"`
-	}
-	_, body := b.get("/leases")
-	_ = json.Unmarshal([]byte(body), &v)
-	return v.QueueDepth
-}
-
-func (b *Broker) waitQueueDepth(want int, within time.Duration) {
-	b.t.Helper()
-	deadline := time.Now().Add(within)
-	for b.queueDepth() != want {
-		if time.Now().After(deadline) {
-			b.t.Fatalf("queue_depth never reached %d (is %d)", want, b.queueDepth())
-		}
-		time.Sleep(5 * time.Millisecond) // polling the public API with a deadline
-	}
-}
 
 func TestAQueuedClaimWhoseClientHangsUpLeavesAtOnce(t *testing.T) {
 	b := startBroker(t, Options{YAML: "max_concurrent: 1\nqueue_wait_timeout: 1m\n"})

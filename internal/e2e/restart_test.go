@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
 	"regexp"
@@ -12,43 +11,6 @@ import (
 
 	"github.com/nexus-broker/nexus-broker/pkg/brokerclient"
 )
-
-// leaseStates returns lease_id → state from GET /leases.
-func (b *Broker) leaseStates() map[string]string {
-	var v struct {
-		Leases []struct {
-			LeaseID string `json:"lease_id"`
-			State   string `json:"state"`
-		} `json:"leases"`
-	}
-	_, body := b.get("/leases")
-	_ = json.Unmarshal([]byte(body), &v)
-	out := map[string]string{}
-	for _, l := range v.Leases {
-		out[l.LeaseID] = l.State
-	}
-	return out
-}
-
-// waitStates waits until every lease in ids is in state.
-func (b *Broker) waitStates(ids []string, state string, within time.Duration) {
-	b.t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		st := b.leaseStates()
-		ok := true
-		for _, id := range ids {
-			ok = ok && st[id] == state
-		}
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			b.t.Fatalf("leases not all %s within %s: %v", state, within, st)
-		}
-		time.Sleep(20 * time.Millisecond) // polling the public API with a deadline
-	}
-}
 
 func TestGatewayKill9RestoresAndReattachesEveryLease(t *testing.T) {
 	b := startBroker(t, Options{})

@@ -30,12 +30,12 @@ func (b *Broker) claimErr(req brokerclient.ClaimRequest) *brokerclient.APIError 
 
 // leaseBinary is GET /leases' binary for one lease.
 func (b *Broker) leaseBinary(id string) string {
-	_, body := b.get("/leases")
-	m := regexp.MustCompile(`"lease_id":"` + id + `"[^}]*"binary":"([^"]*)"`).FindStringSubmatch(body)
-	if m == nil {
-		b.t.Fatalf("lease %s not in %s", id, body)
+	b.t.Helper()
+	l, ok := b.lease(id)
+	if !ok {
+		b.t.Fatalf("lease %s not in GET /leases", id)
 	}
-	return m[1]
+	return l.Binary
 }
 
 func TestResumeReusesTheBinaryThatCreatedTheSession(t *testing.T) {

@@ -265,17 +265,6 @@ func TestAnInstanceThatAnswersAndExitsStillDeliversItsAnswer(t *testing.T) {
 	}
 }
 
-// slots reads max_concurrent and slots_in_use from GET /leases.
-func (b *Broker) slots() (max, inUse int) {
-	var v struct {
-		MaxConcurrent int `json:"max_concurrent"`
-		SlotsInUse    int `json:"slots_in_use"`
-	}
-	_, body := b.get("/leases")
-	_ = json.Unmarshal([]byte(body), &v)
-	return v.MaxConcurrent, v.SlotsInUse
-}
-
 func TestOnlyIOTravelsClientToInstanceAndBarePayloadsAreWrapped(t *testing.T) {
 	b := startBroker(t, Options{})
 	claim := b.claim(brokerclient.ClaimRequest{})

@@ -1,0 +1,118 @@
+package e2e
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+)
+
+// leasesView is GET /leases as a test reads it.
+type leasesView struct {
+	MaxConcurrent int         `json:"max_concurrent"`
+	SlotsInUse    int         `json:"slots_in_use"`
+	QueueDepth    int         `json:"queue_depth"`
+	Leases        []leaseView `json:"leases"`
+}
+
+type leaseView struct {
+	LeaseID string `json:"lease_id"`
+	State   string `json:"state"`
+	Binary  string `json:"binary"`
+	Reason  string `json:"reason"`
+}
+
+// leases reads GET /leases.
+func (b *Broker) leases() leasesView {
+	b.t.Helper()
+	var v leasesView
+	if _, body := b.get("/leases"); json.Unmarshal([]byte(body), &v) != nil {
+		b.t.Fatalf("GET /leases is not JSON: %s", body)
+	}
+	return v
+}
+
+// lease finds one lease in GET /leases.
+func (b *Broker) lease(id string) (leaseView, bool) {
+	for _, l := range b.leases().Leases {
+		if l.LeaseID == id {
+			return l, true
+		}
+	}
+	return leaseView{}, false
+}
+
+// eventually polls cond until it holds, failing the test with what after
+// within. It is for states that have no event a test can wait on (a gauge in
+// GET /leases, a process gone from /proc); each poll is an HTTP request or a
+// /proc scan, so the short pause between them only keeps the loop from
+// spinning.
+func eventually(t testing.TB, within time.Duration, what func() string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %s: %s", within, what())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// slots reads max_concurrent and slots_in_use.
+func (b *Broker) slots() (max, inUse int) {
+	v := b.leases()
+	return v.MaxConcurrent, v.SlotsInUse
+}
+
+// leaseStates returns lease_id → state.
+func (b *Broker) leaseStates() map[string]string {
+	out := map[string]string{}
+	for _, l := range b.leases().Leases {
+		out[l.LeaseID] = l.State
+	}
+	return out
+}
+
+// waitStates waits until every lease in ids is in state.
+func (b *Broker) waitStates(ids []string, state string, within time.Duration) {
+	b.t.Helper()
+	eventually(b.t, within, func() string { return "leases all " + state + ": " + toJSON(b.leaseStates()) }, func() bool {
+		st := b.leaseStates()
+		for _, id := range ids {
+			if st[id] != state {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// waitQueueDepth waits until want claims are parked in the capacity queue.
+func (b *Broker) waitQueueDepth(want int, within time.Duration) {
+	b.t.Helper()
+	eventually(b.t, within, func() string { return "queue_depth " + toJSON(want) + ", is " + toJSON(b.leases().QueueDepth) },
+		func() bool { return b.leases().QueueDepth == want })
+}
+
+// waitDraining waits until the lease is draining and returns when that was
+// first seen and its reason.
+func (b *Broker) waitDraining(id string, within time.Duration) (seen time.Time, reason string) {
+	b.t.Helper()
+	eventually(b.t, within, func() string { return "lease " + id + " draining" }, func() bool {
+		l, ok := b.lease(id)
+		seen, reason = time.Now(), l.Reason
+		return ok && l.State == "draining"
+	})
+	return seen, reason
+}
+
+// waitNoInstances waits until no instance of this broker is alive.
+func (b *Broker) waitNoInstances(within time.Duration) {
+	b.t.Helper()
+	eventually(b.t, within, func() string { return "no instance alive, have " + toJSON(b.Instances()) },
+		func() bool { return len(b.Instances()) == 0 })
+}
+
+func toJSON(v any) string {
+	data, _ := json.Marshal(v)
+	return string(data)
+}
