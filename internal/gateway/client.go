@@ -281,33 +281,28 @@ func (g *Gateway) serveClient(l *lease, conn *websocket.Conn, principal string, 
 
 // readPump forwards the client's io frames to the instance.
 func (c *clientConn) readPump() {
-	l, g := c.l, c.l.g
 	for {
 		data, err := c.ws.read()
 		if err != nil {
 			return
 		}
-		f, ok := c.decode(data)
-		if !ok {
-			continue
+		if out, ok := c.forInstance(data); ok {
+			c.l.clientInput()
+			c.l.sendToInstance(out)
 		}
-		out, err := brokerframe.Encode(f)
-		if err != nil {
-			g.m.framesDropped.inc("undecodable")
-			continue
-		}
-		l.clientInput()
-		l.sendToInstance(out)
 	}
 }
 
-// decode turns one client message into an io frame for the instance, or
-// drops it and counts why. Only io travels client → instance: a client's
-// shutdown or register is not the client's to send.
-func (c *clientConn) decode(data []byte) (brokerframe.Frame, bool) {
+// forInstance turns one client message into the bytes its instance is sent,
+// or drops it and counts why. Only io travels client → instance: a client's
+// shutdown or register is not the client's to send. A message that already
+// is the io envelope for this lease is forwarded as it was sent; anything
+// else is re-encoded.
+func (c *clientConn) forInstance(data []byte) ([]byte, bool) {
 	g := c.l.g
 	f, err := brokerframe.Decode(data)
-	if err != nil {
+	switch {
+	case err != nil:
 		// A bare IO payload ({"type":"input",…}) is what the spec's own
 		// browser sketch sends; wrap it rather than drop it.
 		var bare struct {
@@ -315,17 +310,22 @@ func (c *clientConn) decode(data []byte) (brokerframe.Frame, bool) {
 		}
 		if json.Unmarshal(data, &bare) != nil || bare.Type == "" {
 			g.m.framesDropped.inc("undecodable")
-			return f, false
+			return nil, false
 		}
-		return brokerframe.Frame{LeaseID: c.l.id, Signal: brokerframe.SignalIO, Payload: data}, true
-	}
-	switch {
+		f = brokerframe.Frame{Signal: brokerframe.SignalIO, Payload: data}
 	case f.LeaseID != "" && f.LeaseID != c.l.id:
 		g.m.framesDropped.inc("lease_mismatch")
-		return f, false
+		return nil, false
 	case f.Signal != brokerframe.SignalIO:
 		g.m.framesDropped.inc("client_control")
-		return f, false
+		return nil, false
+	case f.LeaseID == c.l.id && f.Version == brokerframe.Version && f.Secret == "" && f.SessionID == "" && f.Seq == 0:
+		return data, true
 	}
-	return brokerframe.Frame{LeaseID: c.l.id, Signal: brokerframe.SignalIO, Payload: f.Payload}, true
+	out, err := brokerframe.Encode(brokerframe.Frame{LeaseID: c.l.id, Signal: brokerframe.SignalIO, Payload: f.Payload})
+	if err != nil {
+		g.m.framesDropped.inc("undecodable")
+		return nil, false
+	}
+	return out, true
 }
