@@ -180,7 +180,7 @@ func (c *Config) validateAdvertise() error {
 	a := strings.TrimSpace(c.AdvertiseAddr)
 	c.AdvertiseAddr = a
 	if a == "" {
-		if host, _, _ := net.SplitHostPort(c.ListenAddr); isWildcard(host) {
+		if c.ListenHost() == "" {
 			c.Warnings = append(c.Warnings, WarnNoAdvertise)
 		}
 		return nil
@@ -220,6 +220,18 @@ func (c *Config) validateAdvertise() error {
 		return fmt.Errorf("broker config: advertise_addr: port %q is not a port number (1 to 65535)", port)
 	}
 	return nil
+}
+
+// ListenHost is listen_addr's host when it names one, "" for a wildcard bind
+// (":8080", "0.0.0.0:8080", "[::]:8080"). The gateway builds ws_url from the
+// request's Host exactly when this is "", which is the shape the boot WARN is
+// about, so both read it from here.
+func (c *Config) ListenHost() string {
+	host, _, err := net.SplitHostPort(c.ListenAddr)
+	if err != nil || isWildcard(host) {
+		return ""
+	}
+	return host
 }
 
 func isWildcard(host string) bool {

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"time"
@@ -241,7 +240,7 @@ func (g *Gateway) wsURL(r *http.Request, id string) string {
 	path := "/lease/" + id
 	a := strings.TrimSuffix(strings.TrimSpace(g.boot.AdvertiseAddr), "/")
 	if a == "" {
-		if host, _, err := net.SplitHostPort(g.boot.ListenAddr); err == nil && host != "" && !net.ParseIP(host).IsUnspecified() {
+		if g.boot.ListenHost() != "" {
 			return "ws://" + g.boot.ListenAddr + path
 		}
 		return "ws://" + r.Host + path
