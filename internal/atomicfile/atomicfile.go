@@ -1,7 +1,7 @@
 // Package atomicfile replaces files so that a reader, or the next boot after
 // a crash or power loss, sees the old contents or the new ones, never a torn
-// or empty file. spawnd's key and identity files, its journal compaction and
-// the reattach file the gateway reads all depend on that.
+// or empty file. spawnd's key and identity files, its journal and indexes,
+// and the reattach file the gateway reads all depend on that.
 package atomicfile
 
 import (
@@ -10,15 +10,17 @@ import (
 	"path/filepath"
 )
 
-// Write replaces path with data through a temp file in the same directory:
-// written, fsynced, renamed over path, and the directory fsynced so the
-// rename itself is durable. The temp file is created 0600; prepare, when
-// set, runs on it first (to set another mode or a group).
-func Write(path string, data []byte, prepare func(*os.File) error) error {
+// Replace replaces path with data through a temp file in the same directory
+// renamed over it, and returns the new file open at its end, for appending.
+// With durable, the temp file is fsynced before the rename and the directory
+// after it, so the replacement survives a power loss. The temp file is
+// created 0600; prepare, when set, runs on it first (to set another mode or
+// a group).
+func Replace(path string, data []byte, durable bool, prepare func(*os.File) error) (*os.File, error) {
 	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+"-*")
+	f, err := os.CreateTemp(dir, tempPrefix(path)+"*")
 	if err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
+		return nil, fmt.Errorf("writing %s: %w", path, err)
 	}
 	if prepare != nil {
 		err = prepare(f)
@@ -26,24 +28,45 @@ func Write(path string, data []byte, prepare func(*os.File) error) error {
 	if err == nil {
 		_, err = f.Write(data)
 	}
-	if err == nil {
+	if err == nil && durable {
 		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
 	}
 	if err == nil {
 		err = os.Rename(f.Name(), path)
 	}
 	if err != nil {
+		_ = f.Close()
 		_ = os.Remove(f.Name())
-		return fmt.Errorf("writing %s: %w", path, err)
+		return nil, fmt.Errorf("writing %s: %w", path, err)
 	}
-	if err := SyncDir(dir); err != nil {
-		return fmt.Errorf("writing %s: the rename may not survive a power loss: %w", path, err)
+	if durable {
+		if err := SyncDir(dir); err != nil {
+			_ = f.Close()
+			return nil, fmt.Errorf("writing %s: the rename may not survive a power loss: %w", path, err)
+		}
 	}
-	return nil
+	return f, nil
 }
+
+// Write is Replace, durable, for a file nobody appends to.
+func Write(path string, data []byte, prepare func(*os.File) error) error {
+	f, err := Replace(path, data, true, prepare)
+	if err != nil {
+		return err
+	}
+	return f.Close()
+}
+
+// RemoveTemps removes the temp files that replacements of path interrupted
+// by a crash left behind. Call it only while nothing is replacing path.
+func RemoveTemps(path string) {
+	names, _ := filepath.Glob(filepath.Join(filepath.Dir(path), tempPrefix(path)+"*"))
+	for _, name := range names {
+		_ = os.Remove(name)
+	}
+}
+
+func tempPrefix(path string) string { return "." + filepath.Base(path) + "-" }
 
 // SyncDir makes the creations, renames and removals in dir durable.
 func SyncDir(dir string) error {

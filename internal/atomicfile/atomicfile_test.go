@@ -49,3 +49,30 @@ func TestWriteFailureKeepsTheOldFile(t *testing.T) {
 		t.Fatalf("a temp file was left behind: %d entries", len(ents))
 	}
 }
+
+func TestReplaceReturnsTheNewFileForAppendingAndRemoveTempsCleansUp(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "journal")
+	f, err := Replace(path, []byte("a\n"), false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write([]byte("b\n")); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if got, _ := os.ReadFile(path); string(got) != "a\nb\n" {
+		t.Fatalf("appended after Replace: %q", got)
+	}
+	stale := filepath.Join(dir, ".journal-123")
+	if err := os.WriteFile(stale, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	RemoveTemps(path)
+	if _, err := os.Stat(stale); !os.IsNotExist(err) {
+		t.Fatalf("a leftover temp file survived RemoveTemps: %v", err)
+	}
+	if _, err := os.Stat(path); err != nil {
+		t.Fatalf("RemoveTemps removed the file itself: %v", err)
+	}
+}

@@ -10,6 +10,8 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+
+	"github.com/nexus-broker/nexus-broker/internal/atomicfile"
 )
 
 // The session → binary index, <state_dir>/session-binaries.jsonl, remembers
@@ -63,7 +65,7 @@ func openSessionIndex(stateDir string, limit int, log *slog.Logger) *sessionInde
 		order:     list.New(),
 		bySession: map[string]*list.Element{},
 	}
-	removeTemps(stateDir, indexFile)
+	atomicfile.RemoveTemps(filepath.Join(stateDir, indexFile))
 	data, err := os.ReadFile(x.path)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		x.off(err)
@@ -160,7 +162,7 @@ func (x *sessionIndex) compact() error {
 			return err
 		}
 	}
-	f, err := rewrite(x.path, buf.Bytes(), false)
+	f, err := atomicfile.Replace(x.path, buf.Bytes(), false, nil)
 	if err != nil {
 		return err
 	}

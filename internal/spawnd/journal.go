@@ -143,7 +143,7 @@ type liveLine struct {
 // would strand every instance it records.
 func openJournal(stateDir, brokerID string, log *slog.Logger) (*leaseJournal, []leaseRecord, error) {
 	j := &leaseJournal{log: log, path: filepath.Join(stateDir, journalFile), live: map[string]*liveLine{}}
-	removeTemps(stateDir, journalFile)
+	atomicfile.RemoveTemps(filepath.Join(stateDir, journalFile)) // only the state_dir lock holder gets here
 	data, err := os.ReadFile(j.path)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, nil, fmt.Errorf("lease journal %s cannot be read: %w; fix it (it must be a regular file nexus-spawnd can read and write), "+
@@ -287,7 +287,7 @@ func (j *leaseJournal) compact() error {
 		buf.Write(j.live[id].line)
 		buf.WriteByte('\n')
 	}
-	f, err := rewrite(j.path, buf.Bytes(), !j.skipSync)
+	f, err := atomicfile.Replace(j.path, buf.Bytes(), !j.skipSync, nil)
 	if err != nil {
 		return err
 	}
@@ -319,46 +319,6 @@ func (j *leaseJournal) close() {
 	if j.f != nil {
 		_ = j.f.Close()
 		j.f = nil
-	}
-}
-
-// rewrite replaces path with data through a temp file and a rename, and
-// returns the new file open for appending. With durable, the temp file is
-// fsynced before the rename and the directory after it.
-func rewrite(path string, data []byte, durable bool) (*os.File, error) {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+"-*") // created 0600
-	if err != nil {
-		return nil, err
-	}
-	_, err = f.Write(data)
-	if err == nil && durable {
-		err = f.Sync()
-	}
-	if err == nil {
-		err = os.Rename(f.Name(), path)
-	}
-	if err != nil {
-		_ = f.Close()
-		_ = os.Remove(f.Name())
-		return nil, err
-	}
-	if durable {
-		if err := atomicfile.SyncDir(dir); err != nil {
-			_ = f.Close()
-			return nil, fmt.Errorf("the rewrite of %s may not survive a power loss: %w", path, err)
-		}
-	}
-	// f's offset is at the end of data, and nobody else writes the file.
-	return f, nil
-}
-
-// removeTemps removes the temp files of rewrites a crash interrupted. Only
-// the holder of the state_dir lock calls it, so none is in use.
-func removeTemps(dir, base string) {
-	names, _ := filepath.Glob(filepath.Join(dir, "."+base+"-*"))
-	for _, name := range names {
-		_ = os.Remove(name)
 	}
 }
 
