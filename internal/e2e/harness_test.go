@@ -124,6 +124,7 @@ type Broker struct {
 	gateway    *proc
 	spawnd     *proc
 	env        []string
+	wrapper    []string
 }
 
 // proc is a started process with exactly one Wait, so a test and its
@@ -172,13 +173,15 @@ type Options struct {
 	Env []string
 	// StateDir gives the broker a state_dir (journal, spawn-key, indexes).
 	StateDir bool
+	// SpawndWrapper runs nexus-spawnd under a command (setpriv, say).
+	SpawndWrapper []string
 }
 
 // startBroker writes the config and starts spawnd, then the gateway.
 func startBroker(t testing.TB, o Options) *Broker {
 	t.Helper()
 	dir := t.TempDir()
-	b := &Broker{t: t, Dir: dir, RunDir: filepath.Join(dir, "run"), Home: filepath.Join(dir, "home")}
+	b := &Broker{t: t, Dir: dir, RunDir: filepath.Join(dir, "run"), Home: filepath.Join(dir, "home"), wrapper: o.SpawndWrapper}
 	if err := os.MkdirAll(b.Home, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -219,7 +222,8 @@ func (b *Broker) StartSpawnd() {
 	b.SpawndLog = newLogBuffer()
 	reattach := filepath.Join(b.RunDir, "spawnd.json")
 	old, _ := os.ReadFile(reattach)
-	cmd := exec.Command(bin("nexus-spawnd"), "-config", b.ConfigPath)
+	argv := append(append([]string{}, b.wrapper...), bin("nexus-spawnd"), "-config", b.ConfigPath)
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = b.env
 	cmd.Stdout, cmd.Stderr = b.SpawndLog, b.SpawndLog
 	b.spawnd = startProc(b.t, cmd)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"syscall"
@@ -92,4 +93,35 @@ func passwdHome(t *testing.T, uid int) string {
 		t.Fatalf("uid %d not in /etc/passwd", uid)
 	}
 	return string(m[1])
+}
+
+// TestRunAsWithoutPrivilegeFailsTheClaimAtOnce: a spawnd that cannot set a
+// child's credentials says so once at boot, and a claim of a run_as entry
+// answers 500 spawning instance at once instead of hanging to ready_timeout.
+func TestRunAsWithoutPrivilegeFailsTheClaimAtOnce(t *testing.T) {
+	setpriv, err := exec.LookPath("setpriv")
+	if os.Getuid() != 0 || err != nil {
+		t.Skip("needs root and setpriv to start a spawnd without CAP_SETUID/CAP_SETGID")
+	}
+	b := startBroker(t, Options{
+		SpawndWrapper: []string{setpriv, "--bounding-set=-setuid,-setgid", "--"},
+		NoNexusEntry:  true,
+		YAML:          fmt.Sprintf("binaries:\n  nexus:\n    path: %[1]q\n  nobody:\n    path: %[1]q\n    run_as: {uid: 65534, gid: 65534}\n", bin("nexus-echo")),
+	})
+	warn := regexp.MustCompile(`level=WARN msg="run_as is configured but nexus-spawnd lacks CAP_SETUID and CAP_SETGID`)
+	b.SpawndLog.wait(t, warn, 5*time.Second)
+	start := time.Now()
+	e := b.claimErr(brokerclient.ClaimRequest{Binary: "nobody"})
+	if e.Status != 500 || e.Message != "spawning instance" {
+		t.Fatalf("claim of a run_as entry = %d %q, want 500 spawning instance", e.Status, e.Message)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("the refusal took %s; it must not wait for ready_timeout", d)
+	}
+	b.SpawndLog.wait(t, regexp.MustCompile(`level=ERROR msg="spawning instance refused: run_as needs CAP_SETUID and CAP_SETGID[^"]*".*run_as=65534:65534`), 5*time.Second)
+	if n := b.SpawndLog.count(warn); n != 1 {
+		t.Fatalf("the boot WARN appeared %d times, want once", n)
+	}
+	// Entries without run_as still spawn.
+	b.claim(brokerclient.ClaimRequest{})
 }
