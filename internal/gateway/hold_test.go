@@ -1,0 +1,34 @@
+package gateway
+
+import (
+	"bytes"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/nexus-broker/nexus-broker/internal/config"
+)
+
+// TestHeldFramesAreBounded: while no instance is attached, client frames are
+// held up to holdFrames and holdBytes, and every frame past either bound is
+// counted as a no_instance drop, never lost silently.
+func TestHeldFramesAreBounded(t *testing.T) {
+	g := New(Options{Config: config.Default(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	l := g.newLease("L", anonymous, config.ReservedEntry, time.Now())
+
+	for i := 0; i < holdFrames+3; i++ {
+		l.sendToInstance([]byte(`{"version":1,"lease_id":"L","signal":"io","payload":{"type":"echo"}}`))
+	}
+	if len(l.held) != holdFrames || g.m.framesDropped.get("no_instance") != 3 {
+		t.Fatalf("held %d frames, dropped %d; want %d held and 3 dropped", len(l.held), g.m.framesDropped.get("no_instance"), holdFrames)
+	}
+
+	l2 := g.newLease("L2", anonymous, config.ReservedEntry, time.Now())
+	big := bytes.Repeat([]byte("x"), holdBytes/2+1)
+	l2.sendToInstance(big)
+	l2.sendToInstance(big) // would pass the byte bound
+	if len(l2.held) != 1 || l2.heldBytes != len(big) || g.m.framesDropped.get("no_instance") != 4 {
+		t.Fatalf("held %d frames (%d bytes), dropped %d; want 1 held and one more dropped", len(l2.held), l2.heldBytes, g.m.framesDropped.get("no_instance"))
+	}
+}
