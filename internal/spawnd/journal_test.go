@@ -299,3 +299,27 @@ func BenchmarkJournalAppend(b *testing.B) {
 	b.ReportMetric(baseNs, "nofsync-ns/op")
 	b.ReportMetric(ns/baseNs, "fsync-vs-nofsync")
 }
+
+// TestJournalWriteFailuresNeverFailAVerb: a journal that cannot be written
+// (here: its descriptor swapped for a read-only one) is logged at ERROR, and
+// Spawn, Record and Terminate all still succeed.
+func TestJournalWriteFailuresNeverFailAVerb(t *testing.T) {
+	h := newHarness(t, defaultYAML)
+	ro, err := os.Open(filepath.Join(h.stateDir, journalFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.d.journal.mu.Lock()
+	_ = h.d.journal.f.Close()
+	h.d.journal.f = ro
+	h.d.journal.mu.Unlock()
+
+	h.spawn("lease-w", "nexus") // fails the test if Spawn fails
+	h.logs.await(t, "appending to the lease journal failed; the lease goes on, but a nexus-spawnd restart may not re-adopt its instance", "lease_id", "lease-w")
+	if _, err := h.client.Record(h.ctx(), &spawnpb.RecordRequest{LeaseId: "lease-w", SessionId: "s"}); err != nil {
+		t.Fatalf("Record failed with the journal unwritable: %v", err)
+	}
+	if _, err := h.terminate("lease-w", "manual release", true); err != nil {
+		t.Fatalf("Terminate failed with the journal unwritable: %v", err)
+	}
+}
