@@ -35,6 +35,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz 'FuzzParse$$' -fuzztime $(FUZZTIME) ./internal/config
 	$(GO) test -run '^$$' -fuzz 'FuzzParseTranscript$$' -fuzztime $(FUZZTIME) ./internal/echo
 	$(GO) test -run '^$$' -fuzz 'FuzzPayloadType$$' -fuzztime $(FUZZTIME) ./internal/echo
+	$(GO) test -run '^$$' -fuzz 'FuzzValidate$$' -fuzztime $(FUZZTIME) ./pkg/sessionid
 
 # Regenerates pkg/spawnrpc/spawnpb from spawn.proto with Debian's
 # protobuf-compiler (apt-get install protobuf-compiler) and the plugin

@@ -142,7 +142,7 @@ func stableRSS(b *testing.B, pid int) int64 {
 }
 
 // vmRSS reads a process's resident set size in bytes from /proc.
-func vmRSS(b *testing.B, pid int) int64 {
+func vmRSS(b testing.TB, pid int) int64 {
 	b.Helper()
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {

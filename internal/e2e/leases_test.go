@@ -15,10 +15,11 @@ type leasesView struct {
 }
 
 type leaseView struct {
-	LeaseID string `json:"lease_id"`
-	State   string `json:"state"`
-	Binary  string `json:"binary"`
-	Reason  string `json:"reason"`
+	LeaseID   string `json:"lease_id"`
+	SessionID string `json:"session_id"`
+	State     string `json:"state"`
+	Binary    string `json:"binary"`
+	Reason    string `json:"reason"`
 }
 
 // leases reads GET /leases.

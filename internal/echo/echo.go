@@ -87,6 +87,17 @@ func Run(opts Options) int {
 	log.Info("starting", "broker_addr", addr, "recalled", opts.Recall != "", "turns", sess.turns,
 		"spawn_secret_present", secret != "")
 
+	reported := sess.id
+	if k.ReportSession != "" {
+		data, err := os.ReadFile(k.ReportSession)
+		if err != nil {
+			log.Error("cannot read the session id to report", "knob", EnvReportSessionFrom, "error", err)
+			return ExitFailure
+		}
+		reported = string(data)
+		log.Warn("reporting a session id that is not this instance's", "knob", EnvReportSessionFrom, "bytes", len(reported))
+	}
+
 	ctx, stop := context.WithCancelCause(context.Background())
 	defer stop(errStop)
 	go watchSignals(ctx, stop, k, log)
@@ -109,7 +120,7 @@ func Run(opts Options) int {
 		ag.run(ctx)
 	}()
 	l := &link{
-		addr: addr, leaseID: leaseID, secret: secret, sessionID: sess.id,
+		addr: addr, leaseID: leaseID, secret: secret, sessionID: reported,
 		knobs: k, out: out, log: log,
 		onIO:       ag.handle,
 		onShutdown: func() { stop(errStop) },

@@ -3,6 +3,7 @@ package echo
 import (
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nexus-broker/nexus-broker/pkg/brokerframe"
@@ -22,6 +23,12 @@ const (
 	EnvNoSessionReport = "NEXUS_ECHO_NO_SESSION_REPORT"
 	EnvPingInterval    = "NEXUS_ECHO_PING_INTERVAL"
 	EnvPeerTimeout     = "NEXUS_ECHO_PEER_TIMEOUT"
+	// EnvReportSessionFrom names a file whose bytes, read at start, are
+	// reported as the session id instead of the instance's own.
+	EnvReportSessionFrom = "NEXUS_ECHO_REPORT_SESSION_FROM"
+	// EnvReportFlood, <count>x<bytes>, follows the handshake's report with
+	// count more, each a distinct id of that many bytes.
+	EnvReportFlood = "NEXUS_ECHO_REPORT_FLOOD"
 )
 
 // The values EnvCrash accepts.
@@ -51,6 +58,9 @@ type knobs struct {
 	NoSessionReport bool          // never send session-id-report
 	PingInterval    time.Duration
 	PeerTimeout     time.Duration
+	ReportSession   string // path of EnvReportSessionFrom's file; "" reports the real id
+	FloodReports    int    // extra session-id reports after the handshake
+	FloodBytes      int    // the size of each
 }
 
 // loadKnobs reads the knobs through getenv (os.Getenv in production). An unset
@@ -109,6 +119,16 @@ func loadKnobs(getenv func(string) string) (knobs, error) {
 		k.Crash = v
 	default:
 		return knobs{}, fmt.Errorf("%s=%q: want %q or %q", EnvCrash, v, CrashMidTurn, CrashAfterAnswer)
+	}
+	k.ReportSession = getenv(EnvReportSessionFrom)
+	if v := getenv(EnvReportFlood); v != "" {
+		n, size, _ := strings.Cut(v, "x")
+		var err1, err2 error
+		k.FloodReports, err1 = strconv.Atoi(n)
+		k.FloodBytes, err2 = strconv.Atoi(size)
+		if err1 != nil || err2 != nil || k.FloodReports < 0 || k.FloodBytes < 1 {
+			return knobs{}, fmt.Errorf("%s=%q: want <count>x<bytes>, such as 20x3800000", EnvReportFlood, v)
+		}
 	}
 	if v := getenv(EnvFrameVersion); v != "" {
 		n, err := strconv.Atoi(v)

@@ -20,10 +20,12 @@ func TestLoadKnobs(t *testing.T) {
 			EnvExitBeforeReady: "1", EnvCrash: CrashAfterAnswer, EnvSlowTurn: "150ms", EnvIgnoreShutdown: "true",
 			EnvNoSecret: "1", EnvWrongSecret: "1", EnvFrameVersion: "7", EnvBootDelay: "2s",
 			EnvNoSessionReport: "1", EnvPingInterval: "10ms", EnvPeerTimeout: "30ms",
+			EnvReportSessionFrom: "/f", EnvReportFlood: "20x3800000",
 		}, check: func(k knobs) bool {
 			return k == knobs{ExitBeforeReady: true, Crash: CrashAfterAnswer, SlowTurn: 150 * time.Millisecond,
 				IgnoreShutdown: true, NoSecret: true, WrongSecret: true, RegisterVersion: 7, BootDelay: 2 * time.Second,
-				NoSessionReport: true, PingInterval: 10 * time.Millisecond, PeerTimeout: 30 * time.Millisecond}
+				NoSessionReport: true, PingInterval: 10 * time.Millisecond, PeerTimeout: 30 * time.Millisecond,
+				ReportSession: "/f", FloodReports: 20, FloodBytes: 3800000}
 		}},
 		{name: "zero turns a knob off", env: map[string]string{EnvIgnoreShutdown: "0"}, check: func(k knobs) bool { return !k.IgnoreShutdown }},
 		{name: "bad bool", env: map[string]string{EnvNoSecret: "yes"}, wantErr: EnvNoSecret},
@@ -31,6 +33,7 @@ func TestLoadKnobs(t *testing.T) {
 		{name: "bad duration", env: map[string]string{EnvSlowTurn: "5"}, wantErr: EnvSlowTurn},
 		{name: "negative duration", env: map[string]string{EnvBootDelay: "-1s"}, wantErr: EnvBootDelay},
 		{name: "zero ping interval", env: map[string]string{EnvPingInterval: "0s"}, wantErr: EnvPingInterval},
+		{name: "bad flood", env: map[string]string{EnvReportFlood: "20"}, wantErr: EnvReportFlood},
 		{name: "bad version", env: map[string]string{EnvFrameVersion: "two"}, wantErr: EnvFrameVersion},
 	}
 	for _, tt := range tests {

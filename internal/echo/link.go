@@ -9,6 +9,8 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -40,6 +42,7 @@ type link struct {
 	secret    string
 	sessionID string
 	knobs     knobs
+	flooded   bool // EnvReportFlood's reports went out; once is the attack
 	out       *outbox
 	log       *slog.Logger
 
@@ -132,6 +135,14 @@ func (l *link) handshake(conn *websocket.Conn) error {
 	frames := []brokerframe.Frame{{LeaseID: l.leaseID, Signal: brokerframe.SignalReady}}
 	if !l.knobs.NoSessionReport {
 		frames = append(frames, brokerframe.Frame{LeaseID: l.leaseID, Signal: brokerframe.SignalSessionIDReport, SessionID: l.sessionID})
+	}
+	if !l.flooded {
+		l.flooded = true
+		for i := range l.knobs.FloodReports {
+			id := strconv.Itoa(i)
+			id += strings.Repeat("f", max(l.knobs.FloodBytes-len(id), 0))
+			frames = append(frames, brokerframe.Frame{LeaseID: l.leaseID, Signal: brokerframe.SignalSessionIDReport, SessionID: id})
+		}
 	}
 	for _, f := range frames {
 		b, err := brokerframe.Encode(f)

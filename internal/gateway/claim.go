@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/nexus-broker/nexus-broker/internal/config"
+	"github.com/nexus-broker/nexus-broker/pkg/sessionid"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
 )
 
@@ -94,6 +95,11 @@ func (g *Gateway) claim(r *http.Request) (*claimResponse, *claimError) {
 		return nil, refuse(http.StatusBadRequest, "rejected", "unknown binary %q; this broker spawns: %s", requested, strings.Join(g.binaryNames(), ", "))
 	}
 	session := strings.TrimSpace(req.SessionID)
+	if session != "" {
+		if err := sessionid.Validate(session); err != nil {
+			return nil, refuse(http.StatusBadRequest, "rejected", "invalid session_id: %v", err)
+		}
+	}
 	entry, cerr := g.resumeEntry(r.Context(), session, requested)
 	if cerr != nil {
 		return nil, cerr
@@ -131,6 +137,12 @@ func (g *Gateway) claim(r *http.Request) (*claimResponse, *claimError) {
 		Principal: principal, BrokerAddr: g.dialBack,
 	})
 	cancel()
+	if status.Code(err) == codes.FailedPrecondition {
+		// The session was bound to another entry after resumeEntry asked.
+		g.removeLease(l)
+		g.cap.release()
+		return nil, refuse(http.StatusConflict, "rejected", "session %q was bound to another binary while this claim was admitted; omit `binary` to inherit it, or start a new session", session)
+	}
 	if err != nil {
 		g.removeLease(l)
 		g.cap.release()
@@ -276,14 +288,27 @@ func (g *Gateway) binaryNames() []string {
 	return names
 }
 
-// record journals a lease's session id in spawnd; a failure is logged, never
-// fatal to the lease.
-func (g *Gateway) record(id, session string) {
+// record asks spawnd to record a session id an instance reported, and says
+// whether the lease may carry it. spawnd refuses an id another entry's
+// session holds (a session belongs to the entry that created it); a spawnd
+// that cannot be asked is logged and the id kept, since the record is
+// best-effort.
+func (g *Gateway) record(id, session string) bool {
 	ctx, cancel := context.WithTimeout(g.ctx, 10*time.Second)
 	defer cancel()
-	if _, err := g.sp.Record(ctx, &spawnpb.RecordRequest{LeaseId: id, SessionId: session}); err != nil && status.Code(err) != codes.NotFound {
-		g.log.Warn("recording a lease's session id with nexus-spawnd failed", "lease_id", id, "error", err)
+	_, err := g.sp.Record(ctx, &spawnpb.RecordRequest{LeaseId: id, SessionId: session})
+	switch status.Code(err) {
+	case codes.OK:
+		return true
+	case codes.NotFound:
+		return false // the lease is gone; nothing carries the id
+	case codes.InvalidArgument, codes.FailedPrecondition, codes.ResourceExhausted:
+		g.log.Warn("instance's session-id report refused by nexus-spawnd; the lease keeps running with the session id it had",
+			"lease_id", id, "error", status.Convert(err).Message())
+		return false
 	}
+	g.log.Warn("recording a lease's session id with nexus-spawnd failed", "lease_id", id, "error", err)
+	return true
 }
 
 // handleRelease is POST /release/{lease_id}.

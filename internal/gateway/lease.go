@@ -1,10 +1,12 @@
 package gateway
 
 import (
+	"fmt"
 	"sync"
 	"time"
 
 	"github.com/nexus-broker/nexus-broker/pkg/brokerframe"
+	"github.com/nexus-broker/nexus-broker/pkg/sessionid"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
 )
 
@@ -81,11 +83,15 @@ type lease struct {
 	readyOnce       sync.Once
 	sessionReported chan struct{}
 	reportOnce      sync.Once
-	exited          chan struct{}
-	exitOnce        sync.Once
-	exit            *spawnpb.ExitEvent
-	teardownOnce    sync.Once
-	tornDown        chan struct{}
+	// reports counts the session-id changes the instance reported;
+	// recording is closed once spawnd has answered the latest one.
+	reports      int
+	recording    chan struct{}
+	exited       chan struct{}
+	exitOnce     sync.Once
+	exit         *spawnpb.ExitEvent
+	teardownOnce sync.Once
+	tornDown     chan struct{}
 }
 
 func (g *Gateway) newLease(id, principal, entry string, created time.Time) *lease {
@@ -117,17 +123,61 @@ func (l *lease) markReady() {
 	l.readyOnce.Do(func() { close(l.ready) })
 }
 
+// maxSessionReports is how many session-id changes one lease may report,
+// the same cap spawnd applies; a stock nexus reports one per session and
+// repeats it on every redial, which changes nothing.
+const maxSessionReports = 4
+
+// markSession handles an instance's session-id report. An id is carried by
+// the lease only once spawnd has recorded it, in report order; a report
+// that breaks the session id rule, or comes past the cap, is refused with a
+// WARN (one past the cap) and the lease keeps the id it had. Either way the
+// claim waiting on sessionReported is released.
 func (l *lease) markSession(id string) {
 	l.mu.Lock()
-	changed := id != "" && l.sessionID != id
-	if id != "" {
-		l.sessionID = id
+	if id == "" || id == l.sessionID {
+		l.mu.Unlock()
+		l.settleSession()
+		return
+	}
+	l.reports++
+	n, prev := l.reports, l.recording
+	done := make(chan struct{})
+	if n <= maxSessionReports {
+		l.recording = done
 	}
 	l.mu.Unlock()
-	l.reportOnce.Do(func() { close(l.sessionReported) })
-	if changed {
-		go l.g.record(l.id, id)
+	var refusal error
+	switch err := sessionid.Validate(id); {
+	case n > maxSessionReports:
+		refusal = fmt.Errorf("the lease already reported %d session ids, the most one lease may", maxSessionReports)
+	case err != nil:
+		refusal = err
 	}
+	if refusal != nil {
+		if n <= maxSessionReports+1 {
+			l.g.log.Warn("instance's session-id report refused; the lease keeps running with the session id it had",
+				"lease_id", l.id, "error", refusal)
+		}
+		l.settleSession()
+		return
+	}
+	go func() {
+		defer close(done)
+		if prev != nil {
+			<-prev // spawnd records a lease's ids in the order they came
+		}
+		if l.g.record(l.id, id) {
+			l.mu.Lock()
+			l.sessionID = id
+			l.mu.Unlock()
+		}
+		l.settleSession()
+	}()
+}
+
+func (l *lease) settleSession() {
+	l.reportOnce.Do(func() { close(l.sessionReported) })
 }
 
 // onExit is spawnd's word that the instance process is gone.

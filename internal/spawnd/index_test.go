@@ -250,3 +250,108 @@ func TestIndexSkipsCorruptLines(t *testing.T) {
 		t.Errorf("index after the rewrite at open has %d lines, want 2", n)
 	}
 }
+
+// TestASessionBelongsToTheEntryThatCreatedIt: once a session is bound to an
+// entry, a report of it from another entry's lease is refused and logged,
+// whether the owner is a live lease or the index; the refused lease keeps
+// running without it and does not count for Binding, and a resume naming the
+// other entry is refused by Spawn too.
+func TestASessionBelongsToTheEntryThatCreatedIt(t *testing.T) {
+	h := newHarness(t, defaultYAML)
+	stream := h.watch()
+	_, victim := h.spawn("lease-a", "notify")
+	if _, err := h.client.Record(h.ctx(), &spawnpb.RecordRequest{LeaseId: "lease-a", SessionId: "sess-a"}); err != nil {
+		t.Fatal(err)
+	}
+	_, thief := h.spawn("lease-b", "nexus")
+	steal := func(when string) {
+		t.Helper()
+		_, err := h.client.Record(h.ctx(), &spawnpb.RecordRequest{LeaseId: "lease-b", SessionId: "sess-a"})
+		if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), `session "sess-a" belongs to entry "notify", not "nexus"`) {
+			t.Fatalf("Record of another entry's session (%s) = %v, want FailedPrecondition naming the owner", when, err)
+		}
+		if got := h.binding("sess-a"); got != "notify" {
+			t.Fatalf("Binding after a refused rebind (%s) = %q, want notify", when, got)
+		}
+	}
+	steal("owner live")
+	victim.send("exit 0")
+	h.nextExit(stream)
+	steal("owner in the index")
+	h.logs.await(t, "session-id report refused; the lease keeps running with the session id it had", "lease_id", "lease-b")
+	if got := h.list(); len(got) != 1 || got[0].SessionId != "" {
+		t.Errorf("List after refused reports = %v, want lease-b running with no session id", got)
+	}
+	_, err := h.client.Spawn(h.ctx(), &spawnpb.SpawnRequest{
+		LeaseId: "lease-c", Entry: "nexus", Config: []byte("core: {}\n"), RecallSessionId: "sess-a", BrokerAddr: testBrokerAddr,
+	})
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("Spawn resuming another entry's session = %v, want FailedPrecondition", err)
+	}
+	thief.send("exit 0")
+	h.nextExit(stream)
+	if got := indexLines(t, filepath.Join(h.stateDir, indexFile)); len(got) != 1 || got[0] != `{"session_id":"sess-a","entry":"notify"}` {
+		t.Errorf("index = %q, want only the owner's binding", got)
+	}
+}
+
+// TestSessionIDsAreValidatedAndReportsCapped: a hostile id is refused by
+// Spawn, Record and Binding alike, and a lease records at most
+// maxSessionReports ids, so a flood of reports grows neither the journal nor
+// the index.
+func TestSessionIDsAreValidatedAndReportsCapped(t *testing.T) {
+	h := newHarness(t, defaultYAML)
+	for _, bad := range []string{"-h", "a/b", "../..", "a\nb", strings.Repeat("a", 129)} {
+		_, err := h.client.Spawn(h.ctx(), &spawnpb.SpawnRequest{
+			LeaseId: "lease-bad", Entry: "nexus", Config: []byte("core: {}\n"), RecallSessionId: bad, BrokerAddr: testBrokerAddr,
+		})
+		if status.Code(err) != codes.InvalidArgument {
+			t.Errorf("Spawn resuming %q = %v, want InvalidArgument", bad, err)
+		}
+		if _, err := h.client.Binding(h.ctx(), &spawnpb.BindingRequest{SessionId: bad}); status.Code(err) != codes.InvalidArgument {
+			t.Errorf("Binding(%q) = %v, want InvalidArgument", bad, err)
+		}
+	}
+	h.spawn("lease-flood", "nexus")
+	if _, err := h.client.Record(h.ctx(), &spawnpb.RecordRequest{LeaseId: "lease-flood", SessionId: "-h"}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("Record of -h = %v, want InvalidArgument", err)
+	}
+	if got := h.list(); got[0].SessionId != "" {
+		t.Errorf("session id after a refused report = %q, want none", got[0].SessionId)
+	}
+	journal := filepath.Join(h.stateDir, journalFile)
+	for i := 2; i <= maxSessionReports; i++ {
+		if _, err := h.client.Record(h.ctx(), &spawnpb.RecordRequest{LeaseId: "lease-flood", SessionId: fmt.Sprint("sess-", i)}); err != nil {
+			t.Fatalf("report %d: %v", i, err)
+		}
+	}
+	before, _ := os.Stat(journal)
+	for i := range 50 {
+		_, err := h.client.Record(h.ctx(), &spawnpb.RecordRequest{LeaseId: "lease-flood", SessionId: fmt.Sprint("more-", i)})
+		if status.Code(err) != codes.ResourceExhausted {
+			t.Fatalf("report past the cap = %v, want ResourceExhausted", err)
+		}
+	}
+	after, _ := os.Stat(journal)
+	if after.Size() != before.Size() {
+		t.Errorf("journal grew from %d to %d bytes on refused reports", before.Size(), after.Size())
+	}
+	if got := h.list(); got[0].SessionId != fmt.Sprint("sess-", maxSessionReports) {
+		t.Errorf("session id after the flood = %q, want the last accepted one", got[0].SessionId)
+	}
+	if n := len(h.logs.find("session-id report refused; the lease keeps running with the session id it had")); n != 2 {
+		t.Errorf("%d refusal WARNs, want 2 (the bad id, then the first past the cap)", n)
+	}
+	if got := indexLines(t, filepath.Join(h.stateDir, indexFile)); len(got) != maxSessionReports-1 {
+		t.Errorf("index holds %d lines, want %d", len(got), maxSessionReports-1)
+	}
+}
+
+func (h *harness) list() []*spawnpb.Lease {
+	h.t.Helper()
+	resp, err := h.client.List(h.ctx(), &spawnpb.ListRequest{})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return resp.Leases
+}

@@ -44,6 +44,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/nexus-broker/nexus-broker/internal/config"
+	"github.com/nexus-broker/nexus-broker/pkg/sessionid"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
 )
 
@@ -110,6 +111,9 @@ type lease struct {
 	// signalled as process.go's signalGroup describes.
 	adopted bool
 	sid     int // the adopted leader's session id, for killGroupRemains
+	// reports counts the Record calls that tried to change rec.SessionID;
+	// past maxSessionReports they are refused unread.
+	reports int
 	// gone is closed once the instance is reaped and its exit published.
 	gone chan struct{}
 	exit *spawnpb.ExitEvent
@@ -357,8 +361,11 @@ func (d *Daemon) Spawn(_ context.Context, req *spawnpb.SpawnRequest) (*spawnpb.S
 	if err := checkBrokerAddr(req.GetBrokerAddr()); err != nil {
 		return nil, err
 	}
-	if strings.ContainsRune(req.GetRecallSessionId(), 0) {
-		return nil, status.Error(codes.InvalidArgument, "Spawn: recall_session_id contains a NUL byte")
+	recall := req.GetRecallSessionId()
+	if recall != "" {
+		if err := sessionid.Validate(recall); err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "Spawn: recall_session_id: %v", err)
+		}
 	}
 	id := req.GetLeaseId()
 
@@ -381,13 +388,20 @@ func (d *Daemon) Spawn(_ context.Context, req *spawnpb.SpawnRequest) (*spawnpb.S
 			"lease_id", id, "entry", e.name, "run_as", e.runAs.String())
 		return nil, status.Errorf(codes.PermissionDenied, "Spawn: entry %q runs as %s, and nexus-spawnd lacks CAP_SETUID and CAP_SETGID", e.name, e.runAs)
 	}
+	if owner := d.resumeOwner(recall); owner != "" && owner != e.name {
+		d.mu.Unlock()
+		d.log.Warn("spawning instance refused: the session it resumes belongs to another entry",
+			"lease_id", id, "entry", e.name, "session_id", recall, "bound_to", owner)
+		return nil, status.Errorf(codes.FailedPrecondition, "Spawn: session %q belongs to entry %q, not %q", recall, owner, e.name)
+	}
 	l := &lease{
 		rec: leaseRecord{
 			LeaseID:   id,
 			Principal: req.GetPrincipal(),
 			// A resume's session id is known now; a new session's comes
-			// later, through Record.
-			SessionID:     req.GetRecallSessionId(),
+			// later, through Record. Held from here on, the live lease
+			// keeps any other entry from binding the session meanwhile.
+			SessionID:     recall,
 			Entry:         e.name,
 			CreatedAt:     time.Now().UTC(),
 			BrokerID:      d.brokerID,
@@ -432,7 +446,7 @@ func (d *Daemon) Spawn(_ context.Context, req *spawnpb.SpawnRequest) (*spawnpb.S
 	// so a Close meanwhile waits for the record that carries the pid.
 	d.journal.append(kindStarted, rec)
 	// Bound only once the instance runs: a failed exec replayed nothing.
-	d.index.bind(req.GetRecallSessionId(), e.name)
+	d.index.bind(recall, e.name)
 	go d.supervise(l)
 
 	attrs := []any{"lease_id", id, "entry", e.name, "pid", p.pid, "log", p.logPath}
@@ -556,23 +570,88 @@ func (d *Daemon) Watch(_ *spawnpb.WatchRequest, stream grpc.ServerStreamingServe
 	}
 }
 
-// Record stores the session id the gateway learned for a lease, in the
-// journal and in the session → binary index.
+// Record stores the session id an instance reported for its lease, in the
+// journal and in the session → binary index. A session belongs to the entry
+// that created it, once: an id another entry holds is refused, as is one
+// that breaks the session id rule, and each lease may try at most
+// maxSessionReports changes. A refused report leaves the lease running with
+// the session id it had.
 func (d *Daemon) Record(_ context.Context, req *spawnpb.RecordRequest) (*spawnpb.RecordResponse, error) {
+	session := req.GetSessionId()
 	d.mu.Lock()
 	l, err := d.admit(verbRecord, req.GetLeaseId())
 	if err != nil {
 		d.mu.Unlock()
 		return nil, err
 	}
-	l.rec.SessionID = req.GetSessionId()
+	if l.rec.SessionID == session {
+		d.mu.Unlock()
+		return &spawnpb.RecordResponse{}, nil // a redial's repeat changes nothing
+	}
+	l.reports++
+	if err := d.bindLocked(l, session); err != nil {
+		n := l.reports
+		d.mu.Unlock()
+		if n <= maxSessionReports+1 { // one line for the first refusal past the cap, none after
+			d.log.Warn("session-id report refused; the lease keeps running with the session id it had",
+				"lease_id", l.rec.LeaseID, "entry", l.rec.Entry, "error", status.Convert(err).Message())
+		}
+		return nil, err
+	}
 	rec := l.snapshot()
-	d.wg.Add(1) // so Close waits for these writes rather than racing them
+	d.wg.Add(1) // so Close waits for this write rather than racing it
 	d.mu.Unlock()
 	defer d.wg.Done()
 	d.journal.append(kindRecorded, rec)
-	d.index.bind(rec.SessionID, rec.Entry)
 	return &spawnpb.RecordResponse{}, nil
+}
+
+// maxSessionReports is how many session ids one lease may try to record. A
+// stock nexus reports one per session and re-reports it on every redial
+// (which Record ignores); the cap is what keeps a hostile instance from
+// growing the journal and the index.
+const maxSessionReports = 4
+
+// bindLocked makes session l's, in the lease and the index, or says why not.
+// The caller holds d.mu, which is what makes the check and the bind one step.
+func (d *Daemon) bindLocked(l *lease, session string) error {
+	if l.reports > maxSessionReports {
+		return status.Errorf(codes.ResourceExhausted, "Record: lease %q already reported %d session ids, the most one lease may", l.rec.LeaseID, maxSessionReports)
+	}
+	if err := sessionid.Validate(session); err != nil {
+		return status.Errorf(codes.InvalidArgument, "Record: %v", err)
+	}
+	if owner := d.sessionOwner(session, l); owner != "" && owner != l.rec.Entry {
+		return status.Errorf(codes.FailedPrecondition, "Record: session %q belongs to entry %q, not %q", session, owner, l.rec.Entry)
+	}
+	l.rec.SessionID = session
+	d.index.bind(session, l.rec.Entry)
+	return nil
+}
+
+// resumeOwner is sessionOwner for a Spawn: a new session (recall "") has none.
+func (d *Daemon) resumeOwner(recall string) string {
+	if recall == "" {
+		return ""
+	}
+	return d.sessionOwner(recall, nil)
+}
+
+// sessionOwner is the entry a session belongs to: the newest live lease
+// other than self that holds it (its id came from the claim, or Record
+// accepted it), else the session → binary index; "" for no owner. The
+// caller holds d.mu.
+func (d *Daemon) sessionOwner(session string, self *lease) string {
+	var newest *lease
+	for _, l := range d.leases {
+		if l != self && l.rec.SessionID == session && (newest == nil || l.rec.CreatedAt.After(newest.rec.CreatedAt)) {
+			newest = l
+		}
+	}
+	if newest != nil {
+		return newest.rec.Entry
+	}
+	return d.index.lookup(session)
 }
 
 // Reload re-reads broker.yaml and resolves it exactly as New did. Only if
@@ -627,22 +706,13 @@ func (d *Daemon) Status(context.Context, *spawnpb.StatusRequest) (*spawnpb.Statu
 // index, or there is no state_dir), and the resume proceeds unchecked.
 func (d *Daemon) Binding(_ context.Context, req *spawnpb.BindingRequest) (*spawnpb.BindingResponse, error) {
 	session := req.GetSessionId()
+	if err := sessionid.Validate(session); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "Binding: %v; ask only about a claim that resumes a session", err)
+	}
 	d.mu.Lock()
-	_, err := d.admit(verbBinding, "")
-	var newest *lease
-	for _, l := range d.leases {
-		if l.rec.SessionID == session && (newest == nil || l.rec.CreatedAt.After(newest.rec.CreatedAt)) {
-			newest = l
-		}
-	}
-	d.mu.Unlock()
-	switch {
-	case err != nil:
+	defer d.mu.Unlock()
+	if _, err := d.admit(verbBinding, ""); err != nil {
 		return nil, err
-	case session == "":
-		return nil, status.Error(codes.InvalidArgument, "Binding: session_id is empty; ask only about a claim that resumes a session")
-	case newest != nil:
-		return &spawnpb.BindingResponse{Entry: newest.rec.Entry}, nil
 	}
-	return &spawnpb.BindingResponse{Entry: d.index.lookup(session)}, nil
+	return &spawnpb.BindingResponse{Entry: d.sessionOwner(session, nil)}, nil
 }

@@ -1,0 +1,41 @@
+// Package sessionid holds the one rule both halves of the broker apply to an
+// engine session id, whoever supplies it: a claim resuming a session, or an
+// instance reporting one. A session id reaches an instance's argv
+// (-recall <id>), the lease journal and the session → binary index, so it is
+// held to a narrow alphabet and a length a stock nexus never comes near (it
+// mints 32 hex characters).
+package sessionid
+
+import "fmt"
+
+// MaxLen is the longest session id either side accepts, in bytes.
+const MaxLen = 128
+
+// Rule is the rule in words, for errors a user reads.
+var Rule = fmt.Sprintf("1 to %d bytes of letters, digits, '.', '_' or '-', not starting with '-' or '.'", MaxLen)
+
+// Validate returns nil for an id that keeps the rule, else an error naming
+// the rule. The id is quoted only when short, so a hostile one cannot flood
+// a log line.
+func Validate(id string) error {
+	if valid(id) {
+		return nil
+	}
+	if len(id) > MaxLen {
+		return fmt.Errorf("session id of %d bytes is not %s", len(id), Rule)
+	}
+	return fmt.Errorf("session id %q is not %s", id, Rule)
+}
+
+func valid(id string) bool {
+	if id == "" || len(id) > MaxLen || id[0] == '-' || id[0] == '.' {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
