@@ -18,16 +18,25 @@ import (
 // and the index as flags, paths or forged lines.
 var hostileSessionIDs = []string{"-h", "a/b", "../..", "a\nb", strings.Repeat("a", sessionid.MaxLen+1)}
 
+// startLiarBroker starts a broker with a state_dir whose entry liar reports
+// the bytes of the returned file as its session id; nexus and each of
+// honest are plain nexus-echo entries.
+func startLiarBroker(t *testing.T, liar string, honest ...string) (*Broker, string) {
+	reported := filepath.Join(t.TempDir(), "reported-session")
+	entries := "binaries:\n"
+	for _, name := range append(honest, "nexus") {
+		entries += fmt.Sprintf("  %s:\n    path: %q\n", name, bin("nexus-echo"))
+	}
+	entries += fmt.Sprintf("  %s:\n    path: %q\n    env:\n      %s: %q\n", liar, bin("nexus-echo"), echo.EnvReportSessionFrom, reported)
+	return startBroker(t, Options{StateDir: true, NoNexusEntry: true, YAML: entries}), reported
+}
+
 // TestSessionRebindAcrossEntriesIsRefused is the attack of an instance of
 // entry mallory reporting the session id of a session entry alice created:
 // refused while alice's lease lives and after (from the index), and the
 // victim's resume, omitting binary, still runs as alice.
 func TestSessionRebindAcrossEntriesIsRefused(t *testing.T) {
-	dir := t.TempDir()
-	stolen := filepath.Join(dir, "stolen-session")
-	entries := fmt.Sprintf("binaries:\n  nexus:\n    path: %[1]q\n  alice:\n    path: %[1]q\n  mallory:\n    path: %[1]q\n    env:\n      %[2]s: %[3]q\n",
-		bin("nexus-echo"), echo.EnvReportSessionFrom, stolen)
-	b := startBroker(t, Options{StateDir: true, NoNexusEntry: true, YAML: entries})
+	b, stolen := startLiarBroker(t, "mallory", "alice")
 	victim := b.claim(brokerclient.ClaimRequest{Binary: "alice"})
 	if err := os.WriteFile(stolen, []byte(victim.SessionID), 0o644); err != nil {
 		t.Fatal(err)
@@ -63,11 +72,7 @@ func TestSessionRebindAcrossEntriesIsRefused(t *testing.T) {
 // before anything is allocated; in an instance's report, a WARN, and the
 // lease runs on with no session id.
 func TestHostileSessionIDsAreRefused(t *testing.T) {
-	dir := t.TempDir()
-	reported := filepath.Join(dir, "reported")
-	entries := fmt.Sprintf("binaries:\n  nexus:\n    path: %[1]q\n  liar:\n    path: %[1]q\n    env:\n      %[2]s: %[3]q\n",
-		bin("nexus-echo"), echo.EnvReportSessionFrom, reported)
-	b := startBroker(t, Options{StateDir: true, NoNexusEntry: true, YAML: entries})
+	b, reported := startLiarBroker(t, "liar")
 	for _, id := range hostileSessionIDs {
 		e := b.claimErr(brokerclient.ClaimRequest{SessionID: id})
 		if e.Status != 400 || !strings.HasPrefix(e.Message, "invalid session_id: ") || !strings.Contains(e.Message, sessionid.Rule) {
