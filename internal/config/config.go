@@ -48,6 +48,9 @@ type Config struct {
 	// RunAs is the default credential for entries that declare none.
 	RunAs *RunAs `yaml:"run_as"`
 
+	// Auth is the auth: block; nil means authentication is disabled.
+	Auth *Auth `yaml:"auth"`
+
 	// Spawnd holds the keys of the supervisor split (ours, not upstream's).
 	Spawnd Spawnd `yaml:"spawnd"`
 

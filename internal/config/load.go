@@ -25,9 +25,12 @@ func (d Duration) D() time.Duration { return time.Duration(d) }
 type Size int64
 
 var (
-	configType   = reflect.TypeFor[Config]()
-	durationType = reflect.TypeFor[Duration]()
-	sizeType     = reflect.TypeFor[Size]()
+	configType    = reflect.TypeFor[Config]()
+	durationType  = reflect.TypeFor[Duration]()
+	wordsType     = reflect.TypeFor[Words]()
+	stringsType   = reflect.TypeFor[Strings]()
+	validatorType = reflect.TypeFor[Validator]()
+	sizeType      = reflect.TypeFor[Size]()
 )
 
 // Load reads and validates the file at path.
@@ -104,13 +107,13 @@ func document(data []byte) (*yaml.Node, error) {
 }
 
 // refuseUnsupported names the spec's blocks this build does not implement
-// yet. Ignoring an auth: block would run a broker its operator believes is
-// authenticated wide open, so each is a boot refusal rather than a no-op.
+// yet. Ignoring one would run a broker that is not what its operator
+// configured, so each is a boot refusal rather than a no-op.
 // It runs before the key walk so this refusal wins over any other mistake.
 func refuseUnsupported(root *yaml.Node) error {
 	for i := 0; i+1 < len(root.Content); i += 2 {
 		switch k := root.Content[i].Value; k {
-		case "auth", "agents", "a2a":
+		case "agents", "a2a":
 			return fmt.Errorf("broker config: %s: this build of nexus-broker does not support the %s: block yet; remove it (see README, \"Where we differ\")", k, k)
 		}
 	}
@@ -158,12 +161,26 @@ func (w *checker) check(node *yaml.Node, t reflect.Type, path string) error {
 	if t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
+	if t == wordsType || t == stringsType {
+		// A string, or a list of strings.
+		if node.Kind == yaml.SequenceNode {
+			t = reflect.TypeFor[[]string]()
+		} else {
+			return checkScalar(node, reflect.TypeFor[string](), path)
+		}
+	}
 	switch t.Kind() {
 	case reflect.Struct:
 		if err := checkKeys(node, path); err != nil {
 			return err
 		}
 		fields := yamlFields(t)
+		if t == validatorType {
+			var err error
+			if fields, err = validatorFields(node, fields, path); err != nil {
+				return err
+			}
+		}
 		for i := 0; i+1 < len(node.Content); i += 2 {
 			key := node.Content[i].Value
 			f, ok := fields[key]

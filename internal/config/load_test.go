@@ -10,8 +10,7 @@ import (
 	"time"
 )
 
-// specExample is the commented listing of "Running the broker", minus the
-// auth: line this build refuses.
+// specExample is the commented listing of "Running the broker".
 const specExample = `# broker.yaml
 listen_addr: ":8080"          # HTTP/WS gateway bind address
 advertise_addr: ""            # address CLIENTS use to reach this broker; required behind a proxy/LB
@@ -427,7 +426,7 @@ func TestParseOK(t *testing.T) {
 // ("" for errors about the file as a whole) and want a phrase it must hold.
 var errorCases = []struct{ name, yaml, key, want string }{
 	// Unknown keys, at every level.
-	{"unknown top-level key", "listen_adr: \":8080\"", "listen_adr", "unknown key; the keys allowed here are advertise_addr, binaries,"},
+	{"unknown top-level key", "listen_adr: \":8080\"", "listen_adr", "unknown key; the keys allowed here are advertise_addr, auth, binaries,"},
 	{"unknown entry key", "binaries:\n  vision:\n    path: x\n    pth: y\n", "binaries.vision.pth", "unknown key; the keys allowed here are args, description, env, label, path, run_as"},
 	{"unknown entry run_as key", "binaries:\n  vision:\n    path: x\n    run_as: {uid: 1, gid: 1, uidd: 2}\n", "binaries.vision.run_as.uidd", "unknown key; the keys allowed here are gid, uid"},
 	{"unknown run_as key", "run_as:\n  uid: 1\n  gid: 1\n  user: nexus\n", "run_as.user", "unknown key"},
@@ -436,10 +435,8 @@ var errorCases = []struct{ name, yaml, key, want string }{
 	{"unknown key in an aliased entry", "binaries:\n  a: &e {path: a, bogus: 1}\n", "binaries.a.bogus", "unknown key"},
 
 	// Blocks this build does not implement.
-	{"auth block", "auth:\n  validators: []\n", "auth", "does not support the auth: block yet; remove it"},
 	{"agents block", "agents: {}\n", "agents", "does not support the agents: block yet"},
 	{"a2a block", "max_concurrent: [x]\na2a:\n  tasks: {ttl: 24h}\n", "a2a", "does not support the a2a: block yet"},
-	{"empty auth block", "auth:\n", "auth", "does not support the auth: block"},
 
 	// Durations.
 	{"duration without a unit", "idle_timeout: 300", "idle_timeout", `invalid duration "300": want a number with a unit`},

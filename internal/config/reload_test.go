@@ -35,6 +35,7 @@ var reloadClass = []struct {
 	{"max_leases_per_principal", "max_leases_per_principal: 1", false},
 	{"max_queued_per_principal", "max_queued_per_principal: 1", false},
 	{"spawnd", "spawnd: {run_dir: /run/nexus-broker}", false},
+	{"auth", "auth: {validators: [{type: static, tokens: [{token: t, principal: p}]}]}", false},
 }
 
 // TestReloadClassCoversEveryKey fails when a key is added to Config without

@@ -54,6 +54,11 @@ func (c *Config) validate() error {
 	if err := checkRunAs(c.RunAs, "run_as"); err != nil {
 		return err
 	}
+	if c.Auth != nil {
+		if err := c.Auth.validate(); err != nil {
+			return err
+		}
+	}
 	if err := checkID(c.Spawnd.GatewayUID, "spawnd.gateway_uid", "uid"); err != nil {
 		return err
 	}

@@ -1,0 +1,342 @@
+package config
+
+import (
+	"fmt"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"os"
+	"reflect"
+	"slices"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Auth is the optional auth: block. A nil *Auth on Config means
+// authentication is disabled.
+type Auth struct {
+	// AdminScope unlocks the whole-registry GET /leases and GET /metrics.
+	// Unset means DefaultAdminScope; "" means nobody is an operator.
+	AdminScope *string     `yaml:"admin_scope"`
+	Validators []Validator `yaml:"validators"`
+}
+
+// DefaultAdminScope is auth.admin_scope when the key is absent.
+const DefaultAdminScope = "nexus.broker.admin"
+
+// Validator types, in the order the spec introduces them.
+const (
+	ValidatorStatic       = "static"
+	ValidatorJWKS         = "jwks"
+	ValidatorIntrospect   = "introspect"
+	ValidatorProxyHeaders = "proxy_headers"
+)
+
+// Validator is one entry of auth.validators. It is one struct for every
+// type so the list decodes in order; the loader refuses any key the entry's
+// type does not take (validatorKeys).
+type Validator struct {
+	Type string `yaml:"type"`
+
+	// static
+	Tokens []StaticToken `yaml:"tokens"`
+
+	// jwks
+	Issuer     string  `yaml:"issuer"`
+	JWKSURL    string  `yaml:"jwks_url"`
+	Audience   Strings `yaml:"audience"`
+	Algorithms Strings `yaml:"algorithms"`
+
+	// jwks and introspect: which claim carries what.
+	PrincipalClaim string `yaml:"principal_claim"`
+	TenantClaim    string `yaml:"tenant_claim"`
+	ScopesClaim    string `yaml:"scopes_claim"`
+
+	// introspect
+	Endpoint        string `yaml:"endpoint"`
+	ClientID        string `yaml:"client_id"`
+	ClientSecret    string `yaml:"client_secret"`
+	ClientSecretEnv string `yaml:"client_secret_env"`
+
+	// proxy_headers
+	TrustedProxyCIDRs Strings `yaml:"trusted_proxy_cidrs"`
+	PrincipalHeader   string  `yaml:"principal_header"`
+	TenantHeader      string  `yaml:"tenant_header"`
+	ScopesHeader      string  `yaml:"scopes_header"`
+
+	// Prefixes is TrustedProxyCIDRs parsed, filled in by Load.
+	Prefixes []netip.Prefix `yaml:"-"`
+}
+
+// StaticToken is one row of a static validator's table. After Load, Token
+// holds the secret whichever of token / token_env was written.
+type StaticToken struct {
+	Token     string `yaml:"token"`
+	TokenEnv  string `yaml:"token_env"`
+	Principal string `yaml:"principal"`
+	Tenant    string `yaml:"tenant"`
+	Scopes    Words  `yaml:"scopes"`
+}
+
+// Words is a whitespace-separated string or a YAML list of strings.
+type Words []string
+
+// Strings is one string or a YAML list of strings.
+type Strings []string
+
+// UnmarshalYAML splits a scalar on whitespace, or takes a list as written.
+func (w *Words) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind == yaml.ScalarNode {
+		*w = strings.Fields(n.Value)
+		return nil
+	}
+	var l []string
+	err := n.Decode(&l)
+	*w = l
+	return err
+}
+
+// UnmarshalYAML takes a scalar as a one-element list.
+func (s *Strings) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind == yaml.ScalarNode {
+		*s = []string{n.Value}
+		return nil
+	}
+	var l []string
+	err := n.Decode(&l)
+	*s = l
+	return err
+}
+
+// validatorKeys are the keys each validator type takes besides type.
+var validatorKeys = map[string][]string{
+	ValidatorStatic:       {"tokens"},
+	ValidatorJWKS:         {"issuer", "jwks_url", "audience", "algorithms", "principal_claim", "tenant_claim", "scopes_claim"},
+	ValidatorIntrospect:   {"endpoint", "client_id", "client_secret", "client_secret_env", "principal_claim", "tenant_claim", "scopes_claim"},
+	ValidatorProxyHeaders: {"trusted_proxy_cidrs", "principal_header", "tenant_header", "scopes_header"},
+}
+
+// validatorFields narrows a validator's schema to the keys its type takes,
+// so a jwks key on a static entry is an unknown key, named as such.
+func validatorFields(node *yaml.Node, fields map[string]reflect.StructField, path string) (map[string]reflect.StructField, error) {
+	typ := ""
+	for i := 0; i+1 < len(node.Content); i += 2 {
+		if node.Content[i].Value == "type" {
+			typ = node.Content[i+1].Value
+		}
+	}
+	keys, ok := validatorKeys[typ]
+	if !ok {
+		if typ == "" {
+			return nil, fmt.Errorf("%s: required; write one of %s", join(path, "type"), strings.Join(sortedKeys(validatorKeys), ", "))
+		}
+		return nil, fmt.Errorf("%s: %q is not a validator type; write one of %s", join(path, "type"), typ, strings.Join(sortedKeys(validatorKeys), ", "))
+	}
+	out := map[string]reflect.StructField{"type": fields["type"]}
+	for _, k := range keys {
+		out[k] = fields[k]
+	}
+	return out, nil
+}
+
+// Supported JWS algorithms for jwks. none and the HMAC family are refused:
+// an HMAC key published in a JWKS is a shared secret anyone can sign with.
+var jwsAlgorithms = []string{"RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"}
+
+// validate checks the auth: block, resolves every <key>_env secret and
+// parses the CIDRs. Nothing it says ever contains a secret value.
+func (a *Auth) validate() error {
+	if a.AdminScope == nil {
+		s := DefaultAdminScope
+		a.AdminScope = &s
+	}
+	if len(a.Validators) == 0 {
+		return fmt.Errorf("broker config: auth.validators: required, and at least one; an auth: block with no validator accepts nobody (remove the block to run unauthenticated)")
+	}
+	for i := range a.Validators {
+		v := &a.Validators[i]
+		path := fmt.Sprintf("auth.validators[%d]", i)
+		var err error
+		switch v.Type {
+		case ValidatorStatic:
+			err = v.validateStatic(path)
+		case ValidatorJWKS:
+			err = v.validateJWKS(path)
+		case ValidatorIntrospect:
+			err = v.validateIntrospect(path)
+		case ValidatorProxyHeaders:
+			err = v.validateProxy(path)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func required(path, key, value, hint string) error {
+	if strings.TrimSpace(value) == "" {
+		return fmt.Errorf("broker config: %s.%s: required; %s", path, key, hint)
+	}
+	return nil
+}
+
+// secret resolves <key> / <key>_env: exactly one may be written, and a
+// named variable must be set and non-empty.
+func secret(path, key, literal, envName string) (string, error) {
+	switch {
+	case literal != "" && envName != "":
+		return "", fmt.Errorf("broker config: %s.%s: set together with %s_env, and neither wins; keep one", path, key, key)
+	case envName != "":
+		if err := checkEnvName(path+"."+key+"_env", envName); err != nil {
+			return "", err
+		}
+		v := os.Getenv(envName)
+		if v == "" {
+			return "", fmt.Errorf("broker config: %s.%s_env: the environment variable %s is not set or empty; export it to the broker, or write %s", path, key, envName, key)
+		}
+		return v, nil
+	case literal == "":
+		return "", fmt.Errorf("broker config: %s.%s: required; write %s (the value) or %s_env (the name of an environment variable holding it)", path, key, key, key)
+	}
+	return literal, nil
+}
+
+func (v *Validator) validateStatic(path string) error {
+	if len(v.Tokens) == 0 {
+		return fmt.Errorf("broker config: %s.tokens: required, and at least one; list token, principal and optional tenant and scopes", path)
+	}
+	seen := map[string]int{}
+	for i := range v.Tokens {
+		t := &v.Tokens[i]
+		tp := fmt.Sprintf("%s.tokens[%d]", path, i)
+		tok, err := secret(tp, "token", t.Token, t.TokenEnv)
+		if err != nil {
+			return err
+		}
+		if j, dup := seen[tok]; dup {
+			return fmt.Errorf("broker config: %s.token: the same token as %s.tokens[%d]; one token names one principal, so remove or change one", tp, path, j)
+		}
+		seen[tok] = i
+		t.Token = tok
+		if err := required(tp, "principal", t.Principal, "name the principal this token authenticates as (it owns the leases claimed with it)"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (v *Validator) validateJWKS(path string) error {
+	if err := required(path, "issuer", v.Issuer, "give the exact iss value your issuer puts in its tokens"); err != nil {
+		return err
+	}
+	if err := checkURL(path+".jwks_url", v.JWKSURL); err != nil {
+		return err
+	}
+	if err := checkList(path+".audience", v.Audience, "give the audience your tokens carry (a string or a list: any one of them is accepted)"); err != nil {
+		return err
+	}
+	if len(v.Algorithms) == 0 {
+		v.Algorithms = Strings{"RS256"}
+	}
+	for i, alg := range v.Algorithms {
+		key := fmt.Sprintf("%s.algorithms[%d]", path, i)
+		switch {
+		case strings.EqualFold(alg, "none"):
+			return fmt.Errorf("broker config: %s: \"none\" is refused: an unsigned token proves nothing; use one of %s", key, strings.Join(jwsAlgorithms, ", "))
+		case strings.HasPrefix(strings.ToUpper(alg), "HS"):
+			return fmt.Errorf("broker config: %s: %q is refused: an HMAC key is a shared secret, so anyone able to verify could also sign; use one of %s", key, alg, strings.Join(jwsAlgorithms, ", "))
+		case !slices.Contains(jwsAlgorithms, alg):
+			return fmt.Errorf("broker config: %s: %q is not a supported algorithm; use one of %s", key, alg, strings.Join(jwsAlgorithms, ", "))
+		}
+	}
+	return required(path, "principal_claim", v.PrincipalClaim,
+		"name the claim that identifies the caller (for example sub); there is no default, because lease ownership is equality on it")
+}
+
+func (v *Validator) validateIntrospect(path string) error {
+	if err := checkURL(path+".endpoint", v.Endpoint); err != nil {
+		return err
+	}
+	if err := required(path, "client_id", v.ClientID, "give the client id the broker authenticates to the introspection endpoint with"); err != nil {
+		return err
+	}
+	s, err := secret(path, "client_secret", v.ClientSecret, v.ClientSecretEnv)
+	if err != nil {
+		return err
+	}
+	v.ClientSecret = s
+	// RFC 7662 names the subject and the scopes of a token.
+	if v.PrincipalClaim == "" {
+		v.PrincipalClaim = "sub"
+	}
+	if v.ScopesClaim == "" {
+		v.ScopesClaim = "scope"
+	}
+	return nil
+}
+
+func (v *Validator) validateProxy(path string) error {
+	if err := checkList(path+".trusted_proxy_cidrs", v.TrustedProxyCIDRs,
+		"list your authenticating proxy's own address, such as 10.4.0.7/32; the list is the whole security model of this validator"); err != nil {
+		return err
+	}
+	v.Prefixes = nil
+	for i, s := range v.TrustedProxyCIDRs {
+		key := fmt.Sprintf("%s.trusted_proxy_cidrs[%d]", path, i)
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err != nil {
+			a, aerr := netip.ParseAddr(strings.TrimSpace(s))
+			if aerr != nil {
+				return fmt.Errorf("broker config: %s: %q is not a CIDR (such as 10.4.0.7/32) or an address", key, s)
+			}
+			p = netip.PrefixFrom(a, a.BitLen())
+		}
+		if p.Bits() == 0 {
+			return fmt.Errorf("broker config: %s: %q trusts every address on the network to name itself as any user; list the proxy's own address (a /32 or /128) instead", key, s)
+		}
+		v.Prefixes = append(v.Prefixes, p.Masked())
+	}
+	if err := required(path, "principal_header", v.PrincipalHeader, "name the header your proxy puts the authenticated user in, such as X-Forwarded-User"); err != nil {
+		return err
+	}
+	for _, h := range []struct{ key, v string }{{"principal_header", v.PrincipalHeader}, {"tenant_header", v.TenantHeader}, {"scopes_header", v.ScopesHeader}} {
+		if h.v != "" && !validHeaderName(h.v) {
+			return fmt.Errorf("broker config: %s.%s: %q is not an HTTP header name", path, h.key, h.v)
+		}
+	}
+	return nil
+}
+
+func validHeaderName(s string) bool {
+	for _, r := range s {
+		if r <= ' ' || r >= 0x7f || strings.ContainsRune(`"(),/:;<=>?@[\]{}`, r) {
+			return false
+		}
+	}
+	return s != "" && http.CanonicalHeaderKey(s) != ""
+}
+
+func checkURL(key, s string) error {
+	if strings.TrimSpace(s) == "" {
+		return fmt.Errorf("broker config: %s: required; give an http:// or https:// URL", key)
+	}
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("broker config: %s: %q is not an http:// or https:// URL", key, s)
+	}
+	return nil
+}
+
+func checkList(key string, l []string, hint string) error {
+	if len(l) == 0 {
+		return fmt.Errorf("broker config: %s: required, and at least one; %s", key, hint)
+	}
+	for i, s := range l {
+		if strings.TrimSpace(s) == "" {
+			return fmt.Errorf("broker config: %s[%d]: empty; %s", key, i, hint)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,228 @@
+package config
+
+import (
+	"net/netip"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// specAuthExample is the worked example of "The four validators".
+const specAuthExample = `# broker.yaml
+listen_addr: ":8080"
+advertise_addr: "wss://broker-1.example.com"
+
+auth:
+  admin_scope: "nexus.broker.admin"    # scope that unlocks the operator view of GET /leases
+  validators:
+    # Tried first: no network round trip.
+    - type: static
+      tokens:
+        - token: "replace-me"
+          principal: "ci-runner"
+          tenant: "acme"
+          scopes: "nexus.broker.admin"   # whitespace-separated, or a YAML list
+
+    # Everyone else presents an OIDC access token.
+    - type: jwks
+      issuer: "https://id.example.com/"                        # exact ` + "`iss`" + ` value
+      jwks_url: "https://id.example.com/.well-known/jwks.json"  # explicit; no discovery
+      audience: "nexus-broker"                                  # or a list
+      algorithms: ["RS256"]
+      principal_claim: sub                                      # required
+      tenant_claim: org_id
+      scopes_claim: scope
+`
+
+// specProxyExample is the listing of "proxy_headers needs a CIDR allowlist".
+const specProxyExample = `auth:
+  validators:
+    - type: proxy_headers
+      trusted_proxy_cidrs: ["10.4.0.0/16"]   # required; an empty list fails the boot
+      principal_header: X-Forwarded-User     # required; no default is right for everyone
+      tenant_header: X-Auth-Request-Org
+      scopes_header: X-Forwarded-Groups
+    - type: jwks                             # direct callers still need a real token
+      issuer: "https://id.example.com/"
+      jwks_url: "https://id.example.com/.well-known/jwks.json"
+      audience: "nexus-broker"
+      principal_claim: sub
+`
+
+func TestAuthSpecExamples(t *testing.T) {
+	c, err := Parse([]byte(specAuthExample))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := c.Auth
+	if a == nil || *a.AdminScope != "nexus.broker.admin" || len(a.Validators) != 2 {
+		t.Fatalf("auth = %+v", a)
+	}
+	st := a.Validators[0]
+	want := StaticToken{Token: "replace-me", Principal: "ci-runner", Tenant: "acme", Scopes: Words{"nexus.broker.admin"}}
+	if st.Type != ValidatorStatic || !reflect.DeepEqual(st.Tokens, []StaticToken{want}) {
+		t.Errorf("static = %+v", st)
+	}
+	j := a.Validators[1]
+	if j.Type != ValidatorJWKS || j.Issuer != "https://id.example.com/" || !reflect.DeepEqual(j.Audience, Strings{"nexus-broker"}) ||
+		!reflect.DeepEqual(j.Algorithms, Strings{"RS256"}) || j.PrincipalClaim != "sub" || j.TenantClaim != "org_id" || j.ScopesClaim != "scope" {
+		t.Errorf("jwks = %+v", j)
+	}
+
+	c, err = Parse([]byte(specProxyExample))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := c.Auth.Validators[0]
+	if !reflect.DeepEqual(p.Prefixes, []netip.Prefix{netip.MustParsePrefix("10.4.0.0/16")}) || p.PrincipalHeader != "X-Forwarded-User" {
+		t.Errorf("proxy_headers = %+v", p)
+	}
+	if *c.Auth.AdminScope != DefaultAdminScope {
+		t.Errorf("admin_scope defaults to %q", *c.Auth.AdminScope)
+	}
+	if c.Auth.Validators[1].Algorithms[0] != "RS256" {
+		t.Errorf("algorithms default %v, want RS256", c.Auth.Validators[1].Algorithms)
+	}
+}
+
+func TestAuthOK(t *testing.T) {
+	t.Setenv("NEXUS_TEST_TOKEN", "from-env")
+	t.Setenv("NEXUS_TEST_SECRET", "s3cret")
+	c, err := Parse([]byte(`auth:
+  admin_scope: ""
+  validators:
+    - type: static
+      tokens:
+        - {token_env: NEXUS_TEST_TOKEN, principal: alice, scopes: [a, b]}
+        - {token: lit, principal: bob, scopes: "c  d"}
+    - type: introspect
+      endpoint: http://127.0.0.1:9/introspect
+      client_id: broker
+      client_secret_env: NEXUS_TEST_SECRET
+    - type: jwks
+      issuer: iss
+      jwks_url: http://127.0.0.1:9/jwks
+      audience: [a, b]
+      algorithms: [ES256, EdDSA]
+      principal_claim: email
+    - type: proxy_headers
+      trusted_proxy_cidrs: [127.0.0.2, "::1/128"]
+      principal_header: X-User
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := c.Auth
+	if *a.AdminScope != "" {
+		t.Errorf(`admin_scope "" became %q`, *a.AdminScope)
+	}
+	if tk := a.Validators[0].Tokens; tk[0].Token != "from-env" || !reflect.DeepEqual(tk[0].Scopes, Words{"a", "b"}) ||
+		tk[1].Token != "lit" || !reflect.DeepEqual(tk[1].Scopes, Words{"c", "d"}) {
+		t.Errorf("tokens = %+v", tk)
+	}
+	if in := a.Validators[1]; in.ClientSecret != "s3cret" || in.PrincipalClaim != "sub" || in.ScopesClaim != "scope" {
+		t.Errorf("introspect = %+v", in)
+	}
+	if j := a.Validators[2]; !reflect.DeepEqual(j.Audience, Strings{"a", "b"}) {
+		t.Errorf("audience = %v", j.Audience)
+	}
+	want := []netip.Prefix{netip.MustParsePrefix("127.0.0.2/32"), netip.MustParsePrefix("::1/128")}
+	if p := a.Validators[3].Prefixes; !reflect.DeepEqual(p, want) {
+		t.Errorf("prefixes = %v, want %v", p, want)
+	}
+	if c2, _ := Parse([]byte("listen_addr: \":1\"\n")); c2.Auth != nil {
+		t.Error("no auth: block parsed as a block")
+	}
+}
+
+const jwksBase = "auth:\n  validators:\n    - type: jwks\n      issuer: i\n      jwks_url: http://h/j\n      audience: a\n      principal_claim: sub\n"
+
+var authErrorCases = []struct{ name, yaml, key, want string }{
+	{"empty block", "auth:\n", "auth", "has no value"},
+	{"no validators", "auth:\n  validators: []\n", "auth.validators", "at least one"},
+	{"unknown auth key", "auth:\n  admin: x\n  validators: []\n", "auth.admin", "unknown key; the keys allowed here are admin_scope, validators"},
+	{"validator without type", "auth:\n  validators:\n    - tokens: []\n", "auth.validators[0].type", "required; write one of introspect, jwks, proxy_headers, static"},
+	{"unknown type", "auth:\n  validators:\n    - type: ldap\n", "auth.validators[0].type", `"ldap" is not a validator type`},
+	{"jwks key on static", "auth:\n  validators:\n    - type: static\n      issuer: x\n", "auth.validators[0].issuer", "unknown key; the keys allowed here are tokens, type"},
+	{"unknown token key", "auth:\n  validators:\n    - type: static\n      tokens:\n        - {token: t, principal: p, role: admin}\n", "auth.validators[0].tokens[0].role", "unknown key"},
+	{"static no tokens", "auth:\n  validators:\n    - type: static\n", "auth.validators[0].tokens", "required"},
+	{"token both", "auth:\n  validators:\n    - type: static\n      tokens:\n        - {token: t, token_env: T, principal: p}\n", "auth.validators[0].tokens[0].token", "set together with token_env, and neither wins"},
+	{"token none", "auth:\n  validators:\n    - type: static\n      tokens:\n        - {principal: p}\n", "auth.validators[0].tokens[0].token", "required"},
+	{"token env unset", "auth:\n  validators:\n    - type: static\n      tokens:\n        - {token_env: NEXUS_TEST_SURELY_UNSET, principal: p}\n", "auth.validators[0].tokens[0].token_env", "NEXUS_TEST_SURELY_UNSET is not set"},
+	{"token no principal", "auth:\n  validators:\n    - type: static\n      tokens:\n        - {token: t}\n", "auth.validators[0].tokens[0].principal", "required"},
+	{"duplicate token", "auth:\n  validators:\n    - type: static\n      tokens:\n        - {token: t, principal: a}\n        - {token: t, principal: b}\n", "auth.validators[0].tokens[1].token", "the same token as auth.validators[0].tokens[0]"},
+	{"scopes a mapping", "auth:\n  validators:\n    - type: static\n      tokens:\n        - {token: t, principal: a, scopes: {a: b}}\n", "auth.validators[0].tokens[0].scopes", "want a string, got a mapping"},
+	{"jwks no principal_claim", strings.Replace(jwksBase, "      principal_claim: sub\n", "", 1), "auth.validators[0].principal_claim", "there is no default"},
+	{"jwks no issuer", strings.Replace(jwksBase, "issuer: i", "issuer: \"\"", 1), "auth.validators[0].issuer", "required"},
+	{"jwks bad url", strings.Replace(jwksBase, "http://h/j", "ftp://h/j", 1), "auth.validators[0].jwks_url", "not an http:// or https:// URL"},
+	{"jwks no audience", strings.Replace(jwksBase, "      audience: a\n", "", 1), "auth.validators[0].audience", "required"},
+	{"jwks none", jwksBase + "      algorithms: [none]\n", "auth.validators[0].algorithms[0]", `"none" is refused`},
+	{"jwks hmac", jwksBase + "      algorithms: [RS256, HS256]\n", "auth.validators[0].algorithms[1]", `"HS256" is refused: an HMAC key is a shared secret`},
+	{"jwks unknown alg", jwksBase + "      algorithms: RS999\n", "auth.validators[0].algorithms[0]", "not a supported algorithm"},
+	{"jwks discovery key", jwksBase + "      discovery_url: x\n", "auth.validators[0].discovery_url", "unknown key"},
+	{"introspect secret both", "auth:\n  validators:\n    - type: introspect\n      endpoint: http://h/i\n      client_id: c\n      client_secret: s\n      client_secret_env: S\n", "auth.validators[0].client_secret", "set together with client_secret_env"},
+	{"introspect no secret", "auth:\n  validators:\n    - type: introspect\n      endpoint: http://h/i\n      client_id: c\n", "auth.validators[0].client_secret", "required"},
+	{"introspect no client_id", "auth:\n  validators:\n    - type: introspect\n      endpoint: http://h/i\n      client_secret: s\n", "auth.validators[0].client_id", "required"},
+	{"proxy no cidrs", "auth:\n  validators:\n    - type: proxy_headers\n      principal_header: X-User\n", "auth.validators[0].trusted_proxy_cidrs", "required"},
+	{"proxy empty cidrs", "auth:\n  validators:\n    - type: proxy_headers\n      trusted_proxy_cidrs: []\n      principal_header: X-User\n", "auth.validators[0].trusted_proxy_cidrs", "required"},
+	{"proxy everything v4", "auth:\n  validators:\n    - type: proxy_headers\n      trusted_proxy_cidrs: [10.0.0.7/32, 0.0.0.0/0]\n      principal_header: X-User\n", "auth.validators[0].trusted_proxy_cidrs[1]", "trusts every address"},
+	{"proxy everything v6", "auth:\n  validators:\n    - type: proxy_headers\n      trusted_proxy_cidrs: [\"::/0\"]\n      principal_header: X-User\n", "auth.validators[0].trusted_proxy_cidrs[0]", "trusts every address"},
+	{"proxy bad cidr", "auth:\n  validators:\n    - type: proxy_headers\n      trusted_proxy_cidrs: [10.0.0.300/8]\n      principal_header: X-User\n", "auth.validators[0].trusted_proxy_cidrs[0]", "is not a CIDR"},
+	{"proxy no header", "auth:\n  validators:\n    - type: proxy_headers\n      trusted_proxy_cidrs: [10.0.0.7/32]\n", "auth.validators[0].principal_header", "required"},
+	{"proxy bad header", "auth:\n  validators:\n    - type: proxy_headers\n      trusted_proxy_cidrs: [10.0.0.7/32]\n      principal_header: \"X User\"\n", "auth.validators[0].principal_header", "not an HTTP header name"},
+	{"proxy forwarded-for key", "auth:\n  validators:\n    - type: proxy_headers\n      trusted_proxy_cidrs: [10.0.0.7/32]\n      principal_header: X-User\n      trust_forwarded_for: true\n", "auth.validators[0].trust_forwarded_for", "unknown key"},
+}
+
+func TestAuthErrors(t *testing.T) {
+	for _, tc := range authErrorCases {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Parse([]byte(tc.yaml))
+			if err == nil {
+				t.Fatalf("parsed as %+v; want an error naming %q", c, tc.key)
+			}
+			msg := err.Error()
+			if prefix := "broker config: " + tc.key + ": "; !strings.HasPrefix(msg, prefix) {
+				t.Errorf("error %q\ndoes not start %q", msg, prefix)
+			}
+			if !strings.Contains(msg, tc.want) {
+				t.Errorf("error %q\ndoes not say %q", msg, tc.want)
+			}
+		})
+	}
+}
+
+// TestAuthErrorsNeverCarrySecrets: a refused block names keys, never the
+// value of a token or client secret.
+func TestAuthErrorsNeverCarrySecrets(t *testing.T) {
+	t.Setenv("NEXUS_TEST_SECRET", "env-secret-value")
+	for _, y := range []string{
+		"auth:\n  validators:\n    - type: static\n      tokens:\n        - {token: lit-secret-value, principal: a}\n        - {token: lit-secret-value, principal: b}\n",
+		"auth:\n  validators:\n    - type: static\n      tokens:\n        - {token: lit-secret-value, token_env: NEXUS_TEST_SECRET, principal: a}\n",
+		"auth:\n  validators:\n    - type: introspect\n      endpoint: http://h/i\n      client_secret: lit-secret-value\n      client_secret_env: NEXUS_TEST_SECRET\n      client_id: c\n",
+	} {
+		_, err := Parse([]byte(y))
+		if err == nil || strings.Contains(err.Error(), "secret-value") {
+			t.Errorf("error %v: want a refusal that carries no secret", err)
+		}
+	}
+}
+
+// TestAuthIsBootOnly: a reload that changes the auth: block reports it and
+// keeps the block booted with.
+func TestAuthIsBootOnly(t *testing.T) {
+	boot, err := Parse([]byte(specAuthExample))
+	if err != nil {
+		t.Fatal(err)
+	}
+	next, err := Parse([]byte(strings.Replace(specAuthExample, "replace-me", "other", 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, bootOnly := boot.ReloadDiff(next)
+	if !reflect.DeepEqual(bootOnly, []string{"auth"}) {
+		t.Errorf("boot-only changes %v, want [auth]", bootOnly)
+	}
+	if got := Reloaded(boot, next); got.Auth.Validators[0].Tokens[0].Token != "replace-me" {
+		t.Error("a reload replaced the auth: block")
+	}
+}
