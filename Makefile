@@ -33,6 +33,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz 'FuzzDecode$$' -fuzztime $(FUZZTIME) ./pkg/brokerframe
 	$(GO) test -run '^$$' -fuzz 'FuzzDecodeFastAgrees$$' -fuzztime $(FUZZTIME) ./pkg/brokerframe
 	$(GO) test -run '^$$' -fuzz 'FuzzParse$$' -fuzztime $(FUZZTIME) ./internal/config
+	$(GO) test -run '^$$' -fuzz 'FuzzExtract$$' -fuzztime $(FUZZTIME) ./internal/auth
 	$(GO) test -run '^$$' -fuzz 'FuzzParseTranscript$$' -fuzztime $(FUZZTIME) ./internal/echo
 	$(GO) test -run '^$$' -fuzz 'FuzzPayloadType$$' -fuzztime $(FUZZTIME) ./internal/echo
 	$(GO) test -run '^$$' -fuzz 'FuzzValidate$$' -fuzztime $(FUZZTIME) ./pkg/sessionid

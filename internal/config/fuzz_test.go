@@ -9,13 +9,16 @@ import (
 // error starts "broker config: "; every success has the reserved entry, a
 // positive ready_timeout and reattach_window, and a path on every entry.
 func FuzzParse(f *testing.F) {
-	for _, s := range []string{"", specExample, specRegistryExample, specRunAsExample, specEnvExample} {
+	for _, s := range []string{"", specExample, specRegistryExample, specRunAsExample, specEnvExample, specAuthExample, specProxyExample} {
 		f.Add(s)
 	}
 	for _, tc := range okCases {
 		f.Add(tc.yaml)
 	}
 	for _, tc := range errorCases {
+		f.Add(tc.yaml)
+	}
+	for _, tc := range authErrorCases {
 		f.Add(tc.yaml)
 	}
 	for _, k := range reloadClass {

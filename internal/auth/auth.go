@@ -1,0 +1,141 @@
+package auth
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+
+	"github.com/nexus-broker/nexus-broker/internal/config"
+)
+
+// The refusal texts of the wire contract.
+const (
+	TextRequired    = "authentication required"
+	TextRejected    = "credential rejected"
+	TextUnavailable = "credential validation unavailable"
+	TextScope       = "insufficient scope"
+)
+
+// RetryAfter is the Retry-After, in seconds, of a 503 from a validator
+// that could not find out.
+const RetryAfter = "5"
+
+// Refusal is why a request was not authenticated: its status, its wire
+// text, and a reason for the audit log (never a token).
+type Refusal struct {
+	Status int
+	Text   string
+	Reason string
+}
+
+// Write answers the refusal in the broker's {"error":"…"} envelope.
+func (r *Refusal) Write(w http.ResponseWriter) {
+	if r.Status == http.StatusServiceUnavailable {
+		w.Header().Set("Retry-After", RetryAfter)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(r.Status)
+	_ = json.NewEncoder(w).Encode(map[string]string{"error": r.Text})
+}
+
+// errUnavailable marks a validator that could not reach what it asks: a
+// refusal, but not a statement about the token.
+var errUnavailable = errors.New("validator unavailable")
+
+// validator judges one credential. It returns the principal, or an error
+// that is errNotPresented (nothing for it in the credential), wraps
+// errUnavailable, or says why the credential was rejected.
+type validator interface {
+	validate(ctx context.Context, c *Credential) (Principal, error)
+}
+
+var errNotPresented = errors.New("no credential for this validator")
+
+// Authenticator is the validator chain of an auth: block. A nil
+// *Authenticator is a broker without one: every caller is anonymous and
+// every caller is the operator.
+type Authenticator struct {
+	chain      []validator
+	adminScope string
+	// headers are the proxy_headers principal headers: sending one is
+	// presenting a credential, whoever sends it.
+	headers []string
+}
+
+// New builds the chain of a validated auth: block; nil gives nil.
+func New(a *config.Auth, log *slog.Logger) *Authenticator {
+	if a == nil {
+		return nil
+	}
+	au := &Authenticator{adminScope: *a.AdminScope}
+	for i := range a.Validators {
+		v := &a.Validators[i]
+		switch v.Type {
+		case config.ValidatorStatic:
+			au.chain = append(au.chain, newStatic(v))
+		case config.ValidatorJWKS:
+			au.chain = append(au.chain, newJWKS(v, log))
+		case config.ValidatorIntrospect:
+			au.chain = append(au.chain, newIntrospect(v, log))
+		case config.ValidatorProxyHeaders:
+			au.chain = append(au.chain, &proxyHeaders{cfg: v})
+			au.headers = append(au.headers, v.PrincipalHeader)
+		}
+	}
+	return au
+}
+
+// Enabled reports whether an auth: block is in force.
+func (a *Authenticator) Enabled() bool { return a != nil }
+
+// IsAdmin reports whether p holds auth.admin_scope; without auth: every
+// caller does.
+func (a *Authenticator) IsAdmin(p Principal) bool {
+	return a == nil || p.HasScope(a.adminScope)
+}
+
+// Authenticate verifies r's credential (never a ticket: see Tickets).
+func (a *Authenticator) Authenticate(r *http.Request) (Principal, *Refusal) {
+	if a == nil {
+		return Principal{}, nil
+	}
+	c := Extract(r, false)
+	return a.Verify(r.Context(), &c)
+}
+
+// Verify runs the chain over c: the first validator that accepts wins.
+// Nothing presented is 401 authentication required; a validator that could
+// not find out, with none accepting, is 503; anything else 401 credential
+// rejected.
+func (a *Authenticator) Verify(ctx context.Context, c *Credential) (Principal, *Refusal) {
+	presented := c.Authorization
+	for _, h := range a.headers {
+		presented = presented || c.Header.Get(h) != ""
+	}
+	if !presented {
+		return Principal{}, &Refusal{http.StatusUnauthorized, TextRequired, "no credential"}
+	}
+	var unavailable, last error
+	for _, v := range a.chain {
+		p, err := v.validate(ctx, c)
+		switch {
+		case err == nil:
+			return p, nil
+		case errors.Is(err, errNotPresented):
+		case errors.Is(err, errUnavailable):
+			unavailable = err
+		default:
+			last = err
+		}
+	}
+	if unavailable != nil {
+		return Principal{}, &Refusal{http.StatusServiceUnavailable, TextUnavailable, unavailable.Error()}
+	}
+	reason := "no validator accepted the credential"
+	if last != nil {
+		reason = last.Error()
+	}
+	return Principal{}, &Refusal{http.StatusUnauthorized, TextRejected, reason}
+}

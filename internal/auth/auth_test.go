@@ -1,0 +1,470 @@
+package auth
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	jose "github.com/go-jose/go-jose/v4"
+
+	"github.com/nexus-broker/nexus-broker/internal/auth/authtest"
+	"github.com/nexus-broker/nexus-broker/internal/config"
+)
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+func newAuth(t *testing.T, yaml string) *Authenticator {
+	t.Helper()
+	c, err := config.Parse([]byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return New(c.Auth, quiet)
+}
+
+func bearer(tok string) *Credential {
+	return &Credential{Bearer: tok, Authorization: true, Header: http.Header{}}
+}
+
+// wantAccept verifies c and wants principal id.
+func wantAccept(t *testing.T, a *Authenticator, c *Credential, id string) Principal {
+	t.Helper()
+	p, ref := a.Verify(context.Background(), c)
+	if ref != nil {
+		t.Fatalf("refused %d %q (%s), want principal %q", ref.Status, ref.Text, ref.Reason, id)
+	}
+	if p.ID != id {
+		t.Fatalf("principal %q, want %q", p.ID, id)
+	}
+	return p
+}
+
+func wantRefusal(t *testing.T, a *Authenticator, c *Credential, status int, text string) *Refusal {
+	t.Helper()
+	p, ref := a.Verify(context.Background(), c)
+	if ref == nil {
+		t.Fatalf("accepted as %+v, want %d %q", p, status, text)
+	}
+	if ref.Status != status || ref.Text != text {
+		t.Fatalf("refused %d %q (%s), want %d %q", ref.Status, ref.Text, ref.Reason, status, text)
+	}
+	return ref
+}
+
+func TestDisabled(t *testing.T) {
+	var a *Authenticator
+	p, ref := a.Authenticate(httptest.NewRequest("GET", "/leases", nil))
+	if ref != nil || !p.Anonymous() || a.Enabled() || !a.IsAdmin(p) {
+		t.Errorf("no auth: block: %+v %+v; want anonymous, operator", p, ref)
+	}
+}
+
+func TestStatic(t *testing.T) {
+	a := newAuth(t, `auth:
+  validators:
+    - type: static
+      tokens:
+        - {token: tok-a, principal: alice, tenant: acme, scopes: "x nexus.broker.admin"}
+        - {token: tok-b, principal: bob, scopes: [y]}
+`)
+	p := wantAccept(t, a, bearer("tok-a"), "alice")
+	if p.Tenant != "acme" || !a.IsAdmin(p) {
+		t.Errorf("alice = %+v, admin %v", p, a.IsAdmin(p))
+	}
+	if p := wantAccept(t, a, bearer("tok-b"), "bob"); a.IsAdmin(p) {
+		t.Error("bob is not an operator")
+	}
+	wantRefusal(t, a, bearer("tok-c"), 401, TextRejected)
+	wantRefusal(t, a, &Credential{Header: http.Header{}}, 401, TextRequired)
+	// A non-bearer Authorization header is a credential, and a bad one.
+	wantRefusal(t, a, &Credential{Authorization: true, Header: http.Header{}}, 401, TextRejected)
+}
+
+func TestAdminScopeEmptyMeansNobody(t *testing.T) {
+	a := newAuth(t, "auth:\n  admin_scope: \"\"\n  validators:\n    - type: static\n      tokens: [{token: t, principal: p, scopes: \"nexus.broker.admin\"}]\n")
+	if p := wantAccept(t, a, bearer("t"), "p"); a.IsAdmin(p) {
+		t.Error(`admin_scope "" made an operator`)
+	}
+}
+
+func jwksYAML(is *authtest.Issuer, extra string) string {
+	return fmt.Sprintf(`auth:
+  validators:
+    - type: jwks
+      issuer: %q
+      jwks_url: %q
+      audience: [nexus-broker, other-aud]
+      principal_claim: sub
+      tenant_claim: org_id
+      scopes_claim: scope
+%s`, is.URL()+"/", is.JWKSURL(), extra)
+}
+
+func jwksOf(a *Authenticator) *jwks { return a.chain[0].(*jwks) }
+
+func TestJWKS(t *testing.T) {
+	is := authtest.NewIssuer()
+	defer is.Stop()
+	a := newAuth(t, jwksYAML(is, ""))
+	iss := is.URL() + "/"
+	claims := func(mod func(map[string]any)) string {
+		c := authtest.Claims(iss, "nexus-broker", "alice")
+		c["org_id"] = "acme"
+		c["scope"] = "read nexus.broker.admin"
+		if mod != nil {
+			mod(c)
+		}
+		return is.Sign(c)
+	}
+
+	p := wantAccept(t, a, bearer(claims(nil)), "alice")
+	if p.Tenant != "acme" || !slices.Equal(p.Scopes, []string{"read", "nexus.broker.admin"}) {
+		t.Errorf("principal %+v", p)
+	}
+	// Any one audience of the list; scopes as an array.
+	wantAccept(t, a, bearer(claims(func(c map[string]any) { c["aud"] = []string{"x", "other-aud"}; c["scope"] = []string{"s"} })), "alice")
+
+	for name, mod := range map[string]func(map[string]any){
+		"wrong issuer":           func(c map[string]any) { c["iss"] = is.URL() },
+		"wrong audience":         func(c map[string]any) { c["aud"] = "someone-else" },
+		"expired":                func(c map[string]any) { c["exp"] = time.Now().Add(-time.Minute).Unix() },
+		"no exp":                 func(c map[string]any) { delete(c, "exp") },
+		"missing principal":      func(c map[string]any) { delete(c, "sub") },
+		"empty principal":        func(c map[string]any) { c["sub"] = "" },
+		"non-scalar principal":   func(c map[string]any) { c["sub"] = map[string]string{"id": "alice"} },
+		"list principal":         func(c map[string]any) { c["sub"] = []string{"alice"} },
+		"not yet valid (nbf+1h)": func(c map[string]any) { c["nbf"] = time.Now().Add(time.Hour).Unix() },
+	} {
+		t.Run(name, func(t *testing.T) { wantRefusal(t, a, bearer(claims(mod)), 401, TextRejected) })
+	}
+
+	t.Run("wrong algorithm", func(t *testing.T) {
+		ec, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		tok := authtest.SignWith(jose.SigningKey{Algorithm: jose.ES256, Key: jose.JSONWebKey{Key: ec, KeyID: "k1"}}, authtest.Claims(iss, "nexus-broker", "alice"))
+		wantRefusal(t, a, bearer(tok), 401, TextRejected)
+		hs := authtest.SignWith(jose.SigningKey{Algorithm: jose.HS256, Key: []byte("0123456789abcdef0123456789abcdef")}, authtest.Claims(iss, "nexus-broker", "alice"))
+		wantRefusal(t, a, bearer(hs), 401, TextRejected)
+		wantRefusal(t, a, bearer("not.a.jwt"), 401, TextRejected)
+	})
+
+	t.Run("forged signature", func(t *testing.T) {
+		other := authtest.NewIssuer()
+		other.Stop()
+		wantRefusal(t, a, bearer(other.Sign(authtest.Claims(iss, "nexus-broker", "alice"))), 401, TextRejected)
+	})
+}
+
+// TestJWKSRotationAndOutage: a rotated key is picked up without a restart;
+// with the issuer stopped a cached kid keeps verifying and a new one is
+// denied (401, never an allow and never a 503).
+func TestJWKSRotationAndOutage(t *testing.T) {
+	is := authtest.NewIssuer()
+	a := newAuth(t, jwksYAML(is, ""))
+	iss := is.URL() + "/"
+	wantAccept(t, a, bearer(is.Sign(authtest.Claims(iss, "nexus-broker", "alice"))), "alice")
+
+	// Rotation: the first token under the new kid refetches, once the
+	// interval since the last fetch has passed.
+	ageLastFetch(a)
+	is.Rotate()
+	wantAccept(t, a, bearer(is.Sign(authtest.Claims(iss, "nexus-broker", "bob"))), "bob")
+
+	// Outage: a new token under the cached kid verifies without the issuer.
+	is.Stop()
+	wantAccept(t, a, bearer(is.Sign(authtest.Claims(iss, "nexus-broker", "dave"))), "dave")
+	// A kid the cache does not hold is denied.
+	is.Rotate()
+	ageLastFetch(a)
+	wantRefusal(t, a, bearer(is.Sign(authtest.Claims(iss, "nexus-broker", "eve"))), 401, TextRejected)
+}
+
+// TestJWKSRefetchRateLimited: within the interval an unknown kid fetches
+// nothing, however often it is presented.
+func TestJWKSRefetchRateLimited(t *testing.T) {
+	is := authtest.NewIssuer()
+	defer is.Stop()
+	a := newAuth(t, jwksYAML(is, ""))
+	iss := is.URL() + "/"
+	wantAccept(t, a, bearer(is.Sign(authtest.Claims(iss, "nexus-broker", "alice"))), "alice")
+	before := is.Fetches()
+	is.Rotate()
+	tooSoon := is.Sign(authtest.Claims(iss, "nexus-broker", "carol"))
+	for range 5 {
+		wantRefusal(t, a, bearer(tooSoon), 401, TextRejected)
+	}
+	if n := is.Fetches() - before; n != 0 {
+		t.Errorf("%d refetches within the interval, want 0", n)
+	}
+	ageLastFetch(a)
+	wantAccept(t, a, bearer(tooSoon), "carol")
+	if n := is.Fetches() - before; n != 1 {
+		t.Errorf("%d refetches after the interval, want 1", n)
+	}
+}
+
+// ageLastFetch makes the last JWKS fetch one interval old, standing in for
+// the wait.
+func ageLastFetch(a *Authenticator) {
+	ks := jwksOf(a).keys
+	ks.mu.Lock()
+	ks.last = time.Now().Add(-jwksRefetchInterval)
+	ks.mu.Unlock()
+}
+
+// TestJWKSWarmPathDoesNotFetch: once warm, verifying fetches nothing.
+func TestJWKSWarmPathDoesNotFetch(t *testing.T) {
+	is := authtest.NewIssuer()
+	defer is.Stop()
+	a := newAuth(t, jwksYAML(is, ""))
+	iss := is.URL() + "/"
+	wantAccept(t, a, bearer(is.Sign(authtest.Claims(iss, "nexus-broker", "alice"))), "alice")
+	before := is.Fetches()
+	for i := range 20 {
+		wantAccept(t, a, bearer(is.Sign(authtest.Claims(iss, "nexus-broker", fmt.Sprint("u", i)))), fmt.Sprint("u", i))
+	}
+	if n := is.Fetches() - before; n != 0 {
+		t.Errorf("%d fetches on a warm key set", n)
+	}
+}
+
+func introspectYAML(in *authtest.Introspector) string {
+	return fmt.Sprintf(`auth:
+  validators:
+    - type: introspect
+      endpoint: %q
+      client_id: broker
+      client_secret: s3cret
+      tenant_claim: org
+`, in.URL())
+}
+
+func TestIntrospect(t *testing.T) {
+	in := authtest.NewIntrospector("broker", "s3cret")
+	a := newAuth(t, introspectYAML(in))
+	in.Activate("good", map[string]any{"sub": "alice", "org": "acme", "scope": "a b", "exp": time.Now().Add(time.Hour).Unix()})
+	in.Activate("expired", map[string]any{"sub": "bob", "exp": time.Now().Add(-time.Minute).Unix()})
+	in.Activate("nosub", map[string]any{"scope": "a"})
+	in.Activate("numeric", map[string]any{"sub": 12345})
+
+	p := wantAccept(t, a, bearer("good"), "alice")
+	if p.Tenant != "acme" || !slices.Equal(p.Scopes, []string{"a", "b"}) {
+		t.Errorf("principal %+v", p)
+	}
+	wantAccept(t, a, bearer("numeric"), "12345") // a number is a scalar
+	wantRefusal(t, a, bearer("inactive"), 401, TextRejected)
+	wantRefusal(t, a, bearer("expired"), 401, TextRejected)
+	wantRefusal(t, a, bearer("nosub"), 401, TextRejected)
+
+	// A positive answer is reused; a negative one is asked again.
+	calls := in.Calls()
+	wantAccept(t, a, bearer("good"), "alice")
+	wantRefusal(t, a, bearer("inactive"), 401, TextRejected)
+	if n := in.Calls() - calls; n != 1 {
+		t.Errorf("%d introspection calls, want 1 (the inactive token)", n)
+	}
+
+	// Stopped: a token it has not vouched for is 503, never 401 nor allow;
+	// the cached positive answer still stands.
+	in.Stop()
+	ref := wantRefusal(t, a, bearer("unknown"), 503, TextUnavailable)
+	rec := httptest.NewRecorder()
+	ref.Write(rec)
+	if rec.Header().Get("Retry-After") != "5" || rec.Body.String() != `{"error":"credential validation unavailable"}`+"\n" {
+		t.Errorf("503 answered %v %q", rec.Header(), rec.Body.String())
+	}
+	wantAccept(t, a, bearer("good"), "alice")
+}
+
+// TestIntrospectCacheBoundedByExp: a positive answer is not reused past the
+// token's exp.
+func TestIntrospectCacheBoundedByExp(t *testing.T) {
+	in := authtest.NewIntrospector("broker", "s3cret")
+	defer in.Stop()
+	a := newAuth(t, introspectYAML(in))
+	v := a.chain[0].(*introspect)
+	now := time.Now()
+	v.now = func() time.Time { return now }
+	in.Activate("t", map[string]any{"sub": "alice", "exp": now.Add(2 * time.Second).Unix()})
+	wantAccept(t, a, bearer("t"), "alice")
+	now = now.Add(3 * time.Second)
+	wantRefusal(t, a, bearer("t"), 401, TextRejected) // asked again: expired
+}
+
+func TestIntrospectWrongClientSecretIsUnavailable(t *testing.T) {
+	in := authtest.NewIntrospector("broker", "other")
+	defer in.Stop()
+	a := newAuth(t, introspectYAML(in))
+	in.Activate("good", map[string]any{"sub": "alice"})
+	wantRefusal(t, a, bearer("good"), 503, TextUnavailable)
+}
+
+// TestChainOrder: the first validator that accepts wins, a later one is
+// still tried after a rejection, and an unreachable introspect is a 503
+// only when no other validator accepts.
+func TestChainOrder(t *testing.T) {
+	in := authtest.NewIntrospector("broker", "s3cret")
+	in.Stop()
+	a := newAuth(t, fmt.Sprintf(`auth:
+  validators:
+    - type: introspect
+      endpoint: %q
+      client_id: broker
+      client_secret: s3cret
+    - type: static
+      tokens: [{token: ci, principal: ci-runner}]
+`, in.URL()))
+	wantAccept(t, a, bearer("ci"), "ci-runner")
+	wantRefusal(t, a, bearer("nope"), 503, TextUnavailable)
+}
+
+func proxyAuth(t *testing.T) *Authenticator {
+	return newAuth(t, `auth:
+  validators:
+    - type: proxy_headers
+      trusted_proxy_cidrs: [127.0.0.2/32]
+      principal_header: X-Forwarded-User
+      tenant_header: X-Org
+      scopes_header: X-Groups
+    - type: static
+      tokens: [{token: direct, principal: direct-caller}]
+`)
+}
+
+func TestProxyHeaders(t *testing.T) {
+	a := proxyAuth(t)
+	req := func(peer string, h map[string]string, tok string) *Credential {
+		c := &Credential{Header: http.Header{}, Peer: netip.MustParseAddr(peer)}
+		for k, v := range h {
+			c.Header.Set(k, v)
+		}
+		if tok != "" {
+			c.Bearer, c.Authorization = tok, true
+		}
+		return c
+	}
+	ident := map[string]string{"X-Forwarded-User": "alice", "X-Org": "acme", "X-Groups": "a, b", "X-Forwarded-For": "127.0.0.2"}
+	p := wantAccept(t, a, req("127.0.0.2", ident, ""), "alice")
+	if p.Tenant != "acme" || !slices.Equal(p.Scopes, []string{"a", "b"}) {
+		t.Errorf("principal %+v", p)
+	}
+	// The same headers from an untrusted peer: X-Forwarded-For is never read.
+	wantRefusal(t, a, req("127.0.0.1", ident, ""), 401, TextRejected)
+	// A direct caller with a token still gets through the next validator.
+	wantAccept(t, a, req("127.0.0.1", nil, "direct"), "direct-caller")
+	wantRefusal(t, a, req("127.0.0.1", nil, ""), 401, TextRequired)
+}
+
+// TestProxyHeadersOverTCP sends the same request from 127.0.0.2 and from
+// 127.0.0.1 to a real listener: only the trusted peer is accepted.
+func TestProxyHeadersOverTCP(t *testing.T) {
+	a := proxyAuth(t)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p, ref := a.Authenticate(r)
+		if ref != nil {
+			ref.Write(w)
+			return
+		}
+		_, _ = io.WriteString(w, p.ID)
+	}))
+	defer srv.Close()
+	for _, tc := range []struct{ from, want string }{{"127.0.0.2", "200 alice"}, {"127.0.0.1", "401 {\"error\":\"credential rejected\"}\n"}} {
+		status, body := getFrom(t, tc.from, srv.URL, map[string]string{"X-Forwarded-User": "alice", "X-Forwarded-For": "127.0.0.2"})
+		if got := fmt.Sprint(status, " ", body); got != tc.want {
+			t.Errorf("from %s: %q, want %q", tc.from, got, tc.want)
+		}
+	}
+}
+
+func getFrom(t *testing.T, local, url string, h map[string]string) (int, string) {
+	t.Helper()
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(local)}}
+	cl := &http.Client{Transport: &http.Transport{DialContext: d.DialContext}}
+	req, _ := http.NewRequest("GET", url, nil)
+	for k, v := range h {
+		req.Header.Set(k, v)
+	}
+	resp, err := cl.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func TestExtract(t *testing.T) {
+	r := httptest.NewRequest("GET", "/lease/L?ticket=tk&from_seq=3", nil)
+	r.RemoteAddr = "[::ffff:127.0.0.2]:4000"
+	r.Header.Set("Authorization", "bearer  tok ")
+	c := Extract(r, true)
+	if c.Bearer != "tok" || !c.Authorization || c.Ticket != "tk" || c.Peer != netip.MustParseAddr("127.0.0.2") {
+		t.Errorf("%+v", c)
+	}
+	if c := Extract(r, false); c.Ticket != "" {
+		t.Error("a ticket read where none is taken")
+	}
+	r.Header.Set("Authorization", "Basic dXNlcjpwYXNz")
+	if c := Extract(r, false); c.Bearer != "" || !c.Authorization {
+		t.Errorf("basic: %+v", c)
+	}
+	r.Header.Add("Authorization", "Bearer x")
+	if c := Extract(r, false); c.Bearer != "" {
+		t.Errorf("two Authorization headers: %+v", c)
+	}
+}
+
+func FuzzExtract(f *testing.F) {
+	a := newAuthF(f)
+	f.Add("Bearer tok", "/lease/L?ticket=x&from_seq=1", "127.0.0.1:1", "alice")
+	f.Add("", "/claim", "[::1]:2", "")
+	f.Add("bearer", "/%zz", "garbage", "\x00")
+	f.Fuzz(func(t *testing.T, authz, target, remote, user string) {
+		r := httptest.NewRequest("GET", "/", nil)
+		if u, err := r.URL.Parse(target); err == nil {
+			r.URL = u
+		}
+		r.RemoteAddr = remote
+		if authz != "" {
+			r.Header["Authorization"] = []string{authz}
+		}
+		r.Header["X-Forwarded-User"] = []string{user}
+		c := Extract(r, true)
+		if c.Bearer != "" && !c.Authorization {
+			t.Fatal("a bearer without an Authorization header")
+		}
+		if strings.ContainsAny(c.Bearer, " \t") && c.Bearer != strings.TrimSpace(c.Bearer) {
+			t.Fatalf("untrimmed bearer %q", c.Bearer)
+		}
+		p, ref := a.Verify(context.Background(), &c)
+		if (ref == nil) == p.Anonymous() {
+			t.Fatalf("principal %+v with refusal %+v", p, ref)
+		}
+	})
+}
+
+func newAuthF(f *testing.F) *Authenticator {
+	c, err := config.Parse([]byte(`auth:
+  validators:
+    - type: proxy_headers
+      trusted_proxy_cidrs: [127.0.0.2/32]
+      principal_header: X-Forwarded-User
+    - type: static
+      tokens: [{token: tok, principal: p}]
+`))
+	if err != nil {
+		f.Fatal(err)
+	}
+	return New(c.Auth, quiet)
+}

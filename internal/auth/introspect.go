@@ -1,0 +1,103 @@
+package auth
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/nexus-broker/nexus-broker/internal/config"
+)
+
+// introspectCacheMax bounds how long a positive introspection answer is
+// reused; a token's exp bounds it further.
+const introspectCacheMax = 30 * time.Second
+
+// introspect asks an RFC 7662 endpoint about each token it has not seen
+// active recently.
+type introspect struct {
+	cfg    *config.Validator
+	client *http.Client
+	log    *slog.Logger
+	cache  tokenCache
+	now    func() time.Time
+}
+
+func newIntrospect(v *config.Validator, log *slog.Logger) *introspect {
+	return &introspect{cfg: v, client: &http.Client{Timeout: fetchTimeout}, log: log, now: time.Now}
+}
+
+func (v *introspect) validate(ctx context.Context, c *Credential) (Principal, error) {
+	if c.Bearer == "" {
+		return Principal{}, errNotPresented
+	}
+	now := v.now()
+	if p, ok := v.cache.get(c.Bearer, now); ok {
+		return p, nil
+	}
+	claims, err := v.ask(ctx, c.Bearer)
+	if err != nil {
+		v.log.Warn("the introspect validator could not reach its endpoint; answering 503 until it can",
+			"endpoint", v.cfg.Endpoint, "error", err)
+		return Principal{}, fmt.Errorf("introspect: %w: %v", errUnavailable, err)
+	}
+	var active bool
+	if json.Unmarshal(claims["active"], &active) != nil || !active {
+		return Principal{}, fmt.Errorf("introspect: token is not active")
+	}
+	until := now.Add(introspectCacheMax)
+	if e, ok := scalar(claims["exp"]); ok {
+		if secs, err := json.Number(e).Int64(); err == nil {
+			expAt := time.Unix(secs, 0)
+			if !now.Before(expAt) {
+				return Principal{}, fmt.Errorf("introspect: token expired")
+			}
+			if expAt.Before(until) {
+				until = expAt
+			}
+		}
+	}
+	p, err := claimsPrincipal(claims, v.cfg.PrincipalClaim, v.cfg.TenantClaim, v.cfg.ScopesClaim)
+	if err != nil {
+		return Principal{}, fmt.Errorf("introspect: %w", err)
+	}
+	v.cache.put(c.Bearer, p, until, now)
+	return p, nil
+}
+
+// ask posts the token to the endpoint. Any answer that is not a 200 with a
+// JSON object is "could not find out".
+func (v *introspect) ask(ctx context.Context, token string) (map[string]json.RawMessage, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), fetchTimeout)
+	defer cancel()
+	form := url.Values{"token": {token}, "token_type_hint": {"access_token"}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, v.cfg.Endpoint, strings.NewReader(form.Encode()))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Accept", "application/json")
+	req.SetBasicAuth(url.QueryEscape(v.cfg.ClientID), url.QueryEscape(v.cfg.ClientSecret))
+	resp, err := v.client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxFetchBody))
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s answered %s", v.cfg.Endpoint, resp.Status)
+	}
+	var claims map[string]json.RawMessage
+	if err := json.Unmarshal(body, &claims); err != nil {
+		return nil, fmt.Errorf("%s answered something that is not a JSON object: %w", v.cfg.Endpoint, err)
+	}
+	return claims, nil
+}
