@@ -58,7 +58,7 @@ func Run(o Options) error {
 	for _, w := range cfg.Warnings {
 		log.Warn(w, "listen_addr", cfg.ListenAddr, "advertise_addr", cfg.AdvertiseAddr)
 	}
-	log.Warn("client authentication is DISABLED: broker config has no auth block, so any caller that can reach this broker can claim, release and list leases")
+	logAuth(cfg, log)
 
 	ln, err := net.Listen("tcp", cfg.ListenAddr)
 	if err != nil {
@@ -162,4 +162,23 @@ func dualStack() bool {
 	}
 	ln.Close()
 	return true
+}
+
+// logAuth says at boot whether clients are authenticated: the spec's WARN
+// when they are not, and a plainer second one when the port is reachable
+// from beyond this host.
+func logAuth(cfg *config.Config, log *slog.Logger) {
+	if cfg.Auth != nil {
+		types := make([]string, len(cfg.Auth.Validators))
+		for i, v := range cfg.Auth.Validators {
+			types[i] = v.Type
+		}
+		log.Info("client authentication enabled", "validators", strings.Join(types, ","), "admin_scope", *cfg.Auth.AdminScope)
+		return
+	}
+	log.Warn("client authentication is DISABLED: broker config has no auth block, so any caller that can reach this broker can claim, release and list leases")
+	if !cfg.ListenLoopback() {
+		log.Warn("listen_addr is not loopback-only and no auth block is configured: anyone who can reach this port controls every lease (claim, connect, release, read session ids); add an auth: block or bind listen_addr to 127.0.0.1",
+			"listen_addr", cfg.ListenAddr)
+	}
 }

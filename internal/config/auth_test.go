@@ -226,3 +226,15 @@ func TestAuthIsBootOnly(t *testing.T) {
 		t.Error("a reload replaced the auth: block")
 	}
 }
+
+func TestListenLoopback(t *testing.T) {
+	for addr, want := range map[string]bool{
+		":8080": false, "0.0.0.0:8080": false, "[::]:8080": false, "10.0.0.5:8080": false, "broker.example.com:80": false,
+		"127.0.0.1:8080": true, "127.0.0.2:1": true, "[::1]:8080": true, "localhost:8080": true,
+	} {
+		c := &Config{ListenAddr: addr}
+		if got := c.ListenLoopback(); got != want {
+			t.Errorf("%s: loopback %v, want %v", addr, got, want)
+		}
+	}
+}

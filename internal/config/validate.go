@@ -239,6 +239,16 @@ func (c *Config) ListenHost() string {
 	return host
 }
 
+// ListenLoopback reports whether listen_addr binds loopback only.
+func (c *Config) ListenLoopback() bool {
+	host := c.ListenHost()
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
 func isWildcard(host string) bool {
 	if host == "" {
 		return true

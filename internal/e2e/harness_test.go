@@ -119,6 +119,9 @@ type Broker struct {
 	Base       string
 	Addr       string
 	Client     *brokerclient.Client
+	// Token is the bearer the harness's own requests carry (an operator's,
+	// on a broker with an auth: block).
+	Token      string
 	GatewayLog *logBuffer
 	SpawndLog  *logBuffer
 	gateway    *proc
@@ -171,6 +174,8 @@ type Options struct {
 	NoNexusEntry bool
 	// Env is added to both processes' environment.
 	Env []string
+	// Token is the harness's bearer: see Broker.Token.
+	Token string
 	// StateDir gives the broker a state_dir (journal, spawn-key, indexes).
 	StateDir bool
 	// SpawndWrapper runs nexus-spawnd under a command (setpriv, say).
@@ -181,7 +186,7 @@ type Options struct {
 func startBroker(t testing.TB, o Options) *Broker {
 	t.Helper()
 	dir := t.TempDir()
-	b := &Broker{t: t, Dir: dir, RunDir: filepath.Join(dir, "run"), Home: filepath.Join(dir, "home"), wrapper: o.SpawndWrapper}
+	b := &Broker{t: t, Dir: dir, RunDir: filepath.Join(dir, "run"), Home: filepath.Join(dir, "home"), wrapper: o.SpawndWrapper, Token: o.Token}
 	if err := os.MkdirAll(b.Home, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -254,7 +259,7 @@ func (b *Broker) StartGateway(extraEnv ...string) {
 	m := b.GatewayLog.wait(b.t, listeningRE, 30*time.Second)
 	b.Addr = m[1]
 	b.Base = "http://" + b.Addr
-	b.Client = &brokerclient.Client{Base: b.Base}
+	b.Client = &brokerclient.Client{Base: b.Base, Token: b.Token}
 }
 
 // KillGateway sends sig to the gateway and waits for it to exit.
@@ -366,8 +371,15 @@ func (b *Broker) get(path string) (int, string) {
 	return b.do(http.MethodGet, path, "")
 }
 
-// do sends one request and returns the status and body.
+// do sends one request with the harness's token and returns the status and
+// body.
 func (b *Broker) do(method, path, body string) (int, string) {
+	b.t.Helper()
+	return b.doAs(b.Token, method, path, body)
+}
+
+// doAs sends one request with token as its bearer ("" for none).
+func (b *Broker) doAs(token, method, path, body string) (int, string) {
 	b.t.Helper()
 	req, err := http.NewRequest(method, b.Base+path, strings.NewReader(body))
 	if err != nil {
@@ -375,6 +387,9 @@ func (b *Broker) do(method, path, body string) (int, string) {
 	}
 	if body != "" {
 		req.Header.Set("Content-Type", "application/json")
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

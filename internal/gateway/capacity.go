@@ -13,7 +13,16 @@ var (
 	errNoCapacity   = errors.New("no capacity")
 	errQueueFull    = errors.New("capacity queue full")
 	errQueueTimeout = errors.New("capacity wait timed out")
+	// errPrincipalQueue is a quota answer about the caller, not the broker.
+	errPrincipalQueue = errors.New("queued claim limit reached for this principal")
 )
+
+// queueQuota bounds how many queued claims one principal may hold; a zero
+// quota (max <= 0) bounds nothing.
+type queueQuota struct {
+	principal string
+	max       int
+}
 
 // capacity is max_concurrent slots plus the FIFO queue of claims waiting for
 // one. A freed slot is handed straight to the oldest waiter (it never becomes
@@ -25,6 +34,8 @@ type capacity struct {
 	queue    list.List // of *waiter, oldest at the front
 	maxDepth int
 	wait     time.Duration
+	// queued counts parked claims per principal under a quota.
+	queued map[string]int
 }
 
 type waiter struct {
@@ -33,13 +44,14 @@ type waiter struct {
 }
 
 func newCapacity(max, maxDepth int, wait time.Duration) *capacity {
-	return &capacity{max: max, maxDepth: maxDepth, wait: wait}
+	return &capacity{max: max, maxDepth: maxDepth, wait: wait, queued: map[string]int{}}
 }
 
 // acquire takes a slot, waiting in the queue when none is free. It fails with
-// errNoCapacity (waiting disabled), errQueueFull, errQueueTimeout, or ctx's
-// error when the claimant went away.
-func (c *capacity) acquire(ctx context.Context) error {
+// errNoCapacity (waiting disabled), errQueueFull, errPrincipalQueue (q's
+// principal already holds its quota of the queue), errQueueTimeout, or
+// ctx's error when the claimant went away.
+func (c *capacity) acquire(ctx context.Context, q queueQuota) error {
 	c.mu.Lock()
 	if c.max <= 0 || (c.inUse < c.max && c.queue.Len() == 0) {
 		c.inUse++
@@ -50,12 +62,20 @@ func (c *capacity) acquire(ctx context.Context) error {
 		c.mu.Unlock()
 		return errNoCapacity
 	}
+	if q.max > 0 && c.queued[q.principal] >= q.max {
+		c.mu.Unlock()
+		return errPrincipalQueue
+	}
 	if c.maxDepth > 0 && c.queue.Len() >= c.maxDepth {
 		c.mu.Unlock()
 		return errQueueFull
 	}
 	w := &waiter{granted: make(chan struct{})}
 	el := c.queue.PushBack(w)
+	if q.max > 0 {
+		c.queued[q.principal]++
+		defer c.unqueue(q.principal)
+	}
 	c.mu.Unlock()
 
 	timer := time.NewTimer(c.wait)
@@ -78,6 +98,14 @@ func (c *capacity) acquire(ctx context.Context) error {
 	w.done = true
 	c.queue.Remove(el)
 	return err
+}
+
+func (c *capacity) unqueue(principal string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.queued[principal]--; c.queued[principal] <= 0 {
+		delete(c.queued, principal)
+	}
 }
 
 // release frees one slot, handing it to the oldest waiter if there is one.

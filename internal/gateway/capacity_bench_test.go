@@ -18,14 +18,14 @@ import (
 func BenchmarkCapacityHandoff(b *testing.B) {
 	ctx := context.Background()
 	c := newCapacity(1, 0, time.Hour)
-	if err := c.acquire(ctx); err != nil {
+	if err := c.acquire(ctx, queueQuota{}); err != nil {
 		b.Fatal(err)
 	}
 	woke := make(chan time.Time)
 	var lat []time.Duration
 	for b.Loop() {
 		go func() {
-			if c.acquire(ctx) == nil {
+			if c.acquire(ctx, queueQuota{}) == nil {
 				woke <- time.Now()
 			}
 		}()

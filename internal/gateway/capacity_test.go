@@ -13,15 +13,15 @@ func TestCapacityRefusals(t *testing.T) {
 		t.Fatalf("queue_wait_timeout 0: %v, want no capacity", err)
 	}
 	c := newCapacity(1, 1, time.Hour)
-	_ = c.acquire(ctx)
-	go func() { _ = c.acquire(ctx) }() // parks
+	_ = c.acquire(ctx, queueQuota{})
+	go func() { _ = c.acquire(ctx, queueQuota{}) }() // parks
 	waitDepth(t, c, 1)
-	if err := c.acquire(ctx); !errors.Is(err, errQueueFull) {
+	if err := c.acquire(ctx, queueQuota{}); !errors.Is(err, errQueueFull) {
 		t.Fatalf("full queue: %v, want capacity queue full", err)
 	}
 	c2 := newCapacity(1, 0, 20*time.Millisecond)
-	_ = c2.acquire(ctx)
-	if err := c2.acquire(ctx); !errors.Is(err, errQueueTimeout) {
+	_ = c2.acquire(ctx, queueQuota{})
+	if err := c2.acquire(ctx, queueQuota{}); !errors.Is(err, errQueueTimeout) {
 		t.Fatalf("timeout: %v", err)
 	}
 	if _, inUse, depth, _ := c2.snapshot(); inUse != 1 || depth != 0 {
@@ -32,7 +32,7 @@ func TestCapacityRefusals(t *testing.T) {
 // acquireN takes n slots, returning the first error.
 func (c *capacity) acquireN(ctx context.Context, n int) error {
 	for i := 0; i < n; i++ {
-		if err := c.acquire(ctx); err != nil {
+		if err := c.acquire(ctx, queueQuota{}); err != nil {
 			return err
 		}
 	}
@@ -56,11 +56,11 @@ func waitDepth(t *testing.T, c *capacity, want int) {
 func TestCapacityHandsFreedSlotsToTheOldestWaiter(t *testing.T) {
 	ctx := context.Background()
 	c := newCapacity(1, 0, time.Hour)
-	_ = c.acquire(ctx)
+	_ = c.acquire(ctx, queueQuota{})
 	order := make(chan int, 3)
 	for i := 0; i < 3; i++ {
 		go func() {
-			if c.acquire(ctx) == nil {
+			if c.acquire(ctx, queueQuota{}) == nil {
 				order <- i
 			}
 		}()
@@ -79,10 +79,10 @@ func TestCapacityHandsFreedSlotsToTheOldestWaiter(t *testing.T) {
 
 func TestCapacityCancelledWaiterLeavesAtOnce(t *testing.T) {
 	c := newCapacity(1, 0, time.Hour)
-	_ = c.acquire(context.Background())
+	_ = c.acquire(context.Background(), queueQuota{})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
-	go func() { done <- c.acquire(ctx) }()
+	go func() { done <- c.acquire(ctx, queueQuota{}) }()
 	waitDepth(t, c, 1)
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
@@ -96,9 +96,9 @@ func TestCapacityCancelledWaiterLeavesAtOnce(t *testing.T) {
 func TestCapacitySetMax(t *testing.T) {
 	ctx := context.Background()
 	c := newCapacity(1, 0, time.Hour)
-	_ = c.acquire(ctx)
+	_ = c.acquire(ctx, queueQuota{})
 	done := make(chan error)
-	go func() { done <- c.acquire(ctx) }()
+	go func() { done <- c.acquire(ctx, queueQuota{}) }()
 	waitDepth(t, c, 1)
 	c.setMax(2) // raising admits the parked claim at once
 	if err := <-done; err != nil {
@@ -113,4 +113,29 @@ func TestCapacitySetMax(t *testing.T) {
 	if _, inUse, _, _ := c.snapshot(); inUse != 0 {
 		t.Fatalf("inUse = %d", inUse)
 	}
+}
+
+// TestCapacityPrincipalQueueQuota: a principal at its queue quota is refused
+// at once, while another principal still parks, and the quota frees when a
+// parked claim leaves.
+func TestCapacityPrincipalQueueQuota(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	c := newCapacity(1, 0, time.Hour)
+	alice, bob := queueQuota{"alice", 1}, queueQuota{"bob", 1}
+	_ = c.acquire(ctx, alice) // takes the slot: not queued
+	aliceParked, aliceCancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.acquire(aliceParked, alice) }()
+	waitDepth(t, c, 1)
+	if err := c.acquire(ctx, alice); !errors.Is(err, errPrincipalQueue) {
+		t.Fatalf("alice's second queued claim: %v, want the principal queue limit", err)
+	}
+	go func() { _ = c.acquire(ctx, bob) }()
+	waitDepth(t, c, 2)
+	aliceCancel()
+	<-done
+	waitDepth(t, c, 1)
+	go func() { _ = c.acquire(ctx, alice) }()
+	waitDepth(t, c, 2)
 }

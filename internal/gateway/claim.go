@@ -13,13 +13,11 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/nexus-broker/nexus-broker/internal/auth"
 	"github.com/nexus-broker/nexus-broker/internal/config"
 	"github.com/nexus-broker/nexus-broker/pkg/sessionid"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
 )
-
-// anonymous is the principal of every caller while no auth: block exists.
-const anonymous = ""
 
 type claimRequest struct {
 	Config    string `json:"config"`
@@ -53,7 +51,12 @@ func refuse(status int, outcome, format string, args ...any) *claimError {
 // before anything is allocated.
 func (g *Gateway) handleClaim(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	resp, cerr := g.claim(r)
+	p, ok := g.Authenticate(w, r)
+	if !ok {
+		g.m.claims.inc("rejected")
+		return
+	}
+	resp, cerr := g.claim(r, p)
 	g.m.claimDuration.observe(time.Since(start))
 	if cerr != nil {
 		g.m.claims.inc(cerr.outcome)
@@ -62,15 +65,18 @@ func (g *Gateway) handleClaim(w http.ResponseWriter, r *http.Request) {
 			return // nobody is listening
 		}
 		g.log.Warn("claim failed", "status", cerr.status, "reason", cerr.text)
+		if cerr.status == http.StatusTooManyRequests {
+			g.audit(r, p, cerr.status, cerr.text)
+		}
 		writeError(w, cerr.status, cerr.text)
 		return
 	}
 	g.m.claims.inc("accepted")
-	g.log.Info("claim accepted", "lease_id", resp.LeaseID, "session_id", resp.SessionID, "duration", time.Since(start))
+	g.log.Info("claim accepted", "lease_id", resp.LeaseID, "session_id", resp.SessionID, "principal_id", p.ID, "duration", time.Since(start))
 	writeJSON(w, http.StatusOK, resp)
 }
 
-func (g *Gateway) claim(r *http.Request) (*claimResponse, *claimError) {
+func (g *Gateway) claim(r *http.Request, p auth.Principal) (*claimResponse, *claimError) {
 	cfg := g.cfg.Load()
 	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, int64(cfg.MaxClaimBody)))
 	if err != nil {
@@ -104,9 +110,18 @@ func (g *Gateway) claim(r *http.Request) (*claimResponse, *claimError) {
 	if cerr != nil {
 		return nil, cerr
 	}
-	principal := anonymous
+	principal := p.ID
 
-	if err := g.cap.acquire(r.Context()); err != nil {
+	if !g.admitPrincipal(principal) {
+		return nil, refuse(http.StatusTooManyRequests, "principal_lease_limit", "lease limit reached for this principal")
+	}
+	admitted := true
+	defer func() {
+		if admitted {
+			g.unadmitPrincipal(principal)
+		}
+	}()
+	if err := g.cap.acquire(r.Context(), g.queueQuota(principal)); err != nil {
 		switch {
 		case errors.Is(err, errNoCapacity):
 			return nil, refuse(http.StatusServiceUnavailable, "no_capacity", "no capacity")
@@ -114,6 +129,8 @@ func (g *Gateway) claim(r *http.Request) (*claimResponse, *claimError) {
 			return nil, refuse(http.StatusServiceUnavailable, "queue_full", "capacity queue full")
 		case errors.Is(err, errQueueTimeout):
 			return nil, refuse(http.StatusServiceUnavailable, "queue_timeout", "capacity wait timed out")
+		case errors.Is(err, errPrincipalQueue):
+			return nil, refuse(http.StatusTooManyRequests, "principal_queue_limit", "queued claim limit reached for this principal")
 		}
 		return nil, refuse(499, "cancelled", "client went away while queued for capacity")
 	}
@@ -126,6 +143,8 @@ func (g *Gateway) claim(r *http.Request) (*claimResponse, *claimError) {
 	l.sessionID = session
 	g.mu.Lock()
 	g.leases[id] = l
+	g.unadmitLocked(principal) // the lease itself counts from here
+	admitted = false
 	g.mu.Unlock()
 
 	// The spawn runs to completion even if the claimant hangs up meanwhile:
@@ -177,7 +196,11 @@ func (g *Gateway) claim(r *http.Request) (*claimResponse, *claimError) {
 	}
 	session = l.sessionID
 	l.mu.Unlock()
-	return &claimResponse{LeaseID: id, WSURL: g.wsURL(r, id), SessionID: session}, nil
+	resp := &claimResponse{LeaseID: id, WSURL: g.wsURL(r, id), SessionID: session}
+	if g.auth.Enabled() {
+		resp.Ticket = g.tickets.Mint(id, p)
+	}
+	return resp, nil
 }
 
 // resumeEntry picks the entry a claim spawns. A resume is reconciled against
@@ -311,11 +334,16 @@ func (g *Gateway) record(id, session string) bool {
 	return true
 }
 
-// handleRelease is POST /release/{lease_id}.
-func (g *Gateway) handleRelease(w http.ResponseWriter, r *http.Request) {
-	l := g.lookupOwned(r.PathValue("lease_id"), anonymous)
+// handleRelease is POST /release/{lease_id}. Ownership is checked before
+// anything happens: a refused release sends no shutdown frame.
+func (g *Gateway) handleRelease(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	l := g.lookup(r.PathValue("lease_id"))
+	if l != nil && l.principal != p.ID {
+		g.audit(r, p, http.StatusNotFound, "lease owned by another principal")
+		l = nil
+	}
 	if l == nil {
-		writeError(w, http.StatusNotFound, errUnknownLease)
+		writeUnknownLease(w)
 		return
 	}
 	l.teardown(reasonRelease, teardownGraceful)

@@ -203,10 +203,14 @@ func (c *clientConn) closingExpired() bool {
 // handleClient is WS /lease/{lease_id}. Ownership is checked before the
 // upgrade, and a lease that is not yours is the same 404 as none at all.
 func (g *Gateway) handleClient(w http.ResponseWriter, r *http.Request) {
-	principal := anonymous
-	l := g.lookupOwned(r.PathValue("lease_id"), principal)
-	if l == nil || l.currentState() == stateDraining {
-		writeError(w, http.StatusNotFound, errUnknownLease)
+	id := r.PathValue("lease_id")
+	p, credential, ok := g.clientPrincipal(w, r, id)
+	if !ok {
+		return
+	}
+	l := g.owned(r, id, p)
+	if l == nil {
+		writeUnknownLease(w)
 		return
 	}
 	fromSeq := int64(-1) // absent or unparsable: live only
@@ -221,11 +225,11 @@ func (g *Gateway) handleClient(w http.ResponseWriter, r *http.Request) {
 	}
 	// As for instances: return, so net/http can drop its per-connection
 	// state, and serve the socket on its own goroutine.
-	go g.serveClient(l, conn, principal, fromSeq)
+	go g.serveClient(l, conn, p.ID, credential, fromSeq)
 }
 
 // serveClient runs one client socket of l until it ends.
-func (g *Gateway) serveClient(l *lease, conn *websocket.Conn, principal string, fromSeq int64) {
+func (g *Gateway) serveClient(l *lease, conn *websocket.Conn, principal, credential string, fromSeq int64) {
 	c := &clientConn{l: l, ws: newWSConn(conn, g.log, "client", l.id), principal: principal, resumed: fromSeq >= 0}
 
 	l.mu.Lock()
@@ -241,7 +245,7 @@ func (g *Gateway) serveClient(l *lease, conn *websocket.Conn, principal string, 
 	old := l.client
 	l.client = c
 	l.mu.Unlock()
-	g.log.Info("client connected", "lease_id", l.id, "principal_id", principal, "credential", "anonymous", "evicted_previous_client", old != nil)
+	g.log.Info("client connected", "lease_id", l.id, "principal_id", principal, "credential", credential, "evicted_previous_client", old != nil)
 	if old != nil {
 		// The newest connection wins: a half-open socket must not lock its
 		// owner out of the reconnect the ticket flow exists for.
@@ -250,7 +254,7 @@ func (g *Gateway) serveClient(l *lease, conn *websocket.Conn, principal string, 
 		g.log.Warn("this connection displaced the lease's previous client, which has been "+
 			"closed. A client must not keep two connections open to one lease — they will "+
 			"evict each other",
-			"lease_id", l.id, "principal_id", principal, "credential", "anonymous",
+			"lease_id", l.id, "principal_id", principal, "credential", credential,
 			"reason", closeSuperseded, "close_status", codeSuperseded)
 	}
 	switch {

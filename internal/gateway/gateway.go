@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/nexus-broker/nexus-broker/internal/auth"
 	"github.com/nexus-broker/nexus-broker/internal/config"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
 )
@@ -47,9 +48,15 @@ type Gateway struct {
 	binaries atomic.Pointer[[]*spawnpb.Binary]
 	cap      *capacity
 	m        *metrics
+	// auth is nil without an auth: block; tickets are minted only with one.
+	auth    *auth.Authenticator
+	tickets *auth.Tickets
 
 	mu     sync.Mutex
 	leases map[string]*lease
+	// claiming counts each principal's claims admitted under
+	// max_leases_per_principal that hold no lease yet.
+	claiming map[string]int
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -66,7 +73,10 @@ func New(o Options) *Gateway {
 		boot:     o.Config,
 		cap:      newCapacity(o.Config.MaxConcurrent, o.Config.MaxQueueDepth, o.Config.QueueWaitTimeout.D()),
 		m:        newMetrics(),
+		auth:     auth.New(o.Config.Auth, o.Logger),
+		tickets:  auth.NewTickets(),
 		leases:   map[string]*lease{},
+		claiming: map[string]int{},
 		ctx:      ctx,
 		cancel:   cancel,
 	}
@@ -208,22 +218,13 @@ func (g *Gateway) lookup(id string) *lease {
 	return g.leases[id]
 }
 
-// lookupOwned finds a lease the principal owns. Not found and not yours are
-// the same answer, so lease ids cannot be enumerated.
-func (g *Gateway) lookupOwned(id, principal string) *lease {
-	l := g.lookup(id)
-	if l == nil || l.principal != principal {
-		return nil
-	}
-	return l
-}
-
 func (g *Gateway) removeLease(l *lease) {
 	g.mu.Lock()
 	if g.leases[l.id] == l {
 		delete(g.leases, l.id)
 	}
 	g.mu.Unlock()
+	g.tickets.DropLease(l.id)
 }
 
 // Shutdown stops serving leases without touching a single instance: clients
@@ -281,13 +282,16 @@ func (g *Gateway) terminate(l *lease, reason string, skipGrace bool) {
 func (g *Gateway) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /claim", g.handleClaim)
-	mux.HandleFunc("POST /release/{lease_id}", g.handleRelease)
-	mux.HandleFunc("POST /ticket/{lease_id}", g.handleTicket)
-	mux.HandleFunc("GET /leases", g.handleLeases)
-	mux.HandleFunc("GET /binaries", g.handleBinaries)
-	mux.HandleFunc("GET /metrics", g.handleMetrics)
+	mux.HandleFunc("POST /release/{lease_id}", g.guarded(g.handleRelease))
+	mux.HandleFunc("POST /ticket/{lease_id}", g.guarded(g.handleTicket))
+	mux.HandleFunc("GET /leases", g.guarded(g.handleLeases))
+	mux.HandleFunc("GET /binaries", g.guarded(g.handleBinaries))
+	mux.HandleFunc("GET /metrics", g.guarded(g.handleMetrics))
+	// Never under auth: health for probes; the instance dial-back proves
+	// itself with its spawn secret.
 	mux.HandleFunc("GET /healthz", g.handleHealthz)
 	mux.HandleFunc("GET /instance", g.handleInstance)
+	// Authenticates itself: it also takes ?ticket=.
 	mux.HandleFunc("GET /lease/{lease_id}", g.handleClient)
 	return mux
 }

@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"sort"
 	"time"
+
+	"github.com/nexus-broker/nexus-broker/internal/auth"
 )
 
 const errUnknownLease = "unknown lease"
@@ -25,15 +27,20 @@ func (g *Gateway) handleHealthz(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
-// handleTicket is POST /ticket/{lease_id}. With no auth: block it is inert:
-// 200 with the ticket key omitted, and the lease socket needs none.
-func (g *Gateway) handleTicket(w http.ResponseWriter, r *http.Request) {
-	l := g.lookupOwned(r.PathValue("lease_id"), anonymous)
+// handleTicket is POST /ticket/{lease_id}: a fresh ticket for the lease's
+// owner. With no auth: block it is inert: 200 with the ticket key omitted,
+// and the lease socket needs none.
+func (g *Gateway) handleTicket(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	l := g.owned(r, r.PathValue("lease_id"), p)
 	if l == nil {
-		writeError(w, http.StatusNotFound, errUnknownLease)
+		writeUnknownLease(w)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"lease_id": l.id})
+	out := map[string]string{"lease_id": l.id}
+	if g.auth.Enabled() {
+		out["ticket"] = g.tickets.Mint(l.id, p)
+	}
+	writeJSON(w, http.StatusOK, out)
 }
 
 type binaryJSON struct {
@@ -44,7 +51,7 @@ type binaryJSON struct {
 
 // handleBinaries is GET /binaries: names and presentational strings only,
 // sorted by name; never a path, argv or environment.
-func (g *Gateway) handleBinaries(w http.ResponseWriter, _ *http.Request) {
+func (g *Gateway) handleBinaries(w http.ResponseWriter, _ *http.Request, _ auth.Principal) {
 	bs := *g.binaries.Load()
 	out := make([]binaryJSON, len(bs))
 	for i, b := range bs {
@@ -72,11 +79,15 @@ type leasesJSON struct {
 	Leases        []leaseJSON `json:"leases"`
 }
 
-func (g *Gateway) snapshotLeases() []leaseJSON {
+// snapshotLeases lists the live leases owner sees; all of them when all is
+// set.
+func (g *Gateway) snapshotLeases(owner string, all bool) []leaseJSON {
 	g.mu.Lock()
 	ls := make([]*lease, 0, len(g.leases))
 	for _, l := range g.leases {
-		ls = append(ls, l)
+		if all || l.principal == owner {
+			ls = append(ls, l)
+		}
 	}
 	g.mu.Unlock()
 	out := make([]leaseJSON, 0, len(ls))
@@ -97,21 +108,33 @@ func (g *Gateway) snapshotLeases() []leaseJSON {
 	return out
 }
 
-// handleLeases is GET /leases. Without auth every caller is the operator,
-// so it gets the aggregates too.
-func (g *Gateway) handleLeases(w http.ResponseWriter, _ *http.Request) {
+// handleLeases is GET /leases. An operator (auth.admin_scope, or every
+// caller without auth) sees every lease and the aggregates; anyone else
+// only their own leases, the aggregates absent rather than zeroed.
+func (g *Gateway) handleLeases(w http.ResponseWriter, _ *http.Request, p auth.Principal) {
+	if !g.auth.IsAdmin(p) {
+		writeJSON(w, http.StatusOK, leasesJSON{Leases: g.snapshotLeases(p.ID, false)})
+		return
+	}
 	max, inUse, depth, maxDepth := g.cap.snapshot()
 	writeJSON(w, http.StatusOK, leasesJSON{
 		MaxConcurrent: &max, SlotsInUse: &inUse, QueueDepth: &depth, MaxQueueDepth: &maxDepth,
-		Leases: g.snapshotLeases(),
+		Leases: g.snapshotLeases("", true),
 	})
 }
 
-// handleMetrics is GET /metrics in the Prometheus text format.
-func (g *Gateway) handleMetrics(w http.ResponseWriter, _ *http.Request) {
+// handleMetrics is GET /metrics in the Prometheus text format. Every
+// number is a whole-registry aggregate, so it needs auth.admin_scope.
+func (g *Gateway) handleMetrics(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	if !g.auth.IsAdmin(p) {
+		g.audit(r, p, http.StatusForbidden, "no auth.admin_scope")
+		writeError(w, http.StatusForbidden, auth.TextScope)
+		return
+	}
 	max, inUse, depth, maxDepth := g.cap.snapshot()
-	gg := gauges{slotsInUse: inUse, maxConcurrent: max, queueDepth: depth, maxQueueDepth: maxDepth, leases: map[string]int{}}
-	for _, l := range g.snapshotLeases() {
+	gg := gauges{slotsInUse: inUse, maxConcurrent: max, queueDepth: depth, maxQueueDepth: maxDepth,
+		ticketsOutstanding: g.tickets.Outstanding(), leases: map[string]int{}}
+	for _, l := range g.snapshotLeases("", true) {
 		gg.leases[l.State]++
 	}
 	var buf bytes.Buffer

@@ -117,6 +117,29 @@ func (c *Client) Release(ctx context.Context, leaseID string) error {
 	return c.do(ctx, http.MethodPost, "/release/"+url.PathEscape(leaseID), nil, nil)
 }
 
+// Ticket mints a fresh single-use WebSocket ticket for a lease the client's
+// token owns (POST /ticket/{lease_id}); "" from a broker with no auth:
+// block, whose lease sockets take none.
+func (c *Client) Ticket(ctx context.Context, leaseID string) (string, error) {
+	var out struct {
+		Ticket string `json:"ticket"`
+	}
+	if err := c.do(ctx, http.MethodPost, "/ticket/"+url.PathEscape(leaseID), nil, &out); err != nil {
+		return "", err
+	}
+	return out.Ticket, nil
+}
+
+// Reconnect opens a lease's socket again with a fresh ticket (the claim's
+// burned on first use), replaying what followed fromSeq when it is set.
+func (c *Client) Reconnect(ctx context.Context, claim *Claim, fromSeq *uint64) (*Conn, error) {
+	ticket, err := c.Ticket(ctx, claim.LeaseID)
+	if err != nil {
+		return nil, err
+	}
+	return Dial(ctx, claim.WSURL, DialOptions{FromSeq: fromSeq, Ticket: ticket})
+}
+
 // Get decodes a GET route's JSON answer into out.
 func (c *Client) Get(ctx context.Context, path string, out any) error {
 	return c.do(ctx, http.MethodGet, path, nil, out)
@@ -134,8 +157,10 @@ type Conn struct {
 type DialOptions struct {
 	// FromSeq, when non-nil, asks the broker to replay what followed it.
 	FromSeq *uint64
-	Ticket  string
-	Token   string
+	// Ticket, when set, is sent as ?ticket= and wins exclusively over Token.
+	Ticket string
+	// Token is sent as Authorization: Bearer on the handshake.
+	Token string
 }
 
 // Dial opens ws_url. A refusal before the upgrade is an *APIError.

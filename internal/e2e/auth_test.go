@@ -1,0 +1,494 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nexus-broker/nexus-broker/internal/auth/authtest"
+	"github.com/nexus-broker/nexus-broker/pkg/brokerclient"
+)
+
+// The static principals of the auth tests: three owners and an operator.
+const (
+	tokAlice = "tok-alice"
+	tokBob   = "tok-bob"
+	tokCarol = "tok-carol"
+	tokDave  = "tok-dave"
+	tokOps   = "tok-ops"
+)
+
+const staticAuthYAML = `auth:
+  validators:
+    - type: static
+      tokens:
+        - {token: tok-alice, principal: alice, tenant: acme}
+        - {token: tok-bob, principal: bob}
+        - {token: tok-carol, principal: carol}
+        - {token: tok-dave, principal: dave}
+        - {token: tok-ops, principal: ops, scopes: "nexus.broker.admin"}
+`
+
+// startAuthBroker starts a broker with the static table and extra YAML; the
+// harness's own requests carry the operator's token.
+func startAuthBroker(t *testing.T, yaml string, o Options) *Broker {
+	o.YAML = staticAuthYAML + yaml
+	o.Token = tokOps
+	return startBroker(t, o)
+}
+
+// as is a client of b carrying token.
+func (b *Broker) as(token string) *brokerclient.Client {
+	return &brokerclient.Client{Base: b.Base, Token: token}
+}
+
+func (b *Broker) claimAs(token string) *brokerclient.Claim {
+	b.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c, err := b.as(token).Claim(ctx, brokerclient.ClaimRequest{Config: "engine:\n  name: example\n"})
+	if err != nil {
+		b.t.Fatalf("claim as %s: %v", token, err)
+	}
+	return c
+}
+
+// dialErr dials and returns the refusal (nil on success, closing the conn).
+func dialErr(c *brokerclient.Claim, o brokerclient.DialOptions) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := brokerclient.Dial(ctx, c.WSURL, o)
+	if err == nil {
+		conn.Close()
+	}
+	return err
+}
+
+// rawDial returns the status and body of a refused WebSocket handshake.
+func rawDial(t *testing.T, wsURL, query, token string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest("GET", strings.Replace(wsURL, "ws://", "http://", 1)+query, nil)
+	req.Header.Set("Connection", "Upgrade")
+	req.Header.Set("Upgrade", "websocket")
+	req.Header.Set("Sec-WebSocket-Version", "13")
+	req.Header.Set("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==")
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
+const (
+	bodyRequired = `{"error":"authentication required"}` + "\n"
+	bodyRejected = `{"error":"credential rejected"}` + "\n"
+	bodyUnknown  = `{"error":"unknown lease"}` + "\n"
+)
+
+func wantAnswer(t *testing.T, what string, status int, body string, wantStatus int, wantBody string) {
+	t.Helper()
+	if status != wantStatus || body != wantBody {
+		t.Errorf("%s: %d %q, want %d %q", what, status, body, wantStatus, wantBody)
+	}
+}
+
+// TestAuthEveryRouteNeedsACredential: with an auth: block every route but
+// /healthz refuses a missing credential (authentication required) and a bad
+// one (credential rejected); /metrics needs the admin scope on top.
+func TestAuthEveryRouteNeedsACredential(t *testing.T) {
+	b := startAuthBroker(t, "", Options{})
+	b.GatewayLog.wait(t, regexp.MustCompile(`msg="client authentication enabled" validators=static`), time.Second)
+	if strings.Contains(b.GatewayLog.String(), "client authentication is DISABLED") {
+		t.Error("the no-auth WARN was logged with an auth: block")
+	}
+	routes := []struct{ method, path string }{
+		{"POST", "/claim"}, {"POST", "/release/x"}, {"POST", "/ticket/x"},
+		{"GET", "/leases"}, {"GET", "/binaries"}, {"GET", "/metrics"},
+	}
+	for _, r := range routes {
+		body := ""
+		if r.path == "/claim" {
+			body = `{"config":"engine:\n  name: example\n"}`
+		}
+		status, got := b.doAs("", r.method, r.path, body)
+		wantAnswer(t, r.method+" "+r.path+" without a credential", status, got, 401, bodyRequired)
+		status, got = b.doAs("wrong-token", r.method, r.path, body)
+		wantAnswer(t, r.method+" "+r.path+" with a bad token", status, got, 401, bodyRejected)
+	}
+	status, got := rawDial(t, "ws://"+b.Addr+"/lease/x", "", "")
+	wantAnswer(t, "WS /lease without a credential", status, got, 401, bodyRequired)
+	status, got = rawDial(t, "ws://"+b.Addr+"/lease/x", "", "wrong-token")
+	wantAnswer(t, "WS /lease with a bad token", status, got, 401, bodyRejected)
+
+	if status, _ := b.doAs("", "GET", "/healthz", ""); status != 200 {
+		t.Errorf("GET /healthz without a credential = %d, want 200", status)
+	}
+	status, got = b.doAs(tokAlice, "GET", "/metrics", "")
+	wantAnswer(t, "GET /metrics without the admin scope", status, got, 403, `{"error":"insufficient scope"}`+"\n")
+	if status, _ := b.doAs(tokAlice, "GET", "/binaries", ""); status != 200 {
+		t.Errorf("GET /binaries with a valid token = %d", status)
+	}
+	m := b.metrics()
+	if v := m[`nexus_broker_claims_total{outcome="rejected"}`]; v != 2 {
+		t.Errorf(`claims_total{outcome="rejected"} = %v, want 2`, v)
+	}
+	// One audit line per refusal, and never a token.
+	log := b.GatewayLog.String()
+	if n := strings.Count(log, `msg="request refused"`); n != 2*len(routes)+3 {
+		t.Errorf("%d audit lines, want %d", n, 2*len(routes)+3)
+	}
+	if !strings.Contains(log, `msg="request refused" route="GET /metrics" status=403 reason="no auth.admin_scope" peer=`) {
+		t.Error("the 403 was not audited with its route and reason")
+	}
+	for _, tok := range []string{"wrong-token", tokAlice, tokOps} {
+		if strings.Contains(log, tok) {
+			t.Errorf("the gateway log carries the token %q", tok)
+		}
+	}
+}
+
+// TestAuthCrossPrincipalAttemptsChangeNothing: bob's release, ticket,
+// connect and eviction attempts on alice's lease, and the operator's, all get
+// the byte-identical 404 of a lease that never existed; alice's instance and
+// socket carry on untouched.
+func TestAuthCrossPrincipalAttemptsChangeNothing(t *testing.T) {
+	b := startAuthBroker(t, "", Options{})
+	claim := b.claimAs(tokAlice)
+	if claim.Ticket == "" {
+		t.Fatal("a claim on an authenticated broker returned no ticket")
+	}
+	conn := b.dial(claim, brokerclient.DialOptions{Ticket: claim.Ticket})
+	if got := say(t, conn, "one"); got != "echo #1: one" {
+		t.Fatalf("answer %q", got)
+	}
+	pids := b.Instances()
+
+	_, never := b.doAs(tokBob, "POST", "/release/0123456789abcdef0123456789abcdef", "")
+	if never != bodyUnknown {
+		t.Fatalf("unknown lease body %q", never)
+	}
+	for _, tok := range []string{tokBob, tokOps} {
+		status, got := b.doAs(tok, "POST", "/release/"+claim.LeaseID, "")
+		wantAnswer(t, tok+" releasing alice's lease", status, got, 404, never)
+		status, got = b.doAs(tok, "POST", "/ticket/"+claim.LeaseID, "")
+		wantAnswer(t, tok+" minting a ticket for alice's lease", status, got, 404, never)
+		status, got = rawDial(t, claim.WSURL, "", tok)
+		wantAnswer(t, tok+" connecting to alice's lease", status, got, 404, never)
+		status, got = rawDial(t, claim.WSURL, "?from_seq=0", tok)
+		wantAnswer(t, tok+" resuming alice's lease", status, got, 404, never)
+	}
+	// Bob's own valid ticket, for his own lease, does not open alice's.
+	bobClaim := b.claimAs(tokBob)
+	status, got := rawDial(t, claim.WSURL, "?ticket="+bobClaim.Ticket, "")
+	wantAnswer(t, "bob's ticket on alice's lease", status, got, 401, bodyRejected)
+
+	// Nothing changed: same process, socket still attached and answering,
+	// nobody evicted.
+	if after := b.Instances(); len(after) != 2 || !contains(after, pids[0]) {
+		t.Fatalf("instances %v, want alice's %v still running", after, pids)
+	}
+	if got := say(t, conn, "two"); got != "echo #2: two (earlier: one)" {
+		t.Fatalf("alice's socket after the attempts: %q", got)
+	}
+	if v := b.metrics()["nexus_broker_client_evictions_total"]; v != 0 {
+		t.Errorf("client_evictions_total = %v, want 0", v)
+	}
+	if st, ok := b.lease(claim.LeaseID); !ok || st.State != "active" {
+		t.Errorf("alice's lease: %+v %v", st, ok)
+	}
+	if !strings.Contains(b.GatewayLog.String(), `reason="lease owned by another principal" peer=`) {
+		t.Error("the cross-principal attempts were not audited")
+	}
+
+	// GET /leases is filtered for owners, aggregates absent; the operator
+	// sees everything.
+	_, view := b.doAs(tokBob, "GET", "/leases", "")
+	if strings.Contains(view, claim.LeaseID) || !strings.Contains(view, bobClaim.LeaseID) || strings.Contains(view, "max_concurrent") || strings.Contains(view, "slots_in_use") {
+		t.Errorf("bob's GET /leases: %s", view)
+	}
+	_, view = b.doAs(tokCarol, "GET", "/leases", "")
+	if view != `{"leases":[]}`+"\n" {
+		t.Errorf("carol's GET /leases: %q", view)
+	}
+	if v := b.leases(); len(v.Leases) != 2 || v.MaxConcurrent != 8 {
+		t.Errorf("the operator's GET /leases: %+v", v)
+	}
+
+	// The owner may release.
+	if err := b.as(tokAlice).Release(context.Background(), claim.LeaseID); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.as(tokBob).Release(context.Background(), bobClaim.LeaseID); err != nil {
+		t.Fatal(err)
+	}
+	b.waitNoInstances(15 * time.Second)
+}
+
+func contains(l []int, v int) bool {
+	for _, x := range l {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
+// TestAuthTickets: a claim's ticket works once; a second use, another
+// lease's ticket and a bad ticket beside a valid bearer are 401 credential
+// rejected; POST /ticket mints a fresh one that reconnects with from_seq;
+// the outstanding gauge is exact throughout. (Expiry is held to 30 s in
+// internal/auth's TestTickets.)
+func TestAuthTickets(t *testing.T) {
+	b := startAuthBroker(t, "", Options{})
+	gauge := func() float64 { return b.metrics()["nexus_broker_tickets_outstanding"] }
+	claim := b.claimAs(tokAlice)
+	if g := gauge(); g != 1 {
+		t.Errorf("tickets_outstanding after a claim = %v, want 1", g)
+	}
+	conn := b.dial(claim, brokerclient.DialOptions{Ticket: claim.Ticket})
+	if g := gauge(); g != 0 {
+		t.Errorf("tickets_outstanding after redeeming = %v, want 0", g)
+	}
+	if got := say(t, conn, "hi"); got != "echo #1: hi" {
+		t.Fatalf("answer %q", got)
+	}
+	status, got := rawDial(t, claim.WSURL, "?ticket="+claim.Ticket, "")
+	wantAnswer(t, "a ticket's second use", status, got, 401, bodyRejected)
+	// A ticket wins exclusively: a bad one beside alice's valid bearer is
+	// still refused.
+	status, got = rawDial(t, claim.WSURL, "?ticket=bogus", tokAlice)
+	wantAnswer(t, "a bad ticket with a valid bearer", status, got, 401, bodyRejected)
+
+	other := b.claimAs(tokAlice)
+	status, got = rawDial(t, claim.WSURL, "?ticket="+other.Ticket, "")
+	wantAnswer(t, "another lease's ticket", status, got, 401, bodyRejected)
+
+	// Reconnect the documented way: a fresh ticket and from_seq.
+	fresh, err := b.as(tokAlice).Ticket(context.Background(), claim.LeaseID)
+	if err != nil || fresh == "" {
+		t.Fatalf("POST /ticket: %q %v", fresh, err)
+	}
+	if err := b.as(tokAlice).Release(context.Background(), other.LeaseID); err != nil {
+		t.Fatal(err)
+	}
+	if g := gauge(); g != 1 {
+		t.Errorf("tickets_outstanding = %v, want 1 (the fresh one; the released lease's are destroyed)", g)
+	}
+	from := conn.LastSeq
+	conn.Close()
+	re, err := brokerclient.Dial(context.Background(), claim.WSURL, brokerclient.DialOptions{Ticket: fresh, FromSeq: &from})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer re.Close()
+	if got := say(t, re, "again"); got != "echo #2: again (earlier: hi)" {
+		t.Fatalf("after the reconnect: %q", got)
+	}
+	// A bearer on the handshake works without a ticket.
+	if err := dialErr(claim, brokerclient.DialOptions{Token: tokAlice}); err != nil {
+		t.Errorf("connecting with a bearer: %v", err)
+	}
+	// Minted tickets die with their lease.
+	if _, err := b.as(tokAlice).Ticket(context.Background(), claim.LeaseID); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.as(tokAlice).Release(context.Background(), claim.LeaseID); err != nil {
+		t.Fatal(err)
+	}
+	if g := gauge(); g != 0 {
+		t.Errorf("tickets_outstanding after release = %v, want 0", g)
+	}
+	b.waitNoInstances(15 * time.Second)
+}
+
+// TestAuthPerPrincipalCaps: the (N+1)th lease and the (M+1)th queued claim
+// of one principal get 429 at once, while other principals are served.
+func TestAuthPerPrincipalCaps(t *testing.T) {
+	b := startAuthBroker(t, "max_concurrent: 3\nmax_leases_per_principal: 2\nmax_queued_per_principal: 1\nqueue_wait_timeout: 1m\n", Options{})
+	ctx := context.Background()
+	a1, a2 := b.claimAs(tokAlice), b.claimAs(tokAlice)
+	// A slot is free, and alice is still refused: a quota, not capacity.
+	_, err := b.as(tokAlice).Claim(ctx, brokerclient.ClaimRequest{Config: "engine: {}\n"})
+	var api *brokerclient.APIError
+	if !errors.As(err, &api) || api.Status != 429 || api.Message != "lease limit reached for this principal" {
+		t.Fatalf("alice's third lease: %v", err)
+	}
+	b.claimAs(tokBob) // the last slot
+
+	// Carol parks one claim; her second is refused; dave still parks.
+	type result struct {
+		c   *brokerclient.Claim
+		err error
+	}
+	park := func(tok string) chan result {
+		ch := make(chan result, 1)
+		go func() {
+			c, err := b.as(tok).Claim(ctx, brokerclient.ClaimRequest{Config: "engine: {}\n"})
+			ch <- result{c, err}
+		}()
+		return ch
+	}
+	carol := park(tokCarol)
+	b.waitQueueDepth(1, 10*time.Second)
+	_, err = b.as(tokCarol).Claim(ctx, brokerclient.ClaimRequest{Config: "engine: {}\n"})
+	if !errors.As(err, &api) || api.Status != 429 || api.Message != "queued claim limit reached for this principal" {
+		t.Fatalf("carol's second queued claim: %v", err)
+	}
+	dave := park(tokDave)
+	b.waitQueueDepth(2, 10*time.Second)
+
+	// Freed slots go to the parked claims in order.
+	for _, c := range []*brokerclient.Claim{a1, a2} {
+		if err := b.as(tokAlice).Release(ctx, c.LeaseID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for name, ch := range map[string]chan result{"carol": carol, "dave": dave} {
+		if r := <-ch; r.err != nil {
+			t.Errorf("%s's parked claim: %v", name, r.err)
+		}
+	}
+	m := b.metrics()
+	if m[`nexus_broker_claims_total{outcome="principal_lease_limit"}`] != 1 || m[`nexus_broker_claims_total{outcome="principal_queue_limit"}`] != 1 {
+		t.Errorf("claims_total: lease limit %v, queue limit %v", m[`nexus_broker_claims_total{outcome="principal_lease_limit"}`], m[`nexus_broker_claims_total{outcome="principal_queue_limit"}`])
+	}
+	if n := strings.Count(b.GatewayLog.String(), `msg="request refused" route="POST /claim" status=429`); n != 2 {
+		t.Errorf("%d audited 429s, want 2", n)
+	}
+}
+
+// TestAuthOwnershipSurvivesRestarts: three principals' live leases survive a
+// gateway kill -9 and then a spawnd restart with their owners: each
+// reconnects to its own lease with a fresh ticket, and the others get 404.
+func TestAuthOwnershipSurvivesRestarts(t *testing.T) {
+	b := startAuthBroker(t, "", Options{StateDir: true})
+	toks := []string{tokAlice, tokBob, tokCarol}
+	claims := make([]*brokerclient.Claim, len(toks))
+	for i, tok := range toks {
+		claims[i] = b.claimAs(tok)
+	}
+	ids := make([]string, len(claims))
+	for i, c := range claims {
+		ids[i] = c.LeaseID
+	}
+	check := func(stage string) {
+		t.Helper()
+		b.waitStates(ids, "active", 20*time.Second)
+		for i, c := range claims {
+			for j, tok := range toks {
+				status, got := b.doAs(tok, "POST", "/ticket/"+c.LeaseID, "")
+				if i != j {
+					wantAnswer(t, fmt.Sprintf("%s: %s minting for %s's lease", stage, tok, toks[i]), status, got, 404, bodyUnknown)
+					continue
+				}
+				conn, err := b.as(tok).Reconnect(context.Background(), c, nil)
+				if err != nil {
+					t.Fatalf("%s: %s reconnecting to its own lease: %v", stage, tok, err)
+				}
+				if got := say(t, conn, stage); !strings.Contains(got, stage) {
+					t.Errorf("%s: answer %q", stage, got)
+				}
+				conn.Close()
+			}
+		}
+	}
+	check("fresh")
+	b.KillGateway(syscall.SIGKILL)
+	b.StartGateway()
+	check("gateway-restarted")
+	b.KillGateway(syscall.SIGKILL)
+	b.KillSpawnd(syscall.SIGKILL)
+	b.StartSpawnd()
+	b.StartGateway()
+	check("both-restarted")
+}
+
+// TestAuthProxyHeadersTrustsOnlyThePeer: the same request from the trusted
+// 127.0.0.2 and the untrusted 127.0.0.1 (X-Forwarded-For naming the trusted
+// one) is accepted vs rejected.
+func TestAuthProxyHeadersTrustsOnlyThePeer(t *testing.T) {
+	b := startBroker(t, Options{YAML: `auth:
+  validators:
+    - type: proxy_headers
+      trusted_proxy_cidrs: [127.0.0.2/32]
+      principal_header: X-Forwarded-User
+`})
+	for _, tc := range []struct {
+		from   string
+		status int
+		body   string
+	}{{"127.0.0.2", 200, `{"leases":[]}` + "\n"}, {"127.0.0.1", 401, bodyRejected}} {
+		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(tc.from)}}
+		cl := &http.Client{Transport: &http.Transport{DialContext: d.DialContext}}
+		req, _ := http.NewRequest("GET", b.Base+"/leases", nil)
+		req.Header.Set("X-Forwarded-User", "alice")
+		req.Header.Set("X-Forwarded-For", "127.0.0.2")
+		resp, err := cl.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		wantAnswer(t, "from "+tc.from, resp.StatusCode, string(body), tc.status, tc.body)
+	}
+}
+
+// TestAuthJWKSAndIntrospectAgainstTheBroker: an OIDC token from a local
+// issuer claims and connects; an introspect validator whose endpoint is down
+// answers 503 with Retry-After: 5 and claims nothing.
+func TestAuthJWKSAndIntrospectAgainstTheBroker(t *testing.T) {
+	is := authtest.NewIssuer()
+	defer is.Stop()
+	in := authtest.NewIntrospector("broker", "s3cret")
+	in.Stop()
+	b := startBroker(t, Options{YAML: fmt.Sprintf(`auth:
+  validators:
+    - type: jwks
+      issuer: %q
+      jwks_url: %q
+      audience: nexus-broker
+      principal_claim: sub
+    - type: introspect
+      endpoint: %q
+      client_id: broker
+      client_secret_env: NEXUS_TEST_INTROSPECT_SECRET
+`, is.URL(), is.JWKSURL(), in.URL()), Env: []string{"NEXUS_TEST_INTROSPECT_SECRET=s3cret"}})
+	tok := is.Sign(authtest.Claims(is.URL(), "nexus-broker", "alice"))
+	claim := b.claimAs(tok)
+	conn := b.dial(claim, brokerclient.DialOptions{Ticket: claim.Ticket})
+	if got := say(t, conn, "jwt"); got != "echo #1: jwt" {
+		t.Fatalf("answer %q", got)
+	}
+
+	req, _ := http.NewRequest("POST", b.Base+"/claim", strings.NewReader(`{"config":"engine: {}\n"}`))
+	req.Header.Set("Authorization", "Bearer opaque-token")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	wantAnswer(t, "introspection endpoint down", resp.StatusCode, string(body), 503, `{"error":"credential validation unavailable"}`+"\n")
+	if ra := resp.Header.Get("Retry-After"); ra != "5" {
+		t.Errorf("Retry-After %q, want 5", ra)
+	}
+	if n := len(b.Instances()); n != 1 {
+		t.Errorf("%d instances, want only the JWT claim's", n)
+	}
+	if strings.Contains(b.GatewayLog.String(), "s3cret") || strings.Contains(b.GatewayLog.String(), tok) {
+		t.Error("the gateway log carries a secret or a token")
+	}
+}
