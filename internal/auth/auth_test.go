@@ -170,10 +170,7 @@ func TestJWKS(t *testing.T) {
 // with the issuer stopped a cached kid keeps verifying and a new one is
 // denied (401, never an allow and never a 503).
 func TestJWKSRotationAndOutage(t *testing.T) {
-	is := authtest.NewIssuer()
-	a := newAuth(t, jwksYAML(is, ""))
-	iss := is.URL() + "/"
-	wantAccept(t, a, bearer(is.Sign(authtest.Claims(iss, "nexus-broker", "alice"))), "alice")
+	is, a, iss := warmJWKS(t)
 
 	// Rotation: the first token under the new kid refetches, once the
 	// interval since the last fetch has passed.
@@ -193,11 +190,7 @@ func TestJWKSRotationAndOutage(t *testing.T) {
 // TestJWKSRefetchRateLimited: within the interval an unknown kid fetches
 // nothing, however often it is presented.
 func TestJWKSRefetchRateLimited(t *testing.T) {
-	is := authtest.NewIssuer()
-	defer is.Stop()
-	a := newAuth(t, jwksYAML(is, ""))
-	iss := is.URL() + "/"
-	wantAccept(t, a, bearer(is.Sign(authtest.Claims(iss, "nexus-broker", "alice"))), "alice")
+	is, a, iss := warmJWKS(t)
 	before := is.Fetches()
 	is.Rotate()
 	tooSoon := is.Sign(authtest.Claims(iss, "nexus-broker", "carol"))
@@ -214,6 +207,17 @@ func TestJWKSRefetchRateLimited(t *testing.T) {
 	}
 }
 
+// warmJWKS starts an issuer and a jwks chain over it that has verified one
+// token; iss is the issuer value tokens must carry.
+func warmJWKS(t *testing.T) (*authtest.Issuer, *Authenticator, string) {
+	is := authtest.NewIssuer()
+	t.Cleanup(is.Stop)
+	a := newAuth(t, jwksYAML(is, ""))
+	iss := is.URL() + "/"
+	wantAccept(t, a, bearer(is.Sign(authtest.Claims(iss, "nexus-broker", "alice"))), "alice")
+	return is, a, iss
+}
+
 // ageLastFetch makes the last JWKS fetch one interval old, standing in for
 // the wait.
 func ageLastFetch(a *Authenticator) {
@@ -225,11 +229,7 @@ func ageLastFetch(a *Authenticator) {
 
 // TestJWKSWarmPathDoesNotFetch: once warm, verifying fetches nothing.
 func TestJWKSWarmPathDoesNotFetch(t *testing.T) {
-	is := authtest.NewIssuer()
-	defer is.Stop()
-	a := newAuth(t, jwksYAML(is, ""))
-	iss := is.URL() + "/"
-	wantAccept(t, a, bearer(is.Sign(authtest.Claims(iss, "nexus-broker", "alice"))), "alice")
+	is, a, iss := warmJWKS(t)
 	before := is.Fetches()
 	for i := range 20 {
 		wantAccept(t, a, bearer(is.Sign(authtest.Claims(iss, "nexus-broker", fmt.Sprint("u", i)))), fmt.Sprint("u", i))

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -83,17 +82,9 @@ func (v *introspect) ask(ctx context.Context, token string) (map[string]json.Raw
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	req.Header.Set("Accept", "application/json")
 	req.SetBasicAuth(url.QueryEscape(v.cfg.ClientID), url.QueryEscape(v.cfg.ClientSecret))
-	resp, err := v.client.Do(req)
+	body, err := fetchOK(v.client, req)
 	if err != nil {
 		return nil, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxFetchBody))
-	if err != nil {
-		return nil, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%s answered %s", v.cfg.Endpoint, resp.Status)
 	}
 	var claims map[string]json.RawMessage
 	if err := json.Unmarshal(body, &claims); err != nil {

@@ -103,7 +103,7 @@ var errNoKey = errors.New("no key in the issuer's JWKS matches the token's kid")
 
 // VerifySignature implements oidc.KeySet.
 func (k *keySet) VerifySignature(ctx context.Context, raw string) ([]byte, error) {
-	jws, err := jose.ParseSigned(raw, k.algs)
+	jws, err := jose.ParseSignedCompact(raw, k.algs)
 	if err != nil {
 		return nil, err
 	}
@@ -190,14 +190,10 @@ func (k *keySet) refresh(ctx context.Context) bool {
 	return true
 }
 
-func (k *keySet) fetch(ctx context.Context) ([]jose.JSONWebKey, error) {
-	ctx, cancel := context.WithTimeout(ctx, fetchTimeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, k.url, nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := k.client.Do(req)
+// fetchOK sends req and returns the body of a 200, bounded by
+// maxFetchBody; any other answer is an error naming it.
+func fetchOK(client *http.Client, req *http.Request) ([]byte, error) {
+	resp, err := client.Do(req)
 	if err != nil {
 		return nil, err
 	}
@@ -207,7 +203,21 @@ func (k *keySet) fetch(ctx context.Context) ([]jose.JSONWebKey, error) {
 		return nil, err
 	}
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%s answered %s", k.url, resp.Status)
+		return nil, fmt.Errorf("%s answered %s", req.URL.Redacted(), resp.Status)
+	}
+	return body, nil
+}
+
+func (k *keySet) fetch(ctx context.Context) ([]jose.JSONWebKey, error) {
+	ctx, cancel := context.WithTimeout(ctx, fetchTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, k.url, nil)
+	if err != nil {
+		return nil, err
+	}
+	body, err := fetchOK(k.client, req)
+	if err != nil {
+		return nil, err
 	}
 	var set jose.JSONWebKeySet
 	if err := json.Unmarshal(body, &set); err != nil {

@@ -567,7 +567,7 @@ var errorCases = []struct{ name, yaml, key, want string }{
 }
 
 func TestParseErrors(t *testing.T) {
-	for _, tc := range errorCases {
+	for _, tc := range append(errorCases, authErrorCases...) {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := Parse([]byte(tc.yaml))
 			if err == nil {
