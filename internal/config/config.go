@@ -60,9 +60,11 @@ type Config struct {
 
 // Entry is one binaries: registry entry.
 type Entry struct {
-	Path        string            `yaml:"path"`
-	Label       string            `yaml:"label"`
-	Description string            `yaml:"description"`
+	Path string `yaml:"path"`
+	// Label and Description are nil when not written: GET /binaries omits
+	// an unset one and keeps one written as "".
+	Label       *string           `yaml:"label"`
+	Description *string           `yaml:"description"`
 	Args        []string          `yaml:"args"`
 	Env         map[string]string `yaml:"env"`
 	RunAs       *RunAs            `yaml:"run_as"`

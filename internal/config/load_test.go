@@ -222,12 +222,12 @@ func TestSpecRegistryExamples(t *testing.T) {
 			"nexus": {Path: "/usr/local/bin/nexus"},
 			"vision": {
 				Path:        "~/builds/nexus-vision",
-				Label:       "Nexus (vision)",
-				Description: "Multimodal build with the image tools compiled in",
+				Label:       ptr("Nexus (vision)"),
+				Description: ptr("Multimodal build with the image tools compiled in"),
 				Args:        []string{"-profile", "vision"},
 				Env:         map[string]string{"NEXUS_VISION": "1"},
 			},
-			"pinned": {Path: "nexus-0.9", Description: "Pinned 0.9 build for regression triage"},
+			"pinned": {Path: "nexus-0.9", Description: ptr("Pinned 0.9 build for regression triage")},
 		}}},
 		{"run_as", specRunAsExample, &Config{
 			RunAs: &RunAs{UID: ptr(1500), GID: ptr(1500)},
@@ -393,6 +393,20 @@ var okCases = []struct {
 			t.Errorf("max_concurrent %d, max_queue_depth %d", c.MaxConcurrent, c.MaxQueueDepth)
 		}
 	}},
+	{"a negative cap is unlimited, reported as 0", "max_concurrent: -5\nmax_queue_depth: -1", func(t *testing.T, c *Config) {
+		if c.MaxConcurrent != 0 || c.MaxQueueDepth != 0 {
+			t.Errorf("max_concurrent %d, max_queue_depth %d, want 0 and 0", c.MaxConcurrent, c.MaxQueueDepth)
+		}
+	}},
+	{"a label written empty is kept apart from an unset one", "binaries:\n  a:\n    path: x\n    label: \"\"\n    description: \"\"\n  b:\n    path: x\n", func(t *testing.T, c *Config) {
+		a, b := c.Binaries["a"], c.Binaries["b"]
+		if a.Label == nil || *a.Label != "" || a.Description == nil || *a.Description != "" {
+			t.Errorf("entry a (label and description \"\"): label %v, description %v", a.Label, a.Description)
+		}
+		if b.Label != nil || b.Description != nil {
+			t.Errorf("entry b (neither written): label %v, description %v", b.Label, b.Description)
+		}
+	}},
 	{"leading document marker", "---\nmax_concurrent: 2\n", func(t *testing.T, c *Config) {
 		if c.MaxConcurrent != 2 {
 			t.Errorf("max_concurrent %d", c.MaxConcurrent)
@@ -404,8 +418,8 @@ var okCases = []struct {
 		}
 	}},
 	{"non-string values for string keys", "broker_id: 42\nbinaries:\n  v:\n    path: x\n    label: true\n    env: {N: 1}\n", func(t *testing.T, c *Config) {
-		if e := c.Binaries["v"]; c.BrokerID != "42" || e.Label != "true" || e.Env["N"] != "1" {
-			t.Errorf("broker_id %q, label %q, env %v", c.BrokerID, e.Label, e.Env)
+		if e := c.Binaries["v"]; c.BrokerID != "42" || e.Label == nil || *e.Label != "true" || e.Env["N"] != "1" {
+			t.Errorf("broker_id %q, label %v, env %v", c.BrokerID, e.Label, e.Env)
 		}
 	}},
 }

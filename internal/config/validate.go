@@ -15,9 +15,13 @@ import (
 // run instances as spawnd itself, which is root.
 const maxID = 1<<32 - 2
 
+// Unlimited is the max_concurrent and max_queue_depth that sets no bound;
+// any value below it is normalized to it.
+const Unlimited = 0
+
 // validate applies the rules that span keys, normalizes what the rest of
-// the broker reads (trimmed entry names, the reserved entry, the default a
-// zero reattach_window stands for) and records boot WARNs.
+// the broker reads (trimmed entry names, the reserved entry, unlimited caps,
+// the default a zero reattach_window stands for) and records boot WARNs.
 func (c *Config) validate() error {
 	if _, _, err := net.SplitHostPort(c.ListenAddr); err != nil {
 		return fmt.Errorf(`broker config: listen_addr: %q is not host:port; write ":8080" to listen on every interface, or "127.0.0.1:8080" for loopback only`, c.ListenAddr)
@@ -34,6 +38,10 @@ func (c *Config) validate() error {
 	if c.MaxClaimBody <= 0 {
 		return fmt.Errorf("broker config: max_claim_body: must be positive (a claim body carries the whole engine config), got %d; remove the key for the default %d (1 MiB)", c.MaxClaimBody, DefaultMaxClaimBody)
 	}
+	// "<= 0 = unlimited": one value for it, so GET /leases and the gauges
+	// report 0 rather than the negative number written.
+	c.MaxConcurrent = max(c.MaxConcurrent, Unlimited)
+	c.MaxQueueDepth = max(c.MaxQueueDepth, Unlimited)
 	if c.ReattachWindow <= 0 {
 		// 0 is not "wait forever": an unbounded wait is the orphan the
 		// window exists to prevent.

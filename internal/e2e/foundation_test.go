@@ -196,9 +196,13 @@ func TestBinariesListingAndLeasesShape(t *testing.T) {
   archive:
     path: %[1]q
     label: "Nexus 0.9"
+  blank:
+    path: %[1]q
+    label: ""
 `, bin("nexus-echo"))})
+	// An unset label or description is omitted; one written as "" is kept.
 	_, body := b.get("/binaries")
-	want := `{"binaries":[{"name":"archive","label":"Nexus 0.9"},{"name":"nexus"},{"name":"vision","label":"Nexus (vision)","description":"Multimodal build"}]}`
+	want := `{"binaries":[{"name":"archive","label":"Nexus 0.9"},{"name":"blank","label":""},{"name":"nexus"},{"name":"vision","label":"Nexus (vision)","description":"Multimodal build"}]}`
 	if strings.TrimSpace(body) != want {
 		t.Fatalf("GET /binaries = %s\nwant %s", body, want)
 	}

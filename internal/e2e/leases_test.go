@@ -17,6 +17,7 @@ type leasesView struct {
 type leaseView struct {
 	LeaseID   string `json:"lease_id"`
 	SessionID string `json:"session_id"`
+	PID       int64  `json:"pid"`
 	State     string `json:"state"`
 	Binary    string `json:"binary"`
 	Reason    string `json:"reason"`

@@ -28,6 +28,21 @@ func within(t *testing.T, what string, deadline, got time.Time) {
 	}
 }
 
+// startSlowTurn sends an input of eight words (eight deltas, each
+// NEXUS_ECHO_SLOW_TURN apart) and returns when the instance said it is
+// thinking: when the turn clock started.
+func startSlowTurn(t *testing.T, conn *brokerclient.Conn) time.Time {
+	t.Helper()
+	if err := conn.Send(brokerframe.IO{Type: "input", Content: "a b c d e f g h"}); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.Underlying().SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := conn.Next(); err != nil { // status thinking
+		t.Fatal(err)
+	}
+	return time.Now()
+}
+
 func TestIdleLeaseIsReleasedAtItsDeadline(t *testing.T) {
 	b := policyBroker(t, "idle_timeout: 1s\n", "0s")
 	claim := b.claim(brokerclient.ClaimRequest{})
@@ -65,15 +80,7 @@ func TestATurnInFlightIsExemptFromIdle(t *testing.T) {
 func TestATurnPastMaxTurnDurationIsReleasedAsTurnTimeout(t *testing.T) {
 	b := policyBroker(t, "idle_timeout: 1s\nmax_turn_duration: 1500ms\n", "1s")
 	claim := b.claim(brokerclient.ClaimRequest{})
-	conn := b.dial(claim, brokerclient.DialOptions{})
-	if err := conn.Send(brokerframe.IO{Type: "input", Content: "a b c d e f g h"}); err != nil {
-		t.Fatal(err)
-	}
-	_ = conn.Underlying().SetReadDeadline(time.Now().Add(10 * time.Second))
-	if _, err := conn.Next(); err != nil { // status thinking: the turn clock started
-		t.Fatal(err)
-	}
-	started := time.Now()
+	started := startSlowTurn(t, b.dial(claim, brokerclient.DialOptions{}))
 	at, reason := b.waitDraining(claim.LeaseID, 10*time.Second)
 	if reason != "turn timeout" {
 		t.Fatalf("reason = %q", reason)

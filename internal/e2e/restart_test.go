@@ -71,7 +71,7 @@ func TestGatewayKill9RestoresAndReattachesEveryLease(t *testing.T) {
 }
 
 func TestARestoredLeaseNobodyReattachesIsReaped(t *testing.T) {
-	b := startBroker(t, Options{YAML: "reattach_window: 1s\nrelease_grace: 1s\n"})
+	b := startBroker(t, Options{StateDir: true, YAML: "reattach_window: 1s\nrelease_grace: 1s\n"})
 	claim := b.claim(brokerclient.ClaimRequest{})
 	b.KillGateway(syscall.SIGKILL)
 	// Freeze the instance so it cannot redial the new gateway.
@@ -88,6 +88,7 @@ func TestARestoredLeaseNobodyReattachesIsReaped(t *testing.T) {
 	if v := b.metrics()[`nexus_broker_restored_leases_total{outcome="reaped"}`]; v != 1 {
 		t.Fatalf("reaped = %v", v)
 	}
+	b.waitEnded(map[string]string{claim.LeaseID: "reattach timeout"}, 5*time.Second)
 }
 
 func TestSIGHUPReload(t *testing.T) {

@@ -16,6 +16,7 @@ const (
 	EnvCrash           = "NEXUS_ECHO_CRASH"
 	EnvSlowTurn        = "NEXUS_ECHO_SLOW_TURN"
 	EnvIgnoreShutdown  = "NEXUS_ECHO_IGNORE_SHUTDOWN"
+	EnvExitOnShutdown  = "NEXUS_ECHO_EXIT_ON_SHUTDOWN"
 	EnvNoSecret        = "NEXUS_ECHO_NO_SECRET"
 	EnvWrongSecret     = "NEXUS_ECHO_WRONG_SECRET"
 	EnvFrameVersion    = "NEXUS_ECHO_FRAME_VERSION"
@@ -51,6 +52,7 @@ type knobs struct {
 	Crash           string        // "", CrashMidTurn or CrashAfterAnswer
 	SlowTurn        time.Duration // wait before each stream.delta
 	IgnoreShutdown  bool          // ignore shutdown frames and SIGTERM
+	ExitOnShutdown  bool          // exit 0 the moment a shutdown frame arrives
 	NoSecret        bool          // register without a secret
 	WrongSecret     bool          // register with a secret that cannot match
 	RegisterVersion int           // version stamped on register frames
@@ -78,6 +80,7 @@ func loadKnobs(getenv func(string) string) (knobs, error) {
 	}{
 		{EnvExitBeforeReady, &k.ExitBeforeReady},
 		{EnvIgnoreShutdown, &k.IgnoreShutdown},
+		{EnvExitOnShutdown, &k.ExitOnShutdown},
 		{EnvNoSecret, &k.NoSecret},
 		{EnvWrongSecret, &k.WrongSecret},
 		{EnvNoSessionReport, &k.NoSessionReport},

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/gorilla/websocket"
@@ -228,6 +229,13 @@ func (l *link) dispatch(data []byte) {
 		if l.knobs.IgnoreShutdown {
 			l.log.Warn("ignoring shutdown frame", "knob", EnvIgnoreShutdown)
 			return
+		}
+		if l.knobs.ExitOnShutdown {
+			// No close handshake, no flush, and not even the runtime's exit
+			// hooks (a -race build's take milliseconds): the process is gone
+			// before the broker's next move.
+			l.log.Info("broker requested shutdown; exiting at once", "knob", EnvExitOnShutdown)
+			syscall.Exit(ExitOK)
 		}
 		l.log.Info("broker requested shutdown")
 		l.onShutdown()

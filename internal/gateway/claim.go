@@ -165,8 +165,13 @@ func (g *Gateway) claim(r *http.Request, p auth.Principal) (*claimResponse, *cla
 	if err != nil {
 		g.removeLease(l)
 		g.cap.release()
-		g.m.spawnFailures.inc("exec")
 		g.log.Error("spawning instance failed", "lease_id", id, "binary", entry, "error", status.Convert(err).Message(), "code", status.Code(err))
+		if failedStep(err) == spawnpb.SpawnStep_SPAWN_STEP_TEMP_CONFIG {
+			// No process was involved: a broker-side fault, not a spawn
+			// failure of the instance.
+			return nil, refuse(http.StatusInternalServerError, "internal", "writing temp config")
+		}
+		g.m.spawnFailures.inc("exec")
 		return nil, refuse(http.StatusInternalServerError, "spawn_failed", "spawning instance")
 	}
 	l.mu.Lock()
@@ -201,6 +206,17 @@ func (g *Gateway) claim(r *http.Request, p auth.Principal) (*claimResponse, *cla
 		resp.Ticket = g.tickets.Mint(id, p)
 	}
 	return resp, nil
+}
+
+// failedStep is the step a Spawn error names in its SpawnFailure detail;
+// unspecified when it carries none (a refusal before any step ran).
+func failedStep(err error) spawnpb.SpawnStep {
+	for _, d := range status.Convert(err).Details() {
+		if f, ok := d.(*spawnpb.SpawnFailure); ok {
+			return f.GetStep()
+		}
+	}
+	return spawnpb.SpawnStep_SPAWN_STEP_UNSPECIFIED
 }
 
 // resumeEntry picks the entry a claim spawns. A resume is reconciled against

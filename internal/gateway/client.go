@@ -236,6 +236,7 @@ func (g *Gateway) serveClient(l *lease, conn *websocket.Conn, principal, credent
 	if l.state == stateDraining {
 		l.mu.Unlock()
 		c.ws.closeGraceful(websocket.CloseGoingAway, closeLeaseClosed)
+		c.ws.discardUntilClosed()
 		return
 	}
 	var gap *brokerframe.StreamGap

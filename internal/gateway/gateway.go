@@ -232,16 +232,21 @@ func (g *Gateway) removeLease(l *lease) {
 // gateway), and spawnd keeps every process.
 func (g *Gateway) Shutdown() {
 	g.cancel()
+	for _, l := range g.liveLeases() {
+		l.detachAll()
+	}
+	g.wg.Wait()
+}
+
+// liveLeases is a snapshot of the leases the gateway holds.
+func (g *Gateway) liveLeases() []*lease {
 	g.mu.Lock()
+	defer g.mu.Unlock()
 	ls := make([]*lease, 0, len(g.leases))
 	for _, l := range g.leases {
 		ls = append(ls, l)
 	}
-	g.mu.Unlock()
-	for _, l := range ls {
-		l.detachAll()
-	}
-	g.wg.Wait()
+	return ls
 }
 
 // newLeaseID mints a 128-bit random lease id.
@@ -254,12 +259,13 @@ func newLeaseID() (string, error) {
 }
 
 // terminate asks spawnd to tear a lease's process group down and waits for
-// the exit, retrying across a spawnd restart. A lease spawnd does not hold
-// has nothing left to terminate.
-func (g *Gateway) terminate(l *lease, reason string, skipGrace bool) {
+// the exit (or, with req.NoWait, for the teardown to have begun), retrying
+// across a spawnd restart. A lease spawnd does not hold has nothing left to
+// terminate.
+func (g *Gateway) terminate(l *lease, req *spawnpb.TerminateRequest) {
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), g.cfg.Load().ReleaseGrace.D()*3+30*time.Second)
-		_, err := g.sp.Terminate(ctx, &spawnpb.TerminateRequest{LeaseId: l.id, Reason: reason, SkipGrace: skipGrace})
+		_, err := g.sp.Terminate(ctx, req)
 		cancel()
 		if err == nil || status.Code(err) == codes.NotFound {
 			return

@@ -211,10 +211,17 @@ func (l *lease) teardown(reason string, mode teardownMode) {
 		l.g.log.Info("lease draining", "lease_id", l.id, "reason", reason)
 
 		if mode != teardownExited {
+			term := func(noWait bool) {
+				l.g.terminate(l, &spawnpb.TerminateRequest{LeaseId: l.id, Reason: reason, SkipGrace: mode == teardownSkipGrace, NoWait: noWait})
+			}
 			if inst != nil && mode == teardownGraceful {
+				// Begun before the shutdown frame goes, so that an instance
+				// obeying it at once still ends for this reason, not as a
+				// crash.
+				term(true)
 				inst.sendShutdown()
 			}
-			l.g.terminate(l, reason, mode == teardownSkipGrace)
+			term(false)
 		}
 		if inst != nil {
 			select {
@@ -307,6 +314,14 @@ func (l *lease) turnStatus(state string) {
 		return // unknown states are ignored, never read as either signal
 	}
 	l.rearmLocked()
+}
+
+// rearm moves the lease's deadline to the idle_timeout and
+// max_turn_duration in force, after a reload changed them.
+func (l *lease) rearm() {
+	l.mu.Lock()
+	l.rearmLocked()
+	l.mu.Unlock()
 }
 
 // deadlineLocked is when the policy would release the lease, and why.

@@ -12,7 +12,8 @@ import (
 
 // Reload is SIGHUP: validate the file, have spawnd validate and swap its own
 // keys, then swap the gateway's. A rejection at any step leaves everything
-// in force. Live leases are never touched.
+// in force. No live instance is signalled, but every live lease's idle and
+// turn deadlines move to the new values at once.
 func (g *Gateway) Reload(path string) error {
 	g.log.Info("SIGHUP received, reloading config", "path", path)
 	next, err := config.Load(path)
@@ -38,6 +39,9 @@ func (g *Gateway) Reload(path string) error {
 	g.cfg.Store(applied)
 	g.setBinaries(res.Binaries)
 	g.cap.setMax(applied.MaxConcurrent)
+	for _, l := range g.liveLeases() {
+		l.rearm()
+	}
 	g.m.configReloads.inc("applied")
 	g.log.Info("config reload applied", "path", path, "changed", strings.Join(reloadable, ","), "binaries", len(res.Binaries))
 	return nil

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"net/http"
+	"slices"
 	"sort"
 	"time"
 
@@ -44,9 +45,9 @@ func (g *Gateway) handleTicket(w http.ResponseWriter, r *http.Request, p auth.Pr
 }
 
 type binaryJSON struct {
-	Name        string `json:"name"`
-	Label       string `json:"label,omitempty"`
-	Description string `json:"description,omitempty"`
+	Name        string  `json:"name"`
+	Label       *string `json:"label,omitempty"`       // nil: unset, omitted; "" is kept
+	Description *string `json:"description,omitempty"` // likewise
 }
 
 // handleBinaries is GET /binaries: names and presentational strings only,
@@ -82,14 +83,7 @@ type leasesJSON struct {
 // snapshotLeases lists the live leases owner sees; all of them when all is
 // set.
 func (g *Gateway) snapshotLeases(owner string, all bool) []leaseJSON {
-	g.mu.Lock()
-	ls := make([]*lease, 0, len(g.leases))
-	for _, l := range g.leases {
-		if all || l.principal == owner {
-			ls = append(ls, l)
-		}
-	}
-	g.mu.Unlock()
+	ls := slices.DeleteFunc(g.liveLeases(), func(l *lease) bool { return !all && l.principal != owner })
 	out := make([]leaseJSON, 0, len(ls))
 	for _, l := range ls {
 		l.mu.Lock()

@@ -43,8 +43,9 @@ func init() {
 
 const (
 	writeWait = 10 * time.Second
-	// closeWait bounds how long a graceful close waits for the peer's echo.
-	closeWait = 2 * time.Second
+	// closeWait bounds how long a graceful close waits for the peer's echo
+	// (the spec's five seconds).
+	closeWait = 5 * time.Second
 	// maxMessage bounds one inbound WebSocket message.
 	maxMessage = 16 << 20
 )
@@ -215,6 +216,18 @@ func (w *wsConn) closeGraceful(code int, reason string) {
 		close(w.done)
 		time.AfterFunc(closeWait, func() { _ = w.c.Close() })
 	})
+}
+
+// discardUntilClosed reads and drops messages until the connection ends (a
+// graceful close's echo or closeWait), then releases it. It is the read
+// loop of a socket closed before anything was relayed over it.
+func (w *wsConn) discardUntilClosed() {
+	for {
+		if _, err := w.read(); err != nil {
+			w.finish()
+			return
+		}
+	}
 }
 
 // closing reports whether a close has begun.

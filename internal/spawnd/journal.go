@@ -60,11 +60,9 @@ const (
 
 // Teardown reasons spawnd writes itself; the others are Terminate's.
 const (
-	// reasonExited: the instance exited with status 0, or with a status
-	// spawnd could not learn (an adopted instance is reaped by init).
-	reasonExited = "exited"
-	// reasonCrashed: the instance exited non-zero or was killed by a signal
-	// nobody asked spawnd to send.
+	// reasonCrashed: the instance exited before any Terminate began its
+	// teardown, as the spec's crash is "died without a release" whatever its
+	// status (the log line of the exit carries that).
 	reasonCrashed = "crashed"
 	// reasonSpawnFailed: exec failed; there never was a process.
 	reasonSpawnFailed = "spawn failed"

@@ -25,9 +25,9 @@ type started struct {
 	configPath, logPath string
 }
 
-// start writes the lease's config and execs the entry. On failure nothing
-// is left behind: no config, no process.
-func (d *Daemon) start(id string, e *entry, inherit []string, req *spawnpb.SpawnRequest) (started, error) {
+// start writes the lease's config and execs the entry. On failure it names
+// the step that failed, and nothing is left behind: no config, no process.
+func (d *Daemon) start(id string, e *entry, inherit []string, req *spawnpb.SpawnRequest) (started, spawnpb.SpawnStep, error) {
 	var cred *syscall.Credential
 	if e.runAs != nil {
 		// An empty, non-nil Groups with NoSetGroups false makes the child
@@ -36,13 +36,14 @@ func (d *Daemon) start(id string, e *entry, inherit []string, req *spawnpb.Spawn
 	}
 	configPath := d.configFor(id)
 	if err := writeConfig(configPath, req.GetConfig(), cred); err != nil {
-		return started{}, err
+		return started{}, spawnpb.SpawnStep_SPAWN_STEP_TEMP_CONFIG, err
 	}
 	p, err := d.exec(id, e, inherit, req, configPath, cred)
 	if err != nil {
 		_ = os.Remove(configPath)
+		return started{}, spawnpb.SpawnStep_SPAWN_STEP_EXEC, fmt.Errorf("spawning instance: %w", err)
 	}
-	return p, err
+	return p, spawnpb.SpawnStep_SPAWN_STEP_UNSPECIFIED, nil
 }
 
 // exec runs
@@ -207,10 +208,7 @@ func (d *Daemon) supervise(l *lease) {
 		ev.Signal = unix.SignalName(ws.Signal())
 	}
 	if !terminated {
-		rec.Reason = reasonExited
-		if ev.ExitCode > 0 || ev.Signal != "" {
-			rec.Reason = reasonCrashed
-		}
+		rec.Reason = reasonCrashed
 	}
 	d.journal.append(kindEnded, rec)
 	d.log.Info("instance exited", "lease_id", rec.LeaseID, "entry", rec.Entry, "pid", rec.PID, "adopted", l.adopted,

@@ -33,12 +33,13 @@ type settings struct {
 
 // entry is one binaries: entry, resolved.
 type entry struct {
-	name, label, description string
-	path                     string // as written in broker.yaml, for the boot log
-	resolved                 string // the absolute path spawnd execs
-	args                     []string
-	env                      map[string]string
-	runAs                    *credential // nil: spawnd's own credential
+	name               string
+	label, description *string // nil: not written
+	path               string  // as written in broker.yaml, for the boot log
+	resolved           string  // the absolute path spawnd execs
+	args               []string
+	env                map[string]string
+	runAs              *credential // nil: spawnd's own credential
 	// passwdHome is the run_as user's home from the passwd database; empty
 	// for an entry without run_as, or whose env sets HOME itself.
 	passwdHome string

@@ -77,7 +77,7 @@ binaries:
 	if !resp.Applied || !slices.Equal(resp.Changed, []string{"binaries", "inherit_env", "release_grace"}) {
 		t.Errorf("Reload = %v, want applied, changed binaries, inherit_env, release_grace", resp)
 	}
-	if len(resp.Binaries) != 2 || resp.Binaries[1].Label != "Vision" || resp.Binaries[1].Description != "Multimodal build" {
+	if len(resp.Binaries) != 2 || resp.Binaries[1].GetLabel() != "Vision" || resp.Binaries[1].GetDescription() != "Multimodal build" {
 		t.Errorf("Reload listing = %v", resp.Binaries)
 	}
 	if h.d.settings.releaseGrace != time.Second {

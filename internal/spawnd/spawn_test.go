@@ -259,3 +259,25 @@ func TestRecordAndList(t *testing.T) {
 		}
 	}
 }
+
+// TestAnUnwritableTempConfigIsItsOwnFailure: a config that cannot be written
+// is not an exec failure, and the error says which step failed.
+func TestAnUnwritableTempConfigIsItsOwnFailure(t *testing.T) {
+	h := newHarness(t, defaultYAML)
+	if err := os.RemoveAll(h.d.configDir); err != nil {
+		t.Fatal(err)
+	}
+	_, err := h.client.Spawn(h.ctx(), &spawnpb.SpawnRequest{
+		LeaseId: "lease-noconf", Entry: "nexus", Config: []byte("core: {}\n"), BrokerAddr: testBrokerAddr,
+	})
+	st := status.Convert(err)
+	var step spawnpb.SpawnStep
+	for _, d := range st.Details() {
+		if f, ok := d.(*spawnpb.SpawnFailure); ok {
+			step = f.GetStep()
+		}
+	}
+	if st.Code() != codes.Internal || step != spawnpb.SpawnStep_SPAWN_STEP_TEMP_CONFIG || !strings.Contains(st.Message(), "writing temp config") {
+		t.Errorf("Spawn with no temp-config directory = %v (step %v), want INTERNAL, step TEMP_CONFIG, naming writing temp config", err, step)
+	}
+}

@@ -356,6 +356,16 @@ func checkBrokerAddr(addr string) error {
 	return nil
 }
 
+// spawnFailed is Spawn's INTERNAL error, naming the failed step in a
+// SpawnFailure detail the gateway answers by.
+func spawnFailed(step spawnpb.SpawnStep, err error) error {
+	st := status.New(codes.Internal, "Spawn: "+err.Error())
+	if withStep, derr := st.WithDetails(&spawnpb.SpawnFailure{Step: step}); derr == nil {
+		st = withStep
+	}
+	return st.Err()
+}
+
 // Spawn starts the instance of a new lease from a registry entry.
 func (d *Daemon) Spawn(_ context.Context, req *spawnpb.SpawnRequest) (*spawnpb.SpawnResponse, error) {
 	if err := checkBrokerAddr(req.GetBrokerAddr()); err != nil {
@@ -419,7 +429,7 @@ func (d *Daemon) Spawn(_ context.Context, req *spawnpb.SpawnRequest) (*spawnpb.S
 	d.mu.Unlock()
 	d.journal.append(kindMinted, rec)
 
-	p, err := d.start(id, e, s.inherit, req)
+	p, step, err := d.start(id, e, s.inherit, req)
 	if err != nil {
 		d.mu.Lock()
 		l.state = stateGone
@@ -430,7 +440,7 @@ func (d *Daemon) Spawn(_ context.Context, req *spawnpb.SpawnRequest) (*spawnpb.S
 		d.journal.append(kindEnded, rec)
 		d.wg.Done()
 		d.log.Error("spawning instance failed", "lease_id", id, "entry", e.name, "error", err)
-		return nil, status.Errorf(codes.Internal, "Spawn: spawning instance: %v", err)
+		return nil, spawnFailed(step, err)
 	}
 
 	d.mu.Lock()
@@ -478,10 +488,12 @@ func (d *Daemon) Verify(_ context.Context, req *spawnpb.VerifyRequest) (*spawnpb
 }
 
 // Terminate starts the lease's escalation, unless one is already under way,
-// and returns the instance's exit. Concurrent calls share one escalation and
-// one exit; the first call's reason and skip_grace stand. The escalation
-// does not depend on the caller: a gateway that goes away half-way still
-// gets its instance torn down.
+// and returns the instance's exit (or, with no_wait, returns at once).
+// Concurrent calls share one escalation and one exit; the first call's
+// reason and skip_grace stand, and the reason is what the lease's ended
+// record says however the instance then goes. The escalation does not
+// depend on the caller: a gateway that goes away half-way still gets its
+// instance torn down.
 func (d *Daemon) Terminate(ctx context.Context, req *spawnpb.TerminateRequest) (*spawnpb.TerminateResponse, error) {
 	d.mu.Lock()
 	l, err := d.admit(verbTerminate, req.GetLeaseId())
@@ -501,6 +513,9 @@ func (d *Daemon) Terminate(ctx context.Context, req *spawnpb.TerminateRequest) (
 	if began {
 		d.log.Info("terminating instance", "lease_id", req.GetLeaseId(), "pid", pid, "reason", req.GetReason(),
 			"skip_grace", req.GetSkipGrace(), "release_grace", grace.String())
+	}
+	if req.GetNoWait() {
+		return &spawnpb.TerminateResponse{}, nil
 	}
 	select {
 	case <-l.gone:

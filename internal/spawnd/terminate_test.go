@@ -2,6 +2,7 @@ package spawnd
 
 import (
 	"context"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -180,5 +181,44 @@ func TestTerminateOutlivesItsCaller(t *testing.T) {
 	}
 	if ev := h.nextExit(stream); ev.LeaseId != "lease-orphaned" || ev.Signal != "SIGTERM" || !ev.Terminated {
 		t.Errorf("exit = %v, want lease-orphaned killed by SIGTERM, terminated", ev)
+	}
+}
+
+// TestTerminateNoWaitFixesTheReasonBeforeTheExit: the gateway begins a
+// graceful teardown with no_wait before its shutdown frame goes, so an
+// instance that obeys at once is journaled with the teardown's reason, not
+// as a crash; a waiting Terminate after the exit finds nothing left.
+func TestTerminateNoWaitFixesTheReasonBeforeTheExit(t *testing.T) {
+	h := newHarness(t, withGrace("1h"))
+	stream := h.watch()
+	_, f := h.spawn("lease-prompt", "notify")
+	resp, err := h.client.Terminate(h.ctx(), &spawnpb.TerminateRequest{LeaseId: "lease-prompt", Reason: "idle", NoWait: true})
+	if err != nil || resp.GetExit() != nil {
+		t.Fatalf("Terminate with no_wait = %v, %v; want an empty answer at once", resp, err)
+	}
+	f.send("exit 0")
+	if ev := h.nextExit(stream); !ev.Terminated || ev.ExitCode != 0 {
+		t.Errorf("exit = %v, want status 0, terminated", ev)
+	}
+	if _, err := h.terminate("lease-prompt", "idle", false); status.Code(err) != codes.NotFound {
+		t.Errorf("waiting Terminate after the exit = %v, want NotFound", err)
+	}
+	_, recs := journalLines(t, filepath.Join(h.stateDir, journalFile))
+	if got := linesOf(recs, "lease-prompt"); got[len(got)-1].Kind != kindEnded || got[len(got)-1].Reason != "idle" {
+		t.Errorf("last journal record = %+v, want ended for idle", got[len(got)-1])
+	}
+}
+
+// TestAnExitNobodyAskedForIsACrash: status 0 or not, an instance that goes
+// before any Terminate is journaled as crashed, as the gateway reports it.
+func TestAnExitNobodyAskedForIsACrash(t *testing.T) {
+	h := newHarness(t, defaultYAML)
+	stream := h.watch()
+	_, f := h.spawn("lease-quit", "notify")
+	f.send("exit 0")
+	h.nextExit(stream)
+	_, recs := journalLines(t, filepath.Join(h.stateDir, journalFile))
+	if got := linesOf(recs, "lease-quit"); got[len(got)-1].Kind != kindEnded || got[len(got)-1].Reason != reasonCrashed {
+		t.Errorf("last journal record = %+v, want ended as crashed", got[len(got)-1])
 	}
 }

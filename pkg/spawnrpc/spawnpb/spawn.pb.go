@@ -27,6 +27,57 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type SpawnStep int32
+
+const (
+	SpawnStep_SPAWN_STEP_UNSPECIFIED SpawnStep = 0
+	// SPAWN_STEP_TEMP_CONFIG: the claim's config file could not be written.
+	SpawnStep_SPAWN_STEP_TEMP_CONFIG SpawnStep = 1
+	// SPAWN_STEP_EXEC: the process could not be started.
+	SpawnStep_SPAWN_STEP_EXEC SpawnStep = 2
+)
+
+// Enum value maps for SpawnStep.
+var (
+	SpawnStep_name = map[int32]string{
+		0: "SPAWN_STEP_UNSPECIFIED",
+		1: "SPAWN_STEP_TEMP_CONFIG",
+		2: "SPAWN_STEP_EXEC",
+	}
+	SpawnStep_value = map[string]int32{
+		"SPAWN_STEP_UNSPECIFIED": 0,
+		"SPAWN_STEP_TEMP_CONFIG": 1,
+		"SPAWN_STEP_EXEC":        2,
+	}
+)
+
+func (x SpawnStep) Enum() *SpawnStep {
+	p := new(SpawnStep)
+	*p = x
+	return p
+}
+
+func (x SpawnStep) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (SpawnStep) Descriptor() protoreflect.EnumDescriptor {
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_enumTypes[0].Descriptor()
+}
+
+func (SpawnStep) Type() protoreflect.EnumType {
+	return &file_pkg_spawnrpc_spawnpb_spawn_proto_enumTypes[0]
+}
+
+func (x SpawnStep) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use SpawnStep.Descriptor instead.
+func (SpawnStep) EnumDescriptor() ([]byte, []int) {
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{0}
+}
+
 type VerifyResult int32
 
 const (
@@ -66,11 +117,11 @@ func (x VerifyResult) String() string {
 }
 
 func (VerifyResult) Descriptor() protoreflect.EnumDescriptor {
-	return file_pkg_spawnrpc_spawnpb_spawn_proto_enumTypes[0].Descriptor()
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_enumTypes[1].Descriptor()
 }
 
 func (VerifyResult) Type() protoreflect.EnumType {
-	return &file_pkg_spawnrpc_spawnpb_spawn_proto_enumTypes[0]
+	return &file_pkg_spawnrpc_spawnpb_spawn_proto_enumTypes[1]
 }
 
 func (x VerifyResult) Number() protoreflect.EnumNumber {
@@ -79,7 +130,7 @@ func (x VerifyResult) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use VerifyResult.Descriptor instead.
 func (VerifyResult) EnumDescriptor() ([]byte, []int) {
-	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{0}
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{1}
 }
 
 type SpawnRequest struct {
@@ -171,6 +222,52 @@ func (x *SpawnRequest) GetBrokerAddr() string {
 	return ""
 }
 
+// SpawnFailure is the detail of Spawn's INTERNAL error: the step that
+// failed, which the gateway answers as its own 500 body.
+type SpawnFailure struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Step          SpawnStep              `protobuf:"varint,1,opt,name=step,proto3,enum=nexusbroker.spawn.v1.SpawnStep" json:"step,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SpawnFailure) Reset() {
+	*x = SpawnFailure{}
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SpawnFailure) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SpawnFailure) ProtoMessage() {}
+
+func (x *SpawnFailure) ProtoReflect() protoreflect.Message {
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SpawnFailure.ProtoReflect.Descriptor instead.
+func (*SpawnFailure) Descriptor() ([]byte, []int) {
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *SpawnFailure) GetStep() SpawnStep {
+	if x != nil {
+		return x.Step
+	}
+	return SpawnStep_SPAWN_STEP_UNSPECIFIED
+}
+
 type SpawnResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Pid   int64                  `protobuf:"varint,1,opt,name=pid,proto3" json:"pid,omitempty"`
@@ -182,7 +279,7 @@ type SpawnResponse struct {
 
 func (x *SpawnResponse) Reset() {
 	*x = SpawnResponse{}
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[1]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -194,7 +291,7 @@ func (x *SpawnResponse) String() string {
 func (*SpawnResponse) ProtoMessage() {}
 
 func (x *SpawnResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[1]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -207,7 +304,7 @@ func (x *SpawnResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SpawnResponse.ProtoReflect.Descriptor instead.
 func (*SpawnResponse) Descriptor() ([]byte, []int) {
-	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{1}
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *SpawnResponse) GetPid() int64 {
@@ -234,7 +331,7 @@ type VerifyRequest struct {
 
 func (x *VerifyRequest) Reset() {
 	*x = VerifyRequest{}
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[2]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -246,7 +343,7 @@ func (x *VerifyRequest) String() string {
 func (*VerifyRequest) ProtoMessage() {}
 
 func (x *VerifyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[2]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -259,7 +356,7 @@ func (x *VerifyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyRequest.ProtoReflect.Descriptor instead.
 func (*VerifyRequest) Descriptor() ([]byte, []int) {
-	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{2}
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *VerifyRequest) GetLeaseId() string {
@@ -285,7 +382,7 @@ type VerifyResponse struct {
 
 func (x *VerifyResponse) Reset() {
 	*x = VerifyResponse{}
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[3]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -297,7 +394,7 @@ func (x *VerifyResponse) String() string {
 func (*VerifyResponse) ProtoMessage() {}
 
 func (x *VerifyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[3]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -310,7 +407,7 @@ func (x *VerifyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyResponse.ProtoReflect.Descriptor instead.
 func (*VerifyResponse) Descriptor() ([]byte, []int) {
-	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{3}
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *VerifyResponse) GetResult() VerifyResult {
@@ -328,14 +425,20 @@ type TerminateRequest struct {
 	Reason string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
 	// skip_grace starts at SIGTERM: there is no socket the instance could have
 	// been asked to stop over (a restored lease that never reattached).
-	SkipGrace     bool `protobuf:"varint,3,opt,name=skip_grace,json=skipGrace,proto3" json:"skip_grace,omitempty"`
+	SkipGrace bool `protobuf:"varint,3,opt,name=skip_grace,json=skipGrace,proto3" json:"skip_grace,omitempty"`
+	// no_wait returns as soon as the teardown has begun: its reason is fixed
+	// and release_grace is running. The gateway begins a graceful teardown
+	// this way before it sends the shutdown frame, so an instance that obeys at
+	// once is journaled with the gateway's reason rather than as a crash; a
+	// second Terminate then waits for the exit.
+	NoWait        bool `protobuf:"varint,4,opt,name=no_wait,json=noWait,proto3" json:"no_wait,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TerminateRequest) Reset() {
 	*x = TerminateRequest{}
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[4]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -347,7 +450,7 @@ func (x *TerminateRequest) String() string {
 func (*TerminateRequest) ProtoMessage() {}
 
 func (x *TerminateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[4]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -360,7 +463,7 @@ func (x *TerminateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TerminateRequest.ProtoReflect.Descriptor instead.
 func (*TerminateRequest) Descriptor() ([]byte, []int) {
-	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{4}
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *TerminateRequest) GetLeaseId() string {
@@ -384,6 +487,13 @@ func (x *TerminateRequest) GetSkipGrace() bool {
 	return false
 }
 
+func (x *TerminateRequest) GetNoWait() bool {
+	if x != nil {
+		return x.NoWait
+	}
+	return false
+}
+
 type TerminateResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Exit          *ExitEvent             `protobuf:"bytes,1,opt,name=exit,proto3" json:"exit,omitempty"`
@@ -393,7 +503,7 @@ type TerminateResponse struct {
 
 func (x *TerminateResponse) Reset() {
 	*x = TerminateResponse{}
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[5]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -405,7 +515,7 @@ func (x *TerminateResponse) String() string {
 func (*TerminateResponse) ProtoMessage() {}
 
 func (x *TerminateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[5]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -418,7 +528,7 @@ func (x *TerminateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TerminateResponse.ProtoReflect.Descriptor instead.
 func (*TerminateResponse) Descriptor() ([]byte, []int) {
-	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{5}
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *TerminateResponse) GetExit() *ExitEvent {
@@ -436,7 +546,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[6]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -448,7 +558,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[6]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -461,7 +571,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{6}
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{7}
 }
 
 type Lease struct {
@@ -481,7 +591,7 @@ type Lease struct {
 
 func (x *Lease) Reset() {
 	*x = Lease{}
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[7]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -493,7 +603,7 @@ func (x *Lease) String() string {
 func (*Lease) ProtoMessage() {}
 
 func (x *Lease) ProtoReflect() protoreflect.Message {
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[7]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -506,7 +616,7 @@ func (x *Lease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Lease.ProtoReflect.Descriptor instead.
 func (*Lease) Descriptor() ([]byte, []int) {
-	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{7}
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Lease) GetLeaseId() string {
@@ -567,7 +677,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[8]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -579,7 +689,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[8]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -592,7 +702,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{8}
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ListResponse) GetLeases() []*Lease {
@@ -610,7 +720,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[9]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -622,7 +732,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[9]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -635,7 +745,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{9}
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{10}
 }
 
 type ExitEvent struct {
@@ -655,7 +765,7 @@ type ExitEvent struct {
 
 func (x *ExitEvent) Reset() {
 	*x = ExitEvent{}
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[10]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -667,7 +777,7 @@ func (x *ExitEvent) String() string {
 func (*ExitEvent) ProtoMessage() {}
 
 func (x *ExitEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[10]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -680,7 +790,7 @@ func (x *ExitEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExitEvent.ProtoReflect.Descriptor instead.
 func (*ExitEvent) Descriptor() ([]byte, []int) {
-	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{10}
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ExitEvent) GetLeaseId() string {
@@ -728,7 +838,7 @@ type RecordRequest struct {
 
 func (x *RecordRequest) Reset() {
 	*x = RecordRequest{}
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[11]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -740,7 +850,7 @@ func (x *RecordRequest) String() string {
 func (*RecordRequest) ProtoMessage() {}
 
 func (x *RecordRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[11]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -753,7 +863,7 @@ func (x *RecordRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordRequest.ProtoReflect.Descriptor instead.
 func (*RecordRequest) Descriptor() ([]byte, []int) {
-	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{11}
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *RecordRequest) GetLeaseId() string {
@@ -778,7 +888,7 @@ type RecordResponse struct {
 
 func (x *RecordResponse) Reset() {
 	*x = RecordResponse{}
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[12]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -790,7 +900,7 @@ func (x *RecordResponse) String() string {
 func (*RecordResponse) ProtoMessage() {}
 
 func (x *RecordResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[12]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -803,7 +913,7 @@ func (x *RecordResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordResponse.ProtoReflect.Descriptor instead.
 func (*RecordResponse) Descriptor() ([]byte, []int) {
-	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{12}
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{13}
 }
 
 type ReloadRequest struct {
@@ -814,7 +924,7 @@ type ReloadRequest struct {
 
 func (x *ReloadRequest) Reset() {
 	*x = ReloadRequest{}
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[13]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -826,7 +936,7 @@ func (x *ReloadRequest) String() string {
 func (*ReloadRequest) ProtoMessage() {}
 
 func (x *ReloadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[13]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -839,7 +949,7 @@ func (x *ReloadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReloadRequest.ProtoReflect.Descriptor instead.
 func (*ReloadRequest) Descriptor() ([]byte, []int) {
-	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{13}
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{14}
 }
 
 type ReloadResponse struct {
@@ -856,7 +966,7 @@ type ReloadResponse struct {
 
 func (x *ReloadResponse) Reset() {
 	*x = ReloadResponse{}
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[14]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -868,7 +978,7 @@ func (x *ReloadResponse) String() string {
 func (*ReloadResponse) ProtoMessage() {}
 
 func (x *ReloadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[14]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -881,7 +991,7 @@ func (x *ReloadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReloadResponse.ProtoReflect.Descriptor instead.
 func (*ReloadResponse) Descriptor() ([]byte, []int) {
-	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{14}
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ReloadResponse) GetApplied() bool {
@@ -913,17 +1023,20 @@ func (x *ReloadResponse) GetBinaries() []*Binary {
 }
 
 type Binary struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Label         string                 `protobuf:"bytes,2,opt,name=label,proto3" json:"label,omitempty"`
-	Description   string                 `protobuf:"bytes,3,opt,name=description,proto3" json:"description,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// label and description are unset when the operator wrote none, and ""
+	// when the operator wrote an empty string: GET /binaries keeps the two
+	// apart.
+	Label         *string `protobuf:"bytes,2,opt,name=label,proto3,oneof" json:"label,omitempty"`
+	Description   *string `protobuf:"bytes,3,opt,name=description,proto3,oneof" json:"description,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Binary) Reset() {
 	*x = Binary{}
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[15]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -935,7 +1048,7 @@ func (x *Binary) String() string {
 func (*Binary) ProtoMessage() {}
 
 func (x *Binary) ProtoReflect() protoreflect.Message {
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[15]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -948,7 +1061,7 @@ func (x *Binary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Binary.ProtoReflect.Descriptor instead.
 func (*Binary) Descriptor() ([]byte, []int) {
-	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{15}
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Binary) GetName() string {
@@ -959,15 +1072,15 @@ func (x *Binary) GetName() string {
 }
 
 func (x *Binary) GetLabel() string {
-	if x != nil {
-		return x.Label
+	if x != nil && x.Label != nil {
+		return *x.Label
 	}
 	return ""
 }
 
 func (x *Binary) GetDescription() string {
-	if x != nil {
-		return x.Description
+	if x != nil && x.Description != nil {
+		return *x.Description
 	}
 	return ""
 }
@@ -980,7 +1093,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[16]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -992,7 +1105,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[16]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1005,7 +1118,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{16}
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{17}
 }
 
 type StatusResponse struct {
@@ -1019,7 +1132,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[17]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1031,7 +1144,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[17]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1044,7 +1157,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{17}
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *StatusResponse) GetBinaries() []*Binary {
@@ -1077,7 +1190,7 @@ type BindingRequest struct {
 
 func (x *BindingRequest) Reset() {
 	*x = BindingRequest{}
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[18]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1089,7 +1202,7 @@ func (x *BindingRequest) String() string {
 func (*BindingRequest) ProtoMessage() {}
 
 func (x *BindingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[18]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1102,7 +1215,7 @@ func (x *BindingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BindingRequest.ProtoReflect.Descriptor instead.
 func (*BindingRequest) Descriptor() ([]byte, []int) {
-	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{18}
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *BindingRequest) GetSessionId() string {
@@ -1123,7 +1236,7 @@ type BindingResponse struct {
 
 func (x *BindingResponse) Reset() {
 	*x = BindingResponse{}
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[19]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1135,7 +1248,7 @@ func (x *BindingResponse) String() string {
 func (*BindingResponse) ProtoMessage() {}
 
 func (x *BindingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[19]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1148,7 +1261,7 @@ func (x *BindingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BindingResponse.ProtoReflect.Descriptor instead.
 func (*BindingResponse) Descriptor() ([]byte, []int) {
-	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{19}
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *BindingResponse) GetEntry() string {
@@ -1170,7 +1283,9 @@ const file_pkg_spawnrpc_spawnpb_spawn_proto_rawDesc = "" +
 	"\x11recall_session_id\x18\x04 \x01(\tR\x0frecallSessionId\x12\x1c\n" +
 	"\tprincipal\x18\x05 \x01(\tR\tprincipal\x12\x1f\n" +
 	"\vbroker_addr\x18\x06 \x01(\tR\n" +
-	"brokerAddr\"M\n" +
+	"brokerAddr\"C\n" +
+	"\fSpawnFailure\x123\n" +
+	"\x04step\x18\x01 \x01(\x0e2\x1f.nexusbroker.spawn.v1.SpawnStepR\x04step\"M\n" +
 	"\rSpawnResponse\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\x03R\x03pid\x12*\n" +
 	"\x11created_unix_nano\x18\x02 \x01(\x03R\x0fcreatedUnixNano\"B\n" +
@@ -1178,12 +1293,13 @@ const file_pkg_spawnrpc_spawnpb_spawn_proto_rawDesc = "" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12\x16\n" +
 	"\x06secret\x18\x02 \x01(\tR\x06secret\"L\n" +
 	"\x0eVerifyResponse\x12:\n" +
-	"\x06result\x18\x01 \x01(\x0e2\".nexusbroker.spawn.v1.VerifyResultR\x06result\"d\n" +
+	"\x06result\x18\x01 \x01(\x0e2\".nexusbroker.spawn.v1.VerifyResultR\x06result\"}\n" +
 	"\x10TerminateRequest\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x1d\n" +
 	"\n" +
-	"skip_grace\x18\x03 \x01(\bR\tskipGrace\"H\n" +
+	"skip_grace\x18\x03 \x01(\bR\tskipGrace\x12\x17\n" +
+	"\ano_wait\x18\x04 \x01(\bR\x06noWait\"H\n" +
 	"\x11TerminateResponse\x123\n" +
 	"\x04exit\x18\x01 \x01(\v2\x1f.nexusbroker.spawn.v1.ExitEventR\x04exit\"\r\n" +
 	"\vListRequest\"\xcd\x01\n" +
@@ -1217,11 +1333,13 @@ const file_pkg_spawnrpc_spawnpb_spawn_proto_rawDesc = "" +
 	"\aapplied\x18\x01 \x01(\bR\aapplied\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\x12\x18\n" +
 	"\achanged\x18\x03 \x03(\tR\achanged\x128\n" +
-	"\bbinaries\x18\x04 \x03(\v2\x1c.nexusbroker.spawn.v1.BinaryR\bbinaries\"T\n" +
+	"\bbinaries\x18\x04 \x03(\v2\x1c.nexusbroker.spawn.v1.BinaryR\bbinaries\"x\n" +
 	"\x06Binary\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
-	"\x05label\x18\x02 \x01(\tR\x05label\x12 \n" +
-	"\vdescription\x18\x03 \x01(\tR\vdescription\"\x0f\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x19\n" +
+	"\x05label\x18\x02 \x01(\tH\x00R\x05label\x88\x01\x01\x12%\n" +
+	"\vdescription\x18\x03 \x01(\tH\x01R\vdescription\x88\x01\x01B\b\n" +
+	"\x06_labelB\x0e\n" +
+	"\f_description\"\x0f\n" +
 	"\rStatusRequest\"y\n" +
 	"\x0eStatusResponse\x128\n" +
 	"\bbinaries\x18\x01 \x03(\v2\x1c.nexusbroker.spawn.v1.BinaryR\bbinaries\x12\x1b\n" +
@@ -1231,7 +1349,11 @@ const file_pkg_spawnrpc_spawnpb_spawn_proto_rawDesc = "" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\"'\n" +
 	"\x0fBindingResponse\x12\x14\n" +
-	"\x05entry\x18\x01 \x01(\tR\x05entry*\xa1\x01\n" +
+	"\x05entry\x18\x01 \x01(\tR\x05entry*X\n" +
+	"\tSpawnStep\x12\x1a\n" +
+	"\x16SPAWN_STEP_UNSPECIFIED\x10\x00\x12\x1a\n" +
+	"\x16SPAWN_STEP_TEMP_CONFIG\x10\x01\x12\x13\n" +
+	"\x0fSPAWN_STEP_EXEC\x10\x02*\xa1\x01\n" +
 	"\fVerifyResult\x12\x1d\n" +
 	"\x19VERIFY_RESULT_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10VERIFY_RESULT_OK\x10\x01\x12\x1f\n" +
@@ -1261,60 +1383,63 @@ func file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP() []byte {
 	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescData
 }
 
-var file_pkg_spawnrpc_spawnpb_spawn_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_pkg_spawnrpc_spawnpb_spawn_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_pkg_spawnrpc_spawnpb_spawn_proto_goTypes = []any{
-	(VerifyResult)(0),         // 0: nexusbroker.spawn.v1.VerifyResult
-	(*SpawnRequest)(nil),      // 1: nexusbroker.spawn.v1.SpawnRequest
-	(*SpawnResponse)(nil),     // 2: nexusbroker.spawn.v1.SpawnResponse
-	(*VerifyRequest)(nil),     // 3: nexusbroker.spawn.v1.VerifyRequest
-	(*VerifyResponse)(nil),    // 4: nexusbroker.spawn.v1.VerifyResponse
-	(*TerminateRequest)(nil),  // 5: nexusbroker.spawn.v1.TerminateRequest
-	(*TerminateResponse)(nil), // 6: nexusbroker.spawn.v1.TerminateResponse
-	(*ListRequest)(nil),       // 7: nexusbroker.spawn.v1.ListRequest
-	(*Lease)(nil),             // 8: nexusbroker.spawn.v1.Lease
-	(*ListResponse)(nil),      // 9: nexusbroker.spawn.v1.ListResponse
-	(*WatchRequest)(nil),      // 10: nexusbroker.spawn.v1.WatchRequest
-	(*ExitEvent)(nil),         // 11: nexusbroker.spawn.v1.ExitEvent
-	(*RecordRequest)(nil),     // 12: nexusbroker.spawn.v1.RecordRequest
-	(*RecordResponse)(nil),    // 13: nexusbroker.spawn.v1.RecordResponse
-	(*ReloadRequest)(nil),     // 14: nexusbroker.spawn.v1.ReloadRequest
-	(*ReloadResponse)(nil),    // 15: nexusbroker.spawn.v1.ReloadResponse
-	(*Binary)(nil),            // 16: nexusbroker.spawn.v1.Binary
-	(*StatusRequest)(nil),     // 17: nexusbroker.spawn.v1.StatusRequest
-	(*StatusResponse)(nil),    // 18: nexusbroker.spawn.v1.StatusResponse
-	(*BindingRequest)(nil),    // 19: nexusbroker.spawn.v1.BindingRequest
-	(*BindingResponse)(nil),   // 20: nexusbroker.spawn.v1.BindingResponse
+	(SpawnStep)(0),            // 0: nexusbroker.spawn.v1.SpawnStep
+	(VerifyResult)(0),         // 1: nexusbroker.spawn.v1.VerifyResult
+	(*SpawnRequest)(nil),      // 2: nexusbroker.spawn.v1.SpawnRequest
+	(*SpawnFailure)(nil),      // 3: nexusbroker.spawn.v1.SpawnFailure
+	(*SpawnResponse)(nil),     // 4: nexusbroker.spawn.v1.SpawnResponse
+	(*VerifyRequest)(nil),     // 5: nexusbroker.spawn.v1.VerifyRequest
+	(*VerifyResponse)(nil),    // 6: nexusbroker.spawn.v1.VerifyResponse
+	(*TerminateRequest)(nil),  // 7: nexusbroker.spawn.v1.TerminateRequest
+	(*TerminateResponse)(nil), // 8: nexusbroker.spawn.v1.TerminateResponse
+	(*ListRequest)(nil),       // 9: nexusbroker.spawn.v1.ListRequest
+	(*Lease)(nil),             // 10: nexusbroker.spawn.v1.Lease
+	(*ListResponse)(nil),      // 11: nexusbroker.spawn.v1.ListResponse
+	(*WatchRequest)(nil),      // 12: nexusbroker.spawn.v1.WatchRequest
+	(*ExitEvent)(nil),         // 13: nexusbroker.spawn.v1.ExitEvent
+	(*RecordRequest)(nil),     // 14: nexusbroker.spawn.v1.RecordRequest
+	(*RecordResponse)(nil),    // 15: nexusbroker.spawn.v1.RecordResponse
+	(*ReloadRequest)(nil),     // 16: nexusbroker.spawn.v1.ReloadRequest
+	(*ReloadResponse)(nil),    // 17: nexusbroker.spawn.v1.ReloadResponse
+	(*Binary)(nil),            // 18: nexusbroker.spawn.v1.Binary
+	(*StatusRequest)(nil),     // 19: nexusbroker.spawn.v1.StatusRequest
+	(*StatusResponse)(nil),    // 20: nexusbroker.spawn.v1.StatusResponse
+	(*BindingRequest)(nil),    // 21: nexusbroker.spawn.v1.BindingRequest
+	(*BindingResponse)(nil),   // 22: nexusbroker.spawn.v1.BindingResponse
 }
 var file_pkg_spawnrpc_spawnpb_spawn_proto_depIdxs = []int32{
-	0,  // 0: nexusbroker.spawn.v1.VerifyResponse.result:type_name -> nexusbroker.spawn.v1.VerifyResult
-	11, // 1: nexusbroker.spawn.v1.TerminateResponse.exit:type_name -> nexusbroker.spawn.v1.ExitEvent
-	8,  // 2: nexusbroker.spawn.v1.ListResponse.leases:type_name -> nexusbroker.spawn.v1.Lease
-	16, // 3: nexusbroker.spawn.v1.ReloadResponse.binaries:type_name -> nexusbroker.spawn.v1.Binary
-	16, // 4: nexusbroker.spawn.v1.StatusResponse.binaries:type_name -> nexusbroker.spawn.v1.Binary
-	1,  // 5: nexusbroker.spawn.v1.Spawner.Spawn:input_type -> nexusbroker.spawn.v1.SpawnRequest
-	3,  // 6: nexusbroker.spawn.v1.Spawner.Verify:input_type -> nexusbroker.spawn.v1.VerifyRequest
-	5,  // 7: nexusbroker.spawn.v1.Spawner.Terminate:input_type -> nexusbroker.spawn.v1.TerminateRequest
-	7,  // 8: nexusbroker.spawn.v1.Spawner.List:input_type -> nexusbroker.spawn.v1.ListRequest
-	10, // 9: nexusbroker.spawn.v1.Spawner.Watch:input_type -> nexusbroker.spawn.v1.WatchRequest
-	12, // 10: nexusbroker.spawn.v1.Spawner.Record:input_type -> nexusbroker.spawn.v1.RecordRequest
-	14, // 11: nexusbroker.spawn.v1.Spawner.Reload:input_type -> nexusbroker.spawn.v1.ReloadRequest
-	17, // 12: nexusbroker.spawn.v1.Spawner.Status:input_type -> nexusbroker.spawn.v1.StatusRequest
-	19, // 13: nexusbroker.spawn.v1.Spawner.Binding:input_type -> nexusbroker.spawn.v1.BindingRequest
-	2,  // 14: nexusbroker.spawn.v1.Spawner.Spawn:output_type -> nexusbroker.spawn.v1.SpawnResponse
-	4,  // 15: nexusbroker.spawn.v1.Spawner.Verify:output_type -> nexusbroker.spawn.v1.VerifyResponse
-	6,  // 16: nexusbroker.spawn.v1.Spawner.Terminate:output_type -> nexusbroker.spawn.v1.TerminateResponse
-	9,  // 17: nexusbroker.spawn.v1.Spawner.List:output_type -> nexusbroker.spawn.v1.ListResponse
-	11, // 18: nexusbroker.spawn.v1.Spawner.Watch:output_type -> nexusbroker.spawn.v1.ExitEvent
-	13, // 19: nexusbroker.spawn.v1.Spawner.Record:output_type -> nexusbroker.spawn.v1.RecordResponse
-	15, // 20: nexusbroker.spawn.v1.Spawner.Reload:output_type -> nexusbroker.spawn.v1.ReloadResponse
-	18, // 21: nexusbroker.spawn.v1.Spawner.Status:output_type -> nexusbroker.spawn.v1.StatusResponse
-	20, // 22: nexusbroker.spawn.v1.Spawner.Binding:output_type -> nexusbroker.spawn.v1.BindingResponse
-	14, // [14:23] is the sub-list for method output_type
-	5,  // [5:14] is the sub-list for method input_type
-	5,  // [5:5] is the sub-list for extension type_name
-	5,  // [5:5] is the sub-list for extension extendee
-	0,  // [0:5] is the sub-list for field type_name
+	0,  // 0: nexusbroker.spawn.v1.SpawnFailure.step:type_name -> nexusbroker.spawn.v1.SpawnStep
+	1,  // 1: nexusbroker.spawn.v1.VerifyResponse.result:type_name -> nexusbroker.spawn.v1.VerifyResult
+	13, // 2: nexusbroker.spawn.v1.TerminateResponse.exit:type_name -> nexusbroker.spawn.v1.ExitEvent
+	10, // 3: nexusbroker.spawn.v1.ListResponse.leases:type_name -> nexusbroker.spawn.v1.Lease
+	18, // 4: nexusbroker.spawn.v1.ReloadResponse.binaries:type_name -> nexusbroker.spawn.v1.Binary
+	18, // 5: nexusbroker.spawn.v1.StatusResponse.binaries:type_name -> nexusbroker.spawn.v1.Binary
+	2,  // 6: nexusbroker.spawn.v1.Spawner.Spawn:input_type -> nexusbroker.spawn.v1.SpawnRequest
+	5,  // 7: nexusbroker.spawn.v1.Spawner.Verify:input_type -> nexusbroker.spawn.v1.VerifyRequest
+	7,  // 8: nexusbroker.spawn.v1.Spawner.Terminate:input_type -> nexusbroker.spawn.v1.TerminateRequest
+	9,  // 9: nexusbroker.spawn.v1.Spawner.List:input_type -> nexusbroker.spawn.v1.ListRequest
+	12, // 10: nexusbroker.spawn.v1.Spawner.Watch:input_type -> nexusbroker.spawn.v1.WatchRequest
+	14, // 11: nexusbroker.spawn.v1.Spawner.Record:input_type -> nexusbroker.spawn.v1.RecordRequest
+	16, // 12: nexusbroker.spawn.v1.Spawner.Reload:input_type -> nexusbroker.spawn.v1.ReloadRequest
+	19, // 13: nexusbroker.spawn.v1.Spawner.Status:input_type -> nexusbroker.spawn.v1.StatusRequest
+	21, // 14: nexusbroker.spawn.v1.Spawner.Binding:input_type -> nexusbroker.spawn.v1.BindingRequest
+	4,  // 15: nexusbroker.spawn.v1.Spawner.Spawn:output_type -> nexusbroker.spawn.v1.SpawnResponse
+	6,  // 16: nexusbroker.spawn.v1.Spawner.Verify:output_type -> nexusbroker.spawn.v1.VerifyResponse
+	8,  // 17: nexusbroker.spawn.v1.Spawner.Terminate:output_type -> nexusbroker.spawn.v1.TerminateResponse
+	11, // 18: nexusbroker.spawn.v1.Spawner.List:output_type -> nexusbroker.spawn.v1.ListResponse
+	13, // 19: nexusbroker.spawn.v1.Spawner.Watch:output_type -> nexusbroker.spawn.v1.ExitEvent
+	15, // 20: nexusbroker.spawn.v1.Spawner.Record:output_type -> nexusbroker.spawn.v1.RecordResponse
+	17, // 21: nexusbroker.spawn.v1.Spawner.Reload:output_type -> nexusbroker.spawn.v1.ReloadResponse
+	20, // 22: nexusbroker.spawn.v1.Spawner.Status:output_type -> nexusbroker.spawn.v1.StatusResponse
+	22, // 23: nexusbroker.spawn.v1.Spawner.Binding:output_type -> nexusbroker.spawn.v1.BindingResponse
+	15, // [15:24] is the sub-list for method output_type
+	6,  // [6:15] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_pkg_spawnrpc_spawnpb_spawn_proto_init() }
@@ -1322,13 +1447,14 @@ func file_pkg_spawnrpc_spawnpb_spawn_proto_init() {
 	if File_pkg_spawnrpc_spawnpb_spawn_proto != nil {
 		return
 	}
+	file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[16].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_pkg_spawnrpc_spawnpb_spawn_proto_rawDesc), len(file_pkg_spawnrpc_spawnpb_spawn_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   20,
+			NumEnums:      2,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

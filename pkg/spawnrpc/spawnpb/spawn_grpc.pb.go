@@ -42,8 +42,9 @@ const (
 type SpawnerClient interface {
 	// Spawn starts the instance of a new lease. Refused for an unknown entry
 	// (NOT_FOUND), a lease id spawnd already holds (ALREADY_EXISTS), a run_as
-	// entry while spawnd lacks privilege (PERMISSION_DENIED) and a failed exec
-	// (INTERNAL).
+	// entry while spawnd lacks privilege (PERMISSION_DENIED), and a temp config
+	// that could not be written or a failed exec (INTERNAL, carrying a
+	// SpawnFailure detail that says which).
 	Spawn(ctx context.Context, in *SpawnRequest, opts ...grpc.CallOption) (*SpawnResponse, error)
 	// Verify checks a register frame's secret against the lease's derived
 	// secret, in constant time.
@@ -52,7 +53,8 @@ type SpawnerClient interface {
 	// instance to exit on its own (the gateway has already sent it a shutdown
 	// frame), then SIGTERM the group, then SIGKILL it. The escalation runs to
 	// completion inside spawnd even if the caller goes away. It returns once
-	// the instance has exited. NOT_FOUND for a lease spawnd does not hold.
+	// the instance has exited, or at once with no_wait. NOT_FOUND for a lease
+	// spawnd does not hold.
 	Terminate(ctx context.Context, in *TerminateRequest, opts ...grpc.CallOption) (*TerminateResponse, error)
 	// List returns every live lease spawnd holds, including those it
 	// re-adopted from its journal after a restart (adopted = true).
@@ -191,8 +193,9 @@ func (c *spawnerClient) Binding(ctx context.Context, in *BindingRequest, opts ..
 type SpawnerServer interface {
 	// Spawn starts the instance of a new lease. Refused for an unknown entry
 	// (NOT_FOUND), a lease id spawnd already holds (ALREADY_EXISTS), a run_as
-	// entry while spawnd lacks privilege (PERMISSION_DENIED) and a failed exec
-	// (INTERNAL).
+	// entry while spawnd lacks privilege (PERMISSION_DENIED), and a temp config
+	// that could not be written or a failed exec (INTERNAL, carrying a
+	// SpawnFailure detail that says which).
 	Spawn(context.Context, *SpawnRequest) (*SpawnResponse, error)
 	// Verify checks a register frame's secret against the lease's derived
 	// secret, in constant time.
@@ -201,7 +204,8 @@ type SpawnerServer interface {
 	// instance to exit on its own (the gateway has already sent it a shutdown
 	// frame), then SIGTERM the group, then SIGKILL it. The escalation runs to
 	// completion inside spawnd even if the caller goes away. It returns once
-	// the instance has exited. NOT_FOUND for a lease spawnd does not hold.
+	// the instance has exited, or at once with no_wait. NOT_FOUND for a lease
+	// spawnd does not hold.
 	Terminate(context.Context, *TerminateRequest) (*TerminateResponse, error)
 	// List returns every live lease spawnd holds, including those it
 	// re-adopted from its journal after a restart (adopted = true).
