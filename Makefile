@@ -25,7 +25,7 @@ lint:
 
 # Benchmarks report ratios against baselines measured in the same run.
 bench: build
-	E2E_NORACE=1 $(GO) test -run '^$$' -bench . -benchtime 2s -timeout 20m ./internal/e2e/ ./internal/gateway/ ./internal/spawnd/
+	E2E_NORACE=1 $(GO) test -run '^$$' -bench . -benchtime 2s -timeout 20m ./internal/e2e/ ./internal/gateway/ ./internal/spawnd/ ./internal/auth/
 
 # Short fuzzing of every decoder and the config loader.
 FUZZTIME ?= 30s

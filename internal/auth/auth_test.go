@@ -25,7 +25,7 @@ import (
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
-func newAuth(t *testing.T, yaml string) *Authenticator {
+func newAuth(t testing.TB, yaml string) *Authenticator {
 	t.Helper()
 	c, err := config.Parse([]byte(yaml))
 	if err != nil {
