@@ -1,0 +1,51 @@
+package brokerd
+
+import (
+	"bytes"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"github.com/nexus-broker/nexus-broker/internal/config"
+)
+
+// TestLogAuthBootWarnings: no auth: block is the spec's WARN, word for
+// word, and a second, plainer one only when the port is reachable beyond
+// loopback; an auth: block is neither.
+func TestLogAuthBootWarnings(t *testing.T) {
+	const spec = `level=WARN msg="client authentication is DISABLED: broker config has no auth block, so any caller that can reach this broker can claim, release and list leases"`
+	const second = "anyone who can reach this port controls every lease"
+	for _, tc := range []struct {
+		yaml          string
+		first, second bool
+	}{
+		{`listen_addr: "127.0.0.1:8080"`, true, false},
+		{`listen_addr: ":8080"`, true, true},
+		{`listen_addr: "10.0.0.5:8080"`, true, true},
+		{"listen_addr: \":8080\"\nauth:\n  validators: [{type: static, tokens: [{token: t, principal: p}]}]\n", false, false},
+	} {
+		c, err := config.Parse([]byte(tc.yaml))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var buf bytes.Buffer
+		logAuth(c, slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{ReplaceAttr: dropTime})))
+		out := buf.String()
+		if strings.Contains(out, spec) != tc.first || strings.Contains(out, second) != tc.second {
+			t.Errorf("%q logged:\n%s", tc.yaml, out)
+		}
+		if strings.Contains(out, second) && strings.Index(out, second) < strings.Index(out, spec) {
+			t.Errorf("the second WARN came first:\n%s", out)
+		}
+		if !tc.first && !strings.Contains(out, `msg="client authentication enabled" validators=static`) {
+			t.Errorf("an auth: block was not announced:\n%s", out)
+		}
+	}
+}
+
+func dropTime(_ []string, a slog.Attr) slog.Attr {
+	if a.Key == slog.TimeKey {
+		return slog.Attr{}
+	}
+	return a
+}
