@@ -64,27 +64,36 @@ type Authenticator struct {
 	headers []string
 }
 
-// New builds the chain of a validated auth: block; nil gives nil.
-func New(a *config.Auth, log *slog.Logger) *Authenticator {
+// New builds the chain of a validated auth: block, reading every <key>_env
+// secret from the environment; nil gives nil. An error names the key.
+func New(a *config.Auth, log *slog.Logger) (*Authenticator, error) {
 	if a == nil {
-		return nil
+		return nil, nil
 	}
 	au := &Authenticator{adminScope: *a.AdminScope}
 	for i := range a.Validators {
 		v := &a.Validators[i]
 		switch v.Type {
 		case config.ValidatorStatic:
-			au.chain = append(au.chain, newStatic(v))
+			s, err := newStatic(i, v)
+			if err != nil {
+				return nil, err
+			}
+			au.chain = append(au.chain, s)
 		case config.ValidatorJWKS:
 			au.chain = append(au.chain, newJWKS(v, log))
 		case config.ValidatorIntrospect:
-			au.chain = append(au.chain, newIntrospect(v, log))
+			in, err := newIntrospect(i, v, log)
+			if err != nil {
+				return nil, err
+			}
+			au.chain = append(au.chain, in)
 		case config.ValidatorProxyHeaders:
 			au.chain = append(au.chain, &proxyHeaders{cfg: v})
 			au.headers = append(au.headers, v.PrincipalHeader)
 		}
 	}
-	return au
+	return au, nil
 }
 
 // Enabled reports whether an auth: block is in force.

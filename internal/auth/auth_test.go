@@ -31,7 +31,11 @@ func newAuth(t testing.TB, yaml string) *Authenticator {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return New(c.Auth, quiet)
+	a, err := New(c.Auth, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
 }
 
 func bearer(tok string) *Credential {
@@ -466,5 +470,46 @@ func newAuthF(f *testing.F) *Authenticator {
 	if err != nil {
 		f.Fatal(err)
 	}
-	return New(c.Auth, quiet)
+	a, err := New(c.Auth, quiet)
+	if err != nil {
+		f.Fatal(err)
+	}
+	return a
+}
+
+// TestSecretsFromTheEnvironment: <key>_env is read when the chain is built
+// (by the gateway, not by the loader spawnd shares); an unset variable or a
+// token written twice fails naming the key and never the value.
+func TestSecretsFromTheEnvironment(t *testing.T) {
+	t.Setenv("NEXUS_TEST_TOKEN", "env-token")
+	t.Setenv("NEXUS_TEST_SECRET", "s3cret")
+	in := authtest.NewIntrospector("broker", "s3cret")
+	defer in.Stop()
+	in.Activate("opaque", map[string]any{"sub": "bob"})
+	a := newAuth(t, fmt.Sprintf(`auth:
+  validators:
+    - type: static
+      tokens: [{token_env: NEXUS_TEST_TOKEN, principal: alice}]
+    - type: introspect
+      endpoint: %q
+      client_id: broker
+      client_secret_env: NEXUS_TEST_SECRET
+`, in.URL()))
+	wantAccept(t, a, bearer("env-token"), "alice")
+	wantAccept(t, a, bearer("opaque"), "bob")
+
+	for yaml, want := range map[string]string{
+		"auth:\n  validators:\n    - type: static\n      tokens: [{token_env: NEXUS_TEST_SURELY_UNSET, principal: p}]\n":                                   "broker config: auth.validators[0].tokens[0].token_env: the environment variable NEXUS_TEST_SURELY_UNSET is not set or empty",
+		"auth:\n  validators:\n    - type: introspect\n      endpoint: http://h/i\n      client_id: c\n      client_secret_env: NEXUS_TEST_SURELY_UNSET\n": "broker config: auth.validators[0].client_secret_env: the environment variable NEXUS_TEST_SURELY_UNSET is not set",
+		"auth:\n  validators:\n    - type: static\n      tokens: [{token: env-token, principal: a}, {token_env: NEXUS_TEST_TOKEN, principal: b}]\n":        "broker config: auth.validators[0].tokens[1]: the same token as auth.validators[0].tokens[0]",
+	} {
+		c, err := config.Parse([]byte(yaml))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = New(c.Auth, quiet)
+		if err == nil || !strings.HasPrefix(err.Error(), want) || strings.Contains(err.Error(), "env-token") {
+			t.Errorf("got %v, want %q and no token", err, want)
+		}
+	}
 }

@@ -52,4 +52,3 @@ func BenchmarkAuthenticate(b *testing.B) {
 		b.ReportMetric(0, "ns/op")
 	}
 }
-

@@ -21,14 +21,19 @@ const introspectCacheMax = 30 * time.Second
 // active recently.
 type introspect struct {
 	cfg    *config.Validator
+	secret string
 	client *http.Client
 	log    *slog.Logger
 	cache  tokenCache
 	now    func() time.Time
 }
 
-func newIntrospect(v *config.Validator, log *slog.Logger) *introspect {
-	return &introspect{cfg: v, client: &http.Client{Timeout: fetchTimeout}, log: log, now: time.Now}
+func newIntrospect(i int, v *config.Validator, log *slog.Logger) (*introspect, error) {
+	secret, err := config.ResolveSecret(config.ValidatorPath(i), "client_secret", v.ClientSecret, v.ClientSecretEnv)
+	if err != nil {
+		return nil, err
+	}
+	return &introspect{cfg: v, secret: secret, client: &http.Client{Timeout: fetchTimeout}, log: log, now: time.Now}, nil
 }
 
 func (v *introspect) validate(ctx context.Context, c *Credential) (Principal, error) {
@@ -81,7 +86,7 @@ func (v *introspect) ask(ctx context.Context, token string) (map[string]json.Raw
 	}
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	req.Header.Set("Accept", "application/json")
-	req.SetBasicAuth(url.QueryEscape(v.cfg.ClientID), url.QueryEscape(v.cfg.ClientSecret))
+	req.SetBasicAuth(url.QueryEscape(v.cfg.ClientID), url.QueryEscape(v.secret))
 	body, err := fetchOK(v.client, req)
 	if err != nil {
 		return nil, err

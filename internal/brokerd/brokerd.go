@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nexus-broker/nexus-broker/internal/auth"
 	"github.com/nexus-broker/nexus-broker/internal/config"
 	"github.com/nexus-broker/nexus-broker/internal/gateway"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc"
@@ -59,6 +60,10 @@ func Run(o Options) error {
 		log.Warn(w, "listen_addr", cfg.ListenAddr, "advertise_addr", cfg.AdvertiseAddr)
 	}
 	logAuth(cfg, log)
+	authn, err := auth.New(cfg.Auth, log)
+	if err != nil {
+		return err
+	}
 
 	ln, err := net.Listen("tcp", cfg.ListenAddr)
 	if err != nil {
@@ -76,7 +81,7 @@ func Run(o Options) error {
 	}
 	defer client.Close()
 
-	g := gateway.New(gateway.Options{Config: cfg, Spawner: client.Spawner(), Logger: log, DialBack: dialBack(ln.Addr())})
+	g := gateway.New(gateway.Options{Config: cfg, Spawner: client.Spawner(), Logger: log, DialBack: dialBack(ln.Addr()), Auth: authn})
 	if err := g.Start(ctx); err != nil {
 		return err
 	}

@@ -69,8 +69,9 @@ type Validator struct {
 	Prefixes []netip.Prefix `yaml:"-"`
 }
 
-// StaticToken is one row of a static validator's table. After Load, Token
-// holds the secret whichever of token / token_env was written.
+// StaticToken is one row of a static validator's table. A token_env is
+// read by the gateway (ResolveSecret), not by Load: spawnd reads this file
+// too and holds none of the gateway's secrets.
 type StaticToken struct {
 	Token     string `yaml:"token"`
 	TokenEnv  string `yaml:"token_env"`
@@ -156,7 +157,7 @@ func (a *Auth) validate() error {
 	}
 	for i := range a.Validators {
 		v := &a.Validators[i]
-		path := fmt.Sprintf("auth.validators[%d]", i)
+		path := ValidatorPath(i)
 		var err error
 		switch v.Type {
 		case ValidatorStatic:
@@ -182,44 +183,49 @@ func required(path, key, value, hint string) error {
 	return nil
 }
 
-// secret resolves <key> / <key>_env: exactly one may be written, and a
-// named variable must be set and non-empty.
-func secret(path, key, literal, envName string) (string, error) {
+// checkSecret enforces <key> / <key>_env: exactly one may be written.
+func checkSecret(path, key, literal, envName string) error {
 	switch {
 	case literal != "" && envName != "":
-		return "", fmt.Errorf("broker config: %s.%s: set together with %s_env, and neither wins; keep one", path, key, key)
+		return fmt.Errorf("broker config: %s.%s: set together with %s_env, and neither wins; keep one", path, key, key)
 	case envName != "":
-		if err := checkEnvName(path+"."+key+"_env", envName); err != nil {
-			return "", err
-		}
-		v := os.Getenv(envName)
-		if v == "" {
-			return "", fmt.Errorf("broker config: %s.%s_env: the environment variable %s is not set or empty; export it to the broker, or write %s", path, key, envName, key)
-		}
-		return v, nil
+		return checkEnvName(path+"."+key+"_env", envName)
 	case literal == "":
-		return "", fmt.Errorf("broker config: %s.%s: required; write %s (the value) or %s_env (the name of an environment variable holding it)", path, key, key, key)
+		return fmt.Errorf("broker config: %s.%s: required; write %s (the value) or %s_env (the name of an environment variable holding it)", path, key, key, key)
 	}
-	return literal, nil
+	return nil
 }
+
+// ResolveSecret is the value of a checked <key> / <key>_env pair written at
+// path: the literal, or the named variable, which must be set and
+// non-empty. The error names the key, never a value.
+func ResolveSecret(path, key, literal, envName string) (string, error) {
+	if envName == "" {
+		return literal, nil
+	}
+	v := os.Getenv(envName)
+	if v == "" {
+		return "", fmt.Errorf("broker config: %s.%s_env: the environment variable %s is not set or empty; export it to nexus-broker, or write %s", path, key, envName, key)
+	}
+	return v, nil
+}
+
+// TokenPath is the key path of static token j of validator i, for errors.
+func TokenPath(i, j int) string { return fmt.Sprintf("auth.validators[%d].tokens[%d]", i, j) }
+
+// ValidatorPath is the key path of validator i, for errors.
+func ValidatorPath(i int) string { return fmt.Sprintf("auth.validators[%d]", i) }
 
 func (v *Validator) validateStatic(path string) error {
 	if len(v.Tokens) == 0 {
 		return fmt.Errorf("broker config: %s.tokens: required, and at least one; list token, principal and optional tenant and scopes", path)
 	}
-	seen := map[string]int{}
 	for i := range v.Tokens {
 		t := &v.Tokens[i]
 		tp := fmt.Sprintf("%s.tokens[%d]", path, i)
-		tok, err := secret(tp, "token", t.Token, t.TokenEnv)
-		if err != nil {
+		if err := checkSecret(tp, "token", t.Token, t.TokenEnv); err != nil {
 			return err
 		}
-		if j, dup := seen[tok]; dup {
-			return fmt.Errorf("broker config: %s.token: the same token as %s.tokens[%d]; one token names one principal, so remove or change one", tp, path, j)
-		}
-		seen[tok] = i
-		t.Token = tok
 		if err := required(tp, "principal", t.Principal, "name the principal this token authenticates as (it owns the leases claimed with it)"); err != nil {
 			return err
 		}
@@ -262,11 +268,9 @@ func (v *Validator) validateIntrospect(path string) error {
 	if err := required(path, "client_id", v.ClientID, "give the client id the broker authenticates to the introspection endpoint with"); err != nil {
 		return err
 	}
-	s, err := secret(path, "client_secret", v.ClientSecret, v.ClientSecretEnv)
-	if err != nil {
+	if err := checkSecret(path, "client_secret", v.ClientSecret, v.ClientSecretEnv); err != nil {
 		return err
 	}
-	v.ClientSecret = s
 	// RFC 7662 names the subject and the scopes of a token.
 	if v.PrincipalClaim == "" {
 		v.PrincipalClaim = "sub"

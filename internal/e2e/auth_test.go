@@ -448,7 +448,9 @@ func TestAuthProxyHeadersTrustsOnlyThePeer(t *testing.T) {
 
 // TestAuthJWKSAndIntrospectAgainstTheBroker: an OIDC token from a local
 // issuer claims and connects; an introspect validator whose endpoint is down
-// answers 503 with Retry-After: 5 and claims nothing.
+// answers 503 with Retry-After: 5 and claims nothing. The client secret's
+// variable is in the gateway's environment only: spawnd reads the same file
+// and needs none of the gateway's secrets.
 func TestAuthJWKSAndIntrospectAgainstTheBroker(t *testing.T) {
 	is := authtest.NewIssuer()
 	defer is.Stop()
@@ -465,7 +467,7 @@ func TestAuthJWKSAndIntrospectAgainstTheBroker(t *testing.T) {
       endpoint: %q
       client_id: broker
       client_secret_env: NEXUS_TEST_INTROSPECT_SECRET
-`, is.URL(), is.JWKSURL(), in.URL()), Env: []string{"NEXUS_TEST_INTROSPECT_SECRET=s3cret"}})
+`, is.URL(), is.JWKSURL(), in.URL()), GatewayEnv: []string{"NEXUS_TEST_INTROSPECT_SECRET=s3cret"}})
 	tok := is.Sign(authtest.Claims(is.URL(), "nexus-broker", "alice"))
 	claim := b.claimAs(tok)
 	conn := b.dial(claim, brokerclient.DialOptions{Ticket: claim.Ticket})

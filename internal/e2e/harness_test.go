@@ -174,6 +174,8 @@ type Options struct {
 	NoNexusEntry bool
 	// Env is added to both processes' environment.
 	Env []string
+	// GatewayEnv is added to nexus-broker's alone.
+	GatewayEnv []string
 	// Token is the harness's bearer: see Broker.Token.
 	Token string
 	// StateDir gives the broker a state_dir (journal, spawn-key, indexes).
@@ -207,7 +209,7 @@ func startBroker(t testing.TB, o Options) *Broker {
 	b.env = append([]string{"HOME=" + b.Home, "PATH=" + os.Getenv("PATH"), "LANG=C.UTF-8", "TZ=UTC"}, o.Env...)
 	t.Cleanup(b.cleanup)
 	b.StartSpawnd()
-	b.StartGateway()
+	b.StartGateway(o.GatewayEnv...)
 	return b
 }
 

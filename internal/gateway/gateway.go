@@ -34,6 +34,8 @@ type Options struct {
 	// DialBack is NEXUS_BROKER_ADDR for spawned instances: the ws:// URL of
 	// this gateway's /instance route.
 	DialBack string
+	// Auth is the chain of Config's auth: block (auth.New); nil without one.
+	Auth *auth.Authenticator
 }
 
 // Gateway serves the broker's HTTP API. Create it with New, call Start once,
@@ -73,7 +75,7 @@ func New(o Options) *Gateway {
 		boot:     o.Config,
 		cap:      newCapacity(o.Config.MaxConcurrent, o.Config.MaxQueueDepth, o.Config.QueueWaitTimeout.D()),
 		m:        newMetrics(),
-		auth:     auth.New(o.Config.Auth, o.Logger),
+		auth:     o.Auth,
 		tickets:  auth.NewTickets(),
 		leases:   map[string]*lease{},
 		claiming: map[string]int{},
