@@ -206,11 +206,32 @@ func startBroker(t testing.TB, o Options) *Broker {
 	if err := os.WriteFile(b.ConfigPath, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	b.env = append([]string{"HOME=" + b.Home, "PATH=" + os.Getenv("PATH"), "LANG=C.UTF-8", "TZ=UTC"}, o.Env...)
+	b.env = append([]string{"HOME=" + b.Home, "PATH=" + os.Getenv("PATH"), "LANG=C.UTF-8", "TZ=UTC", "TMPDIR=" + privateTmp(t)}, o.Env...)
 	t.Cleanup(b.cleanup)
 	b.StartSpawnd()
 	b.StartGateway(o.GatewayEnv...)
 	return b
+}
+
+// privateTmp is the TMPDIR the test's processes get: a directory of the
+// test's own, on tmpfs where the host has one, as spawnd's temp configs are
+// in production. It is removed after the processes are killed, so the
+// directory a killed spawnd never got to remove goes with it.
+func privateTmp(t testing.TB) string {
+	root := "/dev/shm"
+	if st, err := os.Stat(root); err != nil || !st.IsDir() {
+		root = "" // the test's own TMPDIR
+	}
+	dir, err := os.MkdirTemp(root, "nexus-e2e-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	// A run_as instance opens its config by name in spawnd's directory here.
+	if err := os.Chmod(dir, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }
 
 // freePort asks the kernel for a loopback port nobody is using.
