@@ -111,6 +111,34 @@ binaries:
 	if n := b.SpawndLog.count(regexp.MustCompile(`sending SIGTERM`)); n != 0 {
 		t.Errorf("%d teardowns were escalated; every instance here exits on its shutdown frame at once, which is the case under test", n)
 	}
+	// The ordering the reasons rest on, whatever the race above did: spawnd
+	// began each teardown, and so held its reason, before the instance was
+	// asked to stop.
+	for _, id := range []string{released.LeaseID, wedged.LeaseID, idle.LeaseID} {
+		began := logTime(t, b.SpawndLog.String(), `msg="terminating instance" lease_id=`+id)
+		instLog, err := os.ReadFile(filepath.Join(b.Dir, "state", "logs", id+".log"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if asked := logTime(t, string(instLog), `msg="broker requested shutdown`); asked.Before(began) {
+			t.Errorf("lease %s: the instance was asked to stop at %s, before spawnd began its teardown at %s",
+				id, asked.Format(time.StampMilli), began.Format(time.StampMilli))
+		}
+	}
+}
+
+// logTime is the time of the first slog line of log containing needle.
+func logTime(t *testing.T, log, needle string) time.Time {
+	t.Helper()
+	m := regexp.MustCompile(`(?m)^time=(\S+) .*` + regexp.QuoteMeta(needle)).FindStringSubmatch(log)
+	if m == nil {
+		t.Fatalf("no log line containing %s in:\n%s", needle, log)
+	}
+	at, err := time.Parse(time.RFC3339Nano, m[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return at
 }
 
 // A SIGHUP that changes idle_timeout or max_turn_duration moves the deadlines
