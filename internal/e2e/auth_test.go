@@ -494,3 +494,23 @@ func TestAuthJWKSAndIntrospectAgainstTheBroker(t *testing.T) {
 		t.Error("the gateway log carries a secret or a token")
 	}
 }
+
+// TestAuthAbsentTicketsAreInert: with no auth: block a claim carries no
+// ticket, POST /ticket answers 200 without the key, and the lease socket
+// takes a connection with no ticket (or an ignored one).
+func TestAuthAbsentTicketsAreInert(t *testing.T) {
+	b := startBroker(t, Options{})
+	claim := b.claim(brokerclient.ClaimRequest{})
+	if claim.Ticket != "" {
+		t.Errorf("a claim without auth: returned ticket %q", claim.Ticket)
+	}
+	status, got := b.do("POST", "/ticket/"+claim.LeaseID, "")
+	wantAnswer(t, "POST /ticket without auth:", status, got, 200, `{"lease_id":"`+claim.LeaseID+`"}`+"\n")
+	conn := b.dial(claim, brokerclient.DialOptions{Ticket: "ignored"})
+	if got := say(t, conn, "open"); got != "echo #1: open" {
+		t.Fatalf("answer %q", got)
+	}
+	if strings.Contains(b.GatewayLog.String(), `msg="request refused"`) {
+		t.Error("a broker without auth: refused something")
+	}
+}
