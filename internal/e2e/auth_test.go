@@ -116,7 +116,7 @@ func TestAuthEveryRouteNeedsACredential(t *testing.T) {
 	}
 	routes := []struct{ method, path string }{
 		{"POST", "/claim"}, {"POST", "/release/x"}, {"POST", "/ticket/x"},
-		{"GET", "/leases"}, {"GET", "/binaries"}, {"GET", "/metrics"},
+		{"GET", "/leases"}, {"GET", "/binaries"}, {"GET", "/metrics"}, {"GET", "/openapi.json"},
 	}
 	for _, r := range routes {
 		body := ""
@@ -432,7 +432,7 @@ func TestAuthProxyHeadersTrustsOnlyThePeer(t *testing.T) {
 		body   string
 	}{{"127.0.0.2", 200, `{"leases":[]}` + "\n"}, {"127.0.0.1", 401, bodyRejected}} {
 		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(tc.from)}}
-		cl := &http.Client{Transport: &http.Transport{DialContext: d.DialContext}}
+		cl := &http.Client{Transport: validating(&http.Transport{DialContext: d.DialContext})}
 		req, _ := http.NewRequest("GET", b.Base+"/leases", nil)
 		req.Header.Set("X-Forwarded-User", "alice")
 		req.Header.Set("X-Forwarded-For", "127.0.0.2")

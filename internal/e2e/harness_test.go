@@ -282,6 +282,7 @@ func (b *Broker) StartGateway(extraEnv ...string) {
 	m := b.GatewayLog.wait(b.t, listeningRE, 30*time.Second)
 	b.Addr = m[1]
 	b.Base = "http://" + b.Addr
+	checkResponsesOf(b.t, b.Addr)
 	b.Client = &brokerclient.Client{Base: b.Base, Token: b.Token}
 }
 

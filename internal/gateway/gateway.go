@@ -295,6 +295,7 @@ func (g *Gateway) Handler() http.Handler {
 	mux.HandleFunc("GET /leases", g.guarded(g.handleLeases))
 	mux.HandleFunc("GET /binaries", g.guarded(g.handleBinaries))
 	mux.HandleFunc("GET /metrics", g.guarded(g.handleMetrics))
+	mux.HandleFunc("GET /openapi.json", g.guarded(g.handleOpenAPI))
 	// Never under auth: health for probes; the instance dial-back proves
 	// itself with its spawn secret.
 	mux.HandleFunc("GET /healthz", g.handleHealthz)
