@@ -54,6 +54,9 @@ type Config struct {
 	// Spawnd holds the keys of the supervisor split (ours, not upstream's).
 	Spawnd Spawnd `yaml:"spawnd"`
 
+	// Console configures GET /console (ours, not upstream's).
+	Console Console `yaml:"console"`
+
 	// Warnings are the boot WARNs validation found (not errors).
 	Warnings []string `yaml:"-"`
 }
@@ -92,6 +95,15 @@ type Spawnd struct {
 	// SocketGID is the group given the run directory so the gateway's user
 	// can reach the socket. Unset leaves spawnd's group.
 	SocketGID *int `yaml:"socket_gid"`
+}
+
+// Console configures the operator page. With an auth: block the page needs
+// auth.admin_scope and these keys change nothing.
+type Console struct {
+	// AllowRemote serves the page without an auth: block to callers that
+	// are not on loopback. Off by default: without auth the page shows and
+	// releases every lease.
+	AllowRemote bool `yaml:"allow_remote"`
 }
 
 // The reserved entry name: always present, what a claim naming no binary

@@ -145,6 +145,7 @@ func TestDefaultValues(t *testing.T) {
 		{"inherit_env", c.InheritEnv, []string(nil)},
 		{"run_as", c.RunAs, (*RunAs)(nil)},
 		{"spawnd", c.Spawnd, Spawnd{}},
+		{"console", c.Console, Console{}},
 	} {
 		if !reflect.DeepEqual(d.got, d.want) {
 			t.Errorf("%s: default %v, want %v", d.key, d.got, d.want)
@@ -336,6 +337,11 @@ var okCases = []struct {
 			t.Errorf("spawnd %+v", c.Spawnd)
 		}
 	}},
+	{"console block", "console:\n  allow_remote: true\n", func(t *testing.T, c *Config) {
+		if !c.Console.AllowRemote {
+			t.Errorf("console %+v", c.Console)
+		}
+	}},
 	{"run_as aliased into an entry", "run_as: &ra {uid: 7, gid: 8}\nbinaries:\n  v:\n    path: x\n    run_as: *ra\n", func(t *testing.T, c *Config) {
 		if got := c.EntryRunAs("v").String(); got != "7:8" {
 			t.Errorf("binaries.v.run_as = %s", got)
@@ -445,6 +451,7 @@ var errorCases = []struct{ name, yaml, key, want string }{
 	{"unknown entry run_as key", "binaries:\n  vision:\n    path: x\n    run_as: {uid: 1, gid: 1, uidd: 2}\n", "binaries.vision.run_as.uidd", "unknown key; the keys allowed here are gid, uid"},
 	{"unknown run_as key", "run_as:\n  uid: 1\n  gid: 1\n  user: nexus\n", "run_as.user", "unknown key"},
 	{"unknown spawnd key", "spawnd:\n  run_dri: /run\n", "spawnd.run_dri", "unknown key; the keys allowed here are gateway_uid, run_dir, socket_gid"},
+	{"unknown console key", "console:\n  allow_remotely: true\n", "console.allow_remotely", "unknown key; the keys allowed here are allow_remote"},
 	{"alias reused as another type", "binaries:\n  a: &e {path: a}\n  b: *e\nrun_as: *e\n", "run_as.path", "unknown key; the keys allowed here are gid, uid"},
 	{"unknown key in an aliased entry", "binaries:\n  a: &e {path: a, bogus: 1}\n", "binaries.a.bogus", "unknown key"},
 

@@ -4,7 +4,7 @@ import "reflect"
 
 // sighupKeys are the top-level keys a SIGHUP applies to the running broker:
 // the registry and its credentials and environment, and the per-claim and
-// per-lease policy the next claim reads. Every other key is boot-only: the
+// per-lease policy the next claim reads, and who may open the console. Every other key is boot-only: the
 // listener, the journal and its identity, the replay buffers, the queue and
 // per-principal admission caps, and the spawnd: wiring are built once at
 // boot, and a reload that changes them is reported and ignored. A key
@@ -20,6 +20,7 @@ var sighupKeys = map[string]bool{
 	"ready_timeout":        true,
 	"session_report_grace": true,
 	"max_claim_body":       true,
+	"console":              true,
 }
 
 // ReloadDiff names the top-level keys whose values differ between c (the

@@ -24,6 +24,7 @@ var reloadClass = []struct {
 	{"ready_timeout", "ready_timeout: 2m", true},
 	{"session_report_grace", "session_report_grace: 1s", true},
 	{"max_claim_body", "max_claim_body: 2097152", true},
+	{"console", "console: {allow_remote: true}", true},
 	{"listen_addr", `listen_addr: "127.0.0.1:9090"`, false},
 	{"advertise_addr", "advertise_addr: broker:8080", false},
 	{"state_dir", "state_dir: /var/lib/nexus-broker", false},

@@ -117,6 +117,7 @@ func TestAuthEveryRouteNeedsACredential(t *testing.T) {
 	routes := []struct{ method, path string }{
 		{"POST", "/claim"}, {"POST", "/release/x"}, {"POST", "/ticket/x"},
 		{"GET", "/leases"}, {"GET", "/binaries"}, {"GET", "/metrics"}, {"GET", "/openapi.json"},
+		{"GET", "/console"}, {"GET", "/console/events"},
 	}
 	for _, r := range routes {
 		body := ""

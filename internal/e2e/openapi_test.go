@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -30,8 +31,8 @@ import (
 // undescribed route, status, header or body fails the test that received
 // it. Responses from other servers (a test's OIDC issuer, say) are not.
 
-// apiRouter is the validated document's router, built once.
-var apiRouter = sync.OnceValues(func() (routers.Router, error) {
+// apiDoc is the validated document, loaded once.
+var apiDoc = sync.OnceValues(func() (*openapi3.T, error) {
 	loader := openapi3.NewLoader()
 	doc, err := loader.LoadFromData(gateway.OpenAPI())
 	if err != nil {
@@ -40,8 +41,38 @@ var apiRouter = sync.OnceValues(func() (routers.Router, error) {
 	if err := doc.Validate(loader.Context); err != nil {
 		return nil, fmt.Errorf("openapi.json is not a valid OpenAPI document: %w", err)
 	}
+	return doc, nil
+})
+
+// apiRouter is the document's router, built once.
+var apiRouter = sync.OnceValues(func() (routers.Router, error) {
+	doc, err := apiDoc()
+	if err != nil {
+		return nil, err
+	}
 	return legacy.NewRouter(doc)
 })
+
+// checkSchema fails t when the JSON value does not match the document's
+// components.schemas entry name.
+func checkSchema(t testing.TB, name string, value []byte) {
+	t.Helper()
+	doc, err := apiDoc()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := doc.Components.Schemas[name]
+	if ref == nil {
+		t.Fatalf("openapi.json has no schema %s", name)
+	}
+	var v any
+	if err := json.Unmarshal(value, &v); err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	if err := ref.Value.VisitJSON(v, openapi3.EnableJSONSchema2020()); err != nil {
+		t.Errorf("a %s openapi.json does not describe: %v\n%s", name, err, value)
+	}
+}
 
 func init() {
 	// Pages and event streams are checked for their status and headers.

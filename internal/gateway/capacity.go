@@ -40,7 +40,8 @@ type capacity struct {
 
 type waiter struct {
 	granted chan struct{}
-	done    bool // granted or withdrawn; guarded by capacity.mu
+	done    bool      // granted or withdrawn; guarded by capacity.mu
+	since   time.Time // when the claim was parked
 }
 
 func newCapacity(max, maxDepth int, wait time.Duration) *capacity {
@@ -70,7 +71,7 @@ func (c *capacity) acquire(ctx context.Context, q queueQuota) error {
 		c.mu.Unlock()
 		return errQueueFull
 	}
-	w := &waiter{granted: make(chan struct{})}
+	w := &waiter{granted: make(chan struct{}), since: time.Now()}
 	el := c.queue.PushBack(w)
 	if q.max > 0 {
 		c.queued[q.principal]++
@@ -154,4 +155,15 @@ func (c *capacity) snapshot() (max, inUse, depth, maxDepth int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.max, c.inUse, c.queue.Len(), c.maxDepth
+}
+
+// oldestWait is how long the claim at the head of the queue has waited;
+// zero when none waits.
+func (c *capacity) oldestWait() time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if front := c.queue.Front(); front != nil {
+		return time.Since(front.Value.(*waiter).since)
+	}
+	return 0
 }

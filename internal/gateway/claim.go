@@ -201,6 +201,7 @@ func (g *Gateway) claim(r *http.Request, p auth.Principal) (*claimResponse, *cla
 	}
 	session = l.sessionID
 	l.mu.Unlock()
+	g.console.record(eventClaimed, l, "")
 	resp := &claimResponse{LeaseID: id, WSURL: g.wsURL(r, id), SessionID: session}
 	if g.auth.Enabled() {
 		resp.Ticket = g.tickets.Mint(id, p)

@@ -246,12 +246,14 @@ func (g *Gateway) serveClient(l *lease, conn *websocket.Conn, principal, credent
 	old := l.client
 	l.client = c
 	l.mu.Unlock()
+	g.console.wake()
 	g.log.Info("client connected", "lease_id", l.id, "principal_id", principal, "credential", credential, "evicted_previous_client", old != nil)
 	if old != nil {
 		// The newest connection wins: a half-open socket must not lock its
 		// owner out of the reconnect the ticket flow exists for.
 		old.ws.closeNow(codeSuperseded, closeSuperseded)
 		g.m.clientEvictions.Add(1)
+		g.console.record(eventEvicted, l, closeSuperseded)
 		g.log.Warn("this connection displaced the lease's previous client, which has been "+
 			"closed. A client must not keep two connections open to one lease — they will "+
 			"evict each other",
@@ -280,6 +282,7 @@ func (g *Gateway) serveClient(l *lease, conn *websocket.Conn, principal, credent
 		l.client = nil
 	}
 	l.mu.Unlock()
+	g.console.wake()
 	c.ws.finish()
 	g.log.Info("client disconnected", "lease_id", l.id)
 }

@@ -53,6 +53,7 @@ type Gateway struct {
 	// auth is nil without an auth: block; tickets are minted only with one.
 	auth    *auth.Authenticator
 	tickets *auth.Tickets
+	console *consoleHub
 
 	mu     sync.Mutex
 	leases map[string]*lease
@@ -77,6 +78,7 @@ func New(o Options) *Gateway {
 		m:        newMetrics(),
 		auth:     o.Auth,
 		tickets:  auth.NewTickets(),
+		console:  newConsoleHub(),
 		leases:   map[string]*lease{},
 		claiming: map[string]int{},
 		ctx:      ctx,
@@ -296,6 +298,8 @@ func (g *Gateway) Handler() http.Handler {
 	mux.HandleFunc("GET /binaries", g.guarded(g.handleBinaries))
 	mux.HandleFunc("GET /metrics", g.guarded(g.handleMetrics))
 	mux.HandleFunc("GET /openapi.json", g.guarded(g.handleOpenAPI))
+	mux.HandleFunc("GET /console", g.handleConsole)
+	mux.HandleFunc("GET /console/events", g.handleConsoleEvents)
 	// Never under auth: health for probes; the instance dial-back proves
 	// itself with its spawn secret.
 	mux.HandleFunc("GET /healthz", g.handleHealthz)

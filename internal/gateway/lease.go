@@ -245,6 +245,7 @@ func (l *lease) teardown(reason string, mode teardownMode) {
 		}
 		l.g.cap.release()
 		l.g.removeLease(l)
+		l.g.console.record(teardownEvent(reason), l, reason)
 		l.g.log.Info("lease closed", "lease_id", l.id, "reason", reason)
 		close(l.tornDown)
 	})

@@ -53,12 +53,16 @@ type binaryJSON struct {
 // handleBinaries is GET /binaries: names and presentational strings only,
 // sorted by name; never a path, argv or environment.
 func (g *Gateway) handleBinaries(w http.ResponseWriter, _ *http.Request, _ auth.Principal) {
+	writeJSON(w, http.StatusOK, map[string]any{"binaries": g.binaryList()})
+}
+
+func (g *Gateway) binaryList() []binaryJSON {
 	bs := *g.binaries.Load()
 	out := make([]binaryJSON, len(bs))
 	for i, b := range bs {
 		out[i] = binaryJSON{Name: b.Name, Label: b.Label, Description: b.Description}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"binaries": out})
+	return out
 }
 
 type leaseJSON struct {
@@ -70,6 +74,9 @@ type leaseJSON struct {
 	Reason       string    `json:"reason,omitempty"`
 	LastActivity time.Time `json:"last_activity"`
 	CreatedAt    time.Time `json:"created_at"`
+	// For the console only: GET /leases discloses neither.
+	principal      string
+	clientAttached bool
 }
 
 type leasesJSON struct {
@@ -90,6 +97,7 @@ func (g *Gateway) snapshotLeases(owner string, all bool) []leaseJSON {
 		out = append(out, leaseJSON{
 			LeaseID: l.id, SessionID: l.sessionID, PID: l.pid, State: l.state, Binary: l.entry,
 			Reason: l.reason, LastActivity: l.lastActivity.UTC(), CreatedAt: l.createdAt.UTC(),
+			principal: l.principal, clientAttached: l.client != nil,
 		})
 		l.mu.Unlock()
 	}
