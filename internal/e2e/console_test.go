@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -66,23 +65,10 @@ func startChromium(t *testing.T) context.Context {
 
 // processesWith lists the processes whose command line mentions arg.
 func processesWith(arg string) []int {
-	var pids []int
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
+	return pidsWhere(func(pid int) bool {
 		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		if err != nil || !bytes.Contains(cmdline, []byte(arg)) {
-			continue
-		}
-		if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil && zombie(st) {
-			continue
-		}
-		pids = append(pids, pid)
-	}
-	return pids
+		return err == nil && bytes.Contains(cmdline, []byte(arg))
+	})
 }
 
 // TestConsoleInABrowser: an operator's console in headless Chromium shows

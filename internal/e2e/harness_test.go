@@ -300,19 +300,23 @@ func (b *Broker) Instances() []int {
 
 // instancesOf scans /proc for nexus-echo processes whose HOME is home.
 func instancesOf(_ string, home string) []int {
+	return pidsWhere(func(pid int) bool {
+		exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+		if err != nil || exe != bin("nexus-echo") {
+			return false
+		}
+		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+		return err == nil && bytes.Contains(env, []byte("HOME="+home+"\x00"))
+	})
+}
+
+// pidsWhere lists the live (not zombie) processes match accepts.
+func pidsWhere(match func(pid int) bool) []int {
 	var pids []int
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
-		if err != nil || exe != bin("nexus-echo") {
-			continue
-		}
-		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
-		if err != nil || !bytes.Contains(env, []byte("HOME="+home+"\x00")) {
+		if err != nil || !match(pid) {
 			continue
 		}
 		if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil && zombie(st) {
