@@ -71,6 +71,10 @@ type Entry struct {
 	Args        []string          `yaml:"args"`
 	Env         map[string]string `yaml:"env"`
 	RunAs       *RunAs            `yaml:"run_as"`
+	// AllowPrivilegeEscalation (ours) starts the entry's instances without
+	// no_new_privs, so a setuid or file-capability binary they exec gains
+	// its privilege. Off by default.
+	AllowPrivilegeEscalation bool `yaml:"allow_privilege_escalation"`
 }
 
 // RunAs is a numeric credential; both ids are required when the block is

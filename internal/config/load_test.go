@@ -447,7 +447,7 @@ func TestParseOK(t *testing.T) {
 var errorCases = []struct{ name, yaml, key, want string }{
 	// Unknown keys, at every level.
 	{"unknown top-level key", "listen_adr: \":8080\"", "listen_adr", "unknown key; the keys allowed here are advertise_addr, auth, binaries,"},
-	{"unknown entry key", "binaries:\n  vision:\n    path: x\n    pth: y\n", "binaries.vision.pth", "unknown key; the keys allowed here are args, description, env, label, path, run_as"},
+	{"unknown entry key", "binaries:\n  vision:\n    path: x\n    pth: y\n", "binaries.vision.pth", "unknown key; the keys allowed here are allow_privilege_escalation, args, description, env, label, path, run_as"},
 	{"unknown entry run_as key", "binaries:\n  vision:\n    path: x\n    run_as: {uid: 1, gid: 1, uidd: 2}\n", "binaries.vision.run_as.uidd", "unknown key; the keys allowed here are gid, uid"},
 	{"unknown run_as key", "run_as:\n  uid: 1\n  gid: 1\n  user: nexus\n", "run_as.user", "unknown key"},
 	{"unknown spawnd key", "spawnd:\n  run_dri: /run\n", "spawnd.run_dri", "unknown key; the keys allowed here are gateway_uid, run_dir, socket_gid"},

@@ -127,7 +127,7 @@ type Broker struct {
 	gateway    *proc
 	spawnd     *proc
 	env        []string
-	wrapper    []string
+	spawndOpts Options
 }
 
 // proc is a started process with exactly one Wait, so a test and its
@@ -182,13 +182,18 @@ type Options struct {
 	StateDir bool
 	// SpawndWrapper runs nexus-spawnd under a command (setpriv, say).
 	SpawndWrapper []string
+	// SpawndStdin, SpawndExtraFiles and SpawndAttr start nexus-spawnd
+	// with a terminal or descriptors an instance must not inherit.
+	SpawndStdin      *os.File
+	SpawndExtraFiles []*os.File
+	SpawndAttr       *syscall.SysProcAttr
 }
 
 // startBroker writes the config and starts spawnd, then the gateway.
 func startBroker(t testing.TB, o Options) *Broker {
 	t.Helper()
 	dir := t.TempDir()
-	b := &Broker{t: t, Dir: dir, RunDir: filepath.Join(dir, "run"), Home: filepath.Join(dir, "home"), wrapper: o.SpawndWrapper, Token: o.Token}
+	b := &Broker{t: t, Dir: dir, RunDir: filepath.Join(dir, "run"), Home: filepath.Join(dir, "home"), spawndOpts: o, Token: o.Token}
 	if err := os.MkdirAll(b.Home, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -250,9 +255,14 @@ func (b *Broker) StartSpawnd() {
 	b.SpawndLog = newLogBuffer()
 	reattach := filepath.Join(b.RunDir, "spawnd.json")
 	old, _ := os.ReadFile(reattach)
-	argv := append(append([]string{}, b.wrapper...), bin("nexus-spawnd"), "-config", b.ConfigPath)
+	o := b.spawndOpts
+	argv := append(append([]string{}, o.SpawndWrapper...), bin("nexus-spawnd"), "-config", b.ConfigPath)
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = b.env
+	cmd.ExtraFiles, cmd.SysProcAttr = o.SpawndExtraFiles, o.SpawndAttr
+	if o.SpawndStdin != nil { // a nil *os.File in the io.Reader would not read as nil
+		cmd.Stdin = o.SpawndStdin
+	}
 	cmd.Stdout, cmd.Stderr = b.SpawndLog, b.SpawndLog
 	b.spawnd = startProc(b.t, cmd)
 	deadline := time.Now().Add(30 * time.Second)

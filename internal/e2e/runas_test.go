@@ -16,17 +16,8 @@ import (
 )
 
 func TestRunAsDropsToTheEntrysCredential(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("run_as needs a privileged nexus-spawnd; CI runs as root")
-	}
-	home, err := os.MkdirTemp("", "nexus-e2e-runas-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(home) })
-	if err := os.Chown(home, 65534, 65534); err != nil {
-		t.Fatal(err)
-	}
+	requireRoot(t)
+	home := nobodyHome(t)
 	b := startBroker(t, Options{NoNexusEntry: true, YAML: fmt.Sprintf(`binaries:
   nexus:
     path: %[1]q

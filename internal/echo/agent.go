@@ -1,6 +1,7 @@
 package echo
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -21,8 +22,11 @@ const (
 	cmdEnv        = "/env"
 	cmdID         = "/id"
 	cmdSpawnChild = "/spawn-child"
-	cmdAsk        = "/ask "
-	cmdBig        = "/big "
+	// cmdRun runs the rest of the line with sh -c and answers with its
+	// output; served only with EnvAllowRun set.
+	cmdRun = "/run "
+	cmdAsk = "/ask "
+	cmdBig = "/big "
 	// cmdDrop drops the broker connection abruptly and stays away for the
 	// given duration before redialing: it exercises the broker holding
 	// client frames while an instance redials.
@@ -193,6 +197,9 @@ func (a *agent) compute(ctx context.Context, t *turn, n int, input string) (repl
 	case input == cmdSpawnChild:
 		return words(a.spawnChild()), nil
 	}
+	if command, ok := strings.CutPrefix(input, cmdRun); ok && a.knobs.AllowRun {
+		return words(run(ctx, command)), nil
+	}
 	if q, ok := strings.CutPrefix(input, cmdAsk); ok && q != "" {
 		return a.ask(ctx, t, q)
 	}
@@ -343,6 +350,16 @@ func identity() string {
 	}
 	return fmt.Sprintf("uid=%d gid=%d groups=%s home=%s cwd=%s",
 		os.Getuid(), os.Getgid(), strings.Join(gs, ","), os.Getenv("HOME"), cwd)
+}
+
+// run runs a shell command and returns its combined output, trimmed, or
+// why it failed.
+func run(ctx context.Context, command string) string {
+	out, err := exec.CommandContext(ctx, "/bin/sh", "-c", command).CombinedOutput()
+	if err != nil {
+		return fmt.Sprintf("run failed: %v: %s", err, bytes.TrimSpace(out))
+	}
+	return string(bytes.TrimSpace(out))
 }
 
 // spawnChild starts a grandchild in the instance's own process group, so

@@ -255,6 +255,32 @@ func TestSpecialInputs(t *testing.T) {
 	inst.expectExit(t, ExitOK)
 }
 
+// TestRunIsServedOnlyWithItsKnob: /run is a containment-test tool, so an
+// instance started without EnvAllowRun echoes it as plain input.
+func TestRunIsServedOnlyWithItsKnob(t *testing.T) {
+	t.Parallel()
+	for _, allow := range []bool{false, true} {
+		b := newFakeBroker(t)
+		var env []string
+		if allow {
+			env = []string{EnvAllowRun + "=1"}
+		}
+		inst := spawn{dir: t.TempDir(), env: env}.start(t, b)
+		c := b.accept(t)
+		sid := c.handshake(t)
+		c.input(t, "/run echo ran; false")
+		want := "echo #1: /run echo ran; false"
+		if allow {
+			want = "run failed: exit status 1: ran"
+		}
+		if got := collectAnswer(t, c, sid+"-1"); got != want {
+			t.Errorf("allow=%v: /run answered %q, want %q", allow, got, want)
+		}
+		c.send(t, brokerframe.Frame{Signal: brokerframe.SignalShutdown})
+		inst.expectExit(t, ExitOK)
+	}
+}
+
 // collectAnswer reads a whole turn and returns its streamed text.
 func collectAnswer(t *testing.T, c *brokerConn, turnID string) string {
 	t.Helper()

@@ -30,6 +30,9 @@ const (
 	// EnvReportFlood, <count>x<bytes>, follows the handshake's report with
 	// count more, each a distinct id of that many bytes.
 	EnvReportFlood = "NEXUS_ECHO_REPORT_FLOOD"
+	// EnvAllowRun enables the /run command, which runs what a client
+	// types: for containment tests only, never for a deployed entry.
+	EnvAllowRun = "NEXUS_ECHO_ALLOW_RUN"
 )
 
 // The values EnvCrash accepts.
@@ -58,6 +61,7 @@ type knobs struct {
 	RegisterVersion int           // version stamped on register frames
 	BootDelay       time.Duration // wait before the first dial
 	NoSessionReport bool          // never send session-id-report
+	AllowRun        bool          // serve /run <argv…>
 	PingInterval    time.Duration
 	PeerTimeout     time.Duration
 	ReportSession   string // path of EnvReportSessionFrom's file; "" reports the real id
@@ -84,6 +88,7 @@ func loadKnobs(getenv func(string) string) (knobs, error) {
 		{EnvNoSecret, &k.NoSecret},
 		{EnvWrongSecret, &k.WrongSecret},
 		{EnvNoSessionReport, &k.NoSessionReport},
+		{EnvAllowRun, &k.AllowRun},
 	}
 	for _, b := range bools {
 		v := getenv(b.name)

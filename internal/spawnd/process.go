@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -51,7 +53,7 @@ func (d *Daemon) start(id string, e *entry, inherit []string, req *spawnpb.Spawn
 //	<resolved path> -config <file> [-recall <session>] <entry args…>
 //
 // with the environment of spawnEnv, in the HOME it gives, as the leader of a
-// new process group, under cred. stdout and stderr append to the lease's
+// new session, under cred, with no_new_privs unless the entry opts out. stdout and stderr append to the lease's
 // log file rather than a pipe: a pipe would die with spawnd, and the
 // instance with it on its next write (SIGPIPE).
 func (d *Daemon) exec(id string, e *entry, inherit []string, req *spawnpb.SpawnRequest, configPath string, cred *syscall.Credential) (started, error) {
@@ -79,16 +81,19 @@ func (d *Daemon) exec(id string, e *entry, inherit []string, req *spawnpb.SpawnR
 	}
 	defer null.Close()
 
-	p.pid, _, err = syscall.StartProcess(argv[0], argv, &syscall.ProcAttr{
+	p.pid, err = startProcess(argv, &syscall.ProcAttr{
 		Dir:   dir,
 		Env:   env.pairs(),
 		Files: []uintptr{null.Fd(), out.Fd(), out.Fd()},
 		Sys: &syscall.SysProcAttr{
-			Setpgid:    true, // the instance leads its own group: Pgid 0 means its own pid
+			// The instance leads a new session, and so its own process
+			// group, with no controlling terminal: it cannot push input
+			// into the terminal spawnd was started from (TIOCSTI).
+			Setsid:     true,
 			Credential: cred,
 			PidFD:      &p.pidfd,
 		},
-	})
+	}, !e.allowEscalation)
 	if err != nil {
 		as := "nexus-spawnd's own credential"
 		if e.runAs != nil {
@@ -111,6 +116,57 @@ func (d *Daemon) exec(id string, e *entry, inherit []string, req *spawnpb.SpawnR
 		return started{}, err
 	}
 	return p, nil
+}
+
+// startProcess execs argv. With noNewPrivs it does so from an OS thread of
+// its own that dies afterwards: no_new_privs is a per-thread flag that a
+// child inherits at clone and that can never be cleared, so it is set on a
+// thread no other goroutine of spawnd will ever run on.
+func startProcess(argv []string, attr *syscall.ProcAttr, noNewPrivs bool) (int, error) {
+	if !noNewPrivs {
+		pid, _, err := syscall.StartProcess(argv[0], argv, attr)
+		return pid, err
+	}
+	type result struct {
+		pid int
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		// Never unlocked: the runtime ends a thread whose goroutine exits
+		// while locked to it.
+		runtime.LockOSThread()
+		if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+			done <- result{err: fmt.Errorf("prctl(PR_SET_NO_NEW_PRIVS): %w", err)}
+			return
+		}
+		pid, _, err := syscall.StartProcess(argv[0], argv, attr)
+		done <- result{pid, err}
+	}()
+	r := <-done
+	return r.pid, r.err
+}
+
+// sealInheritedFDs marks every descriptor spawnd inherited (3 and up)
+// close-on-exec, so none reaches an instance: exec passes on whatever is not
+// so marked, and a parent may hand spawnd anything. What spawnd opens itself
+// is born close-on-exec (Go's os package, Pipe2 and pidfds).
+func sealInheritedFDs() error {
+	names, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return fmt.Errorf("listing inherited descriptors: %w; nexus-spawnd needs /proc mounted", err)
+	}
+	for _, de := range names {
+		fd, err := strconv.Atoi(de.Name())
+		if err != nil || fd < 3 {
+			continue
+		}
+		// EBADF is the directory handle ReadDir has closed since.
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFD, unix.FD_CLOEXEC); err != nil && err != unix.EBADF {
+			return fmt.Errorf("marking inherited descriptor %d close-on-exec: %w", fd, err)
+		}
+	}
+	return nil
 }
 
 // writeConfig writes the claim's config 0600, owned by the instance's own

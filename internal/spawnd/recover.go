@@ -14,7 +14,7 @@ import (
 
 // Recovery: what a nexus-spawnd does at boot with the leases its
 // predecessor journaled as live. The instances outlived it (each leads its
-// own process group, and was reparented to init when the old spawnd died)
+// own session and process group, and was reparented to init when the old spawnd died)
 // and keep redialing the gateway, so each one whose identity is proven is
 // adopted: supervised, listed, verifiable and terminable as if spawned here.
 //

@@ -40,6 +40,9 @@ type entry struct {
 	args               []string
 	env                map[string]string
 	runAs              *credential // nil: spawnd's own credential
+	// allowEscalation starts instances without no_new_privs (the entry's
+	// allow_privilege_escalation).
+	allowEscalation bool
 	// passwdHome is the run_as user's home from the passwd database; empty
 	// for an entry without run_as, or whose env sets HOME itself.
 	passwdHome string
@@ -82,6 +85,8 @@ func resolve(cfg *config.Config) (*settings, error) {
 			resolved:    resolved,
 			args:        ce.Args,
 			env:         ce.Env,
+
+			allowEscalation: ce.AllowPrivilegeEscalation,
 		}
 		if r := cfg.EntryRunAs(name); r != nil {
 			if e.runAs, err = newCredential(name, r); err != nil {
@@ -247,6 +252,9 @@ func (d *Daemon) describe(s *settings) {
 			"path", e.path,
 			"resolved_path", e.resolved,
 			"spawn_env", strings.Join(slices.Sorted(slices.Values(env.names)), ","),
+		}
+		if e.allowEscalation {
+			attrs = append(attrs, "no_new_privs", false)
 		}
 		if e.runAs != nil {
 			attrs = append(attrs, "run_as", e.runAs.String(), "run_as_home", env.values["HOME"])

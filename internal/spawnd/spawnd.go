@@ -180,6 +180,9 @@ func New(cfgPath string, cfg *config.Config, log *slog.Logger) (_ *Daemon, err e
 	if log == nil {
 		log = slog.Default()
 	}
+	if err := sealInheritedFDs(); err != nil {
+		return nil, err
+	}
 	s, err := resolve(cfg)
 	if err != nil {
 		return nil, err
