@@ -212,12 +212,14 @@ func TestUnits(t *testing.T) {
 	spawnd.want(t, "Service", "RuntimeDirectoryMode", "0750")
 	spawnd.want(t, "Service", "StateDirectoryMode", "0700")
 	spawnd.want(t, "Service", "OOMPolicy", "continue")
+	spawnd.want(t, "Service", "Delegate", "yes")
 	// Correctness, not taste: each of these breaks something.
 	for k, why := range map[string]string{
-		"PrivateTmp":  "systemd deletes a private /tmp on stop, under instances that outlive spawnd",
-		"ProtectProc": "spawnd reads /proc/<pid>/stat of instances running as other uids",
-		"ExecReload":  "spawnd does not handle SIGHUP; reload through the gateway",
-		"User":        "spawnd runs as root, reduced by CapabilityBoundingSet=",
+		"PrivateTmp":           "systemd deletes a private /tmp on stop, under instances that outlive spawnd",
+		"ProtectProc":          "spawnd reads /proc/<pid>/stat of instances running as other uids",
+		"ExecReload":           "spawnd does not handle SIGHUP; reload through the gateway",
+		"User":                 "spawnd runs as root, reduced by CapabilityBoundingSet=",
+		"ProtectControlGroups": "a read-only /sys/fs/cgroup keeps spawnd from creating lease cgroups in its delegated subtree",
 	} {
 		if v := spawnd.last("Service", k); v != "" && v != "no" && v != "false" && v != "default" {
 			t.Errorf("%s: %s=%s: %s", spawndUnit, k, v, why)
@@ -397,8 +399,9 @@ func TestSystemdVerify(t *testing.T) {
 		// What remains is the network and /proc the gateway needs.
 		{gatewayUnit, 11},
 		// Root with four capabilities, and the latitude its instances
-		// need (see the unit's comments).
-		{spawndUnit, 42},
+		// need (see the unit's comments); a writable /sys/fs/cgroup
+		// (no ProtectControlGroups=) for its delegated lease cgroups.
+		{spawndUnit, 43},
 	} {
 		path := filepath.Join(dir, c.unit)
 		out, err := exec.Command(analyze, "security", "--offline=true", "--threshold="+strconv.Itoa(c.threshold), path).CombinedOutput()

@@ -75,6 +75,12 @@ type Entry struct {
 	// no_new_privs, so a setuid or file-capability binary they exec gains
 	// its privilege. Off by default.
 	AllowPrivilegeEscalation bool `yaml:"allow_privilege_escalation"`
+	// MemoryMax, PidsMax and CPUWeight (ours) are written to each
+	// instance's cgroup (memory.max, pids.max, cpu.weight); 0 leaves the
+	// limit unset. They need cgroup v2 containment with the controller.
+	MemoryMax Size `yaml:"memory_max"`
+	PidsMax   int  `yaml:"pids_max"`
+	CPUWeight int  `yaml:"cpu_weight"`
 }
 
 // RunAs is a numeric credential; both ids are required when the block is
@@ -99,6 +105,11 @@ type Spawnd struct {
 	// SocketGID is the group given the run directory so the gateway's user
 	// can reach the socket. Unset leaves spawnd's group.
 	SocketGID *int `yaml:"socket_gid"`
+	// CgroupRoot is a writable, delegated cgroup v2 directory: each
+	// instance is born in <cgroup_root>/<broker_id>/<lease_id>. Empty means
+	// spawnd's own cgroup when systemd delegated it (Delegate=yes), else
+	// none (process groups only).
+	CgroupRoot string `yaml:"cgroup_root"`
 }
 
 // Console configures the operator page. With an auth: block the page needs
@@ -109,6 +120,9 @@ type Console struct {
 	// releases every lease.
 	AllowRemote bool `yaml:"allow_remote"`
 }
+
+// MaxCPUWeight is the largest cpu.weight the kernel accepts.
+const MaxCPUWeight = 10000
 
 // The reserved entry name: always present, what a claim naming no binary
 // spawns.

@@ -447,10 +447,12 @@ func TestParseOK(t *testing.T) {
 var errorCases = []struct{ name, yaml, key, want string }{
 	// Unknown keys, at every level.
 	{"unknown top-level key", "listen_adr: \":8080\"", "listen_adr", "unknown key; the keys allowed here are advertise_addr, auth, binaries,"},
-	{"unknown entry key", "binaries:\n  vision:\n    path: x\n    pth: y\n", "binaries.vision.pth", "unknown key; the keys allowed here are allow_privilege_escalation, args, description, env, label, path, run_as"},
+	{"unknown entry key", "binaries:\n  vision:\n    path: x\n    pth: y\n", "binaries.vision.pth", "unknown key; the keys allowed here are allow_privilege_escalation, args, cpu_weight, description, env, label, memory_max, path, pids_max, run_as"},
+	{"negative pids_max", "binaries:\n  vision:\n    path: x\n    pids_max: -1\n", "binaries.vision.pids_max", "-1 is negative"},
+	{"cpu_weight too large", "binaries:\n  vision:\n    path: x\n    cpu_weight: 10001\n", "binaries.vision.cpu_weight", "outside 1..10000"},
 	{"unknown entry run_as key", "binaries:\n  vision:\n    path: x\n    run_as: {uid: 1, gid: 1, uidd: 2}\n", "binaries.vision.run_as.uidd", "unknown key; the keys allowed here are gid, uid"},
 	{"unknown run_as key", "run_as:\n  uid: 1\n  gid: 1\n  user: nexus\n", "run_as.user", "unknown key"},
-	{"unknown spawnd key", "spawnd:\n  run_dri: /run\n", "spawnd.run_dri", "unknown key; the keys allowed here are gateway_uid, run_dir, socket_gid"},
+	{"unknown spawnd key", "spawnd:\n  run_dri: /run\n", "spawnd.run_dri", "unknown key; the keys allowed here are cgroup_root, gateway_uid, run_dir, socket_gid"},
 	{"unknown console key", "console:\n  allow_remotely: true\n", "console.allow_remotely", "unknown key; the keys allowed here are allow_remote"},
 	{"alias reused as another type", "binaries:\n  a: &e {path: a}\n  b: *e\nrun_as: *e\n", "run_as.path", "unknown key; the keys allowed here are gid, uid"},
 	{"unknown key in an aliased entry", "binaries:\n  a: &e {path: a, bogus: 1}\n", "binaries.a.bogus", "unknown key"},

@@ -144,6 +144,12 @@ func (e *Entry) validate(path string) error {
 	if len(e.Env) == 0 {
 		e.Env = nil
 	}
+	if e.PidsMax < 0 {
+		return fmt.Errorf("broker config: %s.pids_max: %d is negative; give the most processes an instance may have, or 0 for no limit", path, e.PidsMax)
+	}
+	if e.CPUWeight < 0 || e.CPUWeight > MaxCPUWeight {
+		return fmt.Errorf("broker config: %s.cpu_weight: %d is outside 1..%d (the kernel's cpu.weight range; 100 is the default share), or 0 to leave it unset", path, e.CPUWeight, MaxCPUWeight)
+	}
 	return checkRunAs(e.RunAs, path+".run_as")
 }
 

@@ -170,6 +170,8 @@ type Options struct {
 	// YAML is appended to the base broker.yaml (listen on 127.0.0.1:0, the
 	// run dir, nexus-echo as nexus). It may redeclare binaries: entirely.
 	YAML string
+	// SpawndYAML is added inside the spawnd: block (indented two spaces).
+	SpawndYAML string
 	// NoNexusEntry leaves binaries: to YAML.
 	NoNexusEntry bool
 	// Env is added to both processes' environment.
@@ -199,7 +201,7 @@ func startBroker(t testing.TB, o Options) *Broker {
 	}
 	// A fixed port, as an operator's would be: instances redial the address
 	// they were spawned with, so a restarted gateway must come back on it.
-	yaml := fmt.Sprintf("listen_addr: \"127.0.0.1:%d\"\nspawnd:\n  run_dir: %q\n", freePort(t), b.RunDir)
+	yaml := fmt.Sprintf("listen_addr: \"127.0.0.1:%d\"\nspawnd:\n  run_dir: %q\n%s", freePort(t), b.RunDir, o.SpawndYAML)
 	if o.StateDir {
 		yaml += fmt.Sprintf("state_dir: %q\n", filepath.Join(dir, "state"))
 	}

@@ -80,21 +80,31 @@ func (d *Daemon) exec(id string, e *entry, inherit []string, req *spawnpb.SpawnR
 		return started{}, err
 	}
 	defer null.Close()
+	sys := &syscall.SysProcAttr{
+		// The instance leads a new session, and so its own process
+		// group, with no controlling terminal: it cannot push input
+		// into the terminal spawnd was started from (TIOCSTI).
+		Setsid:     true,
+		Credential: cred,
+		PidFD:      &p.pidfd,
+	}
+	if d.cgroups != nil {
+		cg, err := d.cgroups.create(id, e)
+		if err != nil {
+			return started{}, err
+		}
+		defer cg.Close()
+		sys.UseCgroupFD, sys.CgroupFD = true, int(cg.Fd())
+	}
 
 	p.pid, err = startProcess(argv, &syscall.ProcAttr{
 		Dir:   dir,
 		Env:   env.pairs(),
 		Files: []uintptr{null.Fd(), out.Fd(), out.Fd()},
-		Sys: &syscall.SysProcAttr{
-			// The instance leads a new session, and so its own process
-			// group, with no controlling terminal: it cannot push input
-			// into the terminal spawnd was started from (TIOCSTI).
-			Setsid:     true,
-			Credential: cred,
-			PidFD:      &p.pidfd,
-		},
+		Sys:   sys,
 	}, !e.allowEscalation)
-	if err != nil {
+	if err != nil && d.cgroups != nil {
+		d.removeCgroup(id)
 		as := "nexus-spawnd's own credential"
 		if e.runAs != nil {
 			as = "run_as " + e.runAs.String()
@@ -113,6 +123,9 @@ func (d *Daemon) exec(id string, e *entry, inherit []string, req *spawnpb.SpawnR
 		// Not yet reaped, so the pid and its group are still this child's.
 		_ = unix.Kill(-p.pid, unix.SIGKILL)
 		_, _ = reap(p.pid)
+		if d.cgroups != nil {
+			d.removeCgroup(id)
+		}
 		return started{}, err
 	}
 	return p, nil
@@ -222,7 +235,11 @@ func (d *Daemon) supervise(l *lease) {
 	}
 
 	d.mu.Lock()
-	if !l.adopted {
+	if l.inCgroup {
+		// Everything the instance started, whatever session or parent
+		// it has moved to since.
+		_ = d.cgroups.signal(l.rec.LeaseID, unix.SIGKILL)
+	} else if !l.adopted {
 		// The leader has exited but is not reaped, so its pid, which is
 		// the group's id, cannot have been reused: this reaches only what
 		// the instance started. Marking the lease gone under the same
@@ -243,8 +260,10 @@ func (d *Daemon) supervise(l *lease) {
 	if l.adopted {
 		// The status first: init may reap the leader at any moment.
 		ws, known = adoptedStatus(rec)
-		if n, err := killGroupRemains(rec.PID, l.sid, rec.StartTime); err != nil {
-			d.log.Error("killing what is left of an adopted instance's process group failed", "lease_id", rec.LeaseID, "pid", rec.PID, "killed", n, "error", err)
+		if !l.inCgroup {
+			if n, err := killGroupRemains(rec.PID, l.sid, rec.StartTime); err != nil {
+				d.log.Error("killing what is left of an adopted instance's process group failed", "lease_id", rec.LeaseID, "pid", rec.PID, "killed", n, "error", err)
+			}
 		}
 	} else {
 		var err error
@@ -254,6 +273,9 @@ func (d *Daemon) supervise(l *lease) {
 		known = err == nil
 	}
 	_ = unix.Close(pidfd)
+	if l.inCgroup {
+		d.removeCgroup(rec.LeaseID)
+	}
 	d.removeConfig(l.configPath)
 	ev := &spawnpb.ExitEvent{LeaseId: rec.LeaseID, Pid: int64(rec.PID), ExitCode: -1, Terminated: terminated}
 	switch {
@@ -272,6 +294,31 @@ func (d *Daemon) supervise(l *lease) {
 	d.watchers.publish(ev)
 	l.exit = ev
 	close(l.gone)
+}
+
+// removeCgroup removes a lease's cgroup once it is empty. A cgroup that does
+// not empty within cgroupDrainLimit (a member stuck in uninterruptible
+// sleep) is logged as an ERROR and its removal retried until it succeeds or
+// spawnd closes; the next boot's sweep removes it otherwise.
+func (d *Daemon) removeCgroup(id string) {
+	err := d.cgroups.remove(id, cgroupDrainLimit)
+	if err == nil {
+		return
+	}
+	d.log.Error("lease cgroup did not empty; the lease is closed and the cgroup's removal is retried", "lease_id", id, "error", err)
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		for err != nil {
+			select {
+			case <-d.closing:
+				return
+			case <-time.After(cgroupRetryEvery):
+			}
+			err = d.cgroups.remove(id, 0)
+		}
+		d.log.Info("lease cgroup removed after all", "lease_id", id)
+	}()
 }
 
 // awaitExit blocks until the process behind pidfd exits (true) or stop is
@@ -308,9 +355,13 @@ func reap(pid int) (unix.WaitStatus, error) {
 // It stops early once the instance is gone or spawnd is closing.
 func (d *Daemon) escalate(l *lease, skipGrace bool, grace time.Duration) {
 	defer d.wg.Done()
-	msg := "instance did not exit within release_grace; sending SIGTERM to its process group"
+	group := "process group"
+	if l.inCgroup {
+		group = "cgroup"
+	}
+	msg := "instance did not exit within release_grace; sending SIGTERM to its " + group
 	if skipGrace {
-		msg = "release_grace skipped: no socket could have asked the instance to stop; sending SIGTERM to its process group"
+		msg = "release_grace skipped: no socket could have asked the instance to stop; sending SIGTERM to its " + group
 	} else if d.settled(l, grace) {
 		return
 	}
@@ -318,7 +369,7 @@ func (d *Daemon) escalate(l *lease, skipGrace bool, grace time.Duration) {
 	if d.settled(l, termGrace) {
 		return
 	}
-	d.signalGroup(l, unix.SIGKILL, "instance did not exit after SIGTERM; sending SIGKILL to its process group", "term_grace", termGrace.String())
+	d.signalGroup(l, unix.SIGKILL, "instance did not exit after SIGTERM; sending SIGKILL to its "+group, "term_grace", termGrace.String())
 }
 
 // settled waits up to wait for the lease to be gone or spawnd to close, and
@@ -351,6 +402,8 @@ func (d *Daemon) signalGroup(l *lease, sig unix.Signal, msg string, attrs ...any
 	var err error
 	switch {
 	case !live:
+	case l.inCgroup:
+		err = d.cgroups.signal(l.rec.LeaseID, sig)
 	case !l.adopted:
 		err = unix.Kill(-l.rec.PID, sig)
 	case unix.PidfdSendSignal(l.pidfd, sig, nil, 0) == nil:

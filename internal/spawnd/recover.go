@@ -261,6 +261,7 @@ func (d *Daemon) recoverLeases(live []leaseRecord) []*lease {
 			configPath: journaledConfig(rec),
 			adopted:    true,
 			sid:        st.sid,
+			inCgroup:   d.cgroups.holds(rec.LeaseID),
 			gone:       make(chan struct{}),
 		}
 		d.leases[rec.LeaseID] = l

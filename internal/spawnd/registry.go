@@ -43,6 +43,8 @@ type entry struct {
 	// allowEscalation starts instances without no_new_privs (the entry's
 	// allow_privilege_escalation).
 	allowEscalation bool
+	// limits are the cgroup limits to write, by key of limitFiles.
+	limits map[string]string
 	// passwdHome is the run_as user's home from the passwd database; empty
 	// for an entry without run_as, or whose env sets HOME itself.
 	passwdHome string
@@ -87,6 +89,12 @@ func resolve(cfg *config.Config) (*settings, error) {
 			env:         ce.Env,
 
 			allowEscalation: ce.AllowPrivilegeEscalation,
+			limits:          map[string]string{},
+		}
+		for key, v := range map[string]int64{"memory_max": int64(ce.MemoryMax), "pids_max": int64(ce.PidsMax), "cpu_weight": int64(ce.CPUWeight)} {
+			if v > 0 {
+				e.limits[key] = strconv.FormatInt(v, 10)
+			}
 		}
 		if r := cfg.EntryRunAs(name); r != nil {
 			if e.runAs, err = newCredential(name, r); err != nil {

@@ -114,6 +114,9 @@ type lease struct {
 	// reports counts the Record calls that tried to change rec.SessionID;
 	// past maxSessionReports they are refused unread.
 	reports int
+	// inCgroup is set when the instance lives in its lease cgroup, which
+	// is then what teardown signals (cgroup.go), not the process group.
+	inCgroup bool
 	// gone is closed once the instance is reaped and its exit published.
 	gone chan struct{}
 	exit *spawnpb.ExitEvent
@@ -143,6 +146,9 @@ type Daemon struct {
 	privileged bool   // holds CAP_SETUID and CAP_SETGID, so run_as can work
 	configDir  string // temp configs; 0711 so a run_as instance can open its own
 	logDir     string // one stdout/stderr file per lease
+	// cgroups holds one cgroup v2 per lease (cgroup.go); nil where there
+	// is no delegated tree, and instances are contained by process group.
+	cgroups *cgroupTree
 	// With a state_dir: its lock, the lease journal and the session →
 	// binary index. Without one all three are nil and nothing is durable.
 	stateLock *os.File
@@ -229,6 +235,9 @@ func New(cfgPath string, cfg *config.Config, log *slog.Logger) (_ *Daemon, err e
 	if d.bootID, err = readBootID(); err != nil {
 		return nil, err
 	}
+	if err := d.openCgroups(cfg.Spawnd.CgroupRoot, s); err != nil {
+		return nil, err
+	}
 	pipe := make([]int, 2)
 	if err := unix.Pipe2(pipe, unix.O_CLOEXEC); err != nil {
 		return nil, fmt.Errorf("creating the supervisor stop pipe: %w", err)
@@ -246,6 +255,7 @@ func New(cfgPath string, cfg *config.Config, log *slog.Logger) (_ *Daemon, err e
 		adopted = d.recoverLeases(live)
 		d.index = openSessionIndex(stateDir, maxBindings, log)
 	}
+	d.sweepCgroups()
 	d.describe(s)
 	for _, l := range adopted {
 		d.wg.Add(1)
@@ -264,6 +274,9 @@ func (d *Daemon) release() {
 	}
 	d.journal.close()
 	d.index.close()
+	if d.cgroups != nil {
+		_ = os.Remove(d.cgroups.dir) // only if no lease cgroup is left
+	}
 	if d.configDir != "" {
 		// Each succeeds only if empty: a live instance may still read its
 		// config, and instance output is kept for the operator.
@@ -449,6 +462,7 @@ func (d *Daemon) Spawn(_ context.Context, req *spawnpb.SpawnRequest) (*spawnpb.S
 	d.mu.Lock()
 	l.state = stateRunning
 	l.pidfd = p.pidfd
+	l.inCgroup = d.cgroups != nil
 	l.configPath = p.configPath
 	l.rec.PID = p.pid
 	l.rec.StartTime = p.startTime
@@ -687,6 +701,9 @@ func (d *Daemon) Reload(context.Context, *spawnpb.ReloadRequest) (*spawnpb.Reloa
 	}
 
 	next, err := loadSettings(d.cfgPath)
+	if err == nil {
+		err = d.cgroups.admit(next)
+	}
 	if err != nil {
 		d.log.Error("config reload rejected; the configuration already in force is unchanged", "path", d.cfgPath, "error", err)
 		return &spawnpb.ReloadResponse{Applied: false, Error: err.Error(), Binaries: prev.listing()}, nil

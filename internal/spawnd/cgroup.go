@@ -1,0 +1,372 @@
+package spawnd
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Containment: one cgroup v2 per lease, <root>/<broker_id>/<lease_id>.
+// An instance is cloned straight into its lease's cgroup (CLONE_INTO_CGROUP),
+// so it has no moment outside it, and nothing it forks can leave: setsid and
+// double forks change sessions and parents, never cgroups, and only a writer
+// of cgroup.procs (root, here) can move a process. Teardown therefore reaches
+// everything an instance started, and a lease is gone only once its cgroup is
+// empty and removed.
+//
+// Without a delegated cgroup v2 tree, spawnd falls back to process groups,
+// which an instance's child leaves with setsid (and so survives its release).
+
+// cgroupDrainLimit bounds how long a teardown waits for a killed cgroup to
+// empty. Only a process in uninterruptible sleep (D state) outlasts it.
+const cgroupDrainLimit = 10 * time.Second
+
+// cgroupRetryEvery is how often the removal of a cgroup that would not empty
+// is retried.
+const cgroupRetryEvery = 5 * time.Second
+
+// cgroupSelfLeaf is where spawnd moves itself when the delegated root is its
+// own cgroup (systemd's Delegate=yes): a cgroup with member processes cannot
+// hand controllers to its children.
+const cgroupSelfLeaf = "nexus-spawnd"
+
+// limitFiles maps an entry limit to the controller it needs and the file it
+// is written to.
+var limitFiles = map[string]struct{ controller, file string }{
+	"memory_max": {"memory", "memory.max"},
+	"pids_max":   {"pids", "pids.max"},
+	"cpu_weight": {"cpu", "cpu.weight"},
+}
+
+// Where the auto-detection reads; tests point them at fixtures.
+var (
+	procSelfCgroup    = "/proc/self/cgroup"
+	procSelfMountinfo = "/proc/self/mountinfo"
+)
+
+// openCgroups sets up containment at boot: the tree, or one WARN that there
+// is none, then the controllers s's limits need.
+func (d *Daemon) openCgroups(configured string, s *settings) error {
+	root, err := findCgroupRoot(configured)
+	if err != nil {
+		return err
+	}
+	if root == "" {
+		d.log.Warn("no delegated cgroup v2 tree: instances are contained by process group only, which a child that calls setsid leaves, " +
+			"surviving its instance's release; set spawnd.cgroup_root to a writable cgroup v2 directory, or run nexus-spawnd under systemd with Delegate=yes")
+	} else if d.cgroups, err = openCgroupTree(root, d.brokerID); err != nil {
+		return err
+	} else {
+		d.log.Info("containing each instance in a cgroup of its own", "cgroup_dir", d.cgroups.dir)
+	}
+	return d.cgroups.admit(s)
+}
+
+// sweepCgroups kills and removes, at boot, every lease cgroup of this broker
+// that no live lease holds: the instance of a spawnd that died between exec
+// and journaling its pid, or one whose record was closed out. Another
+// broker id's subtree is never looked at.
+func (d *Daemon) sweepCgroups() {
+	if d.cgroups == nil {
+		return
+	}
+	for _, id := range d.cgroups.orphans(d.leases) {
+		pids := procsOrNone(filepath.Join(d.cgroups.dir, id))
+		if err := d.cgroups.remove(id, cgroupDrainLimit); err != nil {
+			d.log.Error("removing an orphaned lease cgroup failed", "lease_id", id, "pids", fmt.Sprint(pids), "error", err)
+			continue
+		}
+		d.log.Warn("lease cgroup no live lease holds: killed its processes and removed it", "lease_id", id, "pids", fmt.Sprint(pids))
+	}
+}
+
+// cgroupTree is this broker's subtree of the delegated root.
+type cgroupTree struct {
+	root string // the delegated directory
+	dir  string // root/<broker_id>: this broker's lease cgroups, nothing else
+}
+
+// findCgroupRoot is the delegated cgroup v2 directory spawnd contains
+// instances in: the configured one (spawnd.cgroup_root), which must be a
+// writable cgroup v2 directory, else spawnd's own cgroup when systemd
+// delegated it (Delegate=yes marks it with the trusted.delegate or
+// user.delegate attribute). "" means none: process groups only.
+func findCgroupRoot(configured string) (string, error) {
+	if configured != "" {
+		var st unix.Statfs_t
+		if err := unix.Statfs(configured, &st); err != nil || st.Type != unix.CGROUP2_SUPER_MAGIC {
+			return "", fmt.Errorf("broker config: spawnd.cgroup_root: %s is not a cgroup v2 directory (%v); point it at a directory of the cgroup2 mount that nexus-spawnd may write, or remove the key", configured, err)
+		}
+		if err := unix.Access(configured, unix.W_OK); err != nil {
+			return "", fmt.Errorf("broker config: spawnd.cgroup_root: %s is not writable by nexus-spawnd: %w; delegate it (systemd: Delegate=yes) or remove the key", configured, err)
+		}
+		return configured, nil
+	}
+	self, err := os.ReadFile(procSelfCgroup)
+	if err != nil {
+		return "", nil
+	}
+	mounts, err := os.ReadFile(procSelfMountinfo)
+	if err != nil {
+		return "", nil
+	}
+	own := ownCgroupDir(self, mounts)
+	if own == "" || !delegated(own) {
+		return "", nil
+	}
+	return own, nil
+}
+
+// ownCgroupDir is the directory of the process's cgroup v2, from the "0::"
+// line of /proc/self/cgroup and the cgroup2 mount of /proc/self/mountinfo;
+// "" without either.
+func ownCgroupDir(selfCgroup, mountinfo []byte) string {
+	var path string
+	for line := range strings.Lines(string(selfCgroup)) {
+		if p, ok := strings.CutPrefix(strings.TrimSpace(line), "0::"); ok {
+			path = p
+		}
+	}
+	if !strings.HasPrefix(path, "/") {
+		return ""
+	}
+	for line := range strings.Lines(string(mountinfo)) {
+		pre, post, ok := strings.Cut(line, " - ")
+		f, fs := strings.Fields(pre), strings.Fields(post)
+		if !ok || len(f) < 5 || len(fs) < 1 || fs[0] != "cgroup2" {
+			continue
+		}
+		// Field 4 is the mount's root inside the hierarchy, field 5 where
+		// it is mounted.
+		rel, ok := strings.CutPrefix(path, f[3])
+		if !ok {
+			continue
+		}
+		return filepath.Join(f[4], rel)
+	}
+	return ""
+}
+
+// delegated reports whether systemd delegated dir (Delegate=yes).
+func delegated(dir string) bool {
+	for _, attr := range []string{"trusted.delegate", "user.delegate"} {
+		buf := make([]byte, 8)
+		if n, err := unix.Getxattr(dir, attr, buf); err == nil && string(buf[:n]) == "1" {
+			return true
+		}
+	}
+	return false
+}
+
+// openCgroupTree prepares root/<brokerID>, first moving spawnd into a leaf
+// of its own when root is spawnd's own cgroup.
+func openCgroupTree(root, brokerID string) (*cgroupTree, error) {
+	self, _ := os.ReadFile(procSelfCgroup)
+	mounts, _ := os.ReadFile(procSelfMountinfo)
+	if own := ownCgroupDir(self, mounts); own == filepath.Clean(root) {
+		leaf := filepath.Join(root, cgroupSelfLeaf)
+		if err := os.Mkdir(leaf, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+			return nil, fmt.Errorf("cgroup: creating %s for nexus-spawnd itself: %w", leaf, err)
+		}
+		if err := writeCgroupFile(leaf, "cgroup.procs", strconv.Itoa(os.Getpid())); err != nil {
+			return nil, err
+		}
+	}
+	t := &cgroupTree{root: root, dir: filepath.Join(root, brokerID)}
+	if err := os.Mkdir(t.dir, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+		return nil, fmt.Errorf("cgroup: creating %s: %w; check that spawnd.cgroup_root is delegated to nexus-spawnd", t.dir, err)
+	}
+	return t, nil
+}
+
+// admit makes the controllers s's limits need available to lease cgroups,
+// enabling each in the root's and this broker's cgroup.subtree_control.
+// A limit whose controller the root does not offer refuses s, naming it. A
+// nil tree (no cgroup v2) refuses any limit.
+func (t *cgroupTree) admit(s *settings) error {
+	for _, name := range slices.Sorted(maps.Keys(s.entries)) {
+		for _, key := range slices.Sorted(maps.Keys(s.entries[name].limits)) {
+			c := limitFiles[key].controller
+			if t == nil {
+				return fmt.Errorf("broker config: binaries: %s: %s needs cgroup v2 containment, which this nexus-spawnd has not got (no spawnd.cgroup_root, and no cgroup delegated by systemd); set one or remove the limit", name, key)
+			}
+			if !t.enabled(t.root, c) {
+				_ = writeCgroupFile(t.root, "cgroup.subtree_control", "+"+c)
+			}
+			if !t.enabled(t.root, c) {
+				offered, _ := os.ReadFile(filepath.Join(t.root, "cgroup.controllers"))
+				return fmt.Errorf("broker config: binaries: %s: %s needs the %s controller, which %s does not enable in cgroup.subtree_control (controllers it offers: %q); enable it there or remove the limit",
+					name, key, c, t.root, strings.TrimSpace(string(offered)))
+			}
+			if err := writeCgroupFile(t.dir, "cgroup.subtree_control", "+"+c); err != nil {
+				return fmt.Errorf("broker config: binaries: %s: %s: %w", name, key, err)
+			}
+		}
+	}
+	return nil
+}
+
+// enabled reports whether dir's cgroup.subtree_control lists controller.
+func (t *cgroupTree) enabled(dir, controller string) bool {
+	data, _ := os.ReadFile(filepath.Join(dir, "cgroup.subtree_control"))
+	return slices.Contains(strings.Fields(string(data)), controller)
+}
+
+// create makes a lease's cgroup, writes the entry's limits and returns the
+// directory, open, for CLONE_INTO_CGROUP.
+func (t *cgroupTree) create(leaseID string, e *entry) (*os.File, error) {
+	dir := filepath.Join(t.dir, leaseID)
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("cgroup: creating %s: %w", dir, err)
+	}
+	for _, key := range slices.Sorted(maps.Keys(e.limits)) {
+		if err := writeCgroupFile(dir, limitFiles[key].file, e.limits[key]); err != nil {
+			_ = os.Remove(dir)
+			return nil, err
+		}
+	}
+	f, err := os.Open(dir)
+	if err != nil {
+		_ = os.Remove(dir)
+		return nil, fmt.Errorf("cgroup: %w", err)
+	}
+	return f, nil
+}
+
+// signal sends sig to every member of a lease's cgroup; SIGKILL goes through
+// cgroup.kill, which the kernel applies to all of them at once, forks in
+// flight included. For any other signal each member is opened as a pidfd
+// first and signalled only if the cgroup still lists its pid afterwards, so
+// a pid reused since the listing is never signalled.
+func (t *cgroupTree) signal(leaseID string, sig unix.Signal) error {
+	dir := filepath.Join(t.dir, leaseID)
+	if sig == unix.SIGKILL {
+		return writeCgroupFile(dir, "cgroup.kill", "1")
+	}
+	before, err := cgroupProcs(dir)
+	if err != nil {
+		return err
+	}
+	fds := map[int]int{}
+	for _, pid := range before {
+		if fd, err := unix.PidfdOpen(pid, 0); err == nil {
+			fds[pid] = fd
+		}
+	}
+	after, err := cgroupProcs(dir)
+	for pid, fd := range fds {
+		if err == nil && slices.Contains(after, pid) {
+			_ = unix.PidfdSendSignal(fd, sig, nil, 0)
+		}
+		_ = unix.Close(fd)
+	}
+	return err
+}
+
+// remove kills whatever is left in a lease's cgroup, waits up to within for
+// it to empty and removes it. A missing cgroup is already removed.
+func (t *cgroupTree) remove(leaseID string, within time.Duration) error {
+	dir := filepath.Join(t.dir, leaseID)
+	if err := t.signal(leaseID, unix.SIGKILL); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	} else if err != nil {
+		return err
+	}
+	events, err := os.Open(filepath.Join(dir, "cgroup.events"))
+	if err != nil {
+		return fmt.Errorf("cgroup: %w", err)
+	}
+	defer events.Close()
+	deadline := time.Now().Add(within)
+	buf := make([]byte, 256)
+	for {
+		n, err := events.ReadAt(buf, 0)
+		if n == 0 && err != nil {
+			return fmt.Errorf("cgroup: reading %s: %w", events.Name(), err)
+		}
+		if bytes.Contains(buf[:n], []byte("populated 0")) {
+			break
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return fmt.Errorf("cgroup %s still has members %v %s after SIGKILL: a process in uninterruptible sleep (D state) holds it; its removal is retried", dir, procsOrNone(dir), within)
+		}
+		// The kernel flags cgroup.events with POLLPRI when it changes.
+		fds := []unix.PollFd{{Fd: int32(events.Fd()), Events: unix.POLLPRI}}
+		if _, err := unix.Poll(fds, int(min(left, time.Second)/time.Millisecond)+1); err != nil && err != unix.EINTR {
+			return fmt.Errorf("cgroup: polling %s: %w", events.Name(), err)
+		}
+	}
+	if err := os.Remove(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("cgroup: removing %s: %w", dir, err)
+	}
+	return nil
+}
+
+// holds reports whether a lease has a cgroup in this tree: an instance a
+// spawnd without cgroups started has none, and is torn down by process group.
+func (t *cgroupTree) holds(leaseID string) bool {
+	if t == nil {
+		return false
+	}
+	info, err := os.Stat(filepath.Join(t.dir, leaseID))
+	return err == nil && info.IsDir()
+}
+
+// orphans lists the lease cgroups of this broker that live does not hold.
+func (t *cgroupTree) orphans(live map[string]*lease) []string {
+	ents, _ := os.ReadDir(t.dir)
+	var out []string
+	for _, e := range ents {
+		if _, ok := live[e.Name()]; e.IsDir() && !ok {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+func cgroupProcs(dir string) ([]int, error) {
+	data, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+	if err != nil {
+		return nil, fmt.Errorf("cgroup: %w", err)
+	}
+	var pids []int
+	for _, f := range strings.Fields(string(data)) {
+		if pid, err := strconv.Atoi(f); err == nil {
+			pids = append(pids, pid)
+		}
+	}
+	return pids, nil
+}
+
+func procsOrNone(dir string) []int {
+	pids, _ := cgroupProcs(dir)
+	return pids
+}
+
+// writeCgroupFile writes one value to a cgroup interface file, which must
+// exist: nothing is created.
+func writeCgroupFile(dir, name, value string) error {
+	path := filepath.Join(dir, name)
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err == nil {
+		_, err = f.WriteString(value)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("cgroup: writing %q to %s: %w", value, path, err)
+	}
+	return nil
+}

@@ -1,0 +1,77 @@
+package spawnd
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// Fixtures as a systemd host shows them: a unified (v2-only) host, a hybrid
+// one (v1 controllers, v2 at /sys/fs/cgroup/unified), and a container whose
+// cgroup namespace root is a subtree.
+const (
+	unifiedMounts = `24 30 0:22 / /sys rw,nosuid,nodev,noexec,relatime shared:7 - sysfs sysfs rw
+28 24 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:9 - cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot
+`
+	hybridMounts = `31 24 0:27 / /sys/fs/cgroup ro,nosuid,nodev,noexec shared:9 - tmpfs tmpfs ro,mode=755
+32 31 0:28 / /sys/fs/cgroup/unified rw,nosuid,nodev,noexec,relatime shared:10 - cgroup2 cgroup2 rw,nsdelegate
+35 31 0:31 / /sys/fs/cgroup/memory rw,nosuid,nodev,noexec,relatime shared:14 - cgroup cgroup rw,memory
+`
+	nsMounts = `40 30 0:37 /system.slice/box.service /sys/fs/cgroup rw,relatime - cgroup2 cgroup2 rw
+`
+)
+
+func TestOwnCgroupDir(t *testing.T) {
+	for _, tt := range []struct {
+		name, self, mounts, want string
+	}{
+		{"unified", "0::/system.slice/nexus-spawnd.service\n", unifiedMounts, "/sys/fs/cgroup/system.slice/nexus-spawnd.service"},
+		{"hybrid", "12:memory:/system.slice/nexus-spawnd.service\n1:name=systemd:/system.slice/nexus-spawnd.service\n0::/system.slice/nexus-spawnd.service\n",
+			hybridMounts, "/sys/fs/cgroup/unified/system.slice/nexus-spawnd.service"},
+		{"namespace root", "0::/system.slice/box.service/inner\n", nsMounts, "/sys/fs/cgroup/inner"},
+		{"v1 only", "12:memory:/x\n1:name=systemd:/x\n", hybridMounts, ""},
+		{"no cgroup2 mount", "0::/x\n", "35 31 0:31 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n", ""},
+		{"garbage", "0::relative\n", unifiedMounts, ""},
+	} {
+		if got := ownCgroupDir([]byte(tt.self), []byte(tt.mounts)); got != tt.want {
+			t.Errorf("%s: ownCgroupDir = %q, want %q", tt.name, got, tt.want)
+		}
+	}
+}
+
+// TestCgroupRootAutoDetection: spawnd's own cgroup is used only when systemd
+// marked it delegated (Delegate=yes sets the delegate attribute); an
+// undelegated one leaves containment to process groups.
+func TestCgroupRootAutoDetection(t *testing.T) {
+	fixtures := t.TempDir()
+	own := filepath.Join(fixtures, "sys", "fs", "cgroup", "system.slice", "nexus-spawnd.service")
+	if err := os.MkdirAll(own, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	self, mounts := filepath.Join(fixtures, "cgroup"), filepath.Join(fixtures, "mountinfo")
+	if err := os.WriteFile(self, []byte("0::/system.slice/nexus-spawnd.service\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mountinfo := "28 24 0:26 / " + filepath.Join(fixtures, "sys", "fs", "cgroup") + " rw - cgroup2 cgroup2 rw\n"
+	if err := os.WriteFile(mounts, []byte(mountinfo), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	procSelfCgroup, procSelfMountinfo = self, mounts
+	t.Cleanup(func() { procSelfCgroup, procSelfMountinfo = "/proc/self/cgroup", "/proc/self/mountinfo" })
+
+	if got, err := findCgroupRoot(""); err != nil || got != "" {
+		t.Fatalf("undelegated: findCgroupRoot = %q, %v; want none", got, err)
+	}
+	if err := unix.Setxattr(own, "user.delegate", []byte("1"), 0); err != nil {
+		t.Skipf("the test's filesystem takes no user.* attributes: %v", err)
+	}
+	if got, err := findCgroupRoot(""); err != nil || got != own {
+		t.Fatalf("delegated: findCgroupRoot = %q, %v; want %s", got, err, own)
+	}
+	// A configured root must be cgroup v2, whatever the detection says.
+	if _, err := findCgroupRoot(own); err == nil {
+		t.Fatalf("findCgroupRoot(%s) accepted a directory that is not on cgroup v2", own)
+	}
+}
