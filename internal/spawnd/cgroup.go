@@ -103,6 +103,9 @@ type cgroupTree struct {
 // user.delegate attribute). "" means none: process groups only.
 func findCgroupRoot(configured string) (string, error) {
 	if configured != "" {
+		if !filepath.IsAbs(configured) {
+			return "", fmt.Errorf("broker config: spawnd.cgroup_root: %q is not an absolute path", configured)
+		}
 		var st unix.Statfs_t
 		if err := unix.Statfs(configured, &st); err != nil || st.Type != unix.CGROUP2_SUPER_MAGIC {
 			return "", fmt.Errorf("broker config: spawnd.cgroup_root: %s is not a cgroup v2 directory (%v); point it at a directory of the cgroup2 mount that nexus-spawnd may write, or remove the key", configured, err)
@@ -185,6 +188,12 @@ func openCgroupTree(root, brokerID string) (*cgroupTree, error) {
 	t := &cgroupTree{root: root, dir: filepath.Join(root, brokerID)}
 	if err := os.Mkdir(t.dir, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
 		return nil, fmt.Errorf("cgroup: creating %s: %w; check that spawnd.cgroup_root is delegated to nexus-spawnd", t.dir, err)
+	}
+	// Teardown depends on cgroup.kill (Linux 5.14).
+	if _, err := os.Stat(filepath.Join(t.dir, "cgroup.kill")); err != nil {
+		_ = os.Remove(t.dir)
+		return nil, fmt.Errorf("cgroup: %s has no cgroup.kill, so its instances could not be torn down: per-lease cgroups need Linux 5.14 or later; "+
+			"upgrade, or remove spawnd.cgroup_root (and Delegate=yes from the unit) to contain instances by process group", t.dir)
 	}
 	return t, nil
 }
@@ -277,9 +286,10 @@ func (t *cgroupTree) signal(leaseID string, sig unix.Signal) error {
 // it to empty and removes it. A missing cgroup is already removed.
 func (t *cgroupTree) remove(leaseID string, within time.Duration) error {
 	dir := filepath.Join(t.dir, leaseID)
-	if err := t.signal(leaseID, unix.SIGKILL); errors.Is(err, fs.ErrNotExist) {
+	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
 		return nil
-	} else if err != nil {
+	}
+	if err := t.signal(leaseID, unix.SIGKILL); err != nil {
 		return err
 	}
 	events, err := os.Open(filepath.Join(dir, "cgroup.events"))

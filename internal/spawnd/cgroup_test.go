@@ -3,6 +3,7 @@ package spawnd
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -73,5 +74,17 @@ func TestCgroupRootAutoDetection(t *testing.T) {
 	// A configured root must be cgroup v2, whatever the detection says.
 	if _, err := findCgroupRoot(own); err == nil {
 		t.Fatalf("findCgroupRoot(%s) accepted a directory that is not on cgroup v2", own)
+	}
+}
+
+// TestLimitsWithoutCgroupsAreRefused: a limit is never silently unenforced.
+func TestLimitsWithoutCgroupsAreRefused(t *testing.T) {
+	s := &settings{entries: map[string]*entry{"vision": {name: "vision", limits: map[string]string{"memory_max": "1048576"}}}}
+	err := (*cgroupTree)(nil).admit(s)
+	if err == nil || !strings.Contains(err.Error(), "binaries: vision: memory_max needs cgroup v2 containment") {
+		t.Fatalf("admit without a tree = %v", err)
+	}
+	if err := (*cgroupTree)(nil).admit(&settings{entries: map[string]*entry{"plain": {name: "plain"}}}); err != nil {
+		t.Fatalf("admit of an entry without limits = %v", err)
 	}
 }

@@ -12,15 +12,19 @@
 // or gid: an entry name is resolved against spawnd's own registry, which it
 // builds from broker.yaml (registry.go).
 //
-// spawnd signals nothing but the process group of a lease it holds, and only
-// while that group's leader provably still holds the group id, so the id
-// cannot have been handed to anyone else (process.go, recover.go).
+// spawnd signals nothing but the members of a lease's own cgroup, or, where
+// there is no cgroup v2 tree, the process group of a lease it holds, and
+// only while that group's leader provably still holds the group id, so the
+// id cannot have been handed to anyone else (cgroup.go, process.go,
+// recover.go). An instance leads its own session, inherits no descriptor but
+// 0-2 and starts with no_new_privs unless its entry opts out.
 //
 // Files: spawnd.go (verbs and lease states), registry.go (binary registry and
 // spawn environment), process.go (exec, exit supervision, escalation),
-// secrets.go (spawn-key, secrets, broker id), watch.go (exit fan-out),
-// journal.go (the fsynced lease journal and the state_dir lock), recover.go
-// (re-adoption at boot), index.go (the session → binary index).
+// cgroup.go (one cgroup v2 per lease), secrets.go (spawn-key, secrets,
+// broker id), watch.go (exit fan-out), journal.go (the fsynced lease journal
+// and the state_dir lock), recover.go (re-adoption at boot), index.go (the
+// session → binary index).
 package spawnd
 
 import (
