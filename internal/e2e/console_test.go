@@ -15,6 +15,8 @@ import (
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
 	"github.com/chromedp/chromedp/kb"
+
+	"github.com/nexus-broker/nexus-broker/pkg/brokerclient"
 )
 
 // chromiumPath is Debian's chromium, which .ci/run installs.
@@ -136,6 +138,18 @@ func TestConsoleInABrowser(t *testing.T) {
 		t.Errorf("bob's lease offers %d buttons to the operator; release has no operator bypass", bobButtons)
 	}
 
+	// A client attaches to the second, and a newer one displaces it: the
+	// row says attached, the events say evicted.
+	b.dial(mine2, brokerclient.DialOptions{Token: tokOps})
+	b.dial(mine2, brokerclient.DialOptions{Token: tokOps})
+	attached := row(mine2.LeaseID) + ` td:nth-of-type(6)`
+	if err := chromedp.Do(ctx,
+		chromedp.WaitVisible(css(`#events li:first-child[data-kind="evicted"]`)),
+		chromedp.WaitVisible(css(attached+`[data-attached="yes"]`)),
+	); err != nil {
+		t.Fatalf("the eviction and the attached client never showed: %v", err)
+	}
+
 	// Release the first from the keyboard: focus its button, press Enter.
 	if err := chromedp.Do(ctx,
 		chromedp.Focus(css(`button[data-release="`+mine1.LeaseID+`"]`)),
@@ -171,7 +185,7 @@ func TestConsoleInABrowser(t *testing.T) {
 	if !strings.Contains(announced, "released") {
 		t.Errorf("the page announced %q after the release", announced)
 	}
-	if !strings.Contains(events, "released") || !strings.Contains(events, "claimed") {
+	if !strings.Contains(events, "released") || !strings.Contains(events, "claimed") || !strings.Contains(events, "evicted") {
 		t.Errorf("the event list does not show the claims and the release: %q", events)
 	}
 
