@@ -1,6 +1,7 @@
 // Command nexus-client is a small interactive client of nexus-broker: it
-// claims an instance (or connects to a ws_url you give it), sends each line
-// you type as input, prints the streamed answer, and releases on exit.
+// claims an instance, sends each line you type as input, prints the
+// streamed answer, and releases on exit. A dropped socket is reconnected
+// with a fresh ticket and ?from_seq=, so nothing is lost.
 package main
 
 import (
@@ -47,28 +48,28 @@ func run(broker, binary, session, configText, token string, keep bool) error {
 			}
 		}()
 	}
-	conn, err := brokerclient.Dial(ctx, claim.WSURL, brokerclient.DialOptions{Ticket: claim.Ticket, Token: token})
+	sess, err := c.Open(ctx, claim)
 	if err != nil {
 		return err
 	}
 	var done atomic.Bool // we closed the socket ourselves: not an error to report
 	defer func() {
 		done.Store(true)
-		conn.Close()
+		sess.Close()
 	}()
-	go printFrames(conn, &done)
+	go printFrames(ctx, sess, &done)
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
-		if err := conn.Send(brokerframe.IO{Type: brokerframe.IOInput, Content: in.Text()}); err != nil {
+		if err := sess.Send(ctx, brokerframe.IO{Type: brokerframe.IOInput, Content: in.Text()}); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func printFrames(conn *brokerclient.Conn, done *atomic.Bool) {
+func printFrames(ctx context.Context, sess *brokerclient.Session, done *atomic.Bool) {
 	for {
-		f, err := conn.Next()
+		f, err := sess.Next(ctx)
 		if err != nil {
 			if !done.Load() {
 				fmt.Println("\nconnection closed:", err)

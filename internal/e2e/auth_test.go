@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -13,8 +14,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorilla/websocket"
+
 	"github.com/nexus-broker/nexus-broker/internal/auth/authtest"
 	"github.com/nexus-broker/nexus-broker/pkg/brokerclient"
+	"github.com/nexus-broker/nexus-broker/pkg/brokerframe"
 )
 
 // The static principals of the auth tests: three owners and an operator.
@@ -513,5 +517,73 @@ func TestAuthAbsentTicketsAreInert(t *testing.T) {
 	}
 	if strings.Contains(b.GatewayLog.String(), `msg="request refused"`) {
 		t.Error("a broker without auth: refused something")
+	}
+}
+
+// TestAuthSessionSurvivesADroppedSocket: brokerclient's Session (what
+// nexus-client uses) reconnects a socket that dropped under it with a fresh
+// ticket and from_seq, and the conversation carries on; a close the broker
+// sends is final.
+func TestAuthSessionSurvivesADroppedSocket(t *testing.T) {
+	b := startAuthBroker(t, "", Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cl := b.as(tokAlice)
+	claim, err := cl.Claim(ctx, brokerclient.ClaimRequest{Config: "engine: {}\n"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sess, err := cl.Open(ctx, claim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+	ask := func(text string) string {
+		t.Helper()
+		if err := sess.Send(ctx, brokerframe.IO{Type: brokerframe.IOInput, Content: text}); err != nil {
+			t.Fatal(err)
+		}
+		var out strings.Builder
+		for {
+			f, err := sess.Next(ctx)
+			if err != nil {
+				t.Fatalf("reading the answer to %q: %v", text, err)
+			}
+			var p brokerframe.IO
+			if f.Signal != brokerframe.SignalIO || json.Unmarshal(f.Payload, &p) != nil {
+				continue
+			}
+			switch {
+			case p.Type == brokerframe.IOStreamDelta:
+				out.WriteString(p.Content)
+			case p.Type == brokerframe.IOStatus && p.State == brokerframe.StateIdle && out.Len() > 0:
+				return out.String()
+			}
+		}
+	}
+	if got := ask("one"); got != "echo #1: one" {
+		t.Fatalf("answer %q", got)
+	}
+	first := sess.Conn()
+	// The network drops the socket: no close frame, just a dead TCP
+	// connection under the client.
+	_ = first.Underlying().UnderlyingConn().Close()
+	if got := ask("two"); got != "echo #2: two (earlier: one)" {
+		t.Fatalf("after the reconnect: %q", got)
+	}
+	if sess.Conn() == first {
+		t.Fatal("no new socket after the drop")
+	}
+	if err := cl.Release(ctx, claim.LeaseID); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := sess.Next(ctx); err != nil {
+			var ce *websocket.CloseError
+			if !errors.As(err, &ce) || ce.Code != 1001 {
+				t.Fatalf("after release: %v, want the broker's 1001 close, final", err)
+			}
+			break
+		}
 	}
 }

@@ -1,6 +1,6 @@
 // Package brokerclient is a Go client of nexus-broker's HTTP and WebSocket
-// API: claim, connect (with ?from_seq= resume), send input, read frames,
-// release. The README's nexus-client command, the tests and the benchmarks
+// API: claim, connect (with a ticket or a bearer, and ?from_seq= resume),
+// reconnect with a fresh ticket, send input, read frames, release. The README's nexus-client command, the tests and the benchmarks
 // all use it.
 package brokerclient
 
@@ -8,12 +8,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/gorilla/websocket"
 
@@ -274,4 +276,106 @@ func (c *Conn) Answer() (string, error) {
 			}
 		}
 	}
+}
+
+// Session is a lease's socket that survives a dropped connection: when a
+// read or a write fails without the broker having closed the lease, it
+// reconnects with a fresh ticket and ?from_seq=, so what the old socket
+// missed is replayed (or announced by a stream-gap frame).
+type Session struct {
+	c     *Client
+	claim *Claim
+
+	mu     sync.Mutex
+	conn   *Conn
+	closed bool // Close was called: a failure is ours, not a drop
+	// redial serializes reconnects, so a reader and a writer that both see
+	// the drop make one new socket, not two that evict each other.
+	redial sync.Mutex
+}
+
+// Open connects to a claimed lease with the claim's ticket (or the client's
+// token), for a Session.
+func (c *Client) Open(ctx context.Context, claim *Claim) (*Session, error) {
+	conn, err := Dial(ctx, claim.WSURL, DialOptions{Ticket: claim.Ticket, Token: c.Token})
+	if err != nil {
+		return nil, err
+	}
+	return &Session{c: c, claim: claim, conn: conn}, nil
+}
+
+// Conn is the socket in use now.
+func (s *Session) Conn() *Conn {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.conn
+}
+
+// replace swaps in a new socket for old after err, unless err is final (a
+// close the broker sent, or our own Close) or another caller already did.
+func (s *Session) replace(ctx context.Context, old *Conn, err error) (*Conn, error) {
+	var closed *websocket.CloseError
+	if errors.As(err, &closed) {
+		return nil, err
+	}
+	s.redial.Lock()
+	defer s.redial.Unlock()
+	s.mu.Lock()
+	cur, final := s.conn, s.closed
+	s.mu.Unlock()
+	switch {
+	case final:
+		return nil, err
+	case cur != old:
+		return cur, nil
+	}
+	from := old.LastSeq
+	next, rerr := s.c.Reconnect(ctx, s.claim, &from)
+	if rerr != nil {
+		return nil, fmt.Errorf("%w (reconnecting: %v)", err, rerr)
+	}
+	_ = old.ws.Close()
+	s.mu.Lock()
+	s.conn = next
+	s.mu.Unlock()
+	return next, nil
+}
+
+// Send sends one IO payload, reconnecting and sending again if the socket
+// dropped.
+func (s *Session) Send(ctx context.Context, payload any) error {
+	conn := s.Conn()
+	err := conn.Send(payload)
+	if err == nil {
+		return nil
+	}
+	if conn, err = s.replace(ctx, conn, err); err != nil {
+		return err
+	}
+	return conn.Send(payload)
+}
+
+// Next reads the next frame, reconnecting if the socket dropped. A close the
+// broker sent (the lease closed, its instance crashed, a newer client took
+// over) is final and returned as is.
+func (s *Session) Next(ctx context.Context) (brokerframe.Frame, error) {
+	for {
+		conn := s.Conn()
+		f, err := conn.Next()
+		if err == nil {
+			return f, nil
+		}
+		if _, err = s.replace(ctx, conn, err); err != nil {
+			return f, err
+		}
+	}
+}
+
+// Close closes the current socket for good.
+func (s *Session) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	conn := s.conn
+	s.mu.Unlock()
+	return conn.Close()
 }
