@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -85,7 +84,7 @@ func Run(o Options) error {
 	if err := g.Start(ctx); err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: g.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	srv := gateway.Server(g.Handler())
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
 	base := "http://" + ln.Addr().String()

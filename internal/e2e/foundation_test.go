@@ -252,16 +252,8 @@ func TestRegistrationRefusalsAreIdenticalOnTheWireAndNamedInTheLog(t *testing.T)
 
 func TestUnknownLeaseRegistrationClosesWithPolicyViolation(t *testing.T) {
 	b := startBroker(t, Options{})
-	ws, _, err := websocket.DefaultDialer.Dial("ws://"+b.Addr+"/instance", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ws.Close()
-	reg, _ := brokerframe.Encode(brokerframe.Frame{LeaseID: "nope", Signal: brokerframe.SignalRegister, Secret: "s"})
-	if err := ws.WriteMessage(websocket.TextMessage, reg); err != nil {
-		t.Fatal(err)
-	}
-	_, _, err = ws.ReadMessage()
+	ws := b.registerAs(t, "nope", "s")
+	_, _, err := ws.ReadMessage()
 	var ce *websocket.CloseError
 	if !errors.As(err, &ce) || ce.Code != 1008 || ce.Text != "unknown lease" {
 		t.Fatalf("got %v, want close 1008 unknown lease", err)

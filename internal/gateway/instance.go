@@ -18,6 +18,12 @@ import (
 // registerWait bounds how long a dialer has to send its register frame.
 const registerWait = 10 * time.Second
 
+// maxRegisterFrame bounds what a dialer may send before its secret is
+// verified: a register frame is a few hundred bytes, and anyone who can
+// reach the port may dial. A larger frame is refused from its header (close
+// 1009), never read.
+const maxRegisterFrame = 64 << 10
+
 // instanceConn is one dial-back socket of a lease's instance.
 type instanceConn struct {
 	ws *wsConn
@@ -48,6 +54,7 @@ func (g *Gateway) handleInstance(w http.ResponseWriter, r *http.Request) {
 // serveInstance runs one dial-back socket: register, then the read pump.
 func (g *Gateway) serveInstance(conn *websocket.Conn, remote string) {
 	ws := newWSConn(conn, g.log, "instance", "")
+	conn.SetReadLimit(maxRegisterFrame)
 	_ = conn.SetReadDeadline(time.Now().Add(registerWait))
 	_, data, err := conn.ReadMessage()
 	if err != nil {
@@ -71,6 +78,7 @@ func (g *Gateway) serveInstance(conn *websocket.Conn, remote string) {
 		ws.closeNow(websocket.ClosePolicyViolation, closeUnknownLease)
 		return
 	}
+	conn.SetReadLimit(maxMessage)
 	_ = conn.SetReadDeadline(time.Now().Add(peerTimeout))
 	ws.leaseID = l.id
 	ic := &instanceConn{ws: ws, drained: make(chan struct{})}
@@ -120,24 +128,26 @@ const (
 )
 
 // admitInstance decides a register frame. Only spawnd can check the secret:
-// the spawn-key never enters the gateway.
+// the spawn-key never enters the gateway. spawnd is asked about every frame,
+// known lease or not, and does the same work either way, so the time a
+// refusal takes does not tell a dialer whether its lease id is live.
 func (g *Gateway) admitInstance(ctx context.Context, f brokerframe.Frame) (*lease, refusal) {
-	if f.Version != brokerframe.Version {
-		return nil, refusedVersionSkew
-	}
-	l := g.lookup(f.LeaseID)
-	if l == nil || l.currentState() == stateDraining {
-		return nil, refusedUnknownLease
-	}
 	ctx, cancel := context.WithTimeout(ctx, registerWait)
 	defer cancel()
 	res, err := g.sp.Verify(ctx, &spawnpb.VerifyRequest{LeaseId: f.LeaseID, Secret: f.Secret})
-	if err != nil {
+	l := g.lookup(f.LeaseID)
+	switch {
+	case err != nil:
 		g.log.Error("could not verify an instance registration with nexus-spawnd", "lease_id", f.LeaseID, "error", err)
 		return nil, refusedSpawndUnavailable
+	case f.Version != brokerframe.Version:
+		return nil, refusedVersionSkew
 	}
 	switch res.Result {
 	case spawnpb.VerifyResult_VERIFY_RESULT_OK:
+		if l == nil || l.currentState() == stateDraining {
+			return nil, refusedUnknownLease
+		}
 		return l, 0
 	case spawnpb.VerifyResult_VERIFY_RESULT_NO_SECRET:
 		return nil, refusedNoSecret

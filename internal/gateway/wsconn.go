@@ -29,15 +29,18 @@ var (
 const TestLivenessEnv = "NEXUS_BROKER_TEST_LIVENESS"
 
 func init() {
-	v := os.Getenv(TestLivenessEnv)
-	if v == "" {
-		return
-	}
-	a, b, _ := strings.Cut(v, ",")
-	pi, err1 := time.ParseDuration(a)
-	pt, err2 := time.ParseDuration(b)
-	if err1 == nil && err2 == nil && pi > 0 && pt > 0 {
-		pingInterval, peerTimeout = pi, pt
+	overrideFromEnv(TestLivenessEnv, &pingInterval, &peerTimeout)
+	overrideFromEnv(TestHTTPTimeoutsEnv, &bodyReadTimeout, &idleTimeout)
+}
+
+// overrideFromEnv sets *a and *b from a test override of two positive Go
+// durations, "a,b", in env; anything else leaves them alone.
+func overrideFromEnv(env string, a, b *time.Duration) {
+	x, y, _ := strings.Cut(os.Getenv(env), ",")
+	da, err1 := time.ParseDuration(x)
+	db, err2 := time.ParseDuration(y)
+	if err1 == nil && err2 == nil && da > 0 && db > 0 {
+		*a, *b = da, db
 	}
 }
 

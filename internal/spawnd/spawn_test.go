@@ -1,6 +1,7 @@
 package spawnd
 
 import (
+	"context"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
@@ -12,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
@@ -280,4 +282,37 @@ func TestAnUnwritableTempConfigIsItsOwnFailure(t *testing.T) {
 	if st.Code() != codes.Internal || step != spawnpb.SpawnStep_SPAWN_STEP_TEMP_CONFIG || !strings.Contains(st.Message(), "writing temp config") {
 		t.Errorf("Spawn with no temp-config directory = %v (step %v), want INTERNAL, step TEMP_CONFIG, naming writing temp config", err, step)
 	}
+}
+
+// BenchmarkVerifyRefusal measures how long Verify takes to refuse an unknown
+// lease against its baseline, a live lease with a wrong secret, in the same
+// run and interleaved so drift hits both alike. The ratio should be 1: the
+// time a refusal takes must not tell a dialer whether a lease id is live.
+func BenchmarkVerifyRefusal(b *testing.B) {
+	// Verify reads only the key and the lease table, so a Daemon of just
+	// those keeps process noise out of the measurement.
+	d := &Daemon{
+		key:    make([]byte, spawnKeySize),
+		leases: map[string]*lease{"lease-bench": {state: stateRunning}},
+		spent:  map[string]struct{}{"lease-bench": {}},
+	}
+	wrong := strings.Repeat("0", len(secretFor(d.key, "lease-bench")))
+	reqs := []*spawnpb.VerifyRequest{
+		{LeaseId: "lease-bench", Secret: wrong},     // baseline: live lease, wrong secret
+		{LeaseId: "lease-unknown-x", Secret: wrong}, // an id of the same length spawnd never held
+	}
+	var spent [2]time.Duration
+	b.ResetTimer()
+	for i := range 2 * b.N {
+		began := time.Now()
+		if _, err := d.Verify(context.Background(), reqs[i%2]); err != nil {
+			b.Fatal(err)
+		}
+		spent[i%2] += time.Since(began)
+	}
+	b.StopTimer()
+	wrongNs, unknownNs := float64(spent[0].Nanoseconds())/float64(b.N), float64(spent[1].Nanoseconds())/float64(b.N)
+	b.ReportMetric(wrongNs, "wrong-secret-ns/op")
+	b.ReportMetric(unknownNs, "unknown-lease-ns/op")
+	b.ReportMetric(unknownNs/wrongNs, "unknown-vs-wrong")
 }

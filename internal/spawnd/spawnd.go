@@ -324,13 +324,13 @@ func (d *Daemon) configFor(id string) string {
 func (d *Daemon) admit(v verb, leaseID string) (*lease, error) {
 	row := verbs[v]
 	if d.closed {
-		return nil, status.Errorf(codes.Unavailable, "%s: nexus-spawnd is shutting down; retry once it is back", row.name)
+		return nil, refusal(codes.Unavailable, "%s: nexus-spawnd is shutting down; retry once it is back", row.name)
 	}
 	if row.states == nil {
 		return nil, nil
 	}
 	if !validLeaseID(leaseID) {
-		return nil, status.Errorf(codes.InvalidArgument, "%s: lease id %q is not 1 to %d letters, digits, '-' or '_'", row.name, leaseID, maxLeaseIDLen)
+		return nil, refusal(codes.InvalidArgument, "%s: lease id %q is not 1 to %d letters, digits, '-' or '_'", row.name, leaseID, maxLeaseIDLen)
 	}
 	l, st := d.leases[leaseID], stateNone
 	if l != nil {
@@ -342,13 +342,28 @@ func (d *Daemon) admit(v verb, leaseID string) (*lease, error) {
 	case slices.Contains(row.states, st):
 		return l, nil
 	case v == verbSpawn:
-		return nil, status.Errorf(codes.AlreadyExists, "Spawn: lease %q is %s; nexus-spawnd spawns a lease id once, so mint a new lease", leaseID, st)
+		return nil, refusal(codes.AlreadyExists, "Spawn: lease %q is %s; nexus-spawnd spawns a lease id once, so mint a new lease", leaseID, st)
 	case st == stateNone || st == stateGone:
-		return nil, status.Errorf(codes.NotFound, "%s: nexus-spawnd holds no lease %q", row.name, leaseID)
+		return nil, refusal(codes.NotFound, "%s: nexus-spawnd holds no lease %q", row.name, leaseID)
 	default:
-		return nil, status.Errorf(codes.FailedPrecondition, "%s: lease %q is %s; wait for Spawn to return", row.name, leaseID, st)
+		return nil, refusal(codes.FailedPrecondition, "%s: lease %q is %s; wait for Spawn to return", row.name, leaseID, st)
 	}
 }
+
+// admitError is admit's refusal, formatted only when it is sent: Verify
+// drops it, and an unknown lease must not cost more than a wrong secret.
+type admitError struct {
+	code   codes.Code
+	format string
+	args   []any
+}
+
+func refusal(code codes.Code, format string, args ...any) error {
+	return &admitError{code: code, format: format, args: args}
+}
+
+func (e *admitError) GRPCStatus() *status.Status { return status.Newf(e.code, e.format, e.args...) }
+func (e *admitError) Error() string              { return e.GRPCStatus().Err().Error() }
 
 // maxLeaseIDLen bounds a lease id. Lease ids name files in spawnd's private
 // directories, which is why their alphabet is narrow too.
@@ -489,20 +504,24 @@ func (d *Daemon) Spawn(_ context.Context, req *spawnpb.SpawnRequest) (*spawnpb.S
 }
 
 // Verify checks a register frame's secret against the lease's derived one.
-// A malformed lease id is as unknown as any other.
+// A malformed lease id is as unknown as any other. The secret is derived and
+// compared whatever admit said, so an unknown lease costs what a wrong secret
+// does and the answer's timing tells a dialer nothing.
 func (d *Daemon) Verify(_ context.Context, req *spawnpb.VerifyRequest) (*spawnpb.VerifyResponse, error) {
 	d.mu.Lock()
 	_, err := d.admit(verbVerify, req.GetLeaseId())
 	d.mu.Unlock()
+	if ae, ok := err.(*admitError); ok && ae.code == codes.Unavailable {
+		return nil, err
+	}
+	match := hmac.Equal([]byte(req.GetSecret()), []byte(secretFor(d.key, req.GetLeaseId())))
 	result := spawnpb.VerifyResult_VERIFY_RESULT_OK
 	switch {
-	case status.Code(err) == codes.Unavailable:
-		return nil, err
 	case err != nil:
 		result = spawnpb.VerifyResult_VERIFY_RESULT_UNKNOWN_LEASE
 	case req.GetSecret() == "":
 		result = spawnpb.VerifyResult_VERIFY_RESULT_NO_SECRET
-	case !hmac.Equal([]byte(req.GetSecret()), []byte(secretFor(d.key, req.GetLeaseId()))):
+	case !match:
 		result = spawnpb.VerifyResult_VERIFY_RESULT_WRONG_SECRET
 	}
 	return &spawnpb.VerifyResponse{Result: result}, nil
