@@ -43,10 +43,7 @@ func run(cfgPath, runDir string, log *slog.Logger) error {
 	if runDir == "" {
 		runDir = spawnrpc.RunDir(cfg)
 	}
-	allowedUID := os.Getuid() // development: one user runs both processes
-	if cfg.Spawnd.GatewayUID != nil {
-		allowedUID = *cfg.Spawnd.GatewayUID
-	}
+	allowedUID := cfg.Spawnd.Gateway(os.Getuid())
 	socketGID := -1
 	if cfg.Spawnd.SocketGID != nil {
 		socketGID = *cfg.Spawnd.SocketGID

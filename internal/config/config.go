@@ -124,6 +124,15 @@ type Console struct {
 // MaxCPUWeight is the largest cpu.weight the kernel accepts.
 const MaxCPUWeight = 10000
 
+// Gateway is the uid spawnd accepts RPC from: gateway_uid, else own (the
+// uid spawnd runs as: one user runs both processes).
+func (s Spawnd) Gateway(own int) int {
+	if s.GatewayUID != nil {
+		return *s.GatewayUID
+	}
+	return own
+}
+
 // The reserved entry name: always present, what a claim naming no binary
 // spawns.
 const ReservedEntry = "nexus"

@@ -100,6 +100,9 @@ func resolve(cfg *config.Config) (*settings, error) {
 			if e.runAs, err = newCredential(name, r); err != nil {
 				return nil, err
 			}
+			if err := checkRunAsIsNotTheGateway(name, e.runAs, cfg.Spawnd); err != nil {
+				return nil, err
+			}
 			if _, ok := ce.Env["HOME"]; !ok {
 				if e.passwdHome, err = passwdHome(name, *r.UID); err != nil {
 					return nil, err
@@ -161,6 +164,26 @@ func expandHome(p string) (string, error) {
 		return "", fmt.Errorf("path %q starts with ~, but nexus-spawnd's environment has no HOME; write the path out in full", p)
 	}
 	return filepath.Join(home, p[1:]), nil
+}
+
+// checkRunAsIsNotTheGateway refuses, where the gateway runs as another user
+// than spawnd (the production split), a run_as that would let an instance
+// pass for the gateway: spawnd takes requests from the gateway's uid
+// (SO_PEERCRED), and the socket group reaches the socket. Where the two
+// share a uid, describe warns instead.
+func checkRunAsIsNotTheGateway(name string, c *credential, sp config.Spawnd) error {
+	gw := sp.Gateway(os.Getuid())
+	switch {
+	case gw == os.Getuid():
+		return nil
+	case int(c.uid) == gw:
+		return fmt.Errorf("broker config: binaries: %s: run_as uid %d is spawnd.gateway_uid, the only uid nexus-spawnd takes requests from, "+
+			"so its instances could ask nexus-spawnd for anything the gateway may; give the entry a user of its own", name, c.uid)
+	case sp.SocketGID != nil && int(c.gid) == *sp.SocketGID:
+		return fmt.Errorf("broker config: binaries: %s: run_as gid %d is spawnd.socket_gid, the group that reaches nexus-spawnd's socket, "+
+			"so its instances could connect to nexus-spawnd; give the entry a group of its own", name, c.gid)
+	}
+	return nil
 }
 
 // newCredential converts a validated run_as block. 2³²-1 is refused too:
@@ -251,7 +274,8 @@ func (l *envList) pairs() []string {
 // names spawnd does not hold and one for run_as that cannot work. It runs at
 // boot and after every applied reload.
 func (d *Daemon) describe(s *settings) {
-	var runAs, asRoot []string
+	var runAs, asRoot, runAsRoot, runAsGateway []string
+	shared := s.cfg.Spawnd.Gateway(os.Getuid()) == os.Getuid()
 	for _, name := range slices.Sorted(maps.Keys(s.entries)) {
 		e := s.entries[name]
 		env := spawnEnv(e, s.inherit, os.LookupEnv, dialBack{})
@@ -267,6 +291,12 @@ func (d *Daemon) describe(s *settings) {
 		if e.runAs != nil {
 			attrs = append(attrs, "run_as", e.runAs.String(), "run_as_home", env.values["HOME"])
 			runAs = append(runAs, name)
+			if e.runAs.uid == 0 {
+				runAsRoot = append(runAsRoot, name)
+			}
+			if shared && int(e.runAs.uid) == os.Getuid() {
+				runAsGateway = append(runAsGateway, name)
+			}
 		} else if os.Geteuid() == 0 {
 			asRoot = append(asRoot, name)
 		}
@@ -289,6 +319,15 @@ func (d *Daemon) describe(s *settings) {
 		d.log.Warn("these entries have no run_as and nexus-spawnd runs as root, so their instances run as root; "+
 			"set run_as (a broker-level default covers every entry) to run them as an unprivileged user",
 			"entries", strings.Join(asRoot, ","))
+	}
+	if len(runAsRoot) > 0 {
+		d.log.Warn("these entries set run_as uid 0, so their instances run as root; give them an unprivileged user",
+			"entries", strings.Join(runAsRoot, ","))
+	}
+	if len(runAsGateway) > 0 {
+		d.log.Warn("these entries run_as the uid the gateway and nexus-spawnd share, so their instances could ask nexus-spawnd for anything the gateway may; "+
+			"fine for one user's development setup, otherwise run the gateway as its own user (spawnd.gateway_uid) and give the entries another",
+			"entries", strings.Join(runAsGateway, ","), "uid", os.Getuid())
 	}
 	if len(runAs) > 0 && !d.privileged {
 		d.log.Warn("run_as is configured but nexus-spawnd lacks CAP_SETUID and CAP_SETGID, so every spawn of these entries will be refused; "+

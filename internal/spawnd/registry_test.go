@@ -1,6 +1,7 @@
 package spawnd
 
 import (
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -75,6 +76,16 @@ func TestRegistryRefusesWhatItCannotExec(t *testing.T) {
 			name: "run_as uid without passwd entry or env.HOME",
 			yaml: "binaries:\n  nexus: {path: FAKE}\n  vision: {path: FAKE, run_as: {uid: 3999999, gid: 3999999}}\n",
 			want: `broker config: binaries: vision: run_as uid 3999999 has no passwd entry`,
+		},
+		{
+			name: "run_as the gateway's uid, gateway apart",
+			yaml: "spawnd: {gateway_uid: 3999998}\nbinaries:\n  nexus: {path: FAKE}\n  vision: {path: FAKE, run_as: {uid: 3999998, gid: 3999999}, env: {HOME: /}}\n",
+			want: `broker config: binaries: vision: run_as uid 3999998 is spawnd.gateway_uid, the only uid nexus-spawnd takes requests from`,
+		},
+		{
+			name: "run_as the socket group, gateway apart",
+			yaml: "spawnd: {gateway_uid: 3999998, socket_gid: 3999997}\nrun_as: {uid: 3999999, gid: 3999997}\nbinaries:\n  nexus: {path: FAKE, env: {HOME: /}}\n",
+			want: `broker config: binaries: nexus: run_as gid 3999997 is spawnd.socket_gid, the group that reaches nexus-spawnd's socket`,
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -155,5 +166,39 @@ binaries:
 	}
 	if strings.Contains(logs.text(), "secret value") {
 		t.Error("the boot log carries an environment value")
+	}
+}
+
+// TestRunAsWarnings: run_as uid 0 is a WARN naming the entry, and so is a
+// run_as uid the gateway shares with spawnd (one user's setup); a run_as of
+// another uid is neither.
+func TestRunAsWarnings(t *testing.T) {
+	own := os.Getuid()
+	_, logs, err := boot(t, strings.ReplaceAll(fmt.Sprintf(`
+binaries:
+  nexus: {path: FAKE}
+  rooted: {path: FAKE, run_as: {uid: 0, gid: 0}, env: {HOME: /}}
+  shared: {path: FAKE, run_as: {uid: %d, gid: 3999999}, env: {HOME: /}}
+  apart: {path: FAKE, run_as: {uid: 3999999, gid: 3999999}, env: {HOME: /}}
+`, own), "FAKE", fakeBin))
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := logs.await(t, "these entries set run_as uid 0, so their instances run as root; give them an unprivileged user")
+	wantRoot := "rooted"
+	if own == 0 {
+		wantRoot = "rooted,shared"
+	}
+	if root["level"] != "WARN" || root["entries"] != wantRoot {
+		t.Errorf("run_as uid 0 WARN = %v, want entries %s", root, wantRoot)
+	}
+	shared := logs.await(t, "these entries run_as the uid the gateway and nexus-spawnd share, so their instances could ask nexus-spawnd for anything the gateway may; "+
+		"fine for one user's development setup, otherwise run the gateway as its own user (spawnd.gateway_uid) and give the entries another")
+	wantShared := "shared"
+	if own == 0 {
+		wantShared = "rooted,shared"
+	}
+	if shared["level"] != "WARN" || shared["entries"] != wantShared {
+		t.Errorf("shared-uid WARN = %v, want entries %s", shared, wantShared)
 	}
 }
