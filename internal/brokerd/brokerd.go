@@ -80,7 +80,7 @@ func Run(o Options) error {
 	}
 	defer client.Close()
 
-	g := gateway.New(gateway.Options{Config: cfg, Spawner: client.Spawner(), Logger: log, DialBack: dialBack(ln.Addr()), Auth: authn})
+	g := gateway.New(gateway.Options{Config: cfg, Spawner: client.Spawner(), Logger: log, ListenPort: ln.Addr().(*net.TCPAddr).Port, Auth: authn})
 	if err := g.Start(ctx); err != nil {
 		return err
 	}
@@ -140,32 +140,6 @@ func resolveConfig(path string, log *slog.Logger) (string, bool, error) {
 	}
 	log.Info("no -config and no ./broker.yaml: using the development defaults (nexus-echo as the nexus entry)", "config", p)
 	return p, true, nil
-}
-
-// dialBack is NEXUS_BROKER_ADDR: the listener's address, with a wildcard
-// bind dialed on loopback (instances run on this host).
-func dialBack(a net.Addr) string {
-	tcp, ok := a.(*net.TCPAddr)
-	if !ok {
-		return "ws://" + a.String() + "/instance"
-	}
-	host := tcp.IP.String()
-	if tcp.IP.IsUnspecified() {
-		host = "127.0.0.1"
-		if tcp.IP.To4() == nil && !dualStack() {
-			host = "::1"
-		}
-	}
-	return "ws://" + net.JoinHostPort(host, fmt.Sprint(tcp.Port)) + "/instance"
-}
-
-func dualStack() bool {
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
-	if err != nil {
-		return false
-	}
-	ln.Close()
-	return true
 }
 
 // logAuth says at boot whether clients are authenticated: the spec's WARN

@@ -703,3 +703,30 @@ func assertWarnings(t *testing.T, c *Config, phrases ...string) {
 		}
 	}
 }
+
+// TestDialBack: NEXUS_BROKER_ADDR comes from listen_addr, a wildcard bind
+// dialed on loopback; the gateway's reported port is taken only for port 0.
+func TestDialBack(t *testing.T) {
+	for _, tc := range []struct {
+		listen string
+		bound  int
+		want   string
+		err    string
+	}{
+		{listen: ":8080", want: "ws://127.0.0.1:8080/instance"},
+		{listen: ":8080", bound: 8080, want: "ws://127.0.0.1:8080/instance"},
+		{listen: "0.0.0.0:8080", want: "ws://127.0.0.1:8080/instance"},
+		{listen: "[::]:8080", want: "ws://[::1]:8080/instance"},
+		{listen: "10.1.2.3:9000", want: "ws://10.1.2.3:9000/instance"},
+		{listen: "localhost:9000", want: "ws://localhost:9000/instance"},
+		{listen: "127.0.0.1:0", bound: 41234, want: "ws://127.0.0.1:41234/instance"},
+		{listen: "127.0.0.1:0", err: `listen_addr "127.0.0.1:0" asks for any free port, and the gateway reported no port it bound`},
+		{listen: ":8080", bound: 9090, err: `the gateway reports listening on port 9090, but listen_addr ":8080" names port 8080`},
+		{listen: "127.0.0.1:0", bound: 70000, err: "the gateway reports listening on port 70000, which is no TCP port"},
+	} {
+		got, err := DialBack(tc.listen, tc.bound)
+		if got != tc.want || (err == nil) != (tc.err == "") || (err != nil && err.Error() != tc.err) {
+			t.Errorf("DialBack(%q, %d) = %q, %v; want %q, %q", tc.listen, tc.bound, got, err, tc.want, tc.err)
+		}
+	}
+}

@@ -263,6 +263,39 @@ func (c *Config) ListenLoopback() bool {
 	return ip != nil && ip.IsLoopback()
 }
 
+// DialBack is NEXUS_BROKER_ADDR for the instances of a broker listening on
+// listenAddr: the gateway's /instance route, a wildcard bind dialed on
+// loopback (instances run on this host). bound is the port the gateway's
+// listener reports. It is taken only where listenAddr asks for port 0, and
+// must otherwise be 0 or listenAddr's own port: the host is never the
+// gateway's to name.
+func DialBack(listenAddr string, bound int) (string, error) {
+	host, port, err := net.SplitHostPort(listenAddr)
+	if err != nil {
+		return "", fmt.Errorf("listen_addr %q: %w", listenAddr, err)
+	}
+	want, err := net.LookupPort("tcp", port)
+	if err != nil {
+		return "", fmt.Errorf("listen_addr %q: %w", listenAddr, err)
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() && ip.To4() == nil {
+		host = "::1"
+	} else if isWildcard(host) {
+		host = "127.0.0.1"
+	}
+	switch {
+	case bound < 0 || bound > 65535:
+		return "", fmt.Errorf("the gateway reports listening on port %d, which is no TCP port", bound)
+	case want == 0 && bound == 0:
+		return "", fmt.Errorf("listen_addr %q asks for any free port, and the gateway reported no port it bound", listenAddr)
+	case want == 0:
+		want = bound
+	case bound != 0 && bound != want:
+		return "", fmt.Errorf("the gateway reports listening on port %d, but listen_addr %q names port %d", bound, listenAddr, want)
+	}
+	return "ws://" + net.JoinHostPort(host, strconv.Itoa(want)) + "/instance", nil
+}
+
 func isWildcard(host string) bool {
 	if host == "" {
 		return true

@@ -153,7 +153,7 @@ func (g *Gateway) claim(r *http.Request, p auth.Principal) (*claimResponse, *cla
 	spawnCtx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 30*time.Second)
 	sr, err := g.sp.Spawn(spawnCtx, &spawnpb.SpawnRequest{
 		LeaseId: id, Entry: entry, Config: []byte(req.Config), RecallSessionId: session,
-		Principal: principal, BrokerAddr: g.dialBack,
+		Principal: principal, ListenPort: g.listenPort,
 	})
 	cancel()
 	if status.Code(err) == codes.FailedPrecondition {

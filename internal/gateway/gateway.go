@@ -31,9 +31,10 @@ type Options struct {
 	// wait for the new connection within their context.
 	Spawner spawnpb.SpawnerClient
 	Logger  *slog.Logger
-	// DialBack is NEXUS_BROKER_ADDR for spawned instances: the ws:// URL of
-	// this gateway's /instance route.
-	DialBack string
+	// ListenPort is the port the listener bound, reported with each spawn:
+	// spawnd builds NEXUS_BROKER_ADDR from its own listen_addr and takes
+	// the port from here only where listen_addr asks for port 0.
+	ListenPort int
 	// Auth is the chain of Config's auth: block (auth.New); nil without one.
 	Auth *auth.Authenticator
 }
@@ -41,9 +42,9 @@ type Options struct {
 // Gateway serves the broker's HTTP API. Create it with New, call Start once,
 // serve Handler, and Shutdown when done.
 type Gateway struct {
-	log      *slog.Logger
-	sp       spawnpb.SpawnerClient
-	dialBack string
+	log        *slog.Logger
+	sp         spawnpb.SpawnerClient
+	listenPort uint32
 	// boot holds the keys read only at boot; cfg the reloadable ones in force.
 	boot     *config.Config
 	cfg      atomic.Pointer[config.Config]
@@ -70,19 +71,19 @@ type Gateway struct {
 func New(o Options) *Gateway {
 	ctx, cancel := context.WithCancel(context.Background())
 	g := &Gateway{
-		log:      o.Logger,
-		sp:       o.Spawner,
-		dialBack: o.DialBack,
-		boot:     o.Config,
-		cap:      newCapacity(o.Config.MaxConcurrent, o.Config.MaxQueueDepth, o.Config.QueueWaitTimeout.D()),
-		m:        newMetrics(),
-		auth:     o.Auth,
-		tickets:  auth.NewTickets(),
-		console:  newConsoleHub(),
-		leases:   map[string]*lease{},
-		claiming: map[string]int{},
-		ctx:      ctx,
-		cancel:   cancel,
+		log:        o.Logger,
+		sp:         o.Spawner,
+		listenPort: uint32(o.ListenPort),
+		boot:       o.Config,
+		cap:        newCapacity(o.Config.MaxConcurrent, o.Config.MaxQueueDepth, o.Config.QueueWaitTimeout.D()),
+		m:          newMetrics(),
+		auth:       o.Auth,
+		tickets:    auth.NewTickets(),
+		console:    newConsoleHub(),
+		leases:     map[string]*lease{},
+		claiming:   map[string]int{},
+		ctx:        ctx,
+		cancel:     cancel,
 	}
 	g.cfg.Store(o.Config)
 	empty := []*spawnpb.Binary{}

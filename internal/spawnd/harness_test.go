@@ -452,6 +452,8 @@ func (h *harness) stop() {
 	h.d = nil
 }
 
+// testBrokerAddr is the NEXUS_BROKER_ADDR spawnd builds from the default
+// listen_addr, ":8080".
 const testBrokerAddr = "ws://127.0.0.1:8080/instance"
 
 func (h *harness) ctx() context.Context {
@@ -464,11 +466,10 @@ func (h *harness) ctx() context.Context {
 func (h *harness) spawn(id, entry string) (*spawnpb.SpawnResponse, *fakeConn) {
 	h.t.Helper()
 	resp, err := h.client.Spawn(h.ctx(), &spawnpb.SpawnRequest{
-		LeaseId:    id,
-		Entry:      entry,
-		Config:     []byte("core: {}\n"),
-		Principal:  "alice",
-		BrokerAddr: testBrokerAddr,
+		LeaseId:   id,
+		Entry:     entry,
+		Config:    []byte("core: {}\n"),
+		Principal: "alice",
 	})
 	if err != nil {
 		h.t.Fatalf("Spawn(%s, %s): %v", id, entry, err)

@@ -12,6 +12,7 @@ import (
 	"sync"
 
 	"github.com/nexus-broker/nexus-broker/internal/atomicfile"
+	"github.com/nexus-broker/nexus-broker/pkg/sessionid"
 )
 
 // The session → binary index, <state_dir>/session-binaries.jsonl, remembers
@@ -75,8 +76,8 @@ func openSessionIndex(stateDir string, limit int, log *slog.Logger) *sessionInde
 	for raw := range bytes.Lines(data) {
 		n++
 		var b binding
-		if err := json.Unmarshal(raw, &b); err != nil || b.SessionID == "" || b.Entry == "" {
-			log.Warn("skipping a session → binary index line that is not a whole binding (torn by a crash mid-write, or edited)",
+		if err := json.Unmarshal(raw, &b); err != nil || sessionid.Validate(b.SessionID) != nil || b.Entry == "" {
+			log.Warn("skipping a session → binary index line that is not a whole binding (torn by a crash mid-write, edited, or written before session ids were checked)",
 				"path", x.path, "line", n)
 			continue
 		}

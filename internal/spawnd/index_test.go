@@ -28,7 +28,7 @@ func (h *harness) resume(id, entry, session string) *fakeConn {
 	h.t.Helper()
 	_, err := h.client.Spawn(h.ctx(), &spawnpb.SpawnRequest{
 		LeaseId: id, Entry: entry, Config: []byte("core: {}\n"), RecallSessionId: session,
-		Principal: "alice", BrokerAddr: testBrokerAddr,
+		Principal: "alice",
 	})
 	if err != nil {
 		h.t.Fatalf("Spawn(%s, %s, resume %s): %v", id, entry, session, err)
@@ -227,21 +227,23 @@ func TestIndexCompactsEvery256Appends(t *testing.T) {
 	}
 }
 
-// TestIndexSkipsCorruptLines: bad and torn lines are skipped with a WARN
-// naming them; the good ones still answer.
+// TestIndexSkipsCorruptLines: bad and torn lines, and bindings of session
+// ids that break the rule (an index written before ids were checked), are
+// skipped with a WARN naming them; the good ones still answer.
 func TestIndexSkipsCorruptLines(t *testing.T) {
 	dir := t.TempDir()
 	text := `{"session_id":"sess-a","entry":"nexus"}` + "\n" +
 		"not json\n" +
 		`{"session_id":"","entry":"nexus"}` + "\n" +
 		`{"session_id":"sess-b","entry":"vision"}` + "\n" +
+		`{"session_id":"../..","entry":"vision"}` + "\n" +
 		`{"session_id":"sess-torn","en`
 	if err := os.WriteFile(filepath.Join(dir, indexFile), []byte(text), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	x, logs := openTestIndex(t, dir, maxBindings)
-	for _, n := range []int{2, 3, 5} {
-		logs.await(t, "skipping a session → binary index line that is not a whole binding (torn by a crash mid-write, or edited)", "line", n)
+	for _, n := range []int{2, 3, 5, 6} {
+		logs.await(t, "skipping a session → binary index line that is not a whole binding (torn by a crash mid-write, edited, or written before session ids were checked)", "line", n)
 	}
 	if a, b, c := x.lookup("sess-a"), x.lookup("sess-b"), x.lookup("sess-torn"); a != "nexus" || b != "vision" || c != "" {
 		t.Errorf("lookups = %q, %q, %q; want nexus, vision and no opinion", a, b, c)
@@ -283,7 +285,7 @@ func TestASessionBelongsToTheEntryThatCreatedIt(t *testing.T) {
 		t.Errorf("List after refused reports = %v, want lease-b running with no session id", got)
 	}
 	_, err := h.client.Spawn(h.ctx(), &spawnpb.SpawnRequest{
-		LeaseId: "lease-c", Entry: "nexus", Config: []byte("core: {}\n"), RecallSessionId: "sess-a", BrokerAddr: testBrokerAddr,
+		LeaseId: "lease-c", Entry: "nexus", Config: []byte("core: {}\n"), RecallSessionId: "sess-a",
 	})
 	if status.Code(err) != codes.FailedPrecondition {
 		t.Errorf("Spawn resuming another entry's session = %v, want FailedPrecondition", err)
@@ -303,7 +305,7 @@ func TestSessionIDsAreValidatedAndReportsCapped(t *testing.T) {
 	h := newHarness(t, defaultYAML)
 	for _, bad := range []string{"-h", "a/b", "../..", "a\nb", strings.Repeat("a", 129)} {
 		_, err := h.client.Spawn(h.ctx(), &spawnpb.SpawnRequest{
-			LeaseId: "lease-bad", Entry: "nexus", Config: []byte("core: {}\n"), RecallSessionId: bad, BrokerAddr: testBrokerAddr,
+			LeaseId: "lease-bad", Entry: "nexus", Config: []byte("core: {}\n"), RecallSessionId: bad,
 		})
 		if status.Code(err) != codes.InvalidArgument {
 			t.Errorf("Spawn resuming %q = %v, want InvalidArgument", bad, err)

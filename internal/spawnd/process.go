@@ -27,9 +27,10 @@ type started struct {
 	configPath, logPath string
 }
 
-// start writes the lease's config and execs the entry. On failure it names
-// the step that failed, and nothing is left behind: no config, no process.
-func (d *Daemon) start(id string, e *entry, inherit []string, req *spawnpb.SpawnRequest) (started, spawnpb.SpawnStep, error) {
+// start writes the lease's config and execs the entry, to dial back to
+// addr. On failure it names the step that failed, and nothing is left
+// behind: no config, no process.
+func (d *Daemon) start(id string, e *entry, inherit []string, req *spawnpb.SpawnRequest, addr string) (started, spawnpb.SpawnStep, error) {
 	var cred *syscall.Credential
 	if e.runAs != nil {
 		// An empty, non-nil Groups with NoSetGroups false makes the child
@@ -40,7 +41,7 @@ func (d *Daemon) start(id string, e *entry, inherit []string, req *spawnpb.Spawn
 	if err := writeConfig(configPath, req.GetConfig(), cred); err != nil {
 		return started{}, spawnpb.SpawnStep_SPAWN_STEP_TEMP_CONFIG, err
 	}
-	p, err := d.exec(id, e, inherit, req, configPath, cred)
+	p, err := d.exec(id, e, inherit, req, addr, configPath, cred)
 	if err != nil {
 		_ = os.Remove(configPath)
 		return started{}, spawnpb.SpawnStep_SPAWN_STEP_EXEC, fmt.Errorf("spawning instance: %w", err)
@@ -56,7 +57,7 @@ func (d *Daemon) start(id string, e *entry, inherit []string, req *spawnpb.Spawn
 // new session, under cred, with no_new_privs unless the entry opts out. stdout and stderr append to the lease's
 // log file rather than a pipe: a pipe would die with spawnd, and the
 // instance with it on its next write (SIGPIPE).
-func (d *Daemon) exec(id string, e *entry, inherit []string, req *spawnpb.SpawnRequest, configPath string, cred *syscall.Credential) (started, error) {
+func (d *Daemon) exec(id string, e *entry, inherit []string, req *spawnpb.SpawnRequest, addr, configPath string, cred *syscall.Credential) (started, error) {
 	p := started{configPath: configPath, logPath: filepath.Join(d.logDir, id+".log"), pidfd: -1}
 	argv := []string{e.resolved, "-config", configPath}
 	if s := req.GetRecallSessionId(); s != "" {
@@ -64,7 +65,7 @@ func (d *Daemon) exec(id string, e *entry, inherit []string, req *spawnpb.SpawnR
 	}
 	argv = append(argv, e.args...)
 	env := spawnEnv(e, inherit, os.LookupEnv, dialBack{
-		addr:    req.GetBrokerAddr(),
+		addr:    addr,
 		leaseID: id,
 		secret:  secretFor(d.key, id),
 	})

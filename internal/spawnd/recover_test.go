@@ -71,7 +71,7 @@ func TestRestartReadoptsAndTerminates(t *testing.T) {
 			t.Errorf("Verify of the adopted lease = %v (%v), want %v", v.GetResult(), err, tc.want)
 		}
 	}
-	_, err = h.client.Spawn(h.ctx(), &spawnpb.SpawnRequest{LeaseId: "lease-keep", Entry: "nexus", BrokerAddr: testBrokerAddr})
+	_, err = h.client.Spawn(h.ctx(), &spawnpb.SpawnRequest{LeaseId: "lease-keep", Entry: "nexus"})
 	if status.Code(err) != codes.AlreadyExists {
 		t.Errorf("Spawn of an adopted lease id = %v, want AlreadyExists", err)
 	}
@@ -273,7 +273,7 @@ func TestRecoveryProvesIdentity(t *testing.T) {
 		t.Errorf("the closed-out lease's temp config (and its emptied directory) is still there: %v", err)
 	}
 	for _, c := range cases {
-		if _, err := h.client.Spawn(h.ctx(), &spawnpb.SpawnRequest{LeaseId: c.rec.LeaseID, Entry: "nexus", BrokerAddr: testBrokerAddr}); status.Code(err) != codes.AlreadyExists {
+		if _, err := h.client.Spawn(h.ctx(), &spawnpb.SpawnRequest{LeaseId: c.rec.LeaseID, Entry: "nexus"}); status.Code(err) != codes.AlreadyExists {
 			t.Errorf("Spawn of closed-out %s = %v, want AlreadyExists", c.rec.LeaseID, err)
 		}
 	}

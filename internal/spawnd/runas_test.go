@@ -114,7 +114,7 @@ binaries:
 `)
 	h.logs.await(t, "run_as is configured but nexus-spawnd lacks CAP_SETUID and CAP_SETGID, so every spawn of these entries will be refused; "+
 		"run nexus-spawnd as root (or grant it both capabilities) or remove run_as", "entries", "vision")
-	_, err := h.client.Spawn(h.ctx(), &spawnpb.SpawnRequest{LeaseId: "lease-denied", Entry: "vision", BrokerAddr: testBrokerAddr})
+	_, err := h.client.Spawn(h.ctx(), &spawnpb.SpawnRequest{LeaseId: "lease-denied", Entry: "vision"})
 	if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "65534:65534") {
 		t.Errorf("Spawn = %v, want PermissionDenied naming 65534:65534", err)
 	}

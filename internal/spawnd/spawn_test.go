@@ -51,7 +51,7 @@ binaries:
 		Config:          []byte("core:\n  name: env test\n"),
 		RecallSessionId: "sess-1",
 		Principal:       "alice",
-		BrokerAddr:      testBrokerAddr,
+		ListenPort:      8080, // the gateway's bound port, as listen_addr (:8080) names it
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -171,15 +171,17 @@ func TestSpawnRefusals(t *testing.T) {
 		code codes.Code
 		msg  string
 	}{
-		{"empty lease id", &spawnpb.SpawnRequest{Entry: "nexus", BrokerAddr: testBrokerAddr}, codes.InvalidArgument, "lease id"},
-		{"lease id with a path", &spawnpb.SpawnRequest{LeaseId: "../x", Entry: "nexus", BrokerAddr: testBrokerAddr}, codes.InvalidArgument, "lease id"},
-		{"unknown entry", &spawnpb.SpawnRequest{LeaseId: "lease-new", Entry: "vision", BrokerAddr: testBrokerAddr}, codes.NotFound,
+		{"empty lease id", &spawnpb.SpawnRequest{Entry: "nexus"}, codes.InvalidArgument, "lease id"},
+		{"lease id with a path", &spawnpb.SpawnRequest{LeaseId: "../x", Entry: "nexus"}, codes.InvalidArgument, "lease id"},
+		{"unknown entry", &spawnpb.SpawnRequest{LeaseId: "lease-new", Entry: "vision"}, codes.NotFound,
 			`unknown entry "vision"; this nexus-spawnd spawns: exit3, family, ignore, nexus, notify`},
-		{"live lease id", &spawnpb.SpawnRequest{LeaseId: "lease-live", Entry: "nexus", BrokerAddr: testBrokerAddr}, codes.AlreadyExists, "is running"},
-		{"spent lease id", &spawnpb.SpawnRequest{LeaseId: "lease-once", Entry: "nexus", BrokerAddr: testBrokerAddr}, codes.AlreadyExists, "is gone"},
-		{"http broker_addr", &spawnpb.SpawnRequest{LeaseId: "lease-new", Entry: "nexus", BrokerAddr: "http://127.0.0.1:8080/instance"}, codes.InvalidArgument, "broker_addr"},
-		{"broker_addr elsewhere", &spawnpb.SpawnRequest{LeaseId: "lease-new", Entry: "nexus", BrokerAddr: "ws://127.0.0.1:8080/lease"}, codes.InvalidArgument, "broker_addr"},
-		{"broker_addr without host", &spawnpb.SpawnRequest{LeaseId: "lease-new", Entry: "nexus", BrokerAddr: "ws:///instance"}, codes.InvalidArgument, "broker_addr"},
+		{"live lease id", &spawnpb.SpawnRequest{LeaseId: "lease-live", Entry: "nexus"}, codes.AlreadyExists, "is running"},
+		{"spent lease id", &spawnpb.SpawnRequest{LeaseId: "lease-once", Entry: "nexus"}, codes.AlreadyExists, "is gone"},
+		{"a port listen_addr does not name", &spawnpb.SpawnRequest{LeaseId: "lease-new", Entry: "nexus", ListenPort: 9090}, codes.InvalidArgument,
+			`the gateway reports listening on port 9090, but listen_addr ":8080" names port 8080`},
+		{"no TCP port", &spawnpb.SpawnRequest{LeaseId: "lease-new", Entry: "nexus", ListenPort: 1 << 20}, codes.InvalidArgument, "which is no TCP port"},
+		{"oversize principal", &spawnpb.SpawnRequest{LeaseId: "lease-new", Entry: "nexus", Principal: strings.Repeat("p", maxPrincipalLen+1)}, codes.InvalidArgument,
+			"principal of 1025 bytes is longer than 1024"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := h.client.Spawn(h.ctx(), tc.req)
@@ -270,7 +272,7 @@ func TestAnUnwritableTempConfigIsItsOwnFailure(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err := h.client.Spawn(h.ctx(), &spawnpb.SpawnRequest{
-		LeaseId: "lease-noconf", Entry: "nexus", Config: []byte("core: {}\n"), BrokerAddr: testBrokerAddr,
+		LeaseId: "lease-noconf", Entry: "nexus", Config: []byte("core: {}\n"),
 	})
 	st := status.Convert(err)
 	var step spawnpb.SpawnStep
@@ -315,4 +317,21 @@ func BenchmarkVerifyRefusal(b *testing.B) {
 	b.ReportMetric(wrongNs, "wrong-secret-ns/op")
 	b.ReportMetric(unknownNs, "unknown-lease-ns/op")
 	b.ReportMetric(unknownNs/wrongNs, "unknown-vs-wrong")
+}
+
+// TestDialBackComesFromSpawndsConfig: NEXUS_BROKER_ADDR is built from
+// spawnd's own listen_addr; the gateway's reported port fills in only a
+// port-0 listen_addr, and without one the spawn is refused.
+func TestDialBackComesFromSpawndsConfig(t *testing.T) {
+	h := newHarness(t, "listen_addr: \"0.0.0.0:0\"\n"+defaultYAML)
+	_, err := h.client.Spawn(h.ctx(), &spawnpb.SpawnRequest{LeaseId: "lease-noport", Entry: "nexus"})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "asks for any free port, and the gateway reported no port it bound") {
+		t.Errorf("Spawn without a bound port under listen_addr port 0 = %v, want InvalidArgument", err)
+	}
+	if _, err := h.client.Spawn(h.ctx(), &spawnpb.SpawnRequest{LeaseId: "lease-port", Entry: "nexus", ListenPort: 41234}); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.accept().env()["NEXUS_BROKER_ADDR"]; got != "ws://127.0.0.1:41234/instance" {
+		t.Errorf("NEXUS_BROKER_ADDR = %q, want the loopback dial of the reported port", got)
+	}
 }

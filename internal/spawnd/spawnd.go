@@ -34,7 +34,6 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -147,6 +146,7 @@ type Daemon struct {
 	brokerID   string
 	bootID     string // this boot's /proc/sys/kernel/random/boot_id
 	advertise  string // advertise_addr, journaled with each lease
+	listenAddr string // listen_addr at boot, what NEXUS_BROKER_ADDR is built from
 	privileged bool   // holds CAP_SETUID and CAP_SETGID, so run_as can work
 	configDir  string // temp configs; 0711 so a run_as instance can open its own
 	logDir     string // one stdout/stderr file per lease
@@ -205,6 +205,7 @@ func New(cfgPath string, cfg *config.Config, log *slog.Logger) (_ *Daemon, err e
 		log:        log,
 		cfgPath:    cfgPath,
 		advertise:  cfg.AdvertiseAddr,
+		listenAddr: cfg.ListenAddr,
 		privileged: hasSetIDCaps(),
 		settings:   s,
 		leases:     map[string]*lease{},
@@ -365,6 +366,15 @@ func refusal(code codes.Code, format string, args ...any) error {
 func (e *admitError) GRPCStatus() *status.Status { return status.Newf(e.code, e.format, e.args...) }
 func (e *admitError) Error() string              { return e.GRPCStatus().Err().Error() }
 
+// The other strings the gateway has journaled are bounded too, so that
+// every journal line is: a principal (an OIDC subject is at most 255
+// characters; an issuer may prefix it) and a teardown reason (the gateway's
+// are a few words).
+const (
+	maxPrincipalLen = 1024
+	maxReasonLen    = 128
+)
+
 // maxLeaseIDLen bounds a lease id. Lease ids name files in spawnd's private
 // directories, which is why their alphabet is narrow too.
 const maxLeaseIDLen = 128
@@ -381,16 +391,6 @@ func validLeaseID(id string) bool {
 	return true
 }
 
-// checkBrokerAddr accepts only the gateway's own dial-back URL, which
-// becomes the instance's NEXUS_BROKER_ADDR.
-func checkBrokerAddr(addr string) error {
-	u, err := url.Parse(addr)
-	if err != nil || (u.Scheme != "ws" && u.Scheme != "wss") || u.Host == "" || u.User != nil || !strings.HasSuffix(addr, "/instance") {
-		return status.Errorf(codes.InvalidArgument, "Spawn: broker_addr %q is not a ws:// or wss:// URL ending in /instance", addr)
-	}
-	return nil
-}
-
 // spawnFailed is Spawn's INTERNAL error, naming the failed step in a
 // SpawnFailure detail the gateway answers by.
 func spawnFailed(step spawnpb.SpawnStep, err error) error {
@@ -403,8 +403,12 @@ func spawnFailed(step spawnpb.SpawnStep, err error) error {
 
 // Spawn starts the instance of a new lease from a registry entry.
 func (d *Daemon) Spawn(_ context.Context, req *spawnpb.SpawnRequest) (*spawnpb.SpawnResponse, error) {
-	if err := checkBrokerAddr(req.GetBrokerAddr()); err != nil {
-		return nil, err
+	addr, err := config.DialBack(d.listenAddr, int(req.GetListenPort()))
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "Spawn: %v", err)
+	}
+	if len(req.GetPrincipal()) > maxPrincipalLen {
+		return nil, status.Errorf(codes.InvalidArgument, "Spawn: principal of %d bytes is longer than %d", len(req.GetPrincipal()), maxPrincipalLen)
 	}
 	recall := req.GetRecallSessionId()
 	if recall != "" {
@@ -464,7 +468,7 @@ func (d *Daemon) Spawn(_ context.Context, req *spawnpb.SpawnRequest) (*spawnpb.S
 	d.mu.Unlock()
 	d.journal.append(kindMinted, rec)
 
-	p, step, err := d.start(id, e, s.inherit, req)
+	p, step, err := d.start(id, e, s.inherit, req, addr)
 	if err != nil {
 		d.mu.Lock()
 		l.state = stateGone
@@ -535,6 +539,9 @@ func (d *Daemon) Verify(_ context.Context, req *spawnpb.VerifyRequest) (*spawnpb
 // depend on the caller: a gateway that goes away half-way still gets its
 // instance torn down.
 func (d *Daemon) Terminate(ctx context.Context, req *spawnpb.TerminateRequest) (*spawnpb.TerminateResponse, error) {
+	if len(req.GetReason()) > maxReasonLen {
+		return nil, status.Errorf(codes.InvalidArgument, "Terminate: reason of %d bytes is longer than %d", len(req.GetReason()), maxReasonLen)
+	}
 	d.mu.Lock()
 	l, err := d.admit(verbTerminate, req.GetLeaseId())
 	if err != nil {

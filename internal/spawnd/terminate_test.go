@@ -28,6 +28,9 @@ func (h *harness) terminate(id, reason string, skipGrace bool) (*spawnpb.ExitEve
 func TestTerminateRefusesLeasesItDoesNotHold(t *testing.T) {
 	h := newHarness(t, defaultYAML)
 	stream := h.watch()
+	if _, err := h.terminate("lease-never", strings.Repeat("r", maxReasonLen+1), false); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("Terminate with an oversize reason = %v, want InvalidArgument", err)
+	}
 	if _, err := h.terminate("lease-never", "manual release", false); status.Code(err) != codes.NotFound {
 		t.Errorf("Terminate of a lease never spawned = %v, want NotFound", err)
 	}

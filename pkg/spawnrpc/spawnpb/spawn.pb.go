@@ -144,8 +144,11 @@ type SpawnRequest struct {
 	RecallSessionId string `protobuf:"bytes,4,opt,name=recall_session_id,json=recallSessionId,proto3" json:"recall_session_id,omitempty"`
 	// principal owns the lease; journaled, never used for access decisions here.
 	Principal string `protobuf:"bytes,5,opt,name=principal,proto3" json:"principal,omitempty"`
-	// broker_addr becomes NEXUS_BROKER_ADDR: the gateway's ws://…/instance URL.
-	BrokerAddr    string `protobuf:"bytes,6,opt,name=broker_addr,json=brokerAddr,proto3" json:"broker_addr,omitempty"`
+	// listen_port is the port the gateway's listener bound. spawnd builds
+	// NEXUS_BROKER_ADDR from its own copy of listen_addr and takes only this
+	// port from the gateway, and only where listen_addr asks for port 0;
+	// otherwise it must be 0 or listen_addr's own port.
+	ListenPort    uint32 `protobuf:"varint,7,opt,name=listen_port,json=listenPort,proto3" json:"listen_port,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -215,11 +218,11 @@ func (x *SpawnRequest) GetPrincipal() string {
 	return ""
 }
 
-func (x *SpawnRequest) GetBrokerAddr() string {
+func (x *SpawnRequest) GetListenPort() uint32 {
 	if x != nil {
-		return x.BrokerAddr
+		return x.ListenPort
 	}
-	return ""
+	return 0
 }
 
 // SpawnFailure is the detail of Spawn's INTERNAL error: the step that
@@ -1275,15 +1278,15 @@ var File_pkg_spawnrpc_spawnpb_spawn_proto protoreflect.FileDescriptor
 
 const file_pkg_spawnrpc_spawnpb_spawn_proto_rawDesc = "" +
 	"\n" +
-	" pkg/spawnrpc/spawnpb/spawn.proto\x12\x14nexusbroker.spawn.v1\"\xc2\x01\n" +
+	" pkg/spawnrpc/spawnpb/spawn.proto\x12\x14nexusbroker.spawn.v1\"\xd5\x01\n" +
 	"\fSpawnRequest\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12\x14\n" +
 	"\x05entry\x18\x02 \x01(\tR\x05entry\x12\x16\n" +
 	"\x06config\x18\x03 \x01(\fR\x06config\x12*\n" +
 	"\x11recall_session_id\x18\x04 \x01(\tR\x0frecallSessionId\x12\x1c\n" +
 	"\tprincipal\x18\x05 \x01(\tR\tprincipal\x12\x1f\n" +
-	"\vbroker_addr\x18\x06 \x01(\tR\n" +
-	"brokerAddr\"C\n" +
+	"\vlisten_port\x18\a \x01(\rR\n" +
+	"listenPortJ\x04\b\x06\x10\aR\vbroker_addr\"C\n" +
 	"\fSpawnFailure\x123\n" +
 	"\x04step\x18\x01 \x01(\x0e2\x1f.nexusbroker.spawn.v1.SpawnStepR\x04step\"M\n" +
 	"\rSpawnResponse\x12\x10\n" +
