@@ -109,6 +109,9 @@ type fakeReport struct {
 //	exit         exit -code at once
 //	grandchild   (internal) ignore SIGTERM and SIGHUP and never exit
 //
+// In every waiting mode, "write N" makes it write N bytes to stdout (its
+// log) and answer "wrote".
+//
 // -grandchild first starts a grandchild in its process group, which only a
 // SIGKILL to the group can end.
 func fakeMain(args []string) int {
@@ -186,6 +189,14 @@ func fakeMain(args []string) int {
 			if n, ok := strings.CutPrefix(line, "exit "); ok {
 				c, _ := strconv.Atoi(n)
 				return c
+			}
+			if n, ok := strings.CutPrefix(line, "write "); ok {
+				total, _ := strconv.Atoi(n)
+				chunk := bytes.Repeat([]byte("x"), 64<<10)
+				for left := total; left > 0; left -= len(chunk) {
+					_, _ = os.Stdout.Write(chunk[:min(left, len(chunk))])
+				}
+				fmt.Fprintln(conn, "wrote")
 			}
 		}
 	}

@@ -1,11 +1,13 @@
 package spawnd
 
 import (
+	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io/fs"
 	"maps"
 	"os"
@@ -333,5 +335,81 @@ func TestDialBackComesFromSpawndsConfig(t *testing.T) {
 	}
 	if got := h.accept().env()["NEXUS_BROKER_ADDR"]; got != "ws://127.0.0.1:41234/instance" {
 		t.Errorf("NEXUS_BROKER_ADDR = %q, want the loopback dial of the reported port", got)
+	}
+}
+
+// TestInstanceLogIsCappedInPlace: an instance that writes 24 MiB leaves a log
+// of at most maxInstanceLog that starts with the marker, keeps running and
+// writing after it, and costs one WARN.
+func TestInstanceLogIsCappedInPlace(t *testing.T) {
+	h := newHarness(t, defaultYAML)
+	_, f := h.spawn("lease-loud", "nexus")
+	path := filepath.Join(h.d.logDir, "lease-loud.log")
+	f.send(fmt.Sprint("write ", 24<<20))
+	f.expectLine("wrote")
+	h.logs.await(t, "an instance log passed its cap and was truncated in place; its instance writes on after a marker", "path", path)
+	deadline := time.Now().Add(waitLimit)
+	for {
+		st, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Size() <= maxInstanceLog {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the log holds %d bytes %s after the writes ended, past its cap of %d", st.Size(), waitLimit, maxInstanceLog)
+		}
+		time.Sleep(10 * time.Millisecond) // the cap acts on an inotify event; nothing to wait on from here
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.HasPrefix(data, []byte(logTruncated)) || !bytes.HasSuffix(data, []byte("xxxx")) {
+		t.Errorf("the capped log starts %q and ends %q; want the marker, then the instance's later output", data[:min(len(data), 120)], data[max(len(data)-4, 0):])
+	}
+	f.send(fmt.Sprint("write ", 24<<20))
+	f.expectLine("wrote")
+	if n := len(h.logs.find("an instance log passed its cap and was truncated in place; its instance writes on after a marker")); n != 1 {
+		t.Errorf("%d WARNs for one loud log, want 1", n)
+	}
+}
+
+// TestLogsOfEndedLeasesArePruned: past maxLogsTotal the oldest logs of
+// ended leases go, at boot; a live lease's log stays.
+func TestLogsOfEndedLeasesArePruned(t *testing.T) {
+	h := newHarness(t, defaultYAML)
+	_, live := h.spawn("lease-live", "nexus")
+	defer live.send("exit 0")
+	h.stop()
+	logDir := filepath.Join(h.stateDir, "logs")
+	old := time.Now().Add(-time.Hour)
+	for i := range 40 {
+		p := filepath.Join(logDir, fmt.Sprintf("lease-old-%02d.log", i))
+		if err := os.WriteFile(p, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Truncate(p, 8<<20); err != nil { // sparse: size without the disk
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(p, old, old.Add(time.Duration(i)*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.start()
+	ents, err := os.ReadDir(logDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	var total int64
+	for _, e := range ents {
+		info, _ := e.Info()
+		total += info.Size()
+		names = append(names, e.Name())
+	}
+	if total > maxLogsTotal || !slices.Contains(names, "lease-live.log") || slices.Contains(names, "lease-old-00.log") || !slices.Contains(names, "lease-old-39.log") {
+		t.Errorf("after boot the log directory holds %d bytes in %v; want at most %d, the live lease's log kept and the oldest gone", total, names, maxLogsTotal)
 	}
 }

@@ -22,7 +22,8 @@
 // Files: spawnd.go (verbs and lease states), registry.go (binary registry and
 // spawn environment), process.go (exec, exit supervision, escalation),
 // cgroup.go (one cgroup v2 per lease), secrets.go (spawn-key, secrets,
-// broker id), watch.go (exit fan-out), journal.go (the fsynced lease journal
+// broker id), watch.go (exit fan-out), logcap.go
+// (the bounds on instance output), journal.go (the fsynced lease journal
 // and the state_dir lock), recover.go (re-adoption at boot), index.go (the
 // session → binary index).
 package spawnd
@@ -261,6 +262,11 @@ func New(cfgPath string, cfg *config.Config, log *slog.Logger) (_ *Daemon, err e
 		d.index = openSessionIndex(stateDir, maxBindings, log)
 	}
 	d.sweepCgroups()
+	// Last: nothing after this may fail, since release does not wait for
+	// goroutines.
+	if err := d.startLogWatch(); err != nil {
+		return nil, fmt.Errorf("watching the instance log directory %s: %w", d.logDir, err)
+	}
 	d.describe(s)
 	for _, l := range adopted {
 		d.wg.Add(1)

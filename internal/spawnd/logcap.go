@@ -1,0 +1,181 @@
+package spawnd
+
+import (
+	"bytes"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Instance output goes to one file per lease in logDir, which the instance
+// holds open with O_APPEND (process.go). An instance may write without end,
+// so spawnd bounds both the files and the directory:
+//
+//   - it watches the directory (inotify) and truncates a log that passes
+//     maxInstanceLog in place, leaving a marker. Because the instance's
+//     descriptor appends, its next write lands after the marker, not at its
+//     old offset. No pipe (it would die with spawnd, and the instance with
+//     it) and no RLIMIT_FSIZE (it kills the writer with SIGXFSZ).
+//   - past maxLogsTotal, the logs of leases that are gone are removed,
+//     oldest first, at boot and every pruneEvery new logs. A live lease's
+//     log is never removed, so the directory holds at most maxLogsTotal
+//     plus maxInstanceLog per live lease.
+const (
+	maxInstanceLog = 8 << 20
+	maxLogsTotal   = 256 << 20
+	pruneEvery     = 32
+	// logTruncated is the marker a truncated log starts again with.
+	logTruncated = "[nexus-spawnd: this log passed 8 MiB and was truncated here; the output before this line is gone]\n"
+)
+
+// watchLogs caps the logs in d.logDir until Close. It runs on d.wg.
+func (d *Daemon) watchLogs(inotify int) {
+	defer d.wg.Done()
+	defer unix.Close(inotify)
+	warned := map[string]bool{} // one WARN per log, however often it fills
+	created := 0
+	buf := make([]byte, 64<<10)
+	fds := []unix.PollFd{{Fd: int32(inotify), Events: unix.POLLIN}, {Fd: int32(d.stopR), Events: unix.POLLIN}}
+	for {
+		if _, err := unix.Poll(fds, -1); err != nil && err != unix.EINTR {
+			d.log.Error("watching instance logs failed; they are no longer capped", "dir", d.logDir, "error", err)
+			return
+		}
+		if fds[1].Revents != 0 {
+			return
+		}
+		n, err := unix.Read(inotify, buf)
+		if err != nil {
+			continue // EAGAIN: nothing after all
+		}
+		for name, mask := range inotifyEvents(buf[:n]) {
+			switch {
+			case mask&unix.IN_Q_OVERFLOW != 0:
+				d.capAllLogs(warned) // events were lost: look at every log
+			case mask&unix.IN_CREATE != 0:
+				if created++; created%pruneEvery == 0 {
+					d.pruneLogs()
+				}
+			case strings.HasSuffix(name, ".log"):
+				d.capLog(name, warned)
+			}
+		}
+	}
+}
+
+// inotifyEvents yields the name and mask of each event in buf.
+func inotifyEvents(buf []byte) func(yield func(string, uint32) bool) {
+	return func(yield func(string, uint32) bool) {
+		for off := 0; off+unix.SizeofInotifyEvent <= len(buf); {
+			ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
+			end := off + unix.SizeofInotifyEvent + int(ev.Len)
+			if end > len(buf) {
+				return
+			}
+			name := string(bytes.TrimRight(buf[off+unix.SizeofInotifyEvent:end], "\x00"))
+			if !yield(name, ev.Mask) {
+				return
+			}
+			off = end
+		}
+	}
+}
+
+// capLog truncates the log called name in place, behind the marker, once it
+// passes maxInstanceLog.
+func (d *Daemon) capLog(name string, warned map[string]bool) {
+	path := filepath.Join(d.logDir, name)
+	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_APPEND|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return // removed meanwhile
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || st.Size <= maxInstanceLog {
+		return
+	}
+	if err := unix.Ftruncate(fd, 0); err != nil {
+		d.log.Error("truncating an instance log that passed its cap failed", "path", path, "error", err)
+		return
+	}
+	_, _ = unix.Write(fd, []byte(logTruncated))
+	if !warned[name] {
+		warned[name] = true
+		d.log.Warn("an instance log passed its cap and was truncated in place; its instance writes on after a marker",
+			"path", path, "cap_bytes", maxInstanceLog)
+	}
+}
+
+func (d *Daemon) capAllLogs(warned map[string]bool) {
+	ents, _ := os.ReadDir(d.logDir)
+	for _, e := range ents {
+		if strings.HasSuffix(e.Name(), ".log") {
+			d.capLog(e.Name(), warned)
+		}
+	}
+}
+
+// pruneLogs removes the logs of gone leases, oldest first, while the
+// directory holds more than maxLogsTotal.
+func (d *Daemon) pruneLogs() {
+	ents, err := os.ReadDir(d.logDir)
+	if err != nil {
+		return
+	}
+	type logFile struct {
+		name string
+		info fs.FileInfo
+	}
+	var gone []logFile
+	var total int64
+	d.mu.Lock()
+	for _, e := range ents {
+		info, err := e.Info()
+		if err != nil || !info.Mode().IsRegular() {
+			continue
+		}
+		total += info.Size()
+		if _, live := d.leases[strings.TrimSuffix(e.Name(), ".log")]; !live {
+			gone = append(gone, logFile{e.Name(), info})
+		}
+	}
+	d.mu.Unlock()
+	slices.SortFunc(gone, func(a, b logFile) int { return a.info.ModTime().Compare(b.info.ModTime()) })
+	removed := 0
+	for _, f := range gone {
+		if total <= maxLogsTotal {
+			break
+		}
+		if err := os.Remove(filepath.Join(d.logDir, f.name)); err == nil || errors.Is(err, fs.ErrNotExist) {
+			total -= f.info.Size()
+			removed++
+		}
+	}
+	if removed > 0 {
+		d.log.Info("removed the oldest logs of ended leases to keep the instance log directory bounded",
+			"dir", d.logDir, "removed", removed, "limit_bytes", maxLogsTotal)
+	}
+}
+
+// startLogWatch sets up the inotify watch and starts watchLogs, after one
+// prune for what an earlier run left.
+func (d *Daemon) startLogWatch() error {
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	if err != nil {
+		return err
+	}
+	if _, err := unix.InotifyAddWatch(fd, d.logDir, unix.IN_MODIFY|unix.IN_CREATE); err != nil {
+		_ = unix.Close(fd)
+		return err
+	}
+	d.pruneLogs()
+	d.wg.Add(1)
+	go d.watchLogs(fd)
+	return nil
+}
