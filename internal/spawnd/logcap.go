@@ -30,7 +30,8 @@ const (
 	maxInstanceLog = 8 << 20
 	maxLogsTotal   = 256 << 20
 	pruneEvery     = 32
-	// logTruncated is the marker a truncated log starts again with.
+	// logTruncated is appended right after a truncation (an instance
+	// writing at that moment may get a line in first).
 	logTruncated = "[nexus-spawnd: this log passed 8 MiB and was truncated here; the output before this line is gone]\n"
 )
 

@@ -339,8 +339,8 @@ func TestDialBackComesFromSpawndsConfig(t *testing.T) {
 }
 
 // TestInstanceLogIsCappedInPlace: an instance that writes 24 MiB leaves a log
-// of at most maxInstanceLog that starts with the marker, keeps running and
-// writing after it, and costs one WARN.
+// of at most maxInstanceLog that holds the marker, keeps running and writing
+// after it, and costs one WARN.
 func TestInstanceLogIsCappedInPlace(t *testing.T) {
 	h := newHarness(t, defaultYAML)
 	_, f := h.spawn("lease-loud", "nexus")
@@ -366,8 +366,8 @@ func TestInstanceLogIsCappedInPlace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.HasPrefix(data, []byte(logTruncated)) || !bytes.HasSuffix(data, []byte("xxxx")) {
-		t.Errorf("the capped log starts %q and ends %q; want the marker, then the instance's later output", data[:min(len(data), 120)], data[max(len(data)-4, 0):])
+	if !bytes.Contains(data, []byte(logTruncated)) || !bytes.HasSuffix(data, []byte("xxxx")) {
+		t.Errorf("the capped log of %d bytes ends %q; want the marker in it, then the instance's later output", len(data), data[max(len(data)-4, 0):])
 	}
 	f.send(fmt.Sprint("write ", 24<<20))
 	f.expectLine("wrote")
