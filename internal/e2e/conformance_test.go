@@ -168,31 +168,30 @@ binaries:
 		_ = b.gateway.cmd.Process.Signal(syscall.SIGHUP)
 		eventually(t, 10*time.Second, func() string { return "reload applied" }, func() bool { return b.GatewayLog.count(applied) > n })
 	}
-	reaped := func(claim *brokerclient.Claim, deadline time.Time, want string) {
+	reaped := func(claim *brokerclient.Claim, started span, want string) {
 		t.Helper()
-		at, reason := b.waitDraining(claim.LeaseID, 10*time.Second)
+		drained, reason := b.waitDraining(claim.LeaseID, 10*time.Second)
 		if reason != want {
 			t.Fatalf("lease %s released as %q, want %q", claim.LeaseID, reason, want)
 		}
-		within(t, "lease "+claim.LeaseID, deadline, at)
+		within(t, "lease "+claim.LeaseID, started, 2*time.Second, drained)
 	}
 
-	quiet := b.claim(brokerclient.ClaimRequest{})
-	activated := time.Now()
+	var quiet *brokerclient.Claim
+	activated := around(func() { quiet = b.claim(brokerclient.ClaimRequest{}) })
 	reload("2s", "1h")
-	reaped(quiet, activated.Add(2*time.Second), "idle")
+	reaped(quiet, activated, "idle")
 
 	reload("1h", "1h")
-	quiet = b.claim(brokerclient.ClaimRequest{})
-	activated = time.Now()
+	activated = around(func() { quiet = b.claim(brokerclient.ClaimRequest{}) })
 	reload("2s", "1h")
-	reaped(quiet, activated.Add(2*time.Second), "idle")
+	reaped(quiet, activated, "idle")
 
 	reload("1h", "1h")
 	busy := b.claim(brokerclient.ClaimRequest{})
 	started := startSlowTurn(t, b.dial(busy, brokerclient.DialOptions{}))
 	reload("1h", "2s")
-	reaped(busy, started.Add(2*time.Second), "turn timeout")
+	reaped(busy, started, "turn timeout")
 }
 
 // "<= 0 = unlimited" is reported as 0, never as the negative number written.

@@ -19,20 +19,42 @@ binaries:
 `, bin("nexus-echo"), slowTurn)})
 }
 
-// within checks that an event at got happened no earlier than deadline
-// (less a little clock slack) and within one second after it.
-func within(t *testing.T, what string, deadline, got time.Time) {
+// span is when something happened as the test can see it: after earliest
+// (the test's request left) and before latest (its answer arrived). The
+// broker stamps the event somewhere in between, so a deadline derived from
+// it is bracketed the same way.
+type span struct{ earliest, latest time.Time }
+
+// around runs do and returns the span it took.
+func around(do func()) span {
+	s := span{earliest: time.Now()}
+	do()
+	s.latest = time.Now()
+	return s
+}
+
+// at is a span of one instant, for events the test stamps itself.
+func at(t time.Time) span { return span{t, t} }
+
+// within checks that an event at got came no sooner than after from the
+// earliest moment its clock could have started (less a little clock slack),
+// and no later than one second past after from the latest.
+func within(t *testing.T, what string, started span, after time.Duration, got time.Time) {
 	t.Helper()
-	if d := got.Sub(deadline); d < -50*time.Millisecond || d > time.Second {
-		t.Fatalf("%s released %s from its deadline, want within [0, 1s]", what, d)
+	if early := got.Sub(started.earliest.Add(after)); early < -50*time.Millisecond {
+		t.Fatalf("%s released %s before its earliest possible deadline", what, -early)
+	}
+	if late := got.Sub(started.latest.Add(after)); late > time.Second {
+		t.Fatalf("%s released %s after its deadline, want within 1s", what, late)
 	}
 }
 
 // startSlowTurn sends an input of eight words (eight deltas, each
-// NEXUS_ECHO_SLOW_TURN apart) and returns when the instance said it is
-// thinking: when the turn clock started.
-func startSlowTurn(t *testing.T, conn *brokerclient.Conn) time.Time {
+// NEXUS_ECHO_SLOW_TURN apart) and returns the span from sending it to the
+// instance saying it is thinking: when the turn clock started.
+func startSlowTurn(t *testing.T, conn *brokerclient.Conn) span {
 	t.Helper()
+	sent := time.Now()
 	if err := conn.Send(brokerframe.IO{Type: "input", Content: "a b c d e f g h"}); err != nil {
 		t.Fatal(err)
 	}
@@ -40,18 +62,18 @@ func startSlowTurn(t *testing.T, conn *brokerclient.Conn) time.Time {
 	if _, err := conn.Next(); err != nil { // status thinking
 		t.Fatal(err)
 	}
-	return time.Now()
+	return span{sent, time.Now()}
 }
 
 func TestIdleLeaseIsReleasedAtItsDeadline(t *testing.T) {
 	b := policyBroker(t, "idle_timeout: 1s\n", "0s")
-	claim := b.claim(brokerclient.ClaimRequest{})
-	activated := time.Now()
-	at, reason := b.waitDraining(claim.LeaseID, 10*time.Second)
+	var claim *brokerclient.Claim
+	activated := around(func() { claim = b.claim(brokerclient.ClaimRequest{}) })
+	drained, reason := b.waitDraining(claim.LeaseID, 10*time.Second)
 	if reason != "idle" {
 		t.Fatalf("reason = %q", reason)
 	}
-	within(t, "idle lease", activated.Add(time.Second), at)
+	within(t, "idle lease", activated, time.Second, drained)
 	b.GatewayLog.wait(t, regexp.MustCompile(`msg="releasing lease by policy" lease_id=`+claim.LeaseID+` reason=idle`), time.Second)
 	b.waitNoInstances(15 * time.Second)
 }
@@ -69,23 +91,23 @@ func TestATurnInFlightIsExemptFromIdle(t *testing.T) {
 	if settled.Sub(start) < 1500*time.Millisecond {
 		t.Fatalf("the turn took %s; it must outlast idle_timeout to test the exemption", settled.Sub(start))
 	}
-	at, reason := b.waitDraining(claim.LeaseID, 10*time.Second)
+	drained, reason := b.waitDraining(claim.LeaseID, 10*time.Second)
 	if reason != "idle" {
 		t.Fatalf("reason = %q", reason)
 	}
 	// Settling restarted the idle clock.
-	within(t, "settled lease", settled.Add(time.Second), at)
+	within(t, "settled lease", at(settled), time.Second, drained)
 }
 
 func TestATurnPastMaxTurnDurationIsReleasedAsTurnTimeout(t *testing.T) {
 	b := policyBroker(t, "idle_timeout: 1s\nmax_turn_duration: 1500ms\n", "1s")
 	claim := b.claim(brokerclient.ClaimRequest{})
 	started := startSlowTurn(t, b.dial(claim, brokerclient.DialOptions{}))
-	at, reason := b.waitDraining(claim.LeaseID, 10*time.Second)
+	drained, reason := b.waitDraining(claim.LeaseID, 10*time.Second)
 	if reason != "turn timeout" {
 		t.Fatalf("reason = %q", reason)
 	}
-	within(t, "wedged turn", started.Add(1500*time.Millisecond), at)
+	within(t, "wedged turn", started, 1500*time.Millisecond, drained)
 	b.GatewayLog.wait(t, regexp.MustCompile(`msg="releasing lease by policy" lease_id=`+claim.LeaseID+` reason="turn timeout"`), time.Second)
 }
 
