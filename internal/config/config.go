@@ -56,6 +56,10 @@ type Config struct {
 
 	// Console configures GET /console (ours, not upstream's).
 	Console Console `yaml:"console"`
+	// Agents are the A2A profiles, keyed by trimmed name; nil without any.
+	Agents map[string]*Agent `yaml:"agents"`
+	// A2A is the task store's policy (boot-only).
+	A2A A2A `yaml:"a2a"`
 
 	// Warnings are the boot WARNs validation found (not errors).
 	Warnings []string `yaml:"-"`
@@ -169,6 +173,7 @@ func Default() *Config {
 		MaxClaimBody:            DefaultMaxClaimBody,
 		ReattachWindow:          Duration(DefaultReattachWindow),
 		ClientReplayBufferBytes: DefaultClientReplayBufferBytes,
+		A2A:                     defaultA2A(),
 	}
 	c.Binaries = map[string]*Entry{ReservedEntry: {Path: ReservedEntry}}
 	return c

@@ -52,9 +52,6 @@ func Parse(data []byte) (*Config, error) {
 	c := Default()
 	c.Binaries = nil // decoded from the file; the reserved entry is synthesized after
 	if root != nil {
-		if err := refuseUnsupported(root); err != nil {
-			return nil, err
-		}
 		if err := (&checker{done: map[aliasVisit]bool{}}).check(root, configType, ""); err != nil {
 			return nil, fmt.Errorf("broker config: %w", err)
 		}
@@ -104,20 +101,6 @@ func document(data []byte) (*yaml.Node, error) {
 		return nil, fmt.Errorf("broker config: the file must be a mapping of keys (listen_addr: …), not %s", describe(root))
 	}
 	return root, nil
-}
-
-// refuseUnsupported names the spec's blocks this build does not implement
-// yet. Ignoring one would run a broker that is not what its operator
-// configured, so each is a boot refusal rather than a no-op.
-// It runs before the key walk so this refusal wins over any other mistake.
-func refuseUnsupported(root *yaml.Node) error {
-	for i := 0; i+1 < len(root.Content); i += 2 {
-		switch k := root.Content[i].Value; k {
-		case "agents", "a2a":
-			return fmt.Errorf("broker config: %s: this build of nexus-broker does not support the %s: block yet; remove it (see README, \"Where we differ\")", k, k)
-		}
-	}
-	return nil
 }
 
 // checker walks the document against the schema, refusing unknown keys and

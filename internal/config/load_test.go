@@ -208,6 +208,7 @@ func TestSpecExample(t *testing.T) {
 		BrokerID:                "b1",
 		ReattachWindow:          Duration(2 * time.Minute),
 		ClientReplayBufferBytes: DefaultClientReplayBufferBytes,
+		A2A:                     defaultA2A(),
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("got\n%+v\nwant\n%+v", c, want)
@@ -446,7 +447,7 @@ func TestParseOK(t *testing.T) {
 // ("" for errors about the file as a whole) and want a phrase it must hold.
 var errorCases = []struct{ name, yaml, key, want string }{
 	// Unknown keys, at every level.
-	{"unknown top-level key", "listen_adr: \":8080\"", "listen_adr", "unknown key; the keys allowed here are advertise_addr, auth, binaries,"},
+	{"unknown top-level key", "listen_adr: \":8080\"", "listen_adr", "unknown key; the keys allowed here are a2a, advertise_addr, agents, auth, binaries,"},
 	{"unknown entry key", "binaries:\n  vision:\n    path: x\n    pth: y\n", "binaries.vision.pth", "unknown key; the keys allowed here are allow_privilege_escalation, args, cpu_weight, description, env, label, memory_max, path, pids_max, run_as"},
 	{"negative pids_max", "binaries:\n  vision:\n    path: x\n    pids_max: -1\n", "binaries.vision.pids_max", "-1 is negative"},
 	{"cpu_weight too large", "binaries:\n  vision:\n    path: x\n    cpu_weight: 10001\n", "binaries.vision.cpu_weight", "outside 1..10000"},
@@ -456,10 +457,6 @@ var errorCases = []struct{ name, yaml, key, want string }{
 	{"unknown console key", "console:\n  allow_remotely: true\n", "console.allow_remotely", "unknown key; the keys allowed here are allow_remote"},
 	{"alias reused as another type", "binaries:\n  a: &e {path: a}\n  b: *e\nrun_as: *e\n", "run_as.path", "unknown key; the keys allowed here are gid, uid"},
 	{"unknown key in an aliased entry", "binaries:\n  a: &e {path: a, bogus: 1}\n", "binaries.a.bogus", "unknown key"},
-
-	// Blocks this build does not implement.
-	{"agents block", "agents: {}\n", "agents", "does not support the agents: block yet"},
-	{"a2a block", "max_concurrent: [x]\na2a:\n  tasks: {ttl: 24h}\n", "a2a", "does not support the a2a: block yet"},
 
 	// Durations.
 	{"duration without a unit", "idle_timeout: 300", "idle_timeout", `invalid duration "300": want a number with a unit`},

@@ -21,6 +21,9 @@ var sighupKeys = map[string]bool{
 	"session_report_grace": true,
 	"max_claim_body":       true,
 	"console":              true,
+	// agents reloads only on a broker that booted with the ingress on; the
+	// gateway reports it as boot-only otherwise.
+	"agents": true,
 }
 
 // ReloadDiff names the top-level keys whose values differ between c (the

@@ -25,6 +25,8 @@ var reloadClass = []struct {
 	{"session_report_grace", "session_report_grace: 1s", true},
 	{"max_claim_body", "max_claim_body: 2097152", true},
 	{"console", "console: {allow_remote: true}", true},
+	{"agents", "agents: {support: {config: /etc/support.yaml, card: {name: S, description: D, version: \"1\"}}}", true},
+	{"a2a", "a2a: {tasks: {ttl: 1h}}", false},
 	{"listen_addr", `listen_addr: "127.0.0.1:9090"`, false},
 	{"advertise_addr", "advertise_addr: broker:8080", false},
 	{"state_dir", "state_dir: /var/lib/nexus-broker", false},
@@ -54,11 +56,15 @@ func TestReloadClassCoversEveryKey(t *testing.T) {
 	}
 }
 
+// reloadBase is written under both sides of a key's case when the change
+// alone would not load: agents: profiles need a dialable listen address.
+var reloadBase = map[string]string{"agents": "listen_addr: \"127.0.0.1:8080\"\n"}
+
 func TestReloadDiffEachKey(t *testing.T) {
-	base := mustParse(t, "")
 	for _, k := range reloadClass {
 		t.Run(k.key, func(t *testing.T) {
-			next := mustParse(t, k.changed)
+			base := mustParse(t, reloadBase[k.key])
+			next := mustParse(t, reloadBase[k.key]+k.changed)
 			var wantR, wantB []string
 			if k.reloadable {
 				wantR = []string{k.key}

@@ -32,6 +32,9 @@ func (c *Config) validate() error {
 	if err := c.normalizeBinaries(); err != nil {
 		return err
 	}
+	if err := c.normalizeAgents(); err != nil {
+		return err
+	}
 	if c.ReadyTimeout <= 0 {
 		return fmt.Errorf("broker config: ready_timeout: must be positive (it bounds an instance's boot), got %s; raise it, or remove the key for the default %s", c.ReadyTimeout.D(), DefaultReadyTimeout)
 	}

@@ -1,0 +1,139 @@
+package a2a
+
+import (
+	"encoding/json"
+	"strings"
+
+	"github.com/nexus-broker/nexus-broker/pkg/brokerframe"
+)
+
+// Step is what one instance payload does to the task it belongs to.
+type Step int
+
+// The steps a payload can produce. StepNone is most payloads: a delta being
+// accumulated, a stream end, a payload of another turn, one with no A2A
+// meaning.
+const (
+	StepNone          Step = iota
+	StepWorking            // the task is (again) working: bound, or answered
+	StepInputRequired      // the instance asks the client a question
+	StepCompleted          // the turn settled with its answer
+	StepCanceled           // the instance acknowledged a cancel
+)
+
+// Question is an open hitl.request.
+type Question struct {
+	RequestID string
+	Prompt    string
+	Mode      string
+	Choices   []brokerframe.Choice
+}
+
+// Turn translates one task's instance payloads into A2A steps, exactly as
+// the ingress mapping says: the first payload carrying a turn_id binds the
+// task to that turn and payloads naming another are ignored; deltas
+// accumulate and an output replaces them; stream.end does not end the task,
+// status idle does; hitl.request asks the client; cancel.complete cancels.
+type Turn struct {
+	id       string
+	bound    bool
+	text     strings.Builder
+	asking   *Question
+	settled  bool
+	working  bool
+	canceled bool
+}
+
+// TurnID is the Nexus turn the task is bound to ("" before the first).
+func (t *Turn) TurnID() string { return t.id }
+
+// Answer is the text accumulated so far.
+func (t *Turn) Answer() string { return t.text.String() }
+
+// Question is the open question, nil when none.
+func (t *Turn) Question() *Question { return t.asking }
+
+// Apply feeds one io payload. Unknown or malformed payloads are StepNone,
+// never a failure: the envelope is shared with every broker client.
+func (t *Turn) Apply(payload json.RawMessage) Step {
+	if t.settled {
+		return StepNone
+	}
+	var p brokerframe.IO
+	if json.Unmarshal(payload, &p) != nil {
+		return StepNone
+	}
+	switch p.Type {
+	case brokerframe.IOStreamDelta, brokerframe.IOOutput, brokerframe.IOStatus,
+		brokerframe.IOHITLRequest, brokerframe.IOCancelComplete, brokerframe.IOStreamEnd:
+	default:
+		return StepNone
+	}
+	if p.TurnID != "" {
+		if !t.bound {
+			t.bound, t.id = true, p.TurnID
+		} else if p.TurnID != t.id {
+			return StepNone
+		}
+	} else if !t.bound {
+		return StepNone // nothing anchors it to this task yet
+	}
+	step := StepNone
+	if !t.working {
+		t.working = true
+		step = StepWorking
+	}
+	switch p.Type {
+	case brokerframe.IOStreamDelta:
+		t.text.WriteString(p.Content)
+	case brokerframe.IOOutput:
+		t.text.Reset()
+		t.text.WriteString(p.Content)
+	case brokerframe.IOStatus:
+		switch {
+		case p.State == brokerframe.StateIdle:
+			t.settled = true
+			return StepCompleted
+		case brokerframe.IsWorkState(p.State) && p.State != brokerframe.StateWaiting && t.asking != nil:
+			t.asking = nil // answered: back to work
+			return StepWorking
+		}
+	case brokerframe.IOHITLRequest:
+		t.asking = &Question{RequestID: p.RequestID, Prompt: p.Prompt, Mode: p.Mode, Choices: p.Choices}
+		return StepInputRequired
+	case brokerframe.IOCancelComplete:
+		t.settled, t.canceled = true, true
+		return StepCanceled
+	}
+	return step
+}
+
+// Reply builds the hitl.response payload for a client's answer to q: a
+// text naming one of the choices (by id or label) is that choice, anything
+// else is free text.
+func Reply(q *Question, text string) brokerframe.IO {
+	r := brokerframe.IO{Type: brokerframe.IOHITLResponse, RequestID: q.RequestID}
+	trimmed := strings.TrimSpace(text)
+	for _, c := range q.Choices {
+		if trimmed == c.ID || strings.EqualFold(trimmed, c.Label) {
+			r.ChoiceID = c.ID
+			return r
+		}
+	}
+	r.FreeText = text
+	return r
+}
+
+// InputText joins a message's text parts with a blank line. A part that is
+// not text is refused (ContentTypeNotSupportedError): the input payload is
+// one string, so there is nowhere for it to go.
+func InputText(m *Message) (string, *Error) {
+	texts := make([]string, 0, len(m.Parts))
+	for i, p := range m.Parts {
+		if !p.IsText() {
+			return "", ErrContentType.With("message part %d is not a text part; this agent accepts text only", i)
+		}
+		texts = append(texts, *p.Text)
+	}
+	return strings.Join(texts, "\n\n"), nil
+}

@@ -1,0 +1,229 @@
+// Package a2a is the broker's A2A 1.0 side that does not need a lease: the
+// protocol's JSON shapes, the translation of an instance's IO payloads into
+// task states and artifacts (Turn), the durable task store
+// (<state_dir>/a2a-tasks.jsonl) and the conversation index
+// (<state_dir>/a2a-contexts.jsonl). The gateway drives them.
+package a2a
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// ProtocolVersion is the A2A version served; an absent A2A-Version header
+// means it.
+const ProtocolVersion = "1.0"
+
+// Task states, as A2A 1.0 spells them on the wire.
+const (
+	StateSubmitted     = "TASK_STATE_SUBMITTED"
+	StateWorking       = "TASK_STATE_WORKING"
+	StateInputRequired = "TASK_STATE_INPUT_REQUIRED"
+	StateCompleted     = "TASK_STATE_COMPLETED"
+	StateFailed        = "TASK_STATE_FAILED"
+	StateCanceled      = "TASK_STATE_CANCELED"
+	StateRejected      = "TASK_STATE_REJECTED"
+)
+
+// Message roles.
+const (
+	RoleUser  = "ROLE_USER"
+	RoleAgent = "ROLE_AGENT"
+)
+
+// Terminal reports whether state ends a task.
+func Terminal(state string) bool {
+	switch state {
+	case StateCompleted, StateFailed, StateCanceled, StateRejected:
+		return true
+	}
+	return false
+}
+
+// Part is one message or artifact part. Exactly one of Text, Raw, URL and
+// Data is set on the wire; the ingress only ever produces Text.
+type Part struct {
+	Text      *string         `json:"text,omitempty"`
+	Raw       []byte          `json:"raw,omitempty"`
+	URL       *string         `json:"url,omitempty"`
+	Data      json.RawMessage `json:"data,omitempty"`
+	Filename  string          `json:"filename,omitempty"`
+	MediaType string          `json:"mediaType,omitempty"`
+	Metadata  map[string]any  `json:"metadata,omitempty"`
+	// Frag is where the store keeps a long text instead of Text; it never
+	// reaches the wire (the store reconstructs Text on read).
+	Frag *Manifest `json:"frag,omitempty"`
+}
+
+// TextPart is a text part.
+func TextPart(s string) Part { return Part{Text: &s} }
+
+// IsText reports whether p is a text part (and only that).
+func (p Part) IsText() bool {
+	return p.Text != nil && p.Raw == nil && p.URL == nil && len(p.Data) == 0
+}
+
+// Message is an A2A message.
+type Message struct {
+	MessageID        string         `json:"messageId"`
+	ContextID        string         `json:"contextId,omitempty"`
+	TaskID           string         `json:"taskId,omitempty"`
+	Role             string         `json:"role"`
+	Parts            []Part         `json:"parts"`
+	Metadata         map[string]any `json:"metadata,omitempty"`
+	Extensions       []string       `json:"extensions,omitempty"`
+	ReferenceTaskIDs []string       `json:"referenceTaskIds,omitempty"`
+}
+
+// Status is a task's status.
+type Status struct {
+	State     string     `json:"state"`
+	Message   *Message   `json:"message,omitempty"`
+	Timestamp *time.Time `json:"timestamp,omitempty"`
+}
+
+// Artifact is a task output.
+type Artifact struct {
+	ArtifactID  string         `json:"artifactId"`
+	Name        string         `json:"name,omitempty"`
+	Description string         `json:"description,omitempty"`
+	Parts       []Part         `json:"parts"`
+	Metadata    map[string]any `json:"metadata,omitempty"`
+}
+
+// Task is an A2A task.
+type Task struct {
+	ID        string         `json:"id"`
+	ContextID string         `json:"contextId"`
+	Status    Status         `json:"status"`
+	Artifacts []Artifact     `json:"artifacts,omitempty"`
+	History   []Message      `json:"history,omitempty"`
+	Metadata  map[string]any `json:"metadata,omitempty"`
+}
+
+// StatusUpdate is a streamed TaskStatusUpdateEvent.
+type StatusUpdate struct {
+	TaskID    string `json:"taskId"`
+	ContextID string `json:"contextId"`
+	Status    Status `json:"status"`
+}
+
+// ArtifactUpdate is a streamed TaskArtifactUpdateEvent.
+type ArtifactUpdate struct {
+	TaskID    string   `json:"taskId"`
+	ContextID string   `json:"contextId"`
+	Artifact  Artifact `json:"artifact"`
+	Append    bool     `json:"append,omitempty"`
+	LastChunk bool     `json:"lastChunk,omitempty"`
+}
+
+// Event is one StreamResponse: exactly one field set.
+type Event struct {
+	Task           *Task           `json:"task,omitempty"`
+	Message        *Message        `json:"message,omitempty"`
+	StatusUpdate   *StatusUpdate   `json:"statusUpdate,omitempty"`
+	ArtifactUpdate *ArtifactUpdate `json:"artifactUpdate,omitempty"`
+}
+
+// Final reports whether e ends a stream: a status update to a terminal
+// state, or INPUT_REQUIRED (the turn waits on the client).
+func (e Event) Final() bool {
+	switch {
+	case e.StatusUpdate != nil:
+		return Terminal(e.StatusUpdate.Status.State) || e.StatusUpdate.Status.State == StateInputRequired
+	case e.Task != nil:
+		return Terminal(e.Task.Status.State) || e.Task.Status.State == StateInputRequired
+	}
+	return false
+}
+
+// SendConfig is SendMessageRequest.configuration.
+type SendConfig struct {
+	AcceptedOutputModes []string        `json:"acceptedOutputModes,omitempty"`
+	ReturnImmediately   bool            `json:"returnImmediately,omitempty"`
+	HistoryLength       *int            `json:"historyLength,omitempty"`
+	PushConfig          json.RawMessage `json:"taskPushNotificationConfig,omitempty"`
+}
+
+// SendRequest is SendMessageRequest.
+type SendRequest struct {
+	Tenant        string         `json:"tenant,omitempty"`
+	Configuration *SendConfig    `json:"configuration,omitempty"`
+	Message       *Message       `json:"message"`
+	Metadata      map[string]any `json:"metadata,omitempty"`
+}
+
+// TaskRequest is GetTaskRequest, CancelTaskRequest and
+// SubscribeToTaskRequest.
+type TaskRequest struct {
+	Tenant        string         `json:"tenant,omitempty"`
+	ID            string         `json:"id"`
+	HistoryLength *int           `json:"historyLength,omitempty"`
+	Metadata      map[string]any `json:"metadata,omitempty"`
+}
+
+// ListRequest is ListTasksRequest.
+type ListRequest struct {
+	Tenant               string     `json:"tenant,omitempty"`
+	ContextID            string     `json:"contextId,omitempty"`
+	Status               string     `json:"status,omitempty"`
+	PageSize             int        `json:"pageSize,omitempty"`
+	PageToken            string     `json:"pageToken,omitempty"`
+	HistoryLength        *int       `json:"historyLength,omitempty"`
+	StatusTimestampAfter *time.Time `json:"statusTimestampAfter,omitempty"`
+	IncludeArtifacts     bool       `json:"includeArtifacts,omitempty"`
+}
+
+// ListResponse is ListTasksResponse.
+type ListResponse struct {
+	Tasks         []Task `json:"tasks"`
+	TotalSize     int    `json:"totalSize"`
+	PageSize      int    `json:"pageSize"`
+	NextPageToken string `json:"nextPageToken"`
+}
+
+// Error is an A2A error: its JSON-RPC code, its HTTP+JSON status and
+// gRPC-style status name, and its ErrorInfo reason.
+type Error struct {
+	Code       int
+	HTTPStatus int
+	Status     string
+	Reason     string
+	Message    string
+}
+
+func (e *Error) Error() string { return e.Message }
+
+// With returns a copy of e carrying msg.
+func (e *Error) With(format string, args ...any) *Error {
+	c := *e
+	c.Message = fmt.Sprintf(format, args...)
+	return &c
+}
+
+// The A2A errors the ingress answers, with A2A 1.0's codes.
+var (
+	ErrParse              = &Error{-32700, 400, "INVALID_ARGUMENT", "PARSE_ERROR", "parse error"}
+	ErrInvalidRequest     = &Error{-32600, 400, "INVALID_ARGUMENT", "INVALID_REQUEST", "invalid request"}
+	ErrMethodNotFound     = &Error{-32601, 501, "UNIMPLEMENTED", "METHOD_NOT_FOUND", "method not found"}
+	ErrInvalidParams      = &Error{-32602, 400, "INVALID_ARGUMENT", "INVALID_PARAMS", "invalid params"}
+	ErrInternal           = &Error{-32603, 500, "INTERNAL", "INTERNAL_ERROR", "internal error"}
+	ErrTaskNotFound       = &Error{-32001, 404, "NOT_FOUND", "TASK_NOT_FOUND", "task not found"}
+	ErrTaskNotCancelable  = &Error{-32002, 400, "FAILED_PRECONDITION", "TASK_NOT_CANCELABLE", "task cannot be canceled"}
+	ErrPushNotSupported   = &Error{-32003, 400, "FAILED_PRECONDITION", "PUSH_NOTIFICATION_NOT_SUPPORTED", "push notifications are not supported"}
+	ErrUnsupportedOp      = &Error{-32004, 400, "FAILED_PRECONDITION", "UNSUPPORTED_OPERATION", "this operation is not supported"}
+	ErrContentType        = &Error{-32005, 400, "INVALID_ARGUMENT", "CONTENT_TYPE_NOT_SUPPORTED", "incompatible content types"}
+	ErrExtendedCard       = &Error{-32007, 400, "FAILED_PRECONDITION", "EXTENDED_AGENT_CARD_NOT_CONFIGURED", "extended agent card not configured"}
+	ErrVersionUnsupported = &Error{-32009, 400, "FAILED_PRECONDITION", "VERSION_NOT_SUPPORTED", "this version is not supported"}
+)
+
+// AsError returns err as an *Error, ErrInternal for anything else.
+func AsError(err error) *Error {
+	var e *Error
+	if errors.As(err, &e) {
+		return e
+	}
+	return ErrInternal.With("%s", err.Error())
+}
