@@ -144,7 +144,7 @@ func checkProfileName(raw, name string) error {
 		}
 	}
 	if name == "." || name == ".." {
-		return fmt.Errorf("broker config: agents.%s: %q is not a usable profile name (a dot segment); use letters, digits, -, _ and .", name, raw)
+		return fmt.Errorf("broker config: agents.%s: %q is not a usable profile name (a dot segment); name it with letters or digits too", name, raw)
 	}
 	return nil
 }

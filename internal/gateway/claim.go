@@ -110,8 +110,27 @@ func (g *Gateway) claim(r *http.Request, p auth.Principal) (*claimResponse, *cla
 	if cerr != nil {
 		return nil, cerr
 	}
-	principal := p.ID
+	l, cerr := g.spawnLease(r.Context(), p.ID, entry, []byte(req.Config), session)
+	if cerr != nil {
+		return nil, cerr
+	}
+	l.mu.Lock()
+	session = l.sessionID
+	l.mu.Unlock()
+	resp := &claimResponse{LeaseID: l.id, WSURL: g.wsURL(r, l.id), SessionID: session}
+	if g.auth.Enabled() {
+		resp.Ticket = g.tickets.Mint(l.id, p)
+	}
+	return resp, nil
+}
 
+// spawnLease admits principal, takes a slot, mints a lease, has spawnd
+// spawn it (with -recall when session is set) and waits for ready and, for
+// a new session, its id. ctx is the claimant: when it ends while queued or
+// booting the claim is abandoned. It is POST /claim's spine and the A2A
+// ingress's, so an A2A lease is admitted and counted like any other.
+func (g *Gateway) spawnLease(ctx context.Context, principal, entry string, cfgData []byte, session string) (*lease, *claimError) {
+	cfg := g.cfg.Load()
 	if !g.admitPrincipal(principal) {
 		return nil, refuse(http.StatusTooManyRequests, "principal_lease_limit", "lease limit reached for this principal")
 	}
@@ -121,7 +140,7 @@ func (g *Gateway) claim(r *http.Request, p auth.Principal) (*claimResponse, *cla
 			g.unadmitPrincipal(principal)
 		}
 	}()
-	if err := g.cap.acquire(r.Context(), g.queueQuota(principal)); err != nil {
+	if err := g.cap.acquire(ctx, g.queueQuota(principal)); err != nil {
 		switch {
 		case errors.Is(err, errNoCapacity):
 			return nil, refuse(http.StatusServiceUnavailable, "no_capacity", "no capacity")
@@ -150,9 +169,9 @@ func (g *Gateway) claim(r *http.Request, p auth.Principal) (*claimResponse, *cla
 	// The spawn runs to completion even if the claimant hangs up meanwhile:
 	// cancelling it half-way could leave a process spawnd started and
 	// nobody tracks. A claimant gone by then is handled by awaitReady.
-	spawnCtx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 30*time.Second)
+	spawnCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	sr, err := g.sp.Spawn(spawnCtx, &spawnpb.SpawnRequest{
-		LeaseId: id, Entry: entry, Config: []byte(req.Config), RecallSessionId: session,
+		LeaseId: id, Entry: entry, Config: cfgData, RecallSessionId: session,
 		Principal: principal, ListenPort: g.listenPort,
 	})
 	cancel()
@@ -180,7 +199,7 @@ func (g *Gateway) claim(r *http.Request, p auth.Principal) (*claimResponse, *cla
 	l.mu.Unlock()
 	g.log.Info("instance spawned", "lease_id", id, "binary", entry, "pid", sr.Pid, "session_id", session)
 
-	if cerr := g.awaitReady(r.Context(), l, cfg); cerr != nil {
+	if cerr := g.awaitReady(ctx, l, cfg); cerr != nil {
 		return nil, cerr
 	}
 	if session == "" {
@@ -199,14 +218,9 @@ func (g *Gateway) claim(r *http.Request, p auth.Principal) (*claimResponse, *cla
 		l.lastActivity = time.Now()
 		l.rearmLocked()
 	}
-	session = l.sessionID
 	l.mu.Unlock()
 	g.console.record(eventClaimed, l, "")
-	resp := &claimResponse{LeaseID: id, WSURL: g.wsURL(r, id), SessionID: session}
-	if g.auth.Enabled() {
-		resp.Ticket = g.tickets.Mint(id, p)
-	}
-	return resp, nil
+	return l, nil
 }
 
 // failedStep is the step a Spawn error names in its SpawnFailure detail;

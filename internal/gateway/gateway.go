@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net/http"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -55,6 +56,8 @@ type Gateway struct {
 	auth    *auth.Authenticator
 	tickets *auth.Tickets
 	console *consoleHub
+	// a2a is the A2A ingress; nil on a broker that booted without agents:.
+	a2a *ingress
 
 	mu     sync.Mutex
 	leases map[string]*lease
@@ -86,6 +89,9 @@ func New(o Options) *Gateway {
 		cancel:     cancel,
 	}
 	g.cfg.Store(o.Config)
+	if len(o.Config.Agents) > 0 {
+		g.a2a = &ingress{g: g}
+	}
 	empty := []*spawnpb.Binary{}
 	g.binaries.Store(&empty)
 	return g
@@ -104,6 +110,15 @@ func (g *Gateway) Start(ctx context.Context) error {
 			"will lose track of every instance this broker spawned")
 	} else {
 		g.log.Info("lease durability enabled", "state_dir", g.boot.StateDir, "broker_id", st.BrokerId)
+	}
+	if g.a2a != nil {
+		ps, err := buildProfiles(g.boot, g.boot)
+		if err != nil {
+			return fmt.Errorf("broker config: %w", err)
+		}
+		g.a2a = newIngress(g, g.boot, g.log)
+		g.a2a.profiles.Store(ps)
+		g.log.Info("A2A ingress serving", "profiles", strings.Join(ps.names(), ","), "base", a2aBase(g.boot))
 	}
 	if err := g.restore(ctx); err != nil {
 		return err
@@ -223,6 +238,24 @@ func (g *Gateway) lookup(id string) *lease {
 	return g.leases[id]
 }
 
+// sessionLease is principal's live lease running session, if any.
+func (g *Gateway) sessionLease(principal, session string) *lease {
+	if session == "" {
+		return nil
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, l := range g.leases {
+		l.mu.Lock()
+		ok := l.principal == principal && l.sessionID == session && l.state != stateDraining
+		l.mu.Unlock()
+		if ok {
+			return l
+		}
+	}
+	return nil
+}
+
 func (g *Gateway) removeLease(l *lease) {
 	g.mu.Lock()
 	if g.leases[l.id] == l {
@@ -241,6 +274,9 @@ func (g *Gateway) Shutdown() {
 		l.detachAll()
 	}
 	g.wg.Wait()
+	if g.a2a != nil {
+		g.a2a.close()
+	}
 }
 
 // liveLeases is a snapshot of the leases the gateway holds.
@@ -307,5 +343,8 @@ func (g *Gateway) Handler() http.Handler {
 	mux.HandleFunc("GET /instance", g.handleInstance)
 	// Authenticates itself: it also takes ?ticket=.
 	mux.HandleFunc("GET /lease/{lease_id}", g.handleClient)
+	if g.a2a != nil {
+		g.a2a.routes(mux)
+	}
 	return mux
 }

@@ -228,10 +228,13 @@ func (ic *instanceConn) readPump(l *lease) {
 			g.m.framesDropped.add("client_buffer_full", uint64(lost))
 		}
 		l.mu.Lock()
-		cl := l.client
+		cl, obs := l.client, l.a2a
 		l.mu.Unlock()
 		if cl != nil {
 			cl.notify(true)
+		}
+		if obs != nil && f.Signal == brokerframe.SignalIO {
+			obs.payload(l, f.Payload)
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"encoding/json"
 	"fmt"
 	"sync"
 	"time"
@@ -47,6 +48,16 @@ const (
 	holdBytes  = 1 << 20
 )
 
+// leaseObserver follows a lease for the A2A ingress.
+type leaseObserver interface {
+	// payload is called on the instance's read pump, in order, for every
+	// io payload.
+	payload(l *lease, p json.RawMessage)
+	// leaseClosed is called once by the teardown, after the instance's
+	// socket drained and before the lease is gone.
+	leaseClosed(l *lease)
+}
+
 // lease is the gateway's view of one claimed instance.
 type lease struct {
 	g         *Gateway
@@ -78,6 +89,10 @@ type lease struct {
 	policyTimer   *time.Timer
 	policyAt      time.Time // when policyTimer fires; zero when not armed
 	reattachTimer *time.Timer
+	// a2a is the A2A conversation driving this lease, nil for a lease a
+	// WebSocket client claimed. It sees every io payload, and the lease's
+	// end after its instance socket drained.
+	a2a leaseObserver
 
 	ready           chan struct{}
 	readyOnce       sync.Once
@@ -231,6 +246,12 @@ func (l *lease) teardown(reason string, mode teardownMode) {
 					"lease_id", l.id, "grace", drainGrace)
 			}
 			inst.ws.closeNow(1000, "")
+		}
+		l.mu.Lock()
+		obs := l.a2a
+		l.mu.Unlock()
+		if obs != nil {
+			obs.leaseClosed(l)
 		}
 		code, text := 1001, closeLeaseClosed
 		if reason == reasonCrashed {

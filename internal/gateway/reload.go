@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"time"
 
@@ -21,7 +22,22 @@ func (g *Gateway) Reload(path string) error {
 		return g.reloadRejected(path, err)
 	}
 	cur := g.cfg.Load()
+	var profiles *profileSet
+	// No A2A routes were registered at boot without agents:, so a reload
+	// cannot switch the ingress on: reported and ignored like a boot-only key.
+	switchOn := g.a2a == nil && len(next.Agents) > 0
+	if switchOn {
+		next.Agents = nil
+	}
 	reloadable, bootOnly := cur.ReloadDiff(next)
+	if switchOn {
+		bootOnly = append(bootOnly, "agents")
+	}
+	if g.a2a != nil {
+		if profiles, err = buildProfiles(next, g.boot); err != nil {
+			return g.reloadRejected(path, fmt.Errorf("broker config: %w", err))
+		}
+	}
 	if len(bootOnly) > 0 {
 		g.log.Warn("config reload: these keys changed in the file but are only read at boot, so the values in force are unchanged; restart the broker to apply them",
 			"path", path, "keys", strings.Join(bootOnly, ","))
@@ -38,6 +54,9 @@ func (g *Gateway) Reload(path string) error {
 	applied := config.Reloaded(g.boot, next) // boot-only keys keep the values in force
 	g.cfg.Store(applied)
 	g.setBinaries(res.Binaries)
+	if profiles != nil {
+		g.a2a.profiles.Store(profiles)
+	}
 	g.cap.setMax(applied.MaxConcurrent)
 	for _, l := range g.liveLeases() {
 		l.rearm()

@@ -1,0 +1,620 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nexus-broker/nexus-broker/internal/a2a"
+	"github.com/nexus-broker/nexus-broker/internal/bindindex"
+	"github.com/nexus-broker/nexus-broker/internal/config"
+	"github.com/nexus-broker/nexus-broker/pkg/brokerframe"
+)
+
+// The A2A ingress: a conversation (principal, profile, contextId) is bound
+// to an engine session, runs one task at a time on an ordinary lease, and
+// queues the rest. Every task change is put in the store before any stream
+// sees it.
+
+const (
+	contextsFile = "a2a-contexts.jsonl"
+	maxContexts  = 4096
+	// idleWait bounds how long a conversation waits for its instance to
+	// finish a turn no task owns any more (one cancelled, or timed out
+	// waiting for input) before sending the next input.
+	idleWait = 10 * time.Second
+	// cancelWait bounds how long CancelTask waits for the instance to
+	// acknowledge before answering with the task as it stands.
+	cancelWait = 10 * time.Second
+	// subscriberBuffer is how many events a slow stream may fall behind
+	// before it is closed; a task has only a handful.
+	subscriberBuffer = 64
+	sourceA2A        = "broker.a2a"
+)
+
+// Status texts a task settles with; they never name a lease.
+const (
+	textSpawnFailed  = "the agent could not be started for this conversation: "
+	textInstanceGone = "the agent stopped before it answered"
+	textInputTimeout = "no answer to the agent's question arrived within a2a.tasks.input_timeout"
+	textCanceled     = "canceled by the client"
+	textQueueCancel  = "canceled while queued"
+)
+
+// contextBinding is one line of a2a-contexts.jsonl.
+type contextBinding struct {
+	Principal string `json:"principal"`
+	Profile   string `json:"profile"`
+	ContextID string `json:"context_id"`
+	SessionID string `json:"session_id"`
+}
+
+type convKey struct{ principal, profile, context string }
+
+func (k convKey) String() string { return k.principal + "\x00" + k.profile + "\x00" + k.context }
+
+// ingress is the A2A front door's state. Everything under mu.
+type ingress struct {
+	g        *Gateway
+	store    *a2a.Store
+	contexts *bindindex.Index[contextBinding] // nil without state_dir, or off
+	policy   config.A2ATasks
+	profiles atomic.Pointer[profileSet]
+
+	mu    sync.Mutex
+	convs map[convKey]*conv
+	live  map[string]*liveTask // tasks not yet terminal, by id
+}
+
+// conv is one conversation.
+type conv struct {
+	key     convKey
+	session string
+	lease   *lease
+	queue   []*liveTask
+	active  *liveTask
+	running bool
+	// busy is set while the instance may still be inside a turn no task
+	// owns; idle is closed when it reports idle.
+	busy     bool
+	busyTurn string
+	idle     chan struct{}
+}
+
+// liveTask is a task not yet terminal.
+type liveTask struct {
+	rec       *a2a.Record
+	conv      *conv
+	input     string
+	turn      a2a.Turn
+	subs      map[chan a2a.Event]struct{}
+	settled   chan struct{} // closed at a terminal state
+	parked    chan struct{} // replaced each time the task reaches INPUT_REQUIRED or ends
+	askTimer  *time.Timer
+	cancelReq bool
+}
+
+func newIngress(g *Gateway, cfg *config.Config, log *slog.Logger) *ingress {
+	in := &ingress{g: g, policy: cfg.A2A.Tasks, convs: map[convKey]*conv{}, live: map[string]*liveTask{}}
+	t := cfg.A2A.Tasks
+	in.store = a2a.OpenStore(cfg.StateDir, a2a.Policy{TTL: t.TTL.D(), MaxPerContext: t.MaxPerContext, MaxBytes: int64(t.MaxStoreBytes)}, log)
+	if cfg.StateDir != "" {
+		in.contexts = bindindex.Open(bindindex.Spec[contextBinding]{
+			Path:  filepath.Join(cfg.StateDir, contextsFile),
+			Limit: maxContexts,
+			Key: func(b contextBinding) (string, bool) {
+				k := convKey{b.Principal, b.Profile, b.ContextID}
+				return k.String(), b.ContextID != "" && b.SessionID != "" && b.Profile != ""
+			},
+			What: "A2A context → session index",
+			Off:  "conversation continuity lasts only as long as this process",
+		}, log)
+	}
+	return in
+}
+
+func (in *ingress) close() {
+	in.store.Close()
+	in.contexts.Close()
+}
+
+// --- submitting ---------------------------------------------------------
+
+// submit accepts a new message on its conversation: the task is stored as
+// SUBMITTED and queued; it runs when the task ahead of it is terminal. A
+// subscriber channel is returned when stream is set, registered before the
+// task can change.
+func (in *ingress) submit(principal, profile string, msg *a2a.Message, text string, stream bool) (*liveTask, chan a2a.Event) {
+	if msg.ContextID == "" {
+		msg.ContextID = a2a.NewID()
+	}
+	now := time.Now()
+	t := &liveTask{
+		input:   text,
+		subs:    map[chan a2a.Event]struct{}{},
+		settled: make(chan struct{}),
+		parked:  make(chan struct{}),
+	}
+	id := a2a.NewID()
+	msg.TaskID = id
+	t.rec = &a2a.Record{Principal: principal, Profile: profile, Created: now, Task: a2a.Task{
+		ID: id, ContextID: msg.ContextID, Status: a2a.Status{State: a2a.StateSubmitted, Timestamp: &now},
+		History: []a2a.Message{*msg},
+	}}
+	key := convKey{principal, profile, msg.ContextID}
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	c := in.convs[key]
+	if c == nil {
+		c = &conv{key: key}
+		in.convs[key] = c
+	}
+	t.conv = c
+	in.store.Put(t.rec)
+	in.live[id] = t
+	var ch chan a2a.Event
+	if stream {
+		ch = in.subscribeLocked(t)
+	}
+	c.queue = append(c.queue, t)
+	if !c.running {
+		c.running = true
+		go in.run(c)
+	}
+	return t, ch
+}
+
+// subscribeLocked attaches a stream to t; its first event is t's snapshot.
+func (in *ingress) subscribeLocked(t *liveTask) chan a2a.Event {
+	ch := make(chan a2a.Event, subscriberBuffer)
+	snap := t.rec.Task.Clone()
+	ch <- a2a.Event{Task: &snap}
+	t.subs[ch] = struct{}{}
+	return ch
+}
+
+func (in *ingress) unsubscribe(t *liveTask, ch chan a2a.Event) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if _, ok := t.subs[ch]; ok {
+		delete(t.subs, ch)
+		close(ch)
+	}
+}
+
+// publishLocked stores t and then hands evs to every stream. A stream too
+// far behind is closed rather than allowed to stall the instance.
+func (in *ingress) publishLocked(t *liveTask, evs ...a2a.Event) {
+	in.store.Put(t.rec)
+	for ch := range t.subs {
+		for _, ev := range evs {
+			select {
+			case ch <- ev:
+			default:
+				delete(t.subs, ch)
+				close(ch)
+			}
+			if _, ok := t.subs[ch]; !ok {
+				break
+			}
+		}
+		if _, ok := t.subs[ch]; ok && len(evs) > 0 && evs[len(evs)-1].Final() {
+			delete(t.subs, ch)
+			close(ch)
+		}
+	}
+}
+
+// setStateLocked moves t to state with an optional agent message, stores it
+// and streams the status update (after extra events, such as the answer).
+func (in *ingress) setStateLocked(t *liveTask, state, text string, extra ...a2a.Event) {
+	now := time.Now()
+	st := a2a.Status{State: state, Timestamp: &now}
+	if text != "" {
+		st.Message = a2a.AgentMessage(t.rec.Task, text)
+	}
+	t.rec.Task.Status = st
+	evs := append(extra, a2a.Event{StatusUpdate: &a2a.StatusUpdate{TaskID: t.rec.Task.ID, ContextID: t.rec.Task.ContextID, Status: st}})
+	if state == a2a.StateInputRequired {
+		close(t.parked)
+		t.parked = make(chan struct{})
+	}
+	if a2a.Terminal(state) {
+		if t.askTimer != nil {
+			t.askTimer.Stop()
+		}
+		delete(in.live, t.rec.Task.ID)
+		close(t.parked)
+		close(t.settled)
+	}
+	in.publishLocked(t, evs...)
+}
+
+// --- running a conversation ----------------------------------------------
+
+// run executes c's queue in order, one task at a time, until it is empty.
+func (in *ingress) run(c *conv) {
+	for {
+		in.mu.Lock()
+		if len(c.queue) == 0 || in.g.ctx.Err() != nil {
+			c.running = false
+			in.mu.Unlock()
+			return
+		}
+		t := c.queue[0]
+		c.queue = c.queue[1:]
+		c.active = t
+		in.mu.Unlock()
+
+		in.runTask(c, t)
+		<-t.settled
+
+		in.mu.Lock()
+		c.active = nil
+		in.mu.Unlock()
+	}
+}
+
+// runTask gets the conversation an instance and sends the task's input. The
+// task then moves on the instance's payloads (payload) and settles there,
+// or when the lease ends (leaseClosed).
+func (in *ingress) runTask(c *conv, t *liveTask) {
+	l, err := in.leaseFor(c)
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if isSettled(t) {
+		return // canceled while the instance was starting
+	}
+	if err != "" {
+		in.setStateLocked(t, a2a.StateFailed, textSpawnFailed+err)
+		return
+	}
+	l.mu.Lock()
+	gone := l.state == stateDraining
+	l.mu.Unlock()
+	if gone {
+		in.setStateLocked(t, a2a.StateFailed, textInstanceGone)
+		return
+	}
+	t.turn = a2a.Turn{}
+	in.sendLocked(l, brokerframe.IO{Type: brokerframe.IOInput, Content: t.input})
+}
+
+func isSettled(t *liveTask) bool {
+	select {
+	case <-t.settled:
+		return true
+	default:
+		return false
+	}
+}
+
+// sendLocked writes one io payload to the lease's instance; it counts as
+// client input (the idle clock restarts).
+func (in *ingress) sendLocked(l *lease, p brokerframe.IO) {
+	payload, _ := json.Marshal(p) // a struct of strings cannot fail
+	data, _ := brokerframe.Encode(brokerframe.Frame{Signal: brokerframe.SignalIO, LeaseID: l.id, Payload: payload})
+	l.clientInput()
+	go l.sendToInstance(data) // may block on a slow instance; never under mu
+}
+
+// leaseFor is the conversation's live lease, starting one (resuming its
+// session with -recall) when it has none. It returns why not otherwise.
+func (in *ingress) leaseFor(c *conv) (*lease, string) {
+	in.mu.Lock()
+	l := c.lease
+	if l != nil && l.currentState() == stateDraining {
+		l, c.lease = nil, nil
+	}
+	wait := c.idle
+	in.mu.Unlock()
+	if l != nil {
+		if wait != nil {
+			select {
+			case <-wait:
+			case <-time.After(idleWait):
+				in.g.log.Warn("an A2A conversation's instance did not report idle after its turn was abandoned; sending the next message anyway",
+					"lease_id", l.id, "wait", idleWait)
+			}
+		}
+		return l, ""
+	}
+	p := in.profiles.Load().byName[c.key.profile]
+	if p == nil {
+		return nil, "its agent profile is no longer configured"
+	}
+	session := c.session
+	if session == "" {
+		if b, ok := in.contexts.Get(c.key.String()); ok {
+			session = b.SessionID
+		}
+	}
+	if l := in.g.sessionLease(c.key.principal, session); l != nil {
+		return in.adopt(c, l), ""
+	}
+	entry, cerr := in.g.resumeEntry(in.g.ctx, session, p.entry)
+	if cerr != nil {
+		return nil, cerr.text
+	}
+	l, cerr = in.g.spawnLease(in.g.ctx, c.key.principal, entry, p.config, session)
+	if cerr != nil {
+		return nil, cerr.text
+	}
+	l.mu.Lock()
+	l.a2a = in
+	sid := l.sessionID
+	l.mu.Unlock()
+	in.mu.Lock()
+	c.lease, c.busy, c.idle = l, false, nil
+	if sid != "" && sid != c.session {
+		c.session = sid
+		in.contexts.Put(contextBinding{Principal: c.key.principal, Profile: c.key.profile, ContextID: c.key.context, SessionID: sid})
+	}
+	in.mu.Unlock()
+	in.g.log.Info("A2A conversation bound to a lease", "lease_id", l.id, "profile", c.key.profile, "session_id", sid)
+	return l, ""
+}
+
+// adopt binds a conversation to a live lease it did not start in this
+// process: one restored after a gateway restart, whose instance may still
+// be inside the turn that was in flight. The next input waits until it
+// reports idle (a cancel is sent to hurry it), bounded by idleWait.
+func (in *ingress) adopt(c *conv, l *lease) *lease {
+	l.mu.Lock()
+	l.a2a = in
+	l.mu.Unlock()
+	in.mu.Lock()
+	c.lease, c.busy, c.busyTurn, c.idle = l, true, "", make(chan struct{})
+	wait := c.idle
+	in.sendLocked(l, brokerframe.IO{Type: brokerframe.IOCancel, Source: sourceA2A})
+	in.mu.Unlock()
+	in.g.log.Info("A2A conversation adopted a live lease of its session; waiting for its instance to be idle", "lease_id", l.id, "profile", c.key.profile)
+	select {
+	case <-wait:
+	case <-time.After(idleWait):
+	}
+	return l
+}
+
+// convOfLocked is the conversation l serves.
+func (in *ingress) convOfLocked(l *lease) *conv {
+	for _, c := range in.convs {
+		if c.lease == l {
+			return c
+		}
+	}
+	return nil
+}
+
+// payload is the instance's read pump handing over one io payload.
+func (in *ingress) payload(l *lease, p json.RawMessage) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	c := in.convOfLocked(l)
+	if c == nil {
+		return
+	}
+	if c.busy {
+		in.watchIdleLocked(c, p)
+		return
+	}
+	t := c.active
+	if t == nil || isSettled(t) {
+		return
+	}
+	switch t.turn.Apply(p) {
+	case a2a.StepWorking:
+		in.setStateLocked(t, a2a.StateWorking, "")
+	case a2a.StepInputRequired:
+		in.askLocked(t)
+	case a2a.StepCompleted:
+		in.completeLocked(t)
+	case a2a.StepCanceled:
+		in.setStateLocked(t, a2a.StateCanceled, textCanceled)
+	}
+}
+
+// watchIdleLocked ends a conversation's wait for a turn no task owns.
+func (in *ingress) watchIdleLocked(c *conv, p json.RawMessage) {
+	var io brokerframe.IO
+	if json.Unmarshal(p, &io) != nil || io.Type != brokerframe.IOStatus || io.State != brokerframe.StateIdle {
+		return
+	}
+	if c.busyTurn != "" && io.TurnID != "" && io.TurnID != c.busyTurn {
+		return
+	}
+	c.busy, c.busyTurn = false, ""
+	if c.idle != nil {
+		close(c.idle)
+		c.idle = nil
+	}
+}
+
+// abandonTurnLocked tells the instance to cancel t's turn and holds the
+// conversation's next input until the instance reports idle.
+func (in *ingress) abandonTurnLocked(c *conv, t *liveTask) {
+	if c.lease == nil {
+		return
+	}
+	c.busy, c.busyTurn, c.idle = true, t.turn.TurnID(), make(chan struct{})
+	in.sendLocked(c.lease, brokerframe.IO{Type: brokerframe.IOCancel, TurnID: t.turn.TurnID(), Source: sourceA2A})
+}
+
+func (in *ingress) askLocked(t *liveTask) {
+	q := t.turn.Question()
+	msg := a2a.AgentMessage(t.rec.Task, q.Prompt)
+	msg.Metadata = map[string]any{"nexus.hitl": map[string]any{"request_id": q.RequestID, "mode": q.Mode, "choices": q.Choices}}
+	now := time.Now()
+	t.rec.Task.Status = a2a.Status{State: a2a.StateInputRequired, Message: msg, Timestamp: &now}
+	close(t.parked)
+	t.parked = make(chan struct{})
+	in.publishLocked(t, a2a.Event{StatusUpdate: &a2a.StatusUpdate{TaskID: t.rec.Task.ID, ContextID: t.rec.Task.ContextID, Status: t.rec.Task.Status}})
+	if d := in.policy.InputTimeout.D(); d > 0 {
+		if t.askTimer != nil {
+			t.askTimer.Stop()
+		}
+		t.askTimer = time.AfterFunc(d, func() { in.inputTimedOut(t) })
+	}
+}
+
+func (in *ingress) inputTimedOut(t *liveTask) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if isSettled(t) || t.rec.Task.Status.State != a2a.StateInputRequired {
+		return
+	}
+	in.setStateLocked(t, a2a.StateFailed, textInputTimeout)
+	in.abandonTurnLocked(t.conv, t)
+}
+
+func (in *ingress) completeLocked(t *liveTask) {
+	art := a2a.Artifact{ArtifactID: a2a.NewID(), Name: "answer", Parts: []a2a.Part{a2a.TextPart(t.turn.Answer())}}
+	t.rec.Task.Artifacts = append(t.rec.Task.Artifacts, art)
+	up := a2a.Event{ArtifactUpdate: &a2a.ArtifactUpdate{TaskID: t.rec.Task.ID, ContextID: t.rec.Task.ContextID, Artifact: art, LastChunk: true}}
+	in.setStateLocked(t, a2a.StateCompleted, "", up)
+}
+
+// leaseClosed settles the active task of a lease that ended (crash, idle,
+// release): its socket drained first, so an answer it sent has already
+// completed the task.
+func (in *ingress) leaseClosed(l *lease) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	c := in.convOfLocked(l)
+	if c == nil {
+		return
+	}
+	c.lease, c.busy, c.busyTurn = nil, false, ""
+	if c.idle != nil {
+		close(c.idle)
+		c.idle = nil
+	}
+	if t := c.active; t != nil && !isSettled(t) {
+		in.setStateLocked(t, a2a.StateFailed, textInstanceGone)
+	}
+}
+
+// --- reading and cancelling ---------------------------------------------
+
+// lookupLocked is a live task in the caller's scope.
+func (in *ingress) lookupLocked(principal, profile, id string) *liveTask {
+	t := in.live[id]
+	if t == nil || t.rec.Principal != principal || t.rec.Profile != profile {
+		return nil
+	}
+	return t
+}
+
+// answer routes a message naming a task parked in INPUT_REQUIRED to the
+// instance as its hitl.response.
+func (in *ingress) answer(principal, profile string, msg *a2a.Message, text string) (*liveTask, *a2a.Error) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	t := in.lookupLocked(principal, profile, msg.TaskID)
+	if t == nil {
+		if _, ok := in.store.Get(principal, profile, msg.TaskID); ok {
+			return nil, a2a.ErrUnsupportedOp.With("task %s is already in a terminal state; send a new message without taskId", msg.TaskID)
+		}
+		return nil, a2a.ErrTaskNotFound
+	}
+	if t.rec.Task.Status.State != a2a.StateInputRequired || t.conv.lease == nil {
+		return nil, a2a.ErrInvalidParams.With("task %s is not waiting for input; send a new message without taskId", msg.TaskID)
+	}
+	if msg.ContextID == "" {
+		msg.ContextID = t.rec.Task.ContextID
+	}
+	t.rec.Task.History = append(t.rec.Task.History, *msg)
+	if t.askTimer != nil {
+		t.askTimer.Stop()
+	}
+	in.sendLocked(t.conv.lease, a2a.Reply(t.turn.Question(), text))
+	in.setStateLocked(t, a2a.StateWorking, "")
+	return t, nil
+}
+
+// cancel is CancelTask: a queued task leaves the queue at once; the running
+// one is asked to cancel and settles on the instance's acknowledgement (or
+// at once when no turn is bound yet).
+func (in *ingress) cancel(principal, profile, id string) (*a2a.Task, *a2a.Error) {
+	in.mu.Lock()
+	t := in.lookupLocked(principal, profile, id)
+	if t == nil {
+		in.mu.Unlock()
+		if _, ok := in.store.Get(principal, profile, id); ok {
+			return nil, a2a.ErrTaskNotCancelable.With("task %s is already in a terminal state", id)
+		}
+		return nil, a2a.ErrTaskNotFound
+	}
+	c := t.conv
+	for i, q := range c.queue {
+		if q == t {
+			c.queue = append(c.queue[:i:i], c.queue[i+1:]...)
+			in.setStateLocked(t, a2a.StateCanceled, textQueueCancel)
+			snap := t.rec.Task.Clone()
+			in.mu.Unlock()
+			return &snap, nil
+		}
+	}
+	if c.active == t && c.lease != nil && t.turn.TurnID() != "" {
+		if !t.cancelReq {
+			t.cancelReq = true
+			in.sendLocked(c.lease, brokerframe.IO{Type: brokerframe.IOCancel, TurnID: t.turn.TurnID(), Source: sourceA2A})
+		}
+		in.mu.Unlock()
+		select {
+		case <-t.settled:
+		case <-time.After(cancelWait):
+		}
+		in.mu.Lock()
+		snap := t.rec.Task.Clone()
+		in.mu.Unlock()
+		return &snap, nil
+	}
+	// Not bound to a turn yet: settle now, and keep the next input back
+	// until the instance is idle in case the input already reached it.
+	in.setStateLocked(t, a2a.StateCanceled, textCanceled)
+	if c.active == t {
+		in.abandonTurnLocked(c, t)
+	}
+	snap := t.rec.Task.Clone()
+	in.mu.Unlock()
+	return &snap, nil
+}
+
+// subscribe is SubscribeToTask: a live task's stream opens on its snapshot;
+// a terminal one gets its snapshot and the end.
+func (in *ingress) subscribe(principal, profile, id string) (chan a2a.Event, func(), *a2a.Error) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if t := in.lookupLocked(principal, profile, id); t != nil {
+		ch := in.subscribeLocked(t)
+		return ch, func() { in.unsubscribe(t, ch) }, nil
+	}
+	r, ok := in.store.Get(principal, profile, id)
+	if !ok {
+		return nil, nil, a2a.ErrTaskNotFound
+	}
+	ch := make(chan a2a.Event, 1)
+	ch <- a2a.Event{Task: &r.Task}
+	close(ch)
+	return ch, func() {}, nil
+}
+
+// wait blocks until t is terminal or parked in INPUT_REQUIRED, or ctx ends,
+// and returns t as stored.
+func (in *ingress) wait(ctx context.Context, t *liveTask) a2a.Task {
+	in.mu.Lock()
+	parked := t.parked
+	in.mu.Unlock()
+	select {
+	case <-parked:
+	case <-ctx.Done():
+	}
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return t.rec.Task.Clone()
+}

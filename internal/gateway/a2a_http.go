@@ -1,0 +1,424 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/nexus-broker/nexus-broker/internal/a2a"
+	"github.com/nexus-broker/nexus-broker/internal/config"
+)
+
+// maxA2ABody bounds an A2A request body: one message of text.
+const maxA2ABody = 1 << 20
+
+// Default and largest ListTasks page.
+const (
+	defaultPageSize = 50
+	maxPageSize     = 100
+)
+
+const errUnknownProfile = "unknown agent profile"
+
+// profile is one agents: profile as served: its entry, the config its
+// instances boot with, and its rendered card.
+type profile struct {
+	name   string
+	entry  string
+	config []byte
+	card   []byte
+}
+
+// profileSet is every profile, swapped whole on a reload.
+type profileSet struct{ byName map[string]*profile }
+
+// buildProfiles reads every profile's config file and renders every card; a
+// failure anywhere leaves nothing half-built.
+// The card's base URL and security come from the boot configuration (both
+// are boot-only), the profiles from cfg.
+func buildProfiles(cfg *config.Config, boot *config.Config) (*profileSet, error) {
+	base := a2aBase(boot)
+	ps := &profileSet{byName: map[string]*profile{}}
+	for name, a := range cfg.Agents {
+		path, err := expandHome(strings.TrimSpace(a.Config))
+		if err != nil {
+			return nil, fmt.Errorf("agents.%s.config: %w", name, err)
+		}
+		if st, err := os.Stat(path); err != nil {
+			return nil, fmt.Errorf("agents.%s.config: %w (the nexus config instances of this profile boot with)", name, err)
+		} else if !st.Mode().IsRegular() {
+			return nil, fmt.Errorf("agents.%s.config: %s is not a regular file", name, path)
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("agents.%s.config: %w", name, err)
+		}
+		card, err := json.Marshal(renderCard(name, a, base, boot.Auth))
+		if err != nil {
+			return nil, fmt.Errorf("agents.%s.card: %w", name, err)
+		}
+		ps.byName[name] = &profile{name: name, entry: a.Binary, config: data, card: card}
+	}
+	return ps, nil
+}
+
+func expandHome(p string) (string, error) {
+	if p != "~" && !strings.HasPrefix(p, "~/") {
+		return filepath.Abs(p)
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return "", fmt.Errorf("%q needs a home directory: %w", p, err)
+	}
+	return filepath.Join(home, strings.TrimPrefix(p, "~")), nil
+}
+
+type cardJSON struct {
+	Name                string            `json:"name"`
+	Description         string            `json:"description"`
+	Version             string            `json:"version"`
+	SupportedInterfaces []cardInterface   `json:"supportedInterfaces"`
+	Capabilities        cardCapabilities  `json:"capabilities"`
+	DefaultInputModes   []string          `json:"defaultInputModes"`
+	DefaultOutputModes  []string          `json:"defaultOutputModes"`
+	Skills              []cardSkill       `json:"skills"`
+	Provider            *cardProvider     `json:"provider,omitempty"`
+	DocumentationURL    string            `json:"documentationUrl,omitempty"`
+	IconURL             string            `json:"iconUrl,omitempty"`
+	SecuritySchemes     map[string]any    `json:"securitySchemes,omitempty"`
+	SecurityRequirement []map[string]any  `json:"securityRequirements,omitempty"`
+}
+
+type cardInterface struct {
+	URL             string `json:"url"`
+	ProtocolBinding string `json:"protocolBinding"`
+	ProtocolVersion string `json:"protocolVersion"`
+}
+
+type cardCapabilities struct {
+	Streaming         bool `json:"streaming"`
+	PushNotifications bool `json:"pushNotifications"`
+	ExtendedAgentCard bool `json:"extendedAgentCard"`
+}
+
+type cardSkill struct {
+	ID          string   `json:"id"`
+	Name        string   `json:"name"`
+	Description string   `json:"description"`
+	Tags        []string `json:"tags"`
+	Examples    []string `json:"examples,omitempty"`
+}
+
+type cardProvider struct {
+	Organization string `json:"organization"`
+	URL          string `json:"url"`
+}
+
+// textModes is what the ingress accepts and produces: the IO envelope
+// carries one string each way.
+var textModes = []string{"text/plain"}
+
+// renderCard is the operator's identity plus what the broker derives: the
+// interfaces it serves, its capabilities, and the credential its auth:
+// chain accepts.
+func renderCard(name string, a *config.Agent, base string, authCfg *config.Auth) cardJSON {
+	root := base + "/agents/" + name + "/a2a"
+	c := cardJSON{
+		Name: a.Card.Name, Description: a.Card.Description, Version: a.Card.Version,
+		SupportedInterfaces: []cardInterface{
+			{URL: root, ProtocolBinding: "JSONRPC", ProtocolVersion: a2a.ProtocolVersion},
+			{URL: root + "/v1", ProtocolBinding: "HTTP+JSON", ProtocolVersion: a2a.ProtocolVersion},
+		},
+		Capabilities:       cardCapabilities{Streaming: true},
+		DefaultInputModes:  textModes,
+		DefaultOutputModes: textModes,
+		Skills:             []cardSkill{},
+		DocumentationURL:   a.Card.DocumentationURL,
+		IconURL:            a.Card.IconURL,
+	}
+	c.SecuritySchemes, c.SecurityRequirement = securityOf(authCfg)
+	if p := a.Card.Provider; p != nil {
+		c.Provider = &cardProvider{Organization: p.Organization, URL: p.URL}
+	}
+	for _, s := range a.Card.Skills {
+		tags := s.Tags
+		if tags == nil {
+			tags = []string{}
+		}
+		c.Skills = append(c.Skills, cardSkill{ID: s.ID, Name: s.Name, Description: s.Description, Tags: tags, Examples: s.Examples})
+	}
+	return c
+}
+
+// bearerScheme names the card's one security scheme.
+const bearerScheme = "bearer"
+
+// securityOf derives the card's security from the auth: chain: a bearer
+// token when a validator takes one (a JWT when jwks is the only one), none
+// without auth: or when only proxy_headers is configured (its identity is
+// set by a proxy, not presented by the client).
+func securityOf(a *config.Auth) (map[string]any, []map[string]any) {
+	if a == nil {
+		return nil, nil
+	}
+	bearer, jwtOnly := false, true
+	for _, v := range a.Validators {
+		switch v.Type {
+		case config.ValidatorStatic, config.ValidatorIntrospect:
+			bearer, jwtOnly = true, false
+		case config.ValidatorJWKS:
+			bearer = true
+		}
+	}
+	if !bearer {
+		return nil, nil
+	}
+	scheme := map[string]any{"scheme": "Bearer"}
+	if jwtOnly {
+		scheme["bearerFormat"] = "JWT"
+	}
+	return map[string]any{bearerScheme: map[string]any{"httpAuthSecurityScheme": scheme}},
+		[]map[string]any{{"schemes": map[string]any{bearerScheme: []string{}}}}
+}
+
+// a2aBase is the origin cards advertise: advertise_addr with its scheme
+// mapped to http(s), else the explicit listen address.
+func a2aBase(cfg *config.Config) string {
+	a := cfg.AdvertiseAddr
+	if a == "" {
+		return "http://" + cfg.ListenAddr
+	}
+	scheme, hostport, ok := strings.Cut(a, "://")
+	if !ok {
+		return "http://" + a
+	}
+	if scheme == "wss" || scheme == "https" {
+		return "https://" + hostport
+	}
+	return "http://" + hostport
+}
+
+// --- routes ---------------------------------------------------------------
+
+func (in *ingress) routes(mux *http.ServeMux) {
+	mux.HandleFunc("GET /agents/{name}/.well-known/agent-card.json", in.handleCard)
+	mux.HandleFunc("POST /agents/{name}/a2a", in.handleJSONRPC)
+	mux.HandleFunc("POST /agents/{name}/a2a/v1/message:send", in.restSend)
+	mux.HandleFunc("POST /agents/{name}/a2a/v1/message:stream", in.restStream)
+	mux.HandleFunc("GET /agents/{name}/a2a/v1/tasks", in.restList)
+	mux.HandleFunc("GET /agents/{name}/a2a/v1/tasks/{task}", in.restTask)
+	mux.HandleFunc("POST /agents/{name}/a2a/v1/tasks/{task}", in.restTask)
+	mux.HandleFunc("/agents/{name}/a2a/v1/tasks/{task}/{rest...}", in.restPush)
+	mux.HandleFunc("GET /agents/{name}/a2a/v1/extendedAgentCard", in.restExtendedCard)
+}
+
+// caller authenticates the request (the same guard as /claim, the card
+// included) and resolves its profile, answering the refusal itself when
+// either fails. Without an auth: block every caller is the anonymous
+// principal.
+func (in *ingress) caller(w http.ResponseWriter, r *http.Request) (string, *profile, bool) {
+	who, ok := in.g.Authenticate(w, r)
+	if !ok {
+		return "", nil, false
+	}
+	p := in.profiles.Load().byName[r.PathValue("name")]
+	if p == nil {
+		writeError(w, http.StatusNotFound, errUnknownProfile)
+		return "", nil, false
+	}
+	return who.ID, p, true
+}
+
+func (in *ingress) handleCard(w http.ResponseWriter, r *http.Request) {
+	_, p, ok := in.caller(w, r)
+	if !ok {
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(p.card)
+}
+
+// versionOK: an absent A2A-Version means 1.0; anything else but 1.0 is
+// refused.
+func versionOK(r *http.Request) *a2a.Error {
+	v := strings.TrimSpace(r.Header.Get("A2A-Version"))
+	if v == "" || v == a2a.ProtocolVersion {
+		return nil
+	}
+	return a2a.ErrVersionUnsupported.With("A2A-Version %q is not supported; this agent speaks A2A %s", v, a2a.ProtocolVersion)
+}
+
+// readBody reads a bounded request body.
+func readBody(r *http.Request) ([]byte, *a2a.Error, bool) {
+	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, maxA2ABody))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return nil, a2a.ErrInvalidRequest.With("request body exceeds %d bytes; send a shorter message", tooBig.Limit), true
+		}
+		return nil, a2a.ErrParse.With("reading the request body: %v", err), false
+	}
+	return body, nil, false
+}
+
+// checkSend validates a SendMessageRequest and returns its input text.
+func checkSend(req *a2a.SendRequest) (string, *a2a.Error) {
+	m := req.Message
+	if m == nil {
+		return "", a2a.ErrInvalidParams.With("params.message is required")
+	}
+	if m.MessageID == "" {
+		return "", a2a.ErrInvalidParams.With("message.messageId is required")
+	}
+	if m.Role != a2a.RoleUser {
+		return "", a2a.ErrInvalidParams.With("message.role must be %s, got %q", a2a.RoleUser, m.Role)
+	}
+	if len(m.Parts) == 0 {
+		return "", a2a.ErrInvalidParams.With("message.parts is empty; send at least one text part")
+	}
+	if req.Configuration != nil && len(req.Configuration.PushConfig) > 0 && string(req.Configuration.PushConfig) != "null" {
+		return "", a2a.ErrPushNotSupported.With("push notifications are not supported by this agent")
+	}
+	return a2a.InputText(m)
+}
+
+// send starts (or answers) a task. With stream the returned channel carries
+// its events from its snapshot on.
+func (in *ingress) send(principal string, p *profile, req *a2a.SendRequest, stream bool) (*liveTask, chan a2a.Event, *a2a.Error) {
+	text, aerr := checkSend(req)
+	if aerr != nil {
+		return nil, nil, aerr
+	}
+	if req.Message.TaskID != "" {
+		t, aerr := in.answer(principal, p.name, req.Message, text)
+		if aerr != nil {
+			return nil, nil, aerr
+		}
+		var ch chan a2a.Event
+		if stream {
+			in.mu.Lock()
+			ch = in.subscribeLocked(t)
+			in.mu.Unlock()
+		}
+		return t, ch, nil
+	}
+	t, ch := in.submit(principal, p.name, req.Message, text, stream)
+	return t, ch, nil
+}
+
+// trimTask applies historyLength and, for lists, includeArtifacts.
+func trimTask(t *a2a.Task, historyLength *int, artifacts bool) {
+	if historyLength != nil {
+		n := max(*historyLength, 0)
+		if len(t.History) > n {
+			t.History = t.History[len(t.History)-n:]
+		}
+		if n == 0 {
+			t.History = nil
+		}
+	}
+	if !artifacts {
+		t.Artifacts = nil
+	}
+}
+
+// list is ListTasks: newest change first, paged by offset.
+func (in *ingress) list(principal string, p *profile, req *a2a.ListRequest) (*a2a.ListResponse, *a2a.Error) {
+	size := req.PageSize
+	switch {
+	case size == 0:
+		size = defaultPageSize
+	case size < 0 || size > maxPageSize:
+		return nil, a2a.ErrInvalidParams.With("pageSize must be between 1 and %d, got %d", maxPageSize, size)
+	}
+	off := 0
+	if req.PageToken != "" {
+		n, err := strconv.Atoi(req.PageToken)
+		if err != nil || n < 0 {
+			return nil, a2a.ErrInvalidParams.With("pageToken %q is not one this agent issued", req.PageToken)
+		}
+		off = n
+	}
+	rs := in.store.List(principal, p.name, func(r *a2a.Record) bool {
+		t := r.Task
+		return (req.ContextID == "" || t.ContextID == req.ContextID) &&
+			(req.Status == "" || t.Status.State == req.Status) &&
+			(req.StatusTimestampAfter == nil || t.Status.Timestamp == nil || t.Status.Timestamp.After(*req.StatusTimestampAfter))
+	})
+	out := &a2a.ListResponse{Tasks: []a2a.Task{}, TotalSize: len(rs), PageSize: size}
+	for i := off; i < len(rs) && i < off+size; i++ {
+		t := rs[i].Task
+		trimTask(&t, req.HistoryLength, req.IncludeArtifacts)
+		out.Tasks = append(out.Tasks, t)
+	}
+	if off+size < len(rs) {
+		out.NextPageToken = strconv.Itoa(off + size)
+	}
+	return out, nil
+}
+
+// get is GetTask, from the record.
+func (in *ingress) get(principal string, p *profile, req *a2a.TaskRequest) (*a2a.Task, *a2a.Error) {
+	r, ok := in.store.Get(principal, p.name, req.ID)
+	if !ok {
+		return nil, a2a.ErrTaskNotFound
+	}
+	trimTask(&r.Task, req.HistoryLength, true)
+	return &r.Task, nil
+}
+
+// --- SSE ------------------------------------------------------------------
+
+// sse writes a text/event-stream of events until the task's stream ends or
+// the client goes away; frame renders one event's data line.
+func sse(w http.ResponseWriter, r *http.Request, ch chan a2a.Event, stop func(), frame func(a2a.Event) []byte) {
+	defer stop()
+	fl, _ := w.(http.Flusher)
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	if fl != nil {
+		fl.Flush()
+	}
+	var buf bytes.Buffer
+	for {
+		select {
+		case ev, ok := <-ch:
+			if !ok {
+				return
+			}
+			buf.Reset()
+			buf.WriteString("data: ")
+			buf.Write(frame(ev))
+			buf.WriteString("\n\n")
+			if _, err := w.Write(buf.Bytes()); err != nil {
+				return
+			}
+			if fl != nil {
+				fl.Flush()
+			}
+		case <-r.Context().Done():
+			return
+		}
+	}
+}
+
+// sortedProfileNames is for logs.
+func (ps *profileSet) names() []string {
+	out := make([]string, 0, len(ps.byName))
+	for n := range ps.byName {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}

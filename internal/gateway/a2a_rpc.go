@@ -1,0 +1,407 @@
+package gateway
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+
+	"github.com/nexus-broker/nexus-broker/internal/a2a"
+)
+
+// The two A2A bindings over one ingress: JSON-RPC 2.0 at /agents/{name}/a2a
+// and HTTP+JSON under /agents/{name}/a2a/v1. Streams are SSE on both.
+
+const (
+	errorInfoType = "type.googleapis.com/google.rpc.ErrorInfo"
+	structType    = "type.googleapis.com/google.protobuf.Struct"
+	a2aDomain     = "a2a-protocol.org"
+	// notImplemented is the detail the push-notification operations and
+	// GetExtendedAgentCard carry with their UnsupportedOperationError.
+	notImplemented = "OPERATION_NOT_IMPLEMENTED"
+)
+
+// errorDetails renders an error's google.rpc details: its ErrorInfo, and
+// the not-implemented detail where it applies.
+func errorDetails(e *a2a.Error, unimplemented bool) []map[string]any {
+	d := []map[string]any{{"@type": errorInfoType, "reason": e.Reason, "domain": a2aDomain}}
+	if unimplemented {
+		d = append(d, map[string]any{"@type": structType, "detail": notImplemented})
+	}
+	return d
+}
+
+// unimplemented is the answer of every operation this ingress does not
+// offer (push notifications, the extended card).
+func unimplemented(op string) *a2a.Error {
+	return a2a.ErrUnsupportedOp.With("%s is not implemented by this agent", op)
+}
+
+type rpcRequest struct {
+	JSONRPC string          `json:"jsonrpc"`
+	Method  string          `json:"method"`
+	Params  json.RawMessage `json:"params"`
+	ID      json.RawMessage `json:"id"`
+}
+
+type rpcError struct {
+	Code    int              `json:"code"`
+	Message string           `json:"message"`
+	Data    []map[string]any `json:"data,omitempty"`
+}
+
+type rpcResponse struct {
+	JSONRPC string          `json:"jsonrpc"`
+	ID      json.RawMessage `json:"id"`
+	Result  any             `json:"result,omitempty"`
+	Error   *rpcError       `json:"error,omitempty"`
+}
+
+func rpcFail(id json.RawMessage, e *a2a.Error, unimpl bool) rpcResponse {
+	if id == nil {
+		id = json.RawMessage("null")
+	}
+	return rpcResponse{JSONRPC: "2.0", ID: id, Error: &rpcError{Code: e.Code, Message: e.Message, Data: errorDetails(e, unimpl)}}
+}
+
+func rpcOK(id json.RawMessage, v any) rpcResponse {
+	return rpcResponse{JSONRPC: "2.0", ID: id, Result: v}
+}
+
+var pushMethods = map[string]bool{
+	"CreateTaskPushNotificationConfig": true, "GetTaskPushNotificationConfig": true,
+	"ListTaskPushNotificationConfigs": true, "DeleteTaskPushNotificationConfig": true,
+}
+
+// handleJSONRPC is POST /agents/{name}/a2a.
+func (in *ingress) handleJSONRPC(w http.ResponseWriter, r *http.Request) {
+	principal, p, ok := in.caller(w, r)
+	if !ok {
+		return
+	}
+	body, aerr, _ := readBody(r)
+	if aerr != nil {
+		writeJSON(w, http.StatusOK, rpcFail(nil, aerr, false))
+		return
+	}
+	var req rpcRequest
+	if err := json.Unmarshal(body, &req); err != nil {
+		writeJSON(w, http.StatusOK, rpcFail(nil, a2a.ErrParse.With("request is not JSON: %v", err), false))
+		return
+	}
+	if req.JSONRPC != "2.0" || req.Method == "" || !validRPCID(req.ID) {
+		writeJSON(w, http.StatusOK, rpcFail(req.ID, a2a.ErrInvalidRequest.With("not a JSON-RPC 2.0 request: jsonrpc must be \"2.0\", method a string, id a string or number"), false))
+		return
+	}
+	stream := req.Method == "SendStreamingMessage" || req.Method == "SubscribeToTask"
+	fail := func(e *a2a.Error, unimpl bool) {
+		resp := rpcFail(req.ID, e, unimpl)
+		if stream {
+			// The client reads a stream's answer from SSE data lines only.
+			data, _ := json.Marshal(resp)
+			writeSSEOnce(w, data)
+			return
+		}
+		writeJSON(w, http.StatusOK, resp)
+	}
+	if e := versionOK(r); e != nil {
+		fail(e, false)
+		return
+	}
+	params := func(v any) bool {
+		if len(req.Params) == 0 || json.Unmarshal(req.Params, v) != nil {
+			fail(a2a.ErrInvalidParams.With("params do not match %s's request", req.Method), false)
+			return false
+		}
+		return true
+	}
+	switch req.Method {
+	case "SendMessage", "SendStreamingMessage":
+		var sr a2a.SendRequest
+		if !params(&sr) {
+			return
+		}
+		t, ch, aerr := in.send(principal, p, &sr, stream)
+		if aerr != nil {
+			fail(aerr, false)
+			return
+		}
+		if stream {
+			sse(w, r, ch, func() { in.unsubscribe(t, ch) }, func(ev a2a.Event) []byte {
+				data, _ := json.Marshal(rpcOK(req.ID, ev))
+				return data
+			})
+			return
+		}
+		task := in.result(r, t, sr.Configuration)
+		writeJSON(w, http.StatusOK, rpcOK(req.ID, a2a.Event{Task: &task}))
+	case "GetTask":
+		var tr a2a.TaskRequest
+		if !params(&tr) {
+			return
+		}
+		task, aerr := in.get(principal, p, &tr)
+		if aerr != nil {
+			fail(aerr, false)
+			return
+		}
+		writeJSON(w, http.StatusOK, rpcOK(req.ID, task))
+	case "ListTasks":
+		var lr a2a.ListRequest
+		if len(req.Params) > 0 && !params(&lr) {
+			return
+		}
+		out, aerr := in.list(principal, p, &lr)
+		if aerr != nil {
+			fail(aerr, false)
+			return
+		}
+		writeJSON(w, http.StatusOK, rpcOK(req.ID, out))
+	case "CancelTask":
+		var tr a2a.TaskRequest
+		if !params(&tr) {
+			return
+		}
+		task, aerr := in.cancel(principal, p.name, tr.ID)
+		if aerr != nil {
+			fail(aerr, false)
+			return
+		}
+		writeJSON(w, http.StatusOK, rpcOK(req.ID, task))
+	case "SubscribeToTask":
+		var tr a2a.TaskRequest
+		if !params(&tr) {
+			return
+		}
+		ch, stop, aerr := in.subscribe(principal, p.name, tr.ID)
+		if aerr != nil {
+			fail(aerr, false)
+			return
+		}
+		sse(w, r, ch, stop, func(ev a2a.Event) []byte {
+			data, _ := json.Marshal(rpcOK(req.ID, ev))
+			return data
+		})
+	case "GetExtendedAgentCard":
+		fail(unimplemented(req.Method), true)
+	default:
+		if pushMethods[req.Method] {
+			fail(unimplemented(req.Method), true)
+			return
+		}
+		fail(a2a.ErrMethodNotFound.With("method %q is not an A2A 1.0 method", req.Method), false)
+	}
+}
+
+func validRPCID(id json.RawMessage) bool {
+	if len(id) == 0 {
+		return true // a notification; answered anyway
+	}
+	switch id[0] {
+	case '"', '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9', 'n':
+		return true
+	}
+	return false
+}
+
+func writeSSEOnce(w http.ResponseWriter, data []byte) {
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(append(append([]byte("data: "), data...), '\n', '\n'))
+}
+
+// result is SendMessage's answer: at once with returnImmediately, else when
+// the task is terminal or waits for input (or the client gives up).
+func (in *ingress) result(r *http.Request, t *liveTask, cfg *a2a.SendConfig) a2a.Task {
+	var task a2a.Task
+	if cfg != nil && cfg.ReturnImmediately {
+		in.mu.Lock()
+		task = t.rec.Task.Clone()
+		in.mu.Unlock()
+	} else {
+		task = in.wait(r.Context(), t)
+	}
+	if cfg != nil {
+		trimTask(&task, cfg.HistoryLength, true)
+	}
+	return task
+}
+
+// --- HTTP+JSON --------------------------------------------------------------
+
+func writeRESTError(w http.ResponseWriter, e *a2a.Error, unimpl bool) {
+	writeJSON(w, e.HTTPStatus, map[string]any{"error": map[string]any{
+		"code": e.HTTPStatus, "status": e.Status, "message": e.Message, "details": errorDetails(e, unimpl),
+	}})
+}
+
+// restBegin is the common start of every HTTP+JSON route.
+func (in *ingress) restBegin(w http.ResponseWriter, r *http.Request) (string, *profile, bool) {
+	principal, p, ok := in.caller(w, r)
+	if !ok {
+		return "", nil, false
+	}
+	if e := versionOK(r); e != nil {
+		writeRESTError(w, e, false)
+		return "", nil, false
+	}
+	return principal, p, true
+}
+
+func (in *ingress) restSendRequest(w http.ResponseWriter, r *http.Request) (*a2a.SendRequest, bool) {
+	body, aerr, tooBig := readBody(r)
+	if tooBig {
+		writeError(w, http.StatusRequestEntityTooLarge, aerr.Message)
+		return nil, false
+	}
+	if aerr != nil {
+		writeRESTError(w, aerr, false)
+		return nil, false
+	}
+	var sr a2a.SendRequest
+	if err := json.Unmarshal(body, &sr); err != nil {
+		writeRESTError(w, a2a.ErrParse.With("request is not a SendMessageRequest: %v", err), false)
+		return nil, false
+	}
+	return &sr, true
+}
+
+// restSendBegin opens message:send and message:stream: caller, version and
+// a bounded SendMessageRequest body.
+func (in *ingress) restSendBegin(w http.ResponseWriter, r *http.Request) (string, *profile, *a2a.SendRequest, bool) {
+	principal, p, ok := in.restBegin(w, r)
+	if !ok {
+		return "", nil, nil, false
+	}
+	sr, ok := in.restSendRequest(w, r)
+	return principal, p, sr, ok
+}
+
+func (in *ingress) restSend(w http.ResponseWriter, r *http.Request) {
+	principal, p, sr, ok := in.restSendBegin(w, r)
+	if !ok {
+		return
+	}
+	t, _, aerr := in.send(principal, p, sr, false)
+	if aerr != nil {
+		writeRESTError(w, aerr, false)
+		return
+	}
+	task := in.result(r, t, sr.Configuration)
+	writeJSON(w, http.StatusOK, a2a.Event{Task: &task})
+}
+
+func (in *ingress) restStream(w http.ResponseWriter, r *http.Request) {
+	principal, p, sr, ok := in.restSendBegin(w, r)
+	if !ok {
+		return
+	}
+	t, ch, aerr := in.send(principal, p, sr, true)
+	if aerr != nil {
+		writeRESTError(w, aerr, false)
+		return
+	}
+	sse(w, r, ch, func() { in.unsubscribe(t, ch) }, restFrame)
+}
+
+func restFrame(ev a2a.Event) []byte {
+	data, _ := json.Marshal(ev)
+	return data
+}
+
+func (in *ingress) restList(w http.ResponseWriter, r *http.Request) {
+	principal, p, ok := in.restBegin(w, r)
+	if !ok {
+		return
+	}
+	q := r.URL.Query()
+	lr := a2a.ListRequest{ContextID: q.Get("contextId"), Status: q.Get("status"), PageToken: q.Get("pageToken"),
+		IncludeArtifacts: q.Get("includeArtifacts") == "true"}
+	var bad *a2a.Error
+	lr.PageSize, bad = queryInt(q.Get("pageSize"), "pageSize")
+	if bad == nil && q.Has("historyLength") {
+		var n int
+		n, bad = queryInt(q.Get("historyLength"), "historyLength")
+		lr.HistoryLength = &n
+	}
+	if bad != nil {
+		writeRESTError(w, bad, false)
+		return
+	}
+	out, aerr := in.list(principal, p, &lr)
+	if aerr != nil {
+		writeRESTError(w, aerr, false)
+		return
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func queryInt(s, name string) (int, *a2a.Error) {
+	if s == "" {
+		return 0, nil
+	}
+	var n int
+	if err := json.Unmarshal([]byte(s), &n); err != nil {
+		return 0, a2a.ErrInvalidParams.With("%s %q is not a whole number", name, s)
+	}
+	return n, nil
+}
+
+// restTask is tasks/{id} (GET), tasks/{id}:cancel (POST) and
+// tasks/{id}:subscribe (GET or POST).
+func (in *ingress) restTask(w http.ResponseWriter, r *http.Request) {
+	principal, p, ok := in.restBegin(w, r)
+	if !ok {
+		return
+	}
+	seg := r.PathValue("task")
+	id, verb, _ := strings.Cut(seg, ":")
+	switch {
+	case verb == "" && r.Method == http.MethodGet:
+		tr := a2a.TaskRequest{ID: id}
+		if r.URL.Query().Has("historyLength") {
+			n, bad := queryInt(r.URL.Query().Get("historyLength"), "historyLength")
+			if bad != nil {
+				writeRESTError(w, bad, false)
+				return
+			}
+			tr.HistoryLength = &n
+		}
+		task, aerr := in.get(principal, p, &tr)
+		if aerr != nil {
+			writeRESTError(w, aerr, false)
+			return
+		}
+		writeJSON(w, http.StatusOK, task)
+	case verb == "cancel" && r.Method == http.MethodPost:
+		task, aerr := in.cancel(principal, p.name, id)
+		if aerr != nil {
+			writeRESTError(w, aerr, false)
+			return
+		}
+		writeJSON(w, http.StatusOK, task)
+	case verb == "subscribe":
+		ch, stop, aerr := in.subscribe(principal, p.name, id)
+		if aerr != nil {
+			writeRESTError(w, aerr, false)
+			return
+		}
+		sse(w, r, ch, stop, restFrame)
+	default:
+		writeRESTError(w, a2a.ErrMethodNotFound.With("%s %s is not an A2A 1.0 HTTP+JSON route", r.Method, r.URL.Path), false)
+	}
+}
+
+// restPush answers the push-notification routes.
+func (in *ingress) restPush(w http.ResponseWriter, r *http.Request) {
+	if _, _, ok := in.restBegin(w, r); !ok {
+		return
+	}
+	writeRESTError(w, unimplemented("push notification configuration"), true)
+}
+
+func (in *ingress) restExtendedCard(w http.ResponseWriter, r *http.Request) {
+	if _, _, ok := in.restBegin(w, r); !ok {
+		return
+	}
+	writeRESTError(w, unimplemented("GetExtendedAgentCard"), true)
+}
