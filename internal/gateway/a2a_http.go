@@ -82,19 +82,19 @@ func expandHome(p string) (string, error) {
 }
 
 type cardJSON struct {
-	Name                string            `json:"name"`
-	Description         string            `json:"description"`
-	Version             string            `json:"version"`
-	SupportedInterfaces []cardInterface   `json:"supportedInterfaces"`
-	Capabilities        cardCapabilities  `json:"capabilities"`
-	DefaultInputModes   []string          `json:"defaultInputModes"`
-	DefaultOutputModes  []string          `json:"defaultOutputModes"`
-	Skills              []cardSkill       `json:"skills"`
-	Provider            *cardProvider     `json:"provider,omitempty"`
-	DocumentationURL    string            `json:"documentationUrl,omitempty"`
-	IconURL             string            `json:"iconUrl,omitempty"`
-	SecuritySchemes     map[string]any    `json:"securitySchemes,omitempty"`
-	SecurityRequirement []map[string]any  `json:"securityRequirements,omitempty"`
+	Name                string           `json:"name"`
+	Description         string           `json:"description"`
+	Version             string           `json:"version"`
+	SupportedInterfaces []cardInterface  `json:"supportedInterfaces"`
+	Capabilities        cardCapabilities `json:"capabilities"`
+	DefaultInputModes   []string         `json:"defaultInputModes"`
+	DefaultOutputModes  []string         `json:"defaultOutputModes"`
+	Skills              []cardSkill      `json:"skills"`
+	Provider            *cardProvider    `json:"provider,omitempty"`
+	DocumentationURL    string           `json:"documentationUrl,omitempty"`
+	IconURL             string           `json:"iconUrl,omitempty"`
+	SecuritySchemes     map[string]any   `json:"securitySchemes,omitempty"`
+	SecurityRequirement []map[string]any `json:"securityRequirements,omitempty"`
 }
 
 type cardInterface struct {
