@@ -23,10 +23,10 @@ const (
 
 // Question is an open hitl.request.
 type Question struct {
-	RequestID string
-	Prompt    string
-	Mode      string
-	Choices   []brokerframe.Choice
+	RequestID string               `json:"request_id"`
+	Prompt    string               `json:"prompt"`
+	Mode      string               `json:"mode"`
+	Choices   []brokerframe.Choice `json:"choices"`
 }
 
 // Turn translates one task's instance payloads into A2A steps, exactly as
