@@ -216,7 +216,10 @@ func (in *ingress) routes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /agents/{name}/a2a/v1/tasks", in.restList)
 	mux.HandleFunc("GET /agents/{name}/a2a/v1/tasks/{task}", in.restTask)
 	mux.HandleFunc("POST /agents/{name}/a2a/v1/tasks/{task}", in.restTask)
-	mux.HandleFunc("/agents/{name}/a2a/v1/tasks/{task}/{rest...}", in.restPush)
+	mux.HandleFunc("GET /agents/{name}/a2a/v1/tasks/{task}/pushNotificationConfigs", in.restPush)
+	mux.HandleFunc("POST /agents/{name}/a2a/v1/tasks/{task}/pushNotificationConfigs", in.restPush)
+	mux.HandleFunc("GET /agents/{name}/a2a/v1/tasks/{task}/pushNotificationConfigs/{config}", in.restPush)
+	mux.HandleFunc("DELETE /agents/{name}/a2a/v1/tasks/{task}/pushNotificationConfigs/{config}", in.restPush)
 	mux.HandleFunc("GET /agents/{name}/a2a/v1/extendedAgentCard", in.restExtendedCard)
 }
 
