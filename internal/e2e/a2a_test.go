@@ -22,7 +22,7 @@ import (
 
 // a2aBroker starts a broker serving the profile "support" (and "crashy",
 // "late" whose instances crash mid-turn and right after answering).
-func a2aBroker(t *testing.T, yaml string, stateDir bool) *Broker {
+func a2aBroker(t testing.TB, yaml string, o Options) *Broker {
 	t.Helper()
 	dir := t.TempDir()
 	agentCfg := filepath.Join(dir, "support.yaml")
@@ -50,17 +50,24 @@ agents:
   late: {binary: late, config: %q, card: {name: L, description: D, version: "1"}}
   slow: {binary: slow, config: %q, card: {name: S, description: D, version: "1"}}
 `, bin("nexus-echo"), bin("nexus-echo"), bin("nexus-echo"), agentCfg, agentCfg, agentCfg, agentCfg) + yaml
-	return startBroker(t, Options{YAML: y, StateDir: stateDir})
+	o.YAML = y + o.YAML
+	return startBroker(t, o)
 }
 
 var bindings = []a2a.TransportProtocol{a2a.TransportProtocolJSONRPC, a2a.TransportProtocolHTTPJSON}
 
 // a2aClient resolves profile's card and returns a client speaking binding.
-func a2aClient(t *testing.T, b *Broker, profile string, binding a2a.TransportProtocol) *a2aclient.Client {
+func a2aClient(t testing.TB, b *Broker, profile string, binding a2a.TransportProtocol) *a2aclient.Client {
+	t.Helper()
+	return a2aClientAs(t, b, profile, binding, http.DefaultClient)
+}
+
+// a2aClientAs is a2aClient making its requests with hc (a credential).
+func a2aClientAs(t testing.TB, b *Broker, profile string, binding a2a.TransportProtocol, hc *http.Client) *a2aclient.Client {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	card, err := agentcard.NewResolver(http.DefaultClient).Resolve(ctx, b.Base+"/agents/"+profile)
+	card, err := agentcard.NewResolver(hc).Resolve(ctx, b.Base+"/agents/"+profile)
 	if err != nil {
 		t.Fatalf("resolving the card: %v", err)
 	}
@@ -73,7 +80,7 @@ func a2aClient(t *testing.T, b *Broker, profile string, binding a2a.TransportPro
 	if len(ifaces) != 1 {
 		t.Fatalf("card lists %d %s interfaces: %+v", len(ifaces), binding, card.SupportedInterfaces)
 	}
-	c, err := a2aclient.NewFromEndpoints(ctx, ifaces)
+	c, err := a2aclient.NewFromEndpoints(ctx, ifaces, a2aclient.WithJSONRPCTransport(hc), a2aclient.WithRESTTransport(hc))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +153,7 @@ func states(evs []a2a.Event) []string {
 // TestA2ACard: the card carries the operator's identity and the derived
 // interfaces and capabilities, with absolute URLs.
 func TestA2ACard(t *testing.T) {
-	b := a2aBroker(t, "", false)
+	b := a2aBroker(t, "", Options{})
 	card, err := agentcard.NewResolver(http.DefaultClient).Resolve(ctxT(t), b.Base+"/agents/support")
 	if err != nil {
 		t.Fatal(err)
@@ -179,7 +186,7 @@ func TestA2ACard(t *testing.T) {
 // continue one session, a stream reports the turn, get and list read the
 // record back, and a fresh context gets a fresh session.
 func TestA2AConversation(t *testing.T) {
-	b := a2aBroker(t, "", false)
+	b := a2aBroker(t, "", Options{})
 	for _, binding := range bindings {
 		t.Run(string(binding), func(t *testing.T) {
 			c := a2aClient(t, b, "support", binding)
@@ -238,7 +245,7 @@ func TestA2AConversation(t *testing.T) {
 // and the end; an INPUT_REQUIRED round trip answers via hitl; a parked task
 // can be cancelled.
 func TestA2ASubscribeAndCancel(t *testing.T) {
-	b := a2aBroker(t, "", false)
+	b := a2aBroker(t, "", Options{})
 	for _, binding := range bindings {
 		t.Run(string(binding), func(t *testing.T) {
 			c := a2aClient(t, b, "slow", binding)
@@ -289,7 +296,7 @@ func TestA2ASubscribeAndCancel(t *testing.T) {
 // TestA2AQueue: a second message while the first runs is SUBMITTED and runs
 // after it, in order; cancelling a queued task removes it.
 func TestA2AQueue(t *testing.T) {
-	b := a2aBroker(t, "", false)
+	b := a2aBroker(t, "", Options{})
 	c := a2aClient(t, b, "slow", a2a.TransportProtocolJSONRPC)
 	imm := func(text string) *a2a.Task {
 		req := userMsg("q", text)
@@ -321,7 +328,7 @@ func TestA2AQueue(t *testing.T) {
 // next message on the context re-spawns with -recall: same session, its
 // transcript visible.
 func TestA2AIdleReleaseContinues(t *testing.T) {
-	b := a2aBroker(t, "idle_timeout: 1s\n", true)
+	b := a2aBroker(t, "idle_timeout: 1s\n", Options{StateDir: true})
 	c := a2aClient(t, b, "support", a2a.TransportProtocolHTTPJSON)
 	answerOf(t, sendTask(t, c, userMsg("idle", "remember me")))
 	eventually(t, 20*time.Second, func() string { return "the idle lease is still listed" }, func() bool {
@@ -336,7 +343,7 @@ func TestA2AIdleReleaseContinues(t *testing.T) {
 // TestA2ACrash: a crash mid-turn fails the task; a crash right after the
 // answer completes it with the answer.
 func TestA2ACrash(t *testing.T) {
-	b := a2aBroker(t, "", false)
+	b := a2aBroker(t, "", Options{})
 	c := a2aClient(t, b, "crashy", a2a.TransportProtocolJSONRPC)
 	task := sendTask(t, c, userMsg("x", "boom now please"))
 	if task.Status.State != a2a.TaskStateFailed {
@@ -351,7 +358,7 @@ func TestA2ACrash(t *testing.T) {
 // TestA2ARestart: after a gateway restart, finished tasks read back (a 100
 // KiB answer byte-identical) and the one in flight reads FAILED.
 func TestA2ARestart(t *testing.T) {
-	b := a2aBroker(t, "", true)
+	b := a2aBroker(t, "", Options{StateDir: true})
 	c := a2aClient(t, b, "support", a2a.TransportProtocolJSONRPC)
 	big := sendTask(t, c, userMsg("big", "/big 10240"))
 	want := strings.Repeat("0123456789", 10240)

@@ -418,8 +418,9 @@ func (b *Broker) do(method, path, body string) (int, string) {
 	return b.doAs(b.Token, method, path, body)
 }
 
-// doAs sends one request with token as its bearer ("" for none).
-func (b *Broker) doAs(token, method, path, body string) (int, string) {
+// doAs sends one request with token as its bearer ("" for none) and
+// header's name, value pairs.
+func (b *Broker) doAs(token, method, path, body string, header ...string) (int, string) {
 	b.t.Helper()
 	req, err := http.NewRequest(method, b.Base+path, strings.NewReader(body))
 	if err != nil {
@@ -430,6 +431,9 @@ func (b *Broker) doAs(token, method, path, body string) (int, string) {
 	}
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

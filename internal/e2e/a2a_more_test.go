@@ -1,0 +1,189 @@
+package e2e
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/a2aproject/a2a-go/v2/a2a"
+)
+
+// rpc posts one JSON-RPC request to profile's endpoint with headers.
+func (b *Broker) rpc(t *testing.T, profile, method, params string, header ...string) (int, map[string]any) {
+	t.Helper()
+	body := fmt.Sprintf(`{"jsonrpc":"2.0","id":7,"method":%q,"params":%s}`, method, params)
+	code, text := b.doAs(b.Token, "POST", "/agents/"+profile+"/a2a", body, header...)
+	var out map[string]any
+	if err := json.Unmarshal([]byte(text), &out); err != nil {
+		t.Fatalf("%s answered %d %q, not JSON", method, code, text)
+	}
+	return code, out
+}
+
+func rpcCode(out map[string]any) float64 {
+	e, _ := out["error"].(map[string]any)
+	c, _ := e["code"].(float64)
+	return c
+}
+
+// TestA2AProtocolErrors: the A2A errors and their codes, on both bindings.
+func TestA2AProtocolErrors(t *testing.T) {
+	b := a2aBroker(t, "", Options{})
+	send := `{"message":{"messageId":"m1","role":"ROLE_USER","parts":[{"text":"hi"}]}}`
+	for _, c := range []struct {
+		name, method, params string
+		header               []string
+		code                 float64
+		detail               bool
+	}{
+		{"other A2A-Version", "GetTask", `{"id":"x"}`, []string{"A2A-Version", "0.3"}, -32009, false},
+		{"unknown method", "message/send", send, nil, -32601, false},
+		{"push notification config", "CreateTaskPushNotificationConfig", `{"taskId":"x"}`, nil, -32004, true},
+		{"extended card", "GetExtendedAgentCard", `{}`, nil, -32004, true},
+		{"non-text part", "SendMessage", `{"message":{"messageId":"m1","role":"ROLE_USER","parts":[{"url":"https://example.com/a.png"}]}}`, nil, -32005, false},
+		{"unknown task", "GetTask", `{"id":"nope"}`, nil, -32001, false},
+		{"params of the wrong shape", "GetTask", `[1,2]`, nil, -32602, false},
+	} {
+		code, out := b.rpc(t, "support", c.method, c.params, c.header...)
+		if code != 200 || rpcCode(out) != c.code {
+			t.Errorf("%s: %d %v, want code %v", c.name, code, out, c.code)
+		}
+		if c.detail && !strings.Contains(fmt.Sprint(out), "OPERATION_NOT_IMPLEMENTED") {
+			t.Errorf("%s: no OPERATION_NOT_IMPLEMENTED detail in %v", c.name, out)
+		}
+	}
+	big := fmt.Sprintf(`{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":{"messageId":"m","role":"ROLE_USER","parts":[{"text":%q}]}}}`, strings.Repeat("x", 1<<20))
+	code, text := b.doAs(b.Token, "POST", "/agents/support/a2a", big)
+	if code != 200 || !strings.Contains(text, "-32600") || !strings.Contains(text, "1048576 bytes") {
+		t.Errorf("over-size JSON-RPC body: %d %.200s", code, text)
+	}
+	code, text = b.doAs(b.Token, "POST", "/agents/support/a2a/v1/message:send", big)
+	if code != 413 || !strings.Contains(text, "1048576 bytes") {
+		t.Errorf("over-size HTTP+JSON body: %d %.200s", code, text)
+	}
+	code, text = b.doAs(b.Token, "GET", "/agents/support/a2a/v1/tasks/nope", "", "A2A-Version", "2.0")
+	if code != 400 || !strings.Contains(text, "VERSION_NOT_SUPPORTED") {
+		t.Errorf("HTTP+JSON other version: %d %s", code, text)
+	}
+	code, text = b.doAs(b.Token, "GET", "/agents/nobody/a2a/v1/tasks", "")
+	if code != 404 || strings.TrimSpace(text) != `{"error":"unknown agent profile"}` {
+		t.Errorf("unknown profile: %d %s", code, text)
+	}
+	c := a2aClient(t, b, "support", a2a.TransportProtocolHTTPJSON)
+	m := a2a.NewMessage(a2a.MessageRoleUser, a2a.NewFileURLPart("https://example.com/a.png", "image/png"))
+	if _, err := c.SendMessage(ctxT(t), &a2a.SendMessageRequest{Message: m}); !errors.Is(err, a2a.ErrUnsupportedContentType) {
+		t.Errorf("a file part over HTTP+JSON: %v, want ContentTypeNotSupported", err)
+	}
+}
+
+// TestA2ASpawnFailureSettles: an instance that dies before ready fails the
+// task, with a message that names no lease.
+func TestA2ASpawnFailureSettles(t *testing.T) {
+	b := a2aBroker(t, "", Options{})
+	writeAgent(t, b, "  doomed:\n    path: %q\n    env: {NEXUS_ECHO_EXIT_BEFORE_READY: \"1\"}\n", "doomed")
+	c := a2aClient(t, b, "doomed", a2a.TransportProtocolJSONRPC)
+	task := sendTask(t, c, userMsg("d", "hello"))
+	if task.Status.State != a2a.TaskStateFailed || task.Status.Message == nil {
+		t.Fatalf("task %s %+v, want FAILED with a reason", task.Status.State, task.Status.Message)
+	}
+	if msg := task.Status.Message.Parts[0].Text(); strings.Contains(msg, "lease") {
+		t.Errorf("status message names a lease: %q", msg)
+	}
+}
+
+// writeAgent appends a binaries entry and a profile using it to the
+// broker's config and reloads.
+func writeAgent(t *testing.T, b *Broker, entry, name string) {
+	t.Helper()
+	data, err := os.ReadFile(b.ConfigPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := strings.Replace(string(data), "  crashy:\n", fmt.Sprintf(entry, bin("nexus-echo"))+"  crashy:\n", 1)
+	cfgPath := regexp.MustCompile(`config: "([^"]+)"`).FindStringSubmatch(text)[1]
+	text = strings.Replace(text, "agents:\n", fmt.Sprintf("agents:\n  %s: {binary: %s, config: %q, card: {name: X, description: D, version: \"1\"}}\n", name, name, cfgPath), 1)
+	if err := os.WriteFile(b.ConfigPath, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b.reload(t)
+}
+
+var reloadedRE = regexp.MustCompile(`msg="config reload (applied|rejected[^"]*)"`)
+
+func (b *Broker) reload(t *testing.T) string {
+	t.Helper()
+	before := b.GatewayLog.count(reloadedRE)
+	_ = b.gateway.cmd.Process.Signal(syscall.SIGHUP)
+	eventually(t, 20*time.Second, func() string { return "no reload outcome logged" }, func() bool {
+		return b.GatewayLog.count(reloadedRE) > before
+	})
+	all := reloadedRE.FindAllStringSubmatch(b.GatewayLog.String(), -1)
+	return all[len(all)-1][1]
+}
+
+// TestA2AReloadProfiles: a SIGHUP publishes a new profile and withdraws a
+// removed one; a reload cannot switch the ingress on.
+func TestA2AReloadProfiles(t *testing.T) {
+	b := a2aBroker(t, "", Options{})
+	writeAgent(t, b, "  extra:\n    path: %q\n", "extra")
+	if code, body := b.get("/agents/extra/.well-known/agent-card.json"); code != 200 || !strings.Contains(body, `"name":"X"`) {
+		t.Fatalf("added profile: %d %s", code, body)
+	}
+	data, _ := os.ReadFile(b.ConfigPath)
+	text := regexp.MustCompile(`(?m)^  extra: \{.*\n`).ReplaceAllString(string(data), "")
+	_ = os.WriteFile(b.ConfigPath, []byte(text), 0o600)
+	if got := b.reload(t); got != "applied" {
+		t.Fatalf("reload %s", got)
+	}
+	if code, body := b.get("/agents/extra/.well-known/agent-card.json"); code != 404 || !strings.Contains(body, "unknown agent profile") {
+		t.Errorf("removed profile: %d %s", code, body)
+	}
+	// A missing config file rejects the reload and keeps what is in force.
+	_ = os.WriteFile(b.ConfigPath, []byte(strings.Replace(text, "support.yaml", "missing.yaml", 1)), 0o600)
+	if got := b.reload(t); !strings.HasPrefix(got, "rejected") {
+		t.Errorf("a reload naming a missing agent config was %s", got)
+	}
+	if code, _ := b.get("/agents/support/.well-known/agent-card.json"); code != 200 {
+		t.Errorf("after a rejected reload the card answers %d", code)
+	}
+
+	plain := startBroker(t, Options{})
+	data, _ = os.ReadFile(plain.ConfigPath)
+	cfg := fmt.Sprintf("%sagents: {s: {config: %q, card: {name: S, description: D, version: \"1\"}}}\n", data, plain.ConfigPath)
+	_ = os.WriteFile(plain.ConfigPath, []byte(cfg), 0o600)
+	plain.reload(t)
+	if !regexp.MustCompile(`only read at boot.*keys=agents`).MatchString(plain.GatewayLog.String()) {
+		t.Error("switching the ingress on by a reload was not reported as boot-only")
+	}
+	if code, _ := plain.get("/agents/s/.well-known/agent-card.json"); code != 404 {
+		t.Errorf("a reload switched the ingress on: %d", code)
+	}
+}
+
+// TestA2AInputTimeout: a question nobody answers fails its task after
+// input_timeout, the instance is told to cancel, and the queue moves.
+func TestA2AInputTimeout(t *testing.T) {
+	b := a2aBroker(t, "a2a: {tasks: {input_timeout: 1s}}\n", Options{})
+	c := a2aClient(t, b, "support", a2a.TransportProtocolJSONRPC)
+	ask := sendTask(t, c, userMsg("t", "/ask anyone?"))
+	if ask.Status.State != a2a.TaskStateInputRequired {
+		t.Fatalf("ask is %s", ask.Status.State)
+	}
+	req := userMsg("t", "next")
+	req.Config = &a2a.SendMessageConfig{ReturnImmediately: true}
+	next := sendTask(t, c, req)
+	evs := events(t, c.SubscribeToTask(ctxT(t), &a2a.SubscribeToTaskRequest{ID: next.ID}))
+	if s := states(evs); s[len(s)-1] != "TASK_STATE_COMPLETED" {
+		t.Errorf("the queued task after a timed-out question: %v", s)
+	}
+	got, err := c.GetTask(ctxT(t), &a2a.GetTaskRequest{ID: ask.ID})
+	if err != nil || got.Status.State != a2a.TaskStateFailed || !strings.Contains(got.Status.Message.Parts[0].Text(), "input_timeout") {
+		t.Errorf("the unanswered task reads %+v, %v", got, err)
+	}
+}
