@@ -415,6 +415,10 @@ func (in *ingress) payload(l *lease, p json.RawMessage) {
 		in.completeLocked(t)
 	case a2a.StepCanceled:
 		in.setStateLocked(t, a2a.StateCanceled, textCanceled)
+		// The instance still ends the turn with a status idle, which must
+		// not reach the next task (an instance may reuse the turn id of a
+		// turn it cancelled): the next input waits for it.
+		c.busy, c.busyTurn, c.idle = true, t.turn.TurnID(), make(chan struct{})
 	}
 }
 
