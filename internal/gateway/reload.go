@@ -62,7 +62,7 @@ func (g *Gateway) Reload(path string) error {
 		l.rearm()
 	}
 	g.m.configReloads.inc("applied")
-	g.log.Info("config reload applied", "path", path, "changed", strings.Join(reloadable, ","), "binaries", len(res.Binaries))
+	g.log.Info("config reload applied", "path", path, "changed", strings.Join(reloadable, ","), "binaries", len(res.Binaries), "agents", len(applied.Agents))
 	return nil
 }
 
