@@ -52,7 +52,9 @@ func Parse(data []byte) (*Config, error) {
 	c := Default()
 	c.Binaries = nil // decoded from the file; the reserved entry is synthesized after
 	if root != nil {
-		if err := (&checker{done: map[aliasVisit]bool{}}).check(root, configType, ""); err != nil {
+		w := &checker{done: map[aliasVisit]bool{}}
+		w.keep(w.check(root, configType, ""))
+		if err := w.unknownKeys(w.err); err != nil {
 			return nil, fmt.Errorf("broker config: %w", err)
 		}
 		// After the check, what is left to fail here is yaml.v3's own
@@ -111,6 +113,35 @@ type checker struct {
 	// that aliases one large node many times is walked once, not once per
 	// alias.
 	done map[aliasVisit]bool
+	// unknown collects every unknown key, so one error names them all
+	// rather than one per boot attempt.
+	unknown []string
+	// err is the first other mistake; the walk goes on past it to find
+	// the remaining unknown keys.
+	err error
+}
+
+// keep records a child's mistake and lets the walk go on.
+func (w *checker) keep(err error) {
+	if w.err == nil {
+		w.err = err
+	}
+}
+
+// unknownKeys folds the unknown keys found into one error, followed by err
+// (the first other mistake, if the walk found one).
+func (w *checker) unknownKeys(err error) error {
+	if len(w.unknown) == 0 {
+		return err
+	}
+	msg := strings.Join(w.unknown, "; ")
+	if len(w.unknown) > 1 {
+		msg = fmt.Sprintf("%d unknown keys: %s", len(w.unknown), msg)
+	}
+	if err != nil {
+		return fmt.Errorf("%s; and %w", msg, err)
+	}
+	return errors.New(msg)
 }
 
 type aliasVisit struct {
@@ -168,29 +199,24 @@ func (w *checker) check(node *yaml.Node, t reflect.Type, path string) error {
 			key := node.Content[i].Value
 			f, ok := fields[key]
 			if !ok {
-				return fmt.Errorf("%s: unknown key; the keys allowed here are %s", join(path, key), strings.Join(sortedKeys(fields), ", "))
+				w.unknown = append(w.unknown, fmt.Sprintf("%s: unknown key; the keys allowed here are %s", join(path, key), strings.Join(sortedKeys(fields), ", ")))
+				continue
 			}
-			if err := w.check(node.Content[i+1], f.Type, join(path, key)); err != nil {
-				return err
-			}
+			w.keep(w.check(node.Content[i+1], f.Type, join(path, key)))
 		}
 	case reflect.Map:
 		if err := checkKeys(node, path); err != nil {
 			return err
 		}
 		for i := 0; i+1 < len(node.Content); i += 2 {
-			if err := w.check(node.Content[i+1], t.Elem(), join(path, node.Content[i].Value)); err != nil {
-				return err
-			}
+			w.keep(w.check(node.Content[i+1], t.Elem(), join(path, node.Content[i].Value)))
 		}
 	case reflect.Slice:
 		if node.Kind != yaml.SequenceNode {
 			return fmt.Errorf("%s: want a list, got %s", path, describe(node))
 		}
 		for i, n := range node.Content {
-			if err := w.check(n, t.Elem(), fmt.Sprintf("%s[%d]", path, i)); err != nil {
-				return err
-			}
+			w.keep(w.check(n, t.Elem(), fmt.Sprintf("%s[%d]", path, i)))
 		}
 	default:
 		return checkScalar(node, t, path)

@@ -727,3 +727,23 @@ func TestDialBack(t *testing.T) {
 		}
 	}
 }
+
+// TestUnknownKeysAllNamed: every unknown key of a file, at every level, is
+// named in the one error, ahead of any other mistake, so an operator fixes
+// them in one edit rather than one boot attempt each.
+func TestUnknownKeysAllNamed(t *testing.T) {
+	yaml := "listen_adr: x\nidle_timeout: soon\nbinaries:\n  vision:\n    path: x\n    pth: y\n    run_as: {uid: 1, gid: 1, usr: 2}\nspawnd:\n  run_dri: /run\n"
+	_, err := Parse([]byte(yaml))
+	if err == nil {
+		t.Fatal("parsed a file with four unknown keys")
+	}
+	msg := err.Error()
+	if !strings.HasPrefix(msg, "broker config: 4 unknown keys: ") {
+		t.Errorf("error %q does not lead with the count of unknown keys", msg)
+	}
+	for _, key := range []string{"listen_adr: unknown key", "binaries.vision.pth: unknown key", "binaries.vision.run_as.usr: unknown key", "spawnd.run_dri: unknown key", "idle_timeout: invalid duration"} {
+		if !strings.Contains(msg, key) {
+			t.Errorf("error %q does not say %q", msg, key)
+		}
+	}
+}
