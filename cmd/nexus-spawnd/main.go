@@ -20,7 +20,7 @@ import (
 
 func main() {
 	configPath := flag.String("config", "broker.yaml", "broker.yaml; nexus-spawnd reads only its own keys")
-	runDir := flag.String("run-dir", "", "directory of the socket and spawnd.json; default spawnd.run_dir, else $XDG_RUNTIME_DIR/nexus-broker, else /tmp/nexus-broker-<uid>")
+	runDir := flag.String("run-dir", "", "directory of the socket and spawnd.json; default spawnd.run_dir, else one per config file under $XDG_RUNTIME_DIR/nexus-broker, else /tmp/nexus-broker-<uid>")
 	flag.Parse()
 	// When launched by a gateway, stderr is spawnd.log, never a pipe.
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -36,12 +36,16 @@ func main() {
 }
 
 func run(cfgPath, runDir string, log *slog.Logger) error {
+	cfgPath, err := config.Canonical(cfgPath)
+	if err != nil {
+		return err
+	}
 	cfg, err := config.Load(cfgPath)
 	if err != nil {
 		return err
 	}
 	if runDir == "" {
-		runDir = spawnrpc.RunDir(cfg)
+		runDir = spawnrpc.RunDir(cfg, cfgPath)
 	}
 	allowedUID := cfg.Spawnd.Gateway(os.Getuid())
 	socketGID := -1

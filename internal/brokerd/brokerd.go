@@ -51,6 +51,9 @@ func Run(o Options) error {
 	if err != nil {
 		return err
 	}
+	if path, err = config.Canonical(path); err != nil {
+		return err
+	}
 	cfg, err := config.Load(path)
 	if err != nil {
 		return err
@@ -64,21 +67,23 @@ func Run(o Options) error {
 		return err
 	}
 
-	ln, err := net.Listen("tcp", cfg.ListenAddr)
-	if err != nil {
-		return fmt.Errorf("listen_addr %q: %w", cfg.ListenAddr, err)
-	}
-	defer ln.Close()
-
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// spawnd's verdict on the registry comes before the port opens: a
+	// config it refuses never has the gateway answer a single request.
 	client, err := spawnrpc.Dial(ctx, spawnrpc.DialOptions{
-		RunDir: spawnrpc.RunDir(cfg), ConfigPath: path, Launch: o.LaunchSpawnd, SpawndPath: o.SpawndPath, Logger: log,
+		RunDir: spawnrpc.RunDir(cfg, path), ConfigPath: path, Launch: o.LaunchSpawnd, SpawndPath: o.SpawndPath, Logger: log,
 	})
 	if err != nil {
 		return err
 	}
 	defer client.Close()
+
+	ln, err := net.Listen("tcp", cfg.ListenAddr)
+	if err != nil {
+		return fmt.Errorf("listen_addr %q: %w", cfg.ListenAddr, err)
+	}
+	defer ln.Close()
 
 	g := gateway.New(gateway.Options{Config: cfg, Spawner: client.Spawner(), Logger: log, ListenPort: ln.Addr().(*net.TCPAddr).Port, Auth: authn})
 	if err := g.Start(ctx); err != nil {

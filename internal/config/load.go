@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"reflect"
 	"sort"
 	"strconv"
@@ -40,6 +41,21 @@ func Load(path string) (*Config, error) {
 		return nil, fmt.Errorf("broker config: %w (check the -config path and the file's permissions)", err)
 	}
 	return Parse(data)
+}
+
+// Canonical is path made absolute with every symlink resolved: the identity
+// of a config file, which names its default run directory and which spawnd
+// reports so a gateway can tell it runs the same file.
+func Canonical(path string) (string, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", fmt.Errorf("broker config: %w", err)
+	}
+	real, err := filepath.EvalSymlinks(abs)
+	if err != nil {
+		return "", fmt.Errorf("broker config: %w (check the -config path)", err)
+	}
+	return real, nil
 }
 
 // Parse decodes and validates broker.yaml text. Every error starts with

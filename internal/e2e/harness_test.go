@@ -22,7 +22,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nexus-broker/nexus-broker/internal/config"
+	"github.com/nexus-broker/nexus-broker/internal/sockdir"
 	"github.com/nexus-broker/nexus-broker/pkg/brokerclient"
+	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc"
 )
 
 // binDir holds the binaries TestMain builds once for the whole package.
@@ -128,6 +131,7 @@ type Broker struct {
 	spawnd     *proc
 	env        []string
 	spawndOpts Options
+	launch     bool
 }
 
 // proc is a started process with exactly one Wait, so a test and its
@@ -189,19 +193,39 @@ type Options struct {
 	SpawndStdin      *os.File
 	SpawndExtraFiles []*os.File
 	SpawndAttr       *syscall.SysProcAttr
+	// Launch starts only the gateway, which launches nexus-spawnd itself
+	// (make run's way); the test's cleanup stops that spawnd.
+	Launch bool
+	// XDGRuntimeDir, when set, leaves spawnd.run_dir out of the config:
+	// the run directory is then the default one for the config file, under
+	// this $XDG_RUNTIME_DIR, which brokers of one test may share.
+	XDGRuntimeDir string
+	// Dir, when set, is the directory of broker.yaml (else a fresh one).
+	Dir string
 }
 
 // startBroker writes the config and starts spawnd, then the gateway.
 func startBroker(t testing.TB, o Options) *Broker {
 	t.Helper()
-	dir := t.TempDir()
-	b := &Broker{t: t, Dir: dir, RunDir: filepath.Join(dir, "run"), Home: filepath.Join(dir, "home"), spawndOpts: o, Token: o.Token}
+	dir := o.Dir
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	// The run directory holds spawnd's socket: short whatever TMPDIR is.
+	b := &Broker{t: t, Dir: dir, RunDir: filepath.Join(sockdir.New(t, "nxe"), "run"), Home: filepath.Join(dir, "home"), spawndOpts: o, launch: o.Launch, Token: o.Token}
 	if err := os.MkdirAll(b.Home, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	// A fixed port, as an operator's would be: instances redial the address
 	// they were spawned with, so a restarted gateway must come back on it.
-	yaml := fmt.Sprintf("listen_addr: \"127.0.0.1:%d\"\nspawnd:\n  run_dir: %q\n%s", freePort(t), b.RunDir, o.SpawndYAML)
+	yaml := fmt.Sprintf("listen_addr: \"127.0.0.1:%d\"\n", freePort(t))
+	if o.XDGRuntimeDir == "" || o.SpawndYAML != "" {
+		yaml += "spawnd:\n"
+		if o.XDGRuntimeDir == "" {
+			yaml += fmt.Sprintf("  run_dir: %q\n", b.RunDir)
+		}
+		yaml += o.SpawndYAML
+	}
 	if o.StateDir {
 		yaml += fmt.Sprintf("state_dir: %q\n", filepath.Join(dir, "state"))
 	}
@@ -214,8 +238,19 @@ func startBroker(t testing.TB, o Options) *Broker {
 		t.Fatal(err)
 	}
 	b.env = append([]string{"HOME=" + b.Home, "PATH=" + os.Getenv("PATH"), "LANG=C.UTF-8", "TZ=UTC", "TMPDIR=" + privateTmp(t)}, o.Env...)
+	if o.XDGRuntimeDir != "" {
+		b.env = append(b.env, "XDG_RUNTIME_DIR="+o.XDGRuntimeDir)
+		t.Setenv("XDG_RUNTIME_DIR", o.XDGRuntimeDir)
+		real, err := config.Canonical(b.ConfigPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.RunDir = spawnrpc.DefaultRunDir(real)
+	}
 	t.Cleanup(b.cleanup)
-	b.StartSpawnd()
+	if !o.Launch {
+		b.StartSpawnd()
+	}
 	b.StartGateway(o.GatewayEnv...)
 	return b
 }
@@ -287,7 +322,7 @@ var listeningRE = regexp.MustCompile(`msg="nexus-broker listening" addr=(\S+)`)
 func (b *Broker) StartGateway(extraEnv ...string) {
 	b.t.Helper()
 	b.GatewayLog = newLogBuffer()
-	cmd := exec.Command(bin("nexus-broker"), "-config", b.ConfigPath, "-launch-spawnd=false")
+	cmd := exec.Command(bin("nexus-broker"), "-config", b.ConfigPath, "-launch-spawnd="+strconv.FormatBool(b.launch))
 	cmd.Env = append(append([]string{}, b.env...), extraEnv...)
 	cmd.Stdout, cmd.Stderr = b.GatewayLog, b.GatewayLog
 	b.gateway = startProc(b.t, cmd)
@@ -351,13 +386,33 @@ func (b *Broker) cleanup() {
 			p.signal(syscall.SIGKILL)
 		}
 	}
+	if pid := b.launchedSpawnd(); pid > 0 {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
 	for _, pid := range b.Instances() {
 		_ = syscall.Kill(-pid, syscall.SIGKILL)
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
 	if b.t.Failed() {
 		b.t.Logf("gateway log:\n%s\nspawnd log:\n%s", b.GatewayLog, b.SpawndLog)
+		if b.launch {
+			data, _ := os.ReadFile(filepath.Join(b.RunDir, "spawnd.log"))
+			b.t.Logf("launched spawnd's log:\n%s", data)
+		}
 	}
+}
+
+// launchedSpawnd is the pid of the spawnd a launch-mode gateway started, 0
+// for none.
+func (b *Broker) launchedSpawnd() int {
+	if !b.launch {
+		return 0
+	}
+	ep, err := spawnrpc.ReadEndpoint(b.RunDir)
+	if err != nil {
+		return 0
+	}
+	return ep.Pid
 }
 
 // claim claims with a trivial engine config and fails the test on error.

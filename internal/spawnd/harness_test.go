@@ -27,6 +27,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/nexus-broker/nexus-broker/internal/config"
+	"github.com/nexus-broker/nexus-broker/internal/sockdir"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
 )
 
@@ -358,11 +359,7 @@ binaries:
 // instance must reach. Short, so socket paths stay under 108 bytes.
 func worldDir(t *testing.T) string {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "sdw")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	dir := sockdir.New(t, "sdw")
 	if err := os.Chmod(dir, 0o777); err != nil {
 		t.Fatal(err)
 	}

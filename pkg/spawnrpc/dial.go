@@ -106,6 +106,9 @@ func Dial(ctx context.Context, opts DialOptions) (*Client, error) {
 	if opts.RunDir == "" {
 		return nil, errors.New("spawnrpc.Dial: no RunDir")
 	}
+	if err := CheckSocketPath(opts.RunDir); err != nil {
+		return nil, err
+	}
 	log := opts.Logger
 	if log == nil {
 		log = slog.Default()

@@ -22,9 +22,9 @@ const SpawndBinary = "nexus-spawnd"
 // lockLaunch takes runDir/launch.lock, abandoning the wait when ctx ends.
 func lockLaunch(ctx context.Context, runDir string) (*os.File, error) {
 	// Launch mode is development: the gateway's user owns the run
-	// directory and may create it.
-	if err := os.MkdirAll(runDir, 0o750); err != nil {
-		return nil, fmt.Errorf("create run directory: %w; set spawnd.run_dir to a directory this user can create", err)
+	// directory and may create it, as the spawnd it launches will.
+	if err := prepareRunDir(runDir, -1); err != nil {
+		return nil, err
 	}
 	path := filepath.Join(runDir, launchLockFile)
 	f, err := flockFile(path, os.O_RDWR|os.O_CREATE, 0o640, unix.LOCK_EX|unix.LOCK_NB)
@@ -66,7 +66,10 @@ type launched struct {
 	pid     int
 	path    string
 	logPath string
-	exited  <-chan error // receives cmd.Wait's result, which also reaps it
+	// logStart is where this launch's output begins in spawnd.log, so an
+	// error quotes this attempt only, never an earlier one's lines.
+	logStart int64
+	exited   <-chan error // receives cmd.Wait's result, which also reaps it
 }
 
 // startSpawnd starts spawnd detached: its own session (no terminal signal
@@ -102,12 +105,16 @@ func (c *Client) startSpawnd() (*launched, error) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	fmt.Fprintf(logf, "--- %s nexus-broker pid %d launching %s %s\n",
 		time.Now().Format(time.RFC3339), os.Getpid(), path, strings.Join(args, " "))
+	start, err := logf.Seek(0, io.SeekEnd)
+	if err != nil {
+		return nil, fmt.Errorf("spawnd log %s: %w", logPath, err)
+	}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("launch %s: %w", path, err)
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
-	return &launched{pid: cmd.Process.Pid, path: path, logPath: logPath, exited: exited}, nil
+	return &launched{pid: cmd.Process.Pid, path: path, logPath: logPath, logStart: start, exited: exited}, nil
 }
 
 // spawndPath is SpawndPath, else nexus-spawnd beside this executable (how
@@ -144,7 +151,7 @@ func (l *launched) awaitEndpoint(ctx context.Context, runDir string) (Endpoint, 
 		select {
 		case err := <-l.exited:
 			t.Stop()
-			return Endpoint{}, fmt.Errorf("nexus-spawnd (pid %d) exited during startup (%v); its log %s ends:\n%s", l.pid, err, l.logPath, logTail(l.logPath, 8))
+			return Endpoint{}, fmt.Errorf("nexus-spawnd (pid %d) exited during startup (%v); it said (%s):\n%s", l.pid, err, l.logPath, logTail(l.logPath, l.logStart, 8))
 		case <-deadline.C:
 			t.Stop()
 			return Endpoint{}, fmt.Errorf("nexus-spawnd (pid %d) did not publish %s within %v; see %s", l.pid, EndpointFile, launchTimeout, l.logPath)
@@ -160,18 +167,19 @@ func (l *launched) awaitEndpoint(ctx context.Context, runDir string) (Endpoint, 
 	}
 }
 
-// logTail returns the last n lines of the file at path.
-func logTail(path string, n int) string {
+// logTail returns the last n lines of the file at path written after
+// offset start, read from no more than its last 8 KiB.
+func logTail(path string, start int64, n int) string {
 	f, err := os.Open(path)
 	if err != nil {
 		return "  (" + err.Error() + ")"
 	}
 	defer f.Close()
 	const window = 8 << 10
-	if st, err := f.Stat(); err == nil && st.Size() > window {
-		_, _ = f.Seek(-window, io.SeekEnd)
+	if st, err := f.Stat(); err == nil {
+		start = max(start, st.Size()-window)
 	}
-	data, _ := io.ReadAll(f)
+	data, _ := io.ReadAll(io.NewSectionReader(f, start, window))
 	lines := bytes.Split(bytes.TrimRight(data, "\n"), []byte("\n"))
 	if len(lines) > n {
 		lines = lines[len(lines)-n:]

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/peer"
 
+	"github.com/nexus-broker/nexus-broker/internal/sockdir"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
 )
 
@@ -112,17 +113,8 @@ func (f *fakeSpawner) Watch(_ *spawnpb.WatchRequest, s grpc.ServerStreamingServe
 	return nil
 }
 
-// shortTempDir is a run directory whose socket paths fit sun_path (108
-// bytes), which t.TempDir's test-named paths may not.
-func shortTempDir(t *testing.T) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "srpc")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return dir
-}
+// shortTempDir is a run directory whose socket paths fit sun_path.
+func shortTempDir(t *testing.T) string { return sockdir.New(t, "srpc") }
 
 func testExe(t *testing.T) string {
 	t.Helper()

@@ -1,6 +1,8 @@
 package spawnrpc
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,6 +17,7 @@ import (
 
 	"github.com/nexus-broker/nexus-broker/internal/atomicfile"
 	"github.com/nexus-broker/nexus-broker/internal/config"
+	"github.com/nexus-broker/nexus-broker/internal/safedir"
 )
 
 // Files in the run directory.
@@ -34,24 +37,60 @@ const (
 	socketPrefix = "plugin"
 )
 
-// DefaultRunDir is the run directory when spawnd.run_dir is unset:
+// runDirBase holds the default run directories, one per config file:
 // $XDG_RUNTIME_DIR/nexus-broker, else /tmp/nexus-broker-<uid>. The uid is the
 // caller's, so a gateway and a spawnd running as different users must set
 // spawnd.run_dir explicitly.
-func DefaultRunDir() string {
+func runDirBase() string {
 	if x := os.Getenv("XDG_RUNTIME_DIR"); x != "" {
 		return filepath.Join(x, "nexus-broker")
 	}
 	return filepath.Join("/tmp", "nexus-broker-"+strconv.Itoa(os.Getuid()))
 }
 
-// RunDir is spawnd.run_dir of cfg, or DefaultRunDir. Both processes resolve
-// it with this function so they agree.
-func RunDir(cfg *config.Config) string {
+// configKeyLen is how many hex digits of the config path's SHA-256 name its
+// default run directory: short, for the unix socket limit.
+const configKeyLen = 12
+
+// DefaultRunDir is the run directory of the config file at configPath (its
+// canonical absolute path, config.Canonical) when spawnd.run_dir is unset:
+// one per config file, so two brokers on one host never share a spawnd by
+// accident. It is keyed by the path, not the content, so editing the file
+// does not strand the spawnd already running for it.
+func DefaultRunDir(configPath string) string {
+	sum := sha256.Sum256([]byte(configPath))
+	return filepath.Join(runDirBase(), hex.EncodeToString(sum[:])[:configKeyLen])
+}
+
+// RunDir is spawnd.run_dir of cfg, or DefaultRunDir(configPath). Both
+// processes resolve it with this function so they agree.
+func RunDir(cfg *config.Config, configPath string) string {
 	if cfg != nil && cfg.Spawnd.RunDir != "" {
 		return cfg.Spawnd.RunDir
 	}
-	return DefaultRunDir()
+	return DefaultRunDir(configPath)
+}
+
+// maxSocketPath is the longest path a unix socket can bind: sun_path holds
+// 108 bytes, one of them the terminating NUL.
+const maxSocketPath = 107
+
+// socketNameLen is the longest go-plugin socket name: "plugin" and a
+// random uint32 in decimal (os.CreateTemp).
+const socketNameLen = len(socketPrefix) + 10
+
+// CheckSocketPath refuses a run directory whose socket path could exceed
+// the unix limit, which bind would otherwise report as "invalid argument".
+func CheckSocketPath(runDir string) error {
+	abs, err := filepath.Abs(runDir)
+	if err != nil {
+		return err
+	}
+	if n := len(abs) + 1 + socketNameLen; n > maxSocketPath {
+		return fmt.Errorf("run directory %s is too long for a unix socket: the socket path %s would be %d bytes, over the limit of %d; "+
+			"set spawnd.run_dir to a directory of at most %d bytes", abs, filepath.Join(abs, socketPrefix+"NNNNNNNNNN"), n, maxSocketPath, maxSocketPath-1-socketNameLen)
+	}
+	return nil
 }
 
 // Endpoint is the content of spawnd.json: go-plugin's reattach config in a
@@ -118,11 +157,22 @@ func removeEndpointIfOurs(runDir string, pid int) error {
 	return atomicfile.SyncDir(runDir)
 }
 
-// prepareRunDir creates runDir 0750 (group gid when gid >= 0) for spawnd,
-// or checks the one that is there. A run directory somebody else owns (say
-// a squatter's /tmp/nexus-broker-0) would let them swap the socket under
-// the gateway, so it is refused rather than adopted.
+// prepareRunDir creates runDir 0750 (group gid when gid >= 0), or checks
+// the one that is there. A run directory somebody else owns (say a
+// squatter's /tmp/nexus-broker-0) would let them swap the socket under the
+// gateway, so it is refused rather than adopted; so is a default run
+// directory whose private parent is not this user's alone.
 func prepareRunDir(runDir string, gid int) error {
+	if err := CheckSocketPath(runDir); err != nil {
+		return err
+	}
+	if filepath.Dir(filepath.Clean(runDir)) == runDirBase() {
+		base, err := safedir.Ensure(runDirBase(), 0o700)
+		if err != nil {
+			return fmt.Errorf("run directory base: %w", err)
+		}
+		base.Close()
+	}
 	if err := os.MkdirAll(runDir, 0o750); err != nil {
 		return fmt.Errorf("create run directory: %w; set spawnd.run_dir to a directory this user can create", err)
 	}

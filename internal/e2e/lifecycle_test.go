@@ -1,0 +1,162 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nexus-broker/nexus-broker/internal/sockdir"
+	"github.com/nexus-broker/nexus-broker/pkg/brokerclient"
+)
+
+// runToExit runs a binary that is expected to refuse its boot, and returns
+// its exit code and output. It fails the test if the binary is still
+// running after a minute.
+func runToExit(t *testing.T, env []string, name string, args ...string) (int, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin(name), args...)
+	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir()}, env...)
+	out, err := cmd.CombinedOutput()
+	if ctx.Err() != nil {
+		t.Fatalf("%s %v still running after a minute; output:\n%s", name, args, out)
+	}
+	if err == nil {
+		return 0, string(out)
+	}
+	if ee, ok := err.(*exec.ExitError); ok {
+		return ee.ExitCode(), string(out)
+	}
+	t.Fatalf("%s: %v", name, err)
+	return 0, ""
+}
+
+// writeConfig writes broker.yaml text into dir and returns its path.
+func writeConfig(t *testing.T, dir, yaml string) string {
+	t.Helper()
+	path := filepath.Join(dir, "broker.yaml")
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// TestOverlongSocketPathRefused: a run_dir whose socket path cannot bind is
+// refused at boot, by spawnd and by a launching gateway, naming the path,
+// its length and the limit, instead of bind's "invalid argument".
+func TestOverlongSocketPathRefused(t *testing.T) {
+	runDir := filepath.Join(sockdir.New(t, "nxl"), strings.Repeat("r", 100))
+	cfg := writeConfig(t, t.TempDir(), fmt.Sprintf("listen_addr: \"127.0.0.1:%d\"\nspawnd:\n  run_dir: %q\nbinaries:\n  nexus:\n    path: %q\n", freePort(t), runDir, bin("nexus-echo")))
+	n := len(runDir) + len("/plugin") + 10
+	for _, name := range []string{"nexus-spawnd", "nexus-broker"} {
+		code, out := runToExit(t, nil, name, "-config", cfg)
+		if code == 0 {
+			t.Fatalf("%s booted with an over-long run_dir:\n%s", name, out)
+		}
+		for _, want := range []string{runDir, fmt.Sprintf("would be %d bytes", n), "over the limit of 107"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("%s refused, but does not say %q:\n%s", name, want, out)
+			}
+		}
+		if strings.Contains(out, "invalid argument") {
+			t.Errorf("%s still reports bind's error:\n%s", name, out)
+		}
+	}
+	if _, err := os.Stat(runDir); err == nil {
+		t.Errorf("the over-long run_dir was created")
+	}
+}
+
+// TestMissingBinaryRefusedBeforeListening: a config naming a binary that
+// does not exist never has the gateway open its port. It exits non-zero
+// quoting spawnd's message for this attempt, and only this attempt's: the
+// first attempt's complaint is in spawnd.log, but not in the second's error.
+func TestMissingBinaryRefusedBeforeListening(t *testing.T) {
+	runDir := filepath.Join(sockdir.New(t, "nxm"), "run")
+	dir := t.TempDir()
+	port := freePort(t)
+	for _, missing := range []string{"/nonexistent/first-nexus", "/nonexistent/second-nexus"} {
+		cfg := writeConfig(t, dir, fmt.Sprintf("listen_addr: \"127.0.0.1:%d\"\nspawnd:\n  run_dir: %q\nbinaries:\n  nexus:\n    path: %q\n", port, runDir, missing))
+		code, out := runToExit(t, nil, "nexus-broker", "-config", cfg)
+		if code == 0 {
+			t.Fatalf("the gateway booted on a missing binary:\n%s", out)
+		}
+		if strings.Contains(out, "nexus-broker listening") {
+			t.Errorf("the gateway listened before spawnd's verdict:\n%s", out)
+		}
+		if !strings.Contains(out, missing) {
+			t.Errorf("the refusal does not quote spawnd's message about %s:\n%s", missing, out)
+		}
+		if missing == "/nonexistent/second-nexus" && strings.Contains(out, "first-nexus") {
+			t.Errorf("the second attempt's refusal quotes the first attempt's lines:\n%s", out)
+		}
+	}
+	log, _ := os.ReadFile(filepath.Join(runDir, "spawnd.log"))
+	if !strings.Contains(string(log), "first-nexus") {
+		t.Errorf("spawnd.log lost the first attempt (so the check above proves nothing):\n%s", log)
+	}
+	if c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), time.Second); err == nil {
+		c.Close()
+		t.Errorf("something listens on the refused gateway's port")
+	}
+}
+
+// TestTwoConfigsOneUserNoRunDir: two brokers of one user, two config files,
+// no spawnd.run_dir, launched the make-run way: each gets
+// a spawnd of its own (the default run directory is per config file), serves
+// its own registry and claims its own entries, and restarting one never
+// touches the other's leases: the first's client stays attached throughout.
+func TestTwoConfigsOneUserNoRunDir(t *testing.T) {
+	xdg := sockdir.New(t, "nxx")
+	start := func(entry string) *Broker {
+		return startBroker(t, Options{Launch: true, XDGRuntimeDir: xdg,
+			YAML: fmt.Sprintf("  %s:\n    path: %q\n", entry, bin("nexus-echo"))})
+	}
+	a, b := start("alpha"), start("beta")
+	if a.RunDir == b.RunDir {
+		t.Fatalf("both configs resolved to run directory %s", a.RunDir)
+	}
+	if a.launchedSpawnd() == b.launchedSpawnd() {
+		t.Fatalf("both gateways attached to spawnd pid %d", a.launchedSpawnd())
+	}
+	for _, c := range []struct {
+		b          *Broker
+		own, other string
+	}{{a, "alpha", "beta"}, {b, "beta", "alpha"}} {
+		_, body := c.b.get("/binaries")
+		if !strings.Contains(body, `"`+c.own+`"`) || strings.Contains(body, `"`+c.other+`"`) {
+			t.Fatalf("GET /binaries of the %s broker: %s", c.own, body)
+		}
+		if e := c.b.claimErr(brokerclient.ClaimRequest{Binary: c.other}); e.Status != 400 {
+			t.Fatalf("the %s broker claimed the other's entry %s: %v", c.own, c.other, e)
+		}
+	}
+	claimA := a.claim(brokerclient.ClaimRequest{Binary: "alpha"})
+	connA := a.dial(claimA, brokerclient.DialOptions{})
+	if got := say(t, connA, "one"); got != "echo #1: one" {
+		t.Fatalf("answer = %q", got)
+	}
+	b.claim(brokerclient.ClaimRequest{Binary: "beta"})
+	pidsA := a.Instances()
+	for i := range 2 {
+		b.KillGateway(syscall.SIGKILL)
+		b.StartGateway()
+		if got, want := say(t, connA, fmt.Sprintf("through restart %d", i)), fmt.Sprintf("echo #%d: through restart %d", i+2, i); !strings.HasPrefix(got, want) {
+			t.Fatalf("the first broker's client after the second's restart %d: %q", i, got)
+		}
+	}
+	if after := a.Instances(); len(after) != len(pidsA) || after[0] != pidsA[0] {
+		t.Fatalf("the first broker's instances were %v, now %v", pidsA, after)
+	}
+	if st, ok := a.lease(claimA.LeaseID); !ok || st.State != "active" {
+		t.Fatalf("the first broker's lease after the second's restarts: %+v %v", st, ok)
+	}
+}
