@@ -5,7 +5,7 @@ BIN     := bin
 TOOLS   := $(BIN)/tools
 PKGS    := ./...
 
-.PHONY: build run test lint bench fuzz proto clean
+.PHONY: build run stop test lint bench fuzz proto clean
 
 build:
 	$(GO) build -o $(BIN)/ ./cmd/...
@@ -14,6 +14,12 @@ build:
 # launched for you, nexus-echo is the nexus entry) unless ./broker.yaml exists.
 run: build
 	$(BIN)/nexus-broker
+
+# Releases every lease of the development defaults' nexus-spawnd (what
+# Ctrl-C of `make run` leaves running); that spawnd then exits on its own
+# about 10 s later.
+stop: build
+	$(BIN)/nexus-broker -stop
 
 test: lint
 	$(GO) test -race -count=1 -timeout 12m $(PKGS)

@@ -16,9 +16,15 @@ func main() {
 	configPath := flag.String("config", "", "broker.yaml; default ./broker.yaml, or the development defaults when that does not exist")
 	launch := flag.Bool("launch-spawnd", true, "start nexus-spawnd when none is running (development); systemd units set false")
 	spawnd := flag.String("spawnd", "", "path of nexus-spawnd to launch; default: beside this executable, then PATH")
+	stop := flag.Bool("stop", false, "release every lease of this config's nexus-spawnd and exit; a launched spawnd then exits on its own")
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	if err := brokerd.Run(brokerd.Options{ConfigPath: *configPath, LaunchSpawnd: *launch, SpawndPath: *spawnd, Logger: log}); err != nil {
+	o := brokerd.Options{ConfigPath: *configPath, LaunchSpawnd: *launch, SpawndPath: *spawnd, Logger: log}
+	run := brokerd.Run
+	if *stop {
+		run = brokerd.Stop
+	}
+	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "nexus-broker:", err)
 		os.Exit(1)
 	}

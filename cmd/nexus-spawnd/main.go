@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/nexus-broker/nexus-broker/internal/config"
 	"github.com/nexus-broker/nexus-broker/internal/spawnd"
@@ -21,6 +22,7 @@ import (
 func main() {
 	configPath := flag.String("config", "broker.yaml", "broker.yaml; nexus-spawnd reads only its own keys")
 	runDir := flag.String("run-dir", "", "directory of the socket and spawnd.json; default spawnd.run_dir, else one per config file under $XDG_RUNTIME_DIR/nexus-broker, else /tmp/nexus-broker-<uid>")
+	idleExit := flag.Duration("idle-exit", 0, "exit after this long with no lease and no gateway attached (a gateway launching spawnd sets it); 0 never")
 	flag.Parse()
 	// When launched by a gateway, stderr is spawnd.log, never a pipe.
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -29,13 +31,13 @@ func main() {
 	// instead. Notify, not Ignore: an ignored disposition would be
 	// inherited by every instance spawned.
 	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
-	if err := run(*configPath, *runDir, log); err != nil {
+	if err := run(*configPath, *runDir, *idleExit, log); err != nil {
 		fmt.Fprintln(os.Stderr, "nexus-spawnd:", err)
 		os.Exit(1)
 	}
 }
 
-func run(cfgPath, runDir string, log *slog.Logger) error {
+func run(cfgPath, runDir string, idleExit time.Duration, log *slog.Logger) error {
 	cfgPath, err := config.Canonical(cfgPath)
 	if err != nil {
 		return err
@@ -70,6 +72,9 @@ func run(cfgPath, runDir string, log *slog.Logger) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	if idleExit > 0 {
+		go d.ExitWhenIdle(ctx, idleExit, stop)
+	}
 	// A SIGHUP meant for the gateway (pkill -HUP -f nexus-broker matches this
 	// process too) must not kill spawnd, which is the runtime's default.
 	hup := make(chan os.Signal, 1)

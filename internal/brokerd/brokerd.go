@@ -47,14 +47,7 @@ func Run(o Options) error {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
-	path, dev, err := resolveConfig(o.ConfigPath, log)
-	if err != nil {
-		return err
-	}
-	if path, err = config.Canonical(path); err != nil {
-		return err
-	}
-	cfg, err := config.Load(path)
+	path, dev, cfg, err := loadConfig(o)
 	if err != nil {
 		return err
 	}
@@ -72,7 +65,7 @@ func Run(o Options) error {
 	// spawnd's verdict on the registry comes before the port opens: a
 	// config it refuses never has the gateway answer a single request.
 	client, err := spawnrpc.Dial(ctx, spawnrpc.DialOptions{
-		RunDir: spawnrpc.RunDir(cfg, path), ConfigPath: path, Launch: o.LaunchSpawnd, SpawndPath: o.SpawndPath, Logger: log,
+		RunDir: spawnrpc.RunDir(cfg, path), ConfigPath: path, ConfigDigest: cfg.Digest, Launch: o.LaunchSpawnd, SpawndPath: o.SpawndPath, Logger: log,
 	})
 	if err != nil {
 		return err
@@ -114,6 +107,18 @@ func Run(o Options) error {
 			return nil
 		}
 	}
+}
+
+// loadConfig resolves, canonicalises and loads the config file of o.
+func loadConfig(o Options) (path string, dev bool, cfg *config.Config, err error) {
+	if path, dev, err = resolveConfig(o.ConfigPath, o.Logger); err != nil {
+		return "", false, nil, err
+	}
+	if path, err = config.Canonical(path); err != nil {
+		return "", false, nil, err
+	}
+	cfg, err = config.Load(path)
+	return path, dev, cfg, err
 }
 
 // resolveConfig picks the config file. With no -config and no ./broker.yaml

@@ -63,6 +63,9 @@ type Config struct {
 
 	// Warnings are the boot WARNs validation found (not errors).
 	Warnings []string `yaml:"-"`
+	// Digest identifies the file's content (hex SHA-256), set by Load: the
+	// gateway and spawnd compare it to know they run one version.
+	Digest string `yaml:"-"`
 }
 
 // Entry is one binaries: registry entry.
@@ -100,8 +103,9 @@ func (r *RunAs) String() string { return fmt.Sprintf("%d:%d", *r.UID, *r.GID) }
 // Spawnd configures the privileged daemon and how the gateway reaches it.
 type Spawnd struct {
 	// RunDir holds the RPC socket and spawnd.json (the reattach config). It
-	// is created 0750. Empty means $XDG_RUNTIME_DIR/nexus-broker, or
-	// /tmp/nexus-broker-<uid> without XDG_RUNTIME_DIR.
+	// is created 0750. Empty means one directory per config file under
+	// $XDG_RUNTIME_DIR/nexus-broker, or /tmp/nexus-broker-<uid> without
+	// XDG_RUNTIME_DIR (spawnrpc.DefaultRunDir).
 	RunDir string `yaml:"run_dir"`
 	// GatewayUID is the only uid spawnd accepts RPC connections from. Unset
 	// means spawnd's own uid (development: one user runs both).

@@ -2,6 +2,8 @@ package config
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -40,7 +42,13 @@ func Load(path string) (*Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("broker config: %w (check the -config path and the file's permissions)", err)
 	}
-	return Parse(data)
+	c, err := Parse(data)
+	if err != nil {
+		return nil, err
+	}
+	sum := sha256.Sum256(data)
+	c.Digest = hex.EncodeToString(sum[:])
+	return c, nil
 }
 
 // Canonical is path made absolute with every symlink resolved: the identity

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/nexus-broker/nexus-broker/internal/sockdir"
 	"github.com/nexus-broker/nexus-broker/pkg/brokerclient"
+	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc"
 )
 
 // runToExit runs a binary that is expected to refuse its boot, and returns
@@ -158,5 +160,97 @@ func TestTwoConfigsOneUserNoRunDir(t *testing.T) {
 	}
 	if st, ok := a.lease(claimA.LeaseID); !ok || st.State != "active" {
 		t.Fatalf("the first broker's lease after the second's restarts: %+v %v", st, ok)
+	}
+}
+
+// TestEditedConfigOnGatewayRestart: the operator edits broker.yaml and
+// restarts the gateway, the spec's way to apply boot-only keys. spawnd is
+// reloaded onto the edited file on attach, so the new registry is served
+// at once, never the old one; an edit spawnd cannot apply without a
+// restart of its own (state_dir) refuses the gateway's start, naming it.
+func TestEditedConfigOnGatewayRestart(t *testing.T) {
+	b := startBroker(t, Options{})
+	b.KillGateway(syscall.SIGTERM)
+	orig, err := os.ReadFile(b.ConfigPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeConfig(t, b.Dir, string(orig)+fmt.Sprintf("  gamma:\n    path: %q\n", bin("nexus-echo")))
+	b.StartGateway()
+	b.GatewayLog.wait(t, regexp.MustCompile(`nexus-spawnd reloaded onto the edited config`), 10*time.Second)
+	if _, body := b.get("/binaries"); !strings.Contains(body, `"gamma"`) {
+		t.Fatalf("GET /binaries after the edit: %s", body)
+	}
+	claim := b.claim(brokerclient.ClaimRequest{Binary: "gamma"})
+	if got := say(t, b.dial(claim, brokerclient.DialOptions{}), "hi"); got != "echo #1: hi" {
+		t.Fatalf("answer = %q", got)
+	}
+	b.KillGateway(syscall.SIGTERM)
+
+	edited, _ := os.ReadFile(b.ConfigPath)
+	writeConfig(t, b.Dir, string(edited)+fmt.Sprintf("state_dir: %q\n", filepath.Join(b.Dir, "state")))
+	code, out := runToExit(t, b.env, "nexus-broker", "-config", b.ConfigPath, "-launch-spawnd=false")
+	if code == 0 || !strings.Contains(out, "state_dir, which nexus-spawnd reads only at boot") {
+		t.Fatalf("a gateway whose edit moved state_dir: exit %d, output:\n%s", code, out)
+	}
+	if strings.Contains(out, "nexus-broker listening") {
+		t.Errorf("the refused gateway listened:\n%s", out)
+	}
+}
+
+// TestAnotherConfigOnTheSameRunDirRefused: a gateway whose config file is
+// not the one the spawnd of its run directory runs refuses to start, naming
+// both paths, in launch mode as without it; it never serves that spawnd's
+// registry.
+func TestAnotherConfigOnTheSameRunDirRefused(t *testing.T) {
+	b := startBroker(t, Options{})
+	other := writeConfig(t, t.TempDir(), fmt.Sprintf("listen_addr: \"127.0.0.1:%d\"\nspawnd:\n  run_dir: %q\nbinaries:\n  nexus:\n    path: %q\n", freePort(t), b.RunDir, bin("nexus-echo")))
+	for _, launch := range []string{"-launch-spawnd=false", "-launch-spawnd=true"} {
+		code, out := runToExit(t, b.env, "nexus-broker", "-config", other, launch)
+		if code == 0 || !strings.Contains(out, "runs "+b.ConfigPath+", this gateway "+other) {
+			t.Fatalf("%s: a gateway on another config file: exit %d, output:\n%s", launch, code, out)
+		}
+		if strings.Contains(out, "nexus-broker listening") || strings.Contains(out, "launched nexus-spawnd") {
+			t.Errorf("%s: the refused gateway listened or launched:\n%s", launch, out)
+		}
+	}
+}
+
+// TestLaunchedSpawndLifecycle: a spawnd launched by a gateway stays while it
+// holds a lease, even with no gateway attached, and the lease reattaches
+// when a gateway comes back; nexus-broker -stop releases every lease; with
+// no lease and no gateway the spawnd exits on its own about 10 s later.
+func TestLaunchedSpawndLifecycle(t *testing.T) {
+	b := startBroker(t, Options{Launch: true})
+	pid := b.launchedSpawnd()
+	if pid <= 0 {
+		t.Fatal("no launched spawnd published")
+	}
+	claim := b.claim(brokerclient.ClaimRequest{})
+	b.KillGateway(syscall.SIGTERM)
+	// Held for longer than the idle exit: a lease keeps spawnd up.
+	held := time.Now().Add(spawnrpc.LaunchedIdleExit + 3*time.Second)
+	for time.Now().Before(held) {
+		if !alive(pid) {
+			t.Fatalf("the launched spawnd exited while it held a lease")
+		}
+		time.Sleep(100 * time.Millisecond) // watching for an exit that must not come
+	}
+	b.StartGateway()
+	b.waitStates([]string{claim.LeaseID}, "active", 20*time.Second)
+	if got := say(t, b.dial(claim, brokerclient.DialOptions{}), "back"); got != "echo #1: back" {
+		t.Fatalf("answer after the reattach = %q", got)
+	}
+
+	code, out := runToExit(t, b.env, "nexus-broker", "-stop", "-config", b.ConfigPath)
+	if code != 0 || !strings.Contains(out, "released 1 of 1 leases") {
+		t.Fatalf("nexus-broker -stop: exit %d, output:\n%s", code, out)
+	}
+	b.waitNoInstances(10 * time.Second)
+	b.KillGateway(syscall.SIGTERM)
+	stopped := time.Now()
+	eventually(t, spawnrpc.LaunchedIdleExit+10*time.Second, func() string { return "the launched spawnd is still running" }, func() bool { return !alive(pid) })
+	if took := time.Since(stopped); took < spawnrpc.LaunchedIdleExit-time.Second {
+		t.Errorf("the launched spawnd exited %s after its gateway stopped, before the idle exit of %s", took, spawnrpc.LaunchedIdleExit)
 	}
 }

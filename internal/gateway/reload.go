@@ -44,7 +44,9 @@ func (g *Gateway) Reload(path string) error {
 	}
 	ctx, cancel := context.WithTimeout(g.ctx, 30*time.Second)
 	defer cancel()
-	res, err := g.sp.Reload(ctx, &spawnpb.ReloadRequest{})
+	// spawnd re-reads the file itself, and applies it only if it is still
+	// the version validated here.
+	res, err := g.sp.Reload(ctx, &spawnpb.ReloadRequest{ConfigDigest: next.Digest})
 	if err != nil {
 		return g.reloadRejected(path, err)
 	}

@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -372,11 +374,16 @@ func (h *harness) expand(yaml string) string {
 }
 
 // writeConfig writes (or rewrites) the harness's broker.yaml.
-func (h *harness) writeConfig(yaml string) {
+// writeConfig replaces the config file and returns the new content's
+// digest.
+func (h *harness) writeConfig(yaml string) string {
 	h.t.Helper()
-	if err := os.WriteFile(h.cfgPath, []byte(h.expand(yaml)), 0o600); err != nil {
+	data := []byte(h.expand(yaml))
+	if err := os.WriteFile(h.cfgPath, data, 0o600); err != nil {
 		h.t.Fatal(err)
 	}
+	sum := sha256.Sum256(data)
+	return hex.EncodeToString(sum[:])
 }
 
 // newHarness boots a Daemon from yaml (placeholders FAKE, REPORT, STATE).

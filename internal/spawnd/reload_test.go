@@ -101,3 +101,52 @@ binaries:
 	h.logs.await(t, "config reload: these keys changed in the file but are only read at boot, so the values in force are unchanged; restart nexus-spawnd to apply them",
 		"keys", "state_dir")
 }
+
+// TestReloadHoldsToTheGatewaysDigest: a reload naming the digest the gateway
+// validated applies only that version of the file; one that changed again
+// in between is refused whole, and Status keeps reporting the version in
+// force. refuse_boot_only refuses a change of a boot-only key instead of
+// applying the rest.
+func TestReloadHoldsToTheGatewaysDigest(t *testing.T) {
+	h := newHarness(t, defaultYAML)
+	st0, err := h.client.Status(h.ctx(), &spawnpb.StatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := h.names()
+	if st0.ConfigPath != h.cfgPath || len(st0.ConfigDigest) != 64 {
+		t.Fatalf("Status reports config %q digest %q, want %q and a SHA-256", st0.ConfigPath, st0.ConfigDigest, h.cfgPath)
+	}
+	validated := h.writeConfig(defaultYAML + "  vision:\n    path: FAKE\n")
+	h.writeConfig(defaultYAML + "  other:\n    path: FAKE\n")
+	resp, err := h.client.Reload(h.ctx(), &spawnpb.ReloadRequest{ConfigDigest: validated})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Applied || !strings.Contains(resp.Error, "changed again after the gateway read it") {
+		t.Fatalf("Reload of a file that changed again = %v, want refused", resp)
+	}
+	if got := h.names(); !slices.Equal(got, before) {
+		t.Errorf("registry after the refused reload: %v, want %v", got, before)
+	}
+	if st, _ := h.client.Status(h.ctx(), &spawnpb.StatusRequest{}); st.ConfigDigest != st0.ConfigDigest {
+		t.Errorf("Status digest moved to %q on a refused reload", st.ConfigDigest)
+	}
+
+	current := h.writeConfig(defaultYAML + "  vision:\n    path: FAKE\n")
+	if resp, err = h.client.Reload(h.ctx(), &spawnpb.ReloadRequest{ConfigDigest: current}); err != nil || !resp.Applied {
+		t.Fatalf("Reload of the validated version = %v (%v)", resp, err)
+	}
+	if st, _ := h.client.Status(h.ctx(), &spawnpb.StatusRequest{}); st.ConfigDigest != current {
+		t.Errorf("Status digest after the reload = %q, want %q", st.ConfigDigest, current)
+	}
+
+	bootOnly := h.writeConfig(strings.Replace(defaultYAML, "state_dir: STATE", "state_dir: /elsewhere", 1))
+	resp, err = h.client.Reload(h.ctx(), &spawnpb.ReloadRequest{ConfigDigest: bootOnly, RefuseBootOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Applied || !slices.Equal(resp.BootOnly, []string{"state_dir"}) || !strings.Contains(resp.Error, "state_dir, which nexus-spawnd reads only at boot") {
+		t.Fatalf("Reload changing state_dir with refuse_boot_only = %v, want refused naming state_dir", resp)
+	}
+}

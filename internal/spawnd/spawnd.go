@@ -724,8 +724,10 @@ func (d *Daemon) sessionOwner(session string, self *lease) string {
 
 // Reload re-reads broker.yaml and resolves it exactly as New did. Only if
 // all of it succeeds are the registry, inherit_env, run_as and release_grace
-// replaced, in one step; live leases are never touched.
-func (d *Daemon) Reload(context.Context, *spawnpb.ReloadRequest) (*spawnpb.ReloadResponse, error) {
+// replaced, in one step; live leases are never touched. A request naming a
+// digest is refused when the file no longer has it; one with
+// refuse_boot_only is refused when a key spawnd reads only at boot changed.
+func (d *Daemon) Reload(_ context.Context, req *spawnpb.ReloadRequest) (*spawnpb.ReloadResponse, error) {
 	d.reloadMu.Lock()
 	defer d.reloadMu.Unlock()
 	d.mu.Lock()
@@ -737,26 +739,36 @@ func (d *Daemon) Reload(context.Context, *spawnpb.ReloadRequest) (*spawnpb.Reloa
 	}
 
 	next, err := loadSettings(d.cfgPath)
+	var changed, bootOnly []string
 	if err == nil {
-		err = d.cgroups.admit(next)
+		changed, bootOnly = prev.cfg.ReloadDiff(next.cfg)
+		changed, bootOnly = ownKeys(changed), ownKeys(bootOnly)
+		switch want := req.GetConfigDigest(); {
+		case want != "" && next.cfg.Digest != want:
+			err = fmt.Errorf("%s changed again after the gateway read it (the gateway validated digest %.12s, the file now has %.12s); "+
+				"nothing was applied: send SIGHUP again", d.cfgPath, want, next.cfg.Digest)
+		case req.GetRefuseBootOnly() && len(bootOnly) > 0:
+			err = fmt.Errorf("%s changed %s, which nexus-spawnd reads only at boot; nothing was applied: restart nexus-spawnd to apply them",
+				d.cfgPath, strings.Join(bootOnly, ", "))
+		default:
+			err = d.cgroups.admit(next)
+		}
 	}
 	if err != nil {
 		d.log.Error("config reload rejected; the configuration already in force is unchanged", "path", d.cfgPath, "error", err)
-		return &spawnpb.ReloadResponse{Applied: false, Error: err.Error(), Binaries: prev.listing()}, nil
+		return &spawnpb.ReloadResponse{Applied: false, Error: err.Error(), Binaries: prev.listing(), BootOnly: bootOnly}, nil
 	}
 	d.mu.Lock()
 	d.settings = next
 	d.mu.Unlock()
 
-	changed, bootOnly := prev.cfg.ReloadDiff(next.cfg)
-	changed, bootOnly = ownKeys(changed), ownKeys(bootOnly)
 	if len(bootOnly) > 0 {
 		d.log.Warn("config reload: these keys changed in the file but are only read at boot, so the values in force are unchanged; restart nexus-spawnd to apply them",
 			"keys", strings.Join(bootOnly, ","))
 	}
 	d.log.Info("config reload applied", "path", d.cfgPath, "changed", strings.Join(changed, ","), "binaries", len(next.entries))
 	d.describe(next)
-	return &spawnpb.ReloadResponse{Applied: true, Changed: changed, Binaries: next.listing()}, nil
+	return &spawnpb.ReloadResponse{Applied: true, Changed: changed, Binaries: next.listing(), BootOnly: bootOnly}, nil
 }
 
 // Status returns the public registry listing and spawnd's identity.
@@ -768,7 +780,8 @@ func (d *Daemon) Status(context.Context, *spawnpb.StatusRequest) (*spawnpb.Statu
 	if err != nil {
 		return nil, err
 	}
-	return &spawnpb.StatusResponse{Binaries: s.listing(), BrokerId: d.brokerID, Pid: int64(os.Getpid())}, nil
+	return &spawnpb.StatusResponse{Binaries: s.listing(), BrokerId: d.brokerID, Pid: int64(os.Getpid()),
+		ConfigPath: d.cfgPath, ConfigDigest: s.cfg.Digest}, nil
 }
 
 // Binding answers which entry ran a session, for the gateway to hold a resume

@@ -52,3 +52,10 @@ func (w *watchers) publish(ev *spawnpb.ExitEvent) {
 		}
 	}
 }
+
+// count is how many Watch streams are open: one per attached gateway.
+func (w *watchers) count() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.subs)
+}

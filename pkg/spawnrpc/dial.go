@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -28,9 +29,14 @@ import (
 type DialOptions struct {
 	// RunDir is where spawnd publishes spawnd.json; use RunDir(cfg).
 	RunDir string
-	// ConfigPath is passed to a launched spawnd as -config, and named in
-	// the error that tells the operator to start spawnd.
+	// ConfigPath is the canonical path of the gateway's config file
+	// (config.Canonical). It is passed to a launched spawnd as -config, and
+	// every attach checks that spawnd runs this very file.
 	ConfigPath string
+	// ConfigDigest is the digest of the version the gateway loaded
+	// (config.Config.Digest). A spawnd running an earlier version of the
+	// file is reloaded onto it on attach. Empty skips the identity check.
+	ConfigDigest string
 	// Launch (development) starts a detached spawnd when none is running,
 	// and starts it again if it dies. Production leaves that to systemd.
 	Launch bool
@@ -331,7 +337,7 @@ func (c *Client) firstAttach(ctx context.Context) (*conn, error) {
 // one when there is none to attach to.
 func (c *Client) attachOrLaunch(ctx context.Context) (*conn, error) {
 	cn, err := c.attachPublished(ctx)
-	if err == nil || !c.opts.Launch || errors.Is(err, ErrRefused) || ctx.Err() != nil {
+	if err == nil || !c.opts.Launch || errors.Is(err, ErrRefused) || errors.Is(err, ErrOtherConfig) || ctx.Err() != nil {
 		return cn, err
 	}
 	return c.launchAndAttach(ctx, err)
@@ -414,10 +420,53 @@ func (c *Client) attach(ctx context.Context, ep Endpoint) (*conn, error) {
 		cn.close()
 		return nil, err
 	}
+	if err := c.sameConfig(ctx, cn); err != nil {
+		cn.close()
+		return nil, err
+	}
 	monCtx, stop := context.WithCancel(context.Background())
 	cn.stop = stop
 	go cn.monitor(monCtx)
 	return cn, nil
+}
+
+// ErrOtherConfig is wrapped by the error of an attach to a spawnd that runs
+// another config file than the gateway's, or a version of it that spawnd
+// cannot switch to without a restart. Launching another spawnd would not
+// help: this one holds the run directory.
+var ErrOtherConfig = errors.New("nexus-spawnd runs another configuration")
+
+// sameConfig checks that the spawnd behind cn runs the gateway's config
+// file: same path and digest, it proceeds; same path and another digest
+// (the operator edited the file and restarted the gateway), spawnd is
+// reloaded onto the gateway's version, validate-then-swap as SIGHUP does;
+// another path, or a change spawnd reads only at boot, refuses the attach.
+func (c *Client) sameConfig(ctx context.Context, cn *conn) error {
+	if c.opts.ConfigDigest == "" {
+		return nil
+	}
+	st, err := cn.api.Status(ctx, &spawnpb.StatusRequest{})
+	if err != nil {
+		return fmt.Errorf("asking nexus-spawnd pid %d which config it runs: %w", cn.ep.Pid, err)
+	}
+	switch {
+	case st.ConfigPath != c.opts.ConfigPath:
+		return fmt.Errorf("%w: nexus-spawnd pid %d serving run directory %s runs %s, this gateway %s; "+
+			"give each config its own spawnd.run_dir, or stop that spawnd (nexus-broker -stop -config %s) and start this one again",
+			ErrOtherConfig, cn.ep.Pid, c.opts.RunDir, st.ConfigPath, c.opts.ConfigPath, st.ConfigPath)
+	case st.ConfigDigest == c.opts.ConfigDigest:
+		return nil
+	}
+	res, err := cn.api.Reload(ctx, &spawnpb.ReloadRequest{ConfigDigest: c.opts.ConfigDigest, RefuseBootOnly: true})
+	if err != nil {
+		return fmt.Errorf("reloading nexus-spawnd pid %d onto the edited %s: %w", cn.ep.Pid, c.opts.ConfigPath, err)
+	}
+	if !res.Applied {
+		return fmt.Errorf("%w: nexus-spawnd pid %d runs an earlier version of %s and cannot switch to this one: %s",
+			ErrOtherConfig, cn.ep.Pid, c.opts.ConfigPath, res.Error)
+	}
+	c.log.Info("nexus-spawnd reloaded onto the edited config", "pid", cn.ep.Pid, "config", c.opts.ConfigPath, "changed", strings.Join(res.Changed, ","))
+	return nil
 }
 
 // open runs go-plugin's client start, which dials and opens its stdio
@@ -566,7 +615,7 @@ func (c *Client) launchAndAttach(ctx context.Context, why error) (*conn, error) 
 	defer lock.Close()
 	// Whoever held the lock before us may have launched one.
 	cn, err := c.attachPublished(ctx)
-	if err == nil || errors.Is(err, ErrRefused) {
+	if err == nil || errors.Is(err, ErrRefused) || errors.Is(err, ErrOtherConfig) {
 		return cn, err
 	}
 	if held, pid := serveLockHolder(c.opts.RunDir); held {

@@ -19,6 +19,10 @@ import (
 // SpawndBinary is the executable name Launch mode looks for.
 const SpawndBinary = "nexus-spawnd"
 
+// LaunchedIdleExit is how long a spawnd launched by a gateway stays up with
+// no lease and no gateway attached (nexus-spawnd -idle-exit).
+const LaunchedIdleExit = 10 * time.Second
+
 // lockLaunch takes runDir/launch.lock, abandoning the wait when ctx ends.
 func lockLaunch(ctx context.Context, runDir string) (*os.File, error) {
 	// Launch mode is development: the gateway's user owns the run
@@ -94,7 +98,7 @@ func (c *Client) startSpawnd() (*launched, error) {
 	}
 	defer devnull.Close()
 
-	args := []string{"-run-dir", c.opts.RunDir}
+	args := []string{"-run-dir", c.opts.RunDir, "-idle-exit", LaunchedIdleExit.String()}
 	if c.opts.ConfigPath != "" {
 		args = append([]string{"-config", c.opts.ConfigPath}, args...)
 	}

@@ -51,6 +51,7 @@ func TestMain(m *testing.M) {
 func fakeSpawndMain() int {
 	fs := flag.NewFlagSet("fake-spawnd", flag.ContinueOnError)
 	fs.String("config", "", "ignored")
+	fs.Duration("idle-exit", 0, "ignored: a fake spawnd is stopped by its test")
 	runDir := fs.String("run-dir", "", "")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return 2

@@ -920,9 +920,15 @@ func (*RecordResponse) Descriptor() ([]byte, []int) {
 }
 
 type ReloadRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// config_digest, when set, is the digest (config.Config.Digest) of the
+	// file the gateway validated; spawnd refuses a file that no longer has it.
+	ConfigDigest string `protobuf:"bytes,1,opt,name=config_digest,json=configDigest,proto3" json:"config_digest,omitempty"`
+	// refuse_boot_only refuses, rather than warns about, a file that changes
+	// a key spawnd reads only at boot (a gateway attaching after an edit).
+	RefuseBootOnly bool `protobuf:"varint,2,opt,name=refuse_boot_only,json=refuseBootOnly,proto3" json:"refuse_boot_only,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ReloadRequest) Reset() {
@@ -955,14 +961,31 @@ func (*ReloadRequest) Descriptor() ([]byte, []int) {
 	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{14}
 }
 
+func (x *ReloadRequest) GetConfigDigest() string {
+	if x != nil {
+		return x.ConfigDigest
+	}
+	return ""
+}
+
+func (x *ReloadRequest) GetRefuseBootOnly() bool {
+	if x != nil {
+		return x.RefuseBootOnly
+	}
+	return false
+}
+
 type ReloadResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// applied is false when the reload was rejected; error says why.
 	Applied bool   `protobuf:"varint,1,opt,name=applied,proto3" json:"applied,omitempty"`
 	Error   string `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
 	// changed lists the reloadable keys spawnd applied.
-	Changed       []string  `protobuf:"bytes,3,rep,name=changed,proto3" json:"changed,omitempty"`
-	Binaries      []*Binary `protobuf:"bytes,4,rep,name=binaries,proto3" json:"binaries,omitempty"`
+	Changed  []string  `protobuf:"bytes,3,rep,name=changed,proto3" json:"changed,omitempty"`
+	Binaries []*Binary `protobuf:"bytes,4,rep,name=binaries,proto3" json:"binaries,omitempty"`
+	// boot_only lists the keys of spawnd's that changed but stay as they were
+	// until spawnd restarts.
+	BootOnly      []string `protobuf:"bytes,5,rep,name=boot_only,json=bootOnly,proto3" json:"boot_only,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1021,6 +1044,13 @@ func (x *ReloadResponse) GetChanged() []string {
 func (x *ReloadResponse) GetBinaries() []*Binary {
 	if x != nil {
 		return x.Binaries
+	}
+	return nil
+}
+
+func (x *ReloadResponse) GetBootOnly() []string {
+	if x != nil {
+		return x.BootOnly
 	}
 	return nil
 }
@@ -1125,10 +1155,14 @@ func (*StatusRequest) Descriptor() ([]byte, []int) {
 }
 
 type StatusResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Binaries      []*Binary              `protobuf:"bytes,1,rep,name=binaries,proto3" json:"binaries,omitempty"`
-	BrokerId      string                 `protobuf:"bytes,2,opt,name=broker_id,json=brokerId,proto3" json:"broker_id,omitempty"`
-	Pid           int64                  `protobuf:"varint,3,opt,name=pid,proto3" json:"pid,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Binaries []*Binary              `protobuf:"bytes,1,rep,name=binaries,proto3" json:"binaries,omitempty"`
+	BrokerId string                 `protobuf:"bytes,2,opt,name=broker_id,json=brokerId,proto3" json:"broker_id,omitempty"`
+	Pid      int64                  `protobuf:"varint,3,opt,name=pid,proto3" json:"pid,omitempty"`
+	// config_path is the canonical absolute path of the config spawnd runs,
+	// config_digest the digest of the version in force.
+	ConfigPath    string `protobuf:"bytes,4,opt,name=config_path,json=configPath,proto3" json:"config_path,omitempty"`
+	ConfigDigest  string `protobuf:"bytes,5,opt,name=config_digest,json=configDigest,proto3" json:"config_digest,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1182,6 +1216,20 @@ func (x *StatusResponse) GetPid() int64 {
 		return x.Pid
 	}
 	return 0
+}
+
+func (x *StatusResponse) GetConfigPath() string {
+	if x != nil {
+		return x.ConfigPath
+	}
+	return ""
+}
+
+func (x *StatusResponse) GetConfigDigest() string {
+	if x != nil {
+		return x.ConfigDigest
+	}
+	return ""
 }
 
 type BindingRequest struct {
@@ -1330,24 +1378,30 @@ const file_pkg_spawnrpc_spawnpb_spawn_proto_rawDesc = "" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x02 \x01(\tR\tsessionId\"\x10\n" +
-	"\x0eRecordResponse\"\x0f\n" +
-	"\rReloadRequest\"\x94\x01\n" +
+	"\x0eRecordResponse\"^\n" +
+	"\rReloadRequest\x12#\n" +
+	"\rconfig_digest\x18\x01 \x01(\tR\fconfigDigest\x12(\n" +
+	"\x10refuse_boot_only\x18\x02 \x01(\bR\x0erefuseBootOnly\"\xb1\x01\n" +
 	"\x0eReloadResponse\x12\x18\n" +
 	"\aapplied\x18\x01 \x01(\bR\aapplied\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\x12\x18\n" +
 	"\achanged\x18\x03 \x03(\tR\achanged\x128\n" +
-	"\bbinaries\x18\x04 \x03(\v2\x1c.nexusbroker.spawn.v1.BinaryR\bbinaries\"x\n" +
+	"\bbinaries\x18\x04 \x03(\v2\x1c.nexusbroker.spawn.v1.BinaryR\bbinaries\x12\x1b\n" +
+	"\tboot_only\x18\x05 \x03(\tR\bbootOnly\"x\n" +
 	"\x06Binary\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x19\n" +
 	"\x05label\x18\x02 \x01(\tH\x00R\x05label\x88\x01\x01\x12%\n" +
 	"\vdescription\x18\x03 \x01(\tH\x01R\vdescription\x88\x01\x01B\b\n" +
 	"\x06_labelB\x0e\n" +
 	"\f_description\"\x0f\n" +
-	"\rStatusRequest\"y\n" +
+	"\rStatusRequest\"\xbf\x01\n" +
 	"\x0eStatusResponse\x128\n" +
 	"\bbinaries\x18\x01 \x03(\v2\x1c.nexusbroker.spawn.v1.BinaryR\bbinaries\x12\x1b\n" +
 	"\tbroker_id\x18\x02 \x01(\tR\bbrokerId\x12\x10\n" +
-	"\x03pid\x18\x03 \x01(\x03R\x03pid\"/\n" +
+	"\x03pid\x18\x03 \x01(\x03R\x03pid\x12\x1f\n" +
+	"\vconfig_path\x18\x04 \x01(\tR\n" +
+	"configPath\x12#\n" +
+	"\rconfig_digest\x18\x05 \x01(\tR\fconfigDigest\"/\n" +
 	"\x0eBindingRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\"'\n" +

@@ -67,9 +67,13 @@ type SpawnerClient interface {
 	// index.
 	Record(ctx context.Context, in *RecordRequest, opts ...grpc.CallOption) (*RecordResponse, error)
 	// Reload re-reads spawnd's own keys of broker.yaml and swaps them in
-	// atomically, or leaves everything in force and says why.
+	// atomically, or leaves everything in force and says why. With a
+	// config_digest it refuses a file whose content no longer has that
+	// digest, so gateway and spawnd never apply different versions of it.
 	Reload(ctx context.Context, in *ReloadRequest, opts ...grpc.CallOption) (*ReloadResponse, error)
-	// Status describes spawnd: its public registry listing and identity.
+	// Status describes spawnd: its public registry listing and identity,
+	// including the config file it runs, which a gateway compares with its
+	// own on every attach.
 	Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*StatusResponse, error)
 	// Binding answers which entry ran a session, so that a resume can be held
 	// to the binary that created it. Read-only: a live lease running the
@@ -218,9 +222,13 @@ type SpawnerServer interface {
 	// index.
 	Record(context.Context, *RecordRequest) (*RecordResponse, error)
 	// Reload re-reads spawnd's own keys of broker.yaml and swaps them in
-	// atomically, or leaves everything in force and says why.
+	// atomically, or leaves everything in force and says why. With a
+	// config_digest it refuses a file whose content no longer has that
+	// digest, so gateway and spawnd never apply different versions of it.
 	Reload(context.Context, *ReloadRequest) (*ReloadResponse, error)
-	// Status describes spawnd: its public registry listing and identity.
+	// Status describes spawnd: its public registry listing and identity,
+	// including the config file it runs, which a gateway compares with its
+	// own on every attach.
 	Status(context.Context, *StatusRequest) (*StatusResponse, error)
 	// Binding answers which entry ran a session, so that a resume can be held
 	// to the binary that created it. Read-only: a live lease running the

@@ -1,0 +1,65 @@
+package brokerd
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc"
+	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
+)
+
+// stopTimeout bounds -stop: every teardown runs in parallel inside spawnd,
+// each bounded by release_grace and its SIGKILL.
+const stopTimeout = 2 * time.Minute
+
+// stopReason is journaled for every lease -stop ends: the operator released
+// them all.
+const stopReason = "manual release"
+
+// Stop is nexus-broker -stop: attach to the config's spawnd (never launching
+// one), release every lease it holds through spawnd's ordinary teardown, and
+// return once all are gone. A running gateway sees the exits as any other;
+// a launched spawnd then exits on its own once idle.
+func Stop(o Options) error {
+	path, _, cfg, err := loadConfig(o)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), stopTimeout)
+	defer cancel()
+	client, err := spawnrpc.Dial(ctx, spawnrpc.DialOptions{RunDir: spawnrpc.RunDir(cfg, path), ConfigPath: path, ConfigDigest: cfg.Digest, Logger: o.Logger})
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+	sp := client.Spawner()
+	list, err := sp.List(ctx, &spawnpb.ListRequest{})
+	if err != nil {
+		return fmt.Errorf("listing nexus-spawnd's leases: %w", err)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, len(list.Leases))
+	for i, l := range list.Leases {
+		wg.Go(func() {
+			// No socket to ask the instance over from here: its grace
+			// starts at SIGTERM, which nexus answers with a clean exit.
+			_, errs[i] = sp.Terminate(ctx, &spawnpb.TerminateRequest{LeaseId: l.LeaseId, Reason: stopReason, SkipGrace: true})
+		})
+	}
+	wg.Wait()
+	failed := 0
+	for i, err := range errs {
+		if err != nil {
+			failed++
+			o.Logger.Error("releasing lease failed", "lease_id", list.Leases[i].LeaseId, "error", err)
+		}
+	}
+	fmt.Fprintf(os.Stdout, "released %d of %d leases of nexus-spawnd pid %d (%s)\n", len(errs)-failed, len(errs), client.Endpoint().Pid, path)
+	if failed > 0 {
+		return fmt.Errorf("%d leases could not be released; see the errors above", failed)
+	}
+	return nil
+}
