@@ -17,9 +17,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nexus-broker/nexus-broker/internal/atomicfile"
 	"github.com/nexus-broker/nexus-broker/internal/auth"
 	"github.com/nexus-broker/nexus-broker/internal/config"
 	"github.com/nexus-broker/nexus-broker/internal/gateway"
+	"github.com/nexus-broker/nexus-broker/internal/safedir"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc"
 )
 
@@ -139,17 +141,31 @@ func resolveConfig(path string, log *slog.Logger) (string, bool, error) {
 	if _, err := os.Stat(echo); err != nil {
 		return "", false, fmt.Errorf("no -config given, no ./broker.yaml, and no nexus-echo beside %s for the development defaults: run `make build` or pass -config", exe)
 	}
-	dir := filepath.Join(os.TempDir(), fmt.Sprintf("nexus-broker-dev-%d", os.Getuid()))
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return "", false, err
+	// Private, and verified if it was there: in /tmp anyone could have
+	// created it first and swapped the config spawnd reads.
+	dir := devDir()
+	if err := safedir.Ensure(dir, 0o700); err != nil {
+		return "", false, fmt.Errorf("development defaults directory: %w", err)
 	}
 	p := filepath.Join(dir, "broker.yaml")
 	text := strings.NewReplacer("{{ECHO}}", echo, "{{RUN_DIR}}", filepath.Join(dir, "run"), "{{STATE_DIR}}", filepath.Join(dir, "state")).Replace(devYAML)
-	if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
+	// Replaced by rename: whatever is at p, a planted symlink included, is
+	// never opened or followed.
+	if err := atomicfile.Write(p, []byte(text), nil); err != nil {
 		return "", false, err
 	}
 	log.Info("no -config and no ./broker.yaml: using the development defaults (nexus-echo as the nexus entry)", "config", p)
 	return p, true, nil
+}
+
+// devDir holds the development defaults: $XDG_RUNTIME_DIR/nexus-broker-dev,
+// else /tmp/nexus-broker-dev-<uid> (not $TMPDIR: spawnd's socket goes in
+// it, and must stay within the unix socket path limit).
+func devDir() string {
+	if x := os.Getenv("XDG_RUNTIME_DIR"); x != "" {
+		return filepath.Join(x, "nexus-broker-dev")
+	}
+	return fmt.Sprintf("/tmp/nexus-broker-dev-%d", os.Getuid())
 }
 
 // logAuth says at boot whether clients are authenticated: the spec's WARN

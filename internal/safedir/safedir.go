@@ -3,103 +3,99 @@
 // symlink), owned by the expected uid, and writable by nobody else. In a
 // world-writable parent such as /tmp anyone could have created it first,
 // planting symlinks or files for a privileged process to follow, so a
-// directory that fails the check is refused, never adopted or repaired.
-// Files inside are opened relative to the verified directory's descriptor
-// without following symlinks.
+// directory that fails the check is refused, never adopted. Files inside
+// are opened without following a symlink, and files that hold secrets or
+// that spawnd acts on must be its own, mode 0600.
 package safedir
 
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
-	"path/filepath"
 
 	"golang.org/x/sys/unix"
 )
 
-// Dir is a verified directory, held open so that files are opened inside
-// the very directory that was checked, whatever happens to its path.
-type Dir struct {
-	path string
-	fd   int
-}
+// ErrNotOwned is wrapped by the error of a file or directory owned by
+// another uid, or open to others.
+var ErrNotOwned = errors.New("not owned by this user alone")
 
-// Open opens path without following a symlink in its last component and
-// verifies the directory it got: owned by uid, not writable by group or
-// others.
-func Open(path string, uid int) (*Dir, error) {
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
-		if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) {
-			return nil, fmt.Errorf("%s is not a directory (a symlink or a file): refusing to use it; remove it", path)
-		}
-		return nil, &fs.PathError{Op: "open", Path: path, Err: err}
-	}
-	d := &Dir{path: path, fd: fd}
-	if err := d.verify(uid); err != nil {
-		d.Close()
-		return nil, err
-	}
-	return d, nil
-}
-
-// Ensure creates path with mode perm when it is missing (its parent must
-// exist), then opens and verifies it as owned by this process's euid. A
-// directory that was there already must pass the same check: it is never
-// reused on trust.
-func Ensure(path string, perm os.FileMode) (*Dir, error) {
-	if err := unix.Mkdir(path, uint32(perm.Perm())); err != nil && !errors.Is(err, unix.EEXIST) {
-		return nil, &fs.PathError{Op: "mkdir", Path: path, Err: err}
-	}
-	return Open(path, os.Geteuid())
-}
-
-// Check verifies path as Open does and closes it again.
+// Check verifies that path is a directory, not a symlink, owned by uid and
+// not writable by group or others.
 func Check(path string, uid int) error {
-	d, err := Open(path, uid)
+	st, err := lstatDir(path)
 	if err != nil {
 		return err
 	}
-	return d.Close()
-}
-
-func (d *Dir) verify(uid int) error {
-	var st unix.Stat_t
-	if err := unix.Fstat(d.fd, &st); err != nil {
-		return &fs.PathError{Op: "stat", Path: d.path, Err: err}
-	}
-	mode := st.Mode & 0o7777
-	if int(st.Uid) != uid || mode&0o022 != 0 {
+	if mode := st.Mode & 0o7777; int(st.Uid) != uid || mode&0o022 != 0 {
 		return fmt.Errorf("%s is owned by uid %d with mode %04o; want owner uid %d and no write access for group or others: "+
-			"refusing to use it (someone else may have created it first); remove it, or fix its owner and mode", d.path, st.Uid, mode, uid)
+			"refusing to use it (%w: someone else may have created it first); remove it, or fix its owner and mode", path, st.Uid, mode, uid, ErrNotOwned)
 	}
 	return nil
 }
 
-// Path is the directory's path as given to Open.
-func (d *Dir) Path() string { return d.path }
-
-// Close releases the directory's descriptor.
-func (d *Dir) Close() error { return unix.Close(d.fd) }
-
-// OpenFile opens name, a plain file name, inside d without following a
-// symlink: a planted symlink fails with an error naming it rather than
-// being followed to its target. The file is close-on-exec.
-func (d *Dir) OpenFile(name string, flag int, perm os.FileMode) (*os.File, error) {
-	path := filepath.Join(d.path, name)
-	if name != filepath.Base(name) || name == "." || name == ".." {
-		return nil, fmt.Errorf("safedir: %q is not a plain file name", name)
+// Ensure creates path with mode perm when it is missing (its parent must
+// exist), then checks it as owned by this process's euid. A directory that
+// was there already must pass the same check: it is never reused on trust.
+func Ensure(path string, perm os.FileMode) error {
+	if err := unix.Mkdir(path, uint32(perm.Perm())); err != nil && !errors.Is(err, unix.EEXIST) {
+		return &fs.PathError{Op: "mkdir", Path: path, Err: err}
 	}
-	fd, err := unix.Openat(d.fd, name, flag|unix.O_NOFOLLOW|unix.O_CLOEXEC, uint32(perm.Perm()))
+	return Check(path, os.Geteuid())
+}
+
+// Private creates path (and its parents) 0700, or takes the directory that
+// is there: it must be this process's euid's and not a symlink, and if its
+// mode lets anyone else in it is tightened to 0700. It returns the looser
+// mode it found, 0 when there was nothing to tighten.
+func Private(path string) (loose os.FileMode, err error) {
+	if err := os.MkdirAll(path, 0o700); err != nil {
+		return 0, err
+	}
+	st, err := lstatDir(path)
 	if err != nil {
-		if errors.Is(err, unix.ELOOP) {
-			return nil, fmt.Errorf("%s is a symlink: refusing to follow it; remove it", path)
-		}
-		return nil, &fs.PathError{Op: "open", Path: path, Err: err}
+		return 0, err
 	}
-	f := os.NewFile(uintptr(fd), path)
-	// A FIFO or device planted under the name is no file of ours either.
+	mode := st.Mode & 0o7777
+	if int(st.Uid) != os.Geteuid() {
+		return 0, fmt.Errorf("%s is owned by uid %d with mode %04o, not by this process's uid %d: refusing to use it (%w); "+
+			"remove it if you did not create it, or chown it", path, st.Uid, mode, os.Geteuid(), ErrNotOwned)
+	}
+	if mode&0o077 == 0 {
+		return 0, nil
+	}
+	if err := os.Chmod(path, 0o700); err != nil {
+		return 0, err
+	}
+	return os.FileMode(mode), nil
+}
+
+func lstatDir(path string) (*unix.Stat_t, error) {
+	var st unix.Stat_t
+	if err := unix.Lstat(path, &st); err != nil {
+		return nil, &fs.PathError{Op: "lstat", Path: path, Err: err}
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return nil, fmt.Errorf("%s is not a directory (a symlink or a file): refusing to use it; remove it", path)
+	}
+	return &st, nil
+}
+
+// OpenFile opens path without following a symlink in its last component
+// (a planted symlink fails, naming itself, rather than being followed to
+// its target), and only if it is a regular file. It is close-on-exec. A
+// missing file is an error satisfying errors.Is(err, fs.ErrNotExist).
+func OpenFile(path string, flag int, perm os.FileMode) (*os.File, error) {
+	// O_NONBLOCK: opening a planted FIFO must not hang; it is refused below.
+	f, err := os.OpenFile(path, flag|unix.O_NOFOLLOW|unix.O_NONBLOCK, perm)
+	if errors.Is(err, unix.ELOOP) {
+		return nil, fmt.Errorf("%s is a symlink: refusing to follow it; remove it", path)
+	}
+	if err != nil {
+		return nil, err
+	}
 	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
 		f.Close()
 		return nil, fmt.Errorf("%s is not a regular file: refusing to use it; remove it", path)
@@ -107,18 +103,30 @@ func (d *Dir) OpenFile(name string, flag int, perm os.FileMode) (*os.File, error
 	return f, nil
 }
 
-// Owned checks that f is owned by uid and readable or writable by nobody
-// else (mode 0600 or tighter), for files that hold secrets or that a
-// privileged process acts on. The error names the path, owner and mode.
+// Owned checks that f is owned by uid and open to nobody else (mode 0600
+// or tighter). The error names the path, owner and mode.
 func Owned(f *os.File, uid int) error {
 	var st unix.Stat_t
 	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
 		return &fs.PathError{Op: "stat", Path: f.Name(), Err: err}
 	}
-	mode := st.Mode & 0o7777
-	if int(st.Uid) != uid || mode&0o077 != 0 {
-		return fmt.Errorf("%s is owned by uid %d with mode %04o; want owner uid %d and mode 0600: refusing to use it "+
-			"(someone else may have written it); remove it if you did not create it, or chown and chmod 600 it", f.Name(), st.Uid, mode, uid)
+	if mode := st.Mode & 0o7777; int(st.Uid) != uid || mode&0o077 != 0 {
+		return fmt.Errorf("%s is owned by uid %d with mode %04o; want owner uid %d and mode 0600: refusing to use it (%w: someone else may have written it); "+
+			"remove it if you did not create it, or chown and chmod 600 it", f.Name(), st.Uid, mode, uid, ErrNotOwned)
 	}
 	return nil
+}
+
+// ReadOwned reads the file at path, which must be a regular file (not a
+// symlink) owned by this process's euid with mode 0600 or tighter.
+func ReadOwned(path string) ([]byte, error) {
+	f, err := OpenFile(path, os.O_RDONLY, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if err := Owned(f, os.Geteuid()); err != nil {
+		return nil, err
+	}
+	return io.ReadAll(f)
 }

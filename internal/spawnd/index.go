@@ -5,6 +5,7 @@ import (
 	"container/list"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"sync"
 
 	"github.com/nexus-broker/nexus-broker/internal/atomicfile"
+	"github.com/nexus-broker/nexus-broker/internal/safedir"
 	"github.com/nexus-broker/nexus-broker/pkg/sessionid"
 )
 
@@ -67,10 +69,19 @@ func openSessionIndex(stateDir string, limit int, log *slog.Logger) *sessionInde
 		bySession: map[string]*list.Element{},
 	}
 	atomicfile.RemoveTemps(filepath.Join(stateDir, indexFile))
-	data, err := os.ReadFile(x.path)
+	data, err := safedir.ReadOwned(x.path)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		x.off(err)
-		return nil
+		// The index never prevents a boot: one spawnd did not write alone
+		// (or cannot read) is set aside, kept for the operator, and a
+		// fresh one started.
+		aside := x.path + ".set-aside"
+		if rerr := os.Rename(x.path, aside); rerr != nil {
+			x.off(fmt.Errorf("%w; and setting it aside failed: %v", err, rerr))
+			return nil
+		}
+		log.Warn("the session → binary index is not nexus-spawnd's own, so it was set aside and a fresh one started; "+
+			"resumes of sessions it recorded are not checked against their binary", "path", x.path, "set_aside", aside, "error", err)
+		data = nil
 	}
 	n := 0
 	for raw := range bytes.Lines(data) {

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"google.golang.org/grpc/codes"
@@ -118,33 +119,60 @@ func TestBindingWithoutStateDir(t *testing.T) {
 	}
 }
 
-// TestUnopenableIndexTurnsTheCheckOff: a directory where the index should be
-// costs one WARN, never the boot; Binding then answers from live leases only.
-func TestUnopenableIndexTurnsTheCheckOff(t *testing.T) {
-	h := newHarness(t, defaultYAML)
-	h.stop()
-	path := filepath.Join(h.stateDir, indexFile)
-	if err := os.Remove(path); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Mkdir(path, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	h.start()
-	h.logs.await(t, "the session → binary index cannot be used, so resumes are not checked against the binary that created their session; "+
-		"fix or remove the file and restart nexus-spawnd to turn the check back on", "path", path)
-	stream := h.watch()
-	_, f := h.spawn("lease-off", "notify")
-	if _, err := h.client.Record(h.ctx(), &spawnpb.RecordRequest{LeaseId: "lease-off", SessionId: "sess-off"}); err != nil {
-		t.Fatal(err)
-	}
-	if got := h.binding("sess-off"); got != "notify" {
-		t.Errorf("Binding while live = %q, want notify", got)
-	}
-	f.send("exit 0")
-	h.nextExit(stream)
-	if got := h.binding("sess-off"); got != "" {
-		t.Errorf("Binding with the index off = %q, want no opinion", got)
+// TestForeignIndexIsSetAside: an index spawnd cannot trust (a directory, a
+// symlink, a file another uid owns, one others may read) never prevents the
+// boot: it is set aside with one WARN, the symlink's target untouched, and
+// a fresh 0600 index of spawnd's own records the next binding.
+func TestForeignIndexIsSetAside(t *testing.T) {
+	target := filepath.Join(t.TempDir(), "target")
+	for _, tc := range []struct {
+		name  string
+		plant func(path string) error
+	}{
+		{"directory", func(p string) error { return os.Mkdir(p, 0o700) }},
+		{"symlink", func(p string) error { return os.Symlink(target, p) }},
+		{"foreign-owned", func(p string) error {
+			if err := os.WriteFile(p, nil, 0o600); err != nil {
+				return err
+			}
+			return os.Chown(p, 65534, 65534)
+		}},
+		{"loose", func(p string) error { return os.WriteFile(p, nil, 0o644) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := os.WriteFile(target, []byte("not the index\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			h := newHarness(t, defaultYAML)
+			h.stop()
+			path := filepath.Join(h.stateDir, indexFile)
+			if err := os.Remove(path); err != nil {
+				t.Fatal(err)
+			}
+			if err := tc.plant(path); err != nil {
+				t.Fatal(err)
+			}
+			h.start()
+			h.logs.await(t, "the session → binary index is not nexus-spawnd's own, so it was set aside and a fresh one started; "+
+				"resumes of sessions it recorded are not checked against their binary", "path", path, "set_aside", path+".set-aside")
+			stream := h.watch()
+			_, f := h.spawn("lease-aside", "notify")
+			if _, err := h.client.Record(h.ctx(), &spawnpb.RecordRequest{LeaseId: "lease-aside", SessionId: "sess-aside"}); err != nil {
+				t.Fatal(err)
+			}
+			f.send("exit 0")
+			h.nextExit(stream)
+			if got := h.binding("sess-aside"); got != "notify" {
+				t.Errorf("Binding from the fresh index = %q, want notify", got)
+			}
+			st, err := os.Lstat(path)
+			if err != nil || !st.Mode().IsRegular() || st.Mode().Perm() != 0o600 || st.Sys().(*syscall.Stat_t).Uid != uint32(os.Geteuid()) {
+				t.Errorf("the fresh index: %v %v", st, err)
+			}
+			if data, _ := os.ReadFile(target); string(data) != "not the index\n" {
+				t.Errorf("the symlink's target was touched: %q", data)
+			}
+		})
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -19,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nexus-broker/nexus-broker/internal/atomicfile"
+	"github.com/nexus-broker/nexus-broker/internal/safedir"
 )
 
 // The lease journal, <state_dir>/leases.jsonl, is what lets a restarted
@@ -142,9 +144,11 @@ type liveLine struct {
 func openJournal(stateDir, brokerID string, log *slog.Logger) (*leaseJournal, []leaseRecord, error) {
 	j := &leaseJournal{log: log, path: filepath.Join(stateDir, journalFile), live: map[string]*liveLine{}}
 	atomicfile.RemoveTemps(filepath.Join(stateDir, journalFile)) // only the state_dir lock holder gets here
-	data, err := os.ReadFile(j.path)
+	// spawnd signals what its journal records: one it did not write itself
+	// is never read.
+	data, err := safedir.ReadOwned(j.path)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return nil, nil, fmt.Errorf("lease journal %s cannot be read: %w; fix it (it must be a regular file nexus-spawnd can read and write), "+
+		return nil, nil, fmt.Errorf("lease journal %s cannot be read: %w; fix it (it must be a regular file of nexus-spawnd's own, mode 0600), "+
 			"or move it aside to boot without re-adopting the instances it records", j.path, err)
 	}
 	recs := map[string]leaseRecord{}
@@ -325,7 +329,12 @@ func (j *leaseJournal) close() {
 // close-on-exec, so no instance inherits the lock and outlives us holding it.
 func lockStateDir(stateDir string) (*os.File, error) {
 	path := filepath.Join(stateDir, stateLockFile)
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	f, err := safedir.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err == nil {
+		if err = safedir.Owned(f, os.Geteuid()); err != nil {
+			f.Close()
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("state_dir lock %s: %w", path, err)
 	}
@@ -336,7 +345,7 @@ func lockStateDir(stateDir string) (*os.File, error) {
 		}
 	}
 	if errors.Is(err, unix.EWOULDBLOCK) {
-		data, _ := os.ReadFile(path)
+		data, _ := io.ReadAll(io.LimitReader(f, 32))
 		_ = f.Close()
 		holder := "pid " + strings.TrimSpace(string(data))
 		if strings.TrimSpace(string(data)) == "" {

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nexus-broker/nexus-broker/internal/atomicfile"
+	"github.com/nexus-broker/nexus-broker/internal/safedir"
 )
 
 // spawnKeySize is the spawn-key's length: HMAC-SHA256 gains nothing from a
@@ -34,15 +35,18 @@ func secretFor(key []byte, leaseID string) string {
 // loadSpawnKey returns <stateDir>/spawn-key, creating it on first boot. With
 // no state_dir the key is random and lives in memory only.
 //
-// A key file of the wrong size, or readable by anyone but its owner, refuses
-// the boot: regenerating it silently would strand every running instance,
-// and a readable key lets its reader forge any live lease's dial-back.
+// A key file of the wrong size, not spawnd's own, or readable by anyone but
+// its owner, refuses the boot: regenerating it silently would strand every
+// running instance, and a key someone else wrote or can read lets them
+// forge any live lease's dial-back.
 func loadSpawnKey(stateDir string) ([]byte, error) {
 	if stateDir == "" {
 		return randomBytes(spawnKeySize)
 	}
 	path := filepath.Join(stateDir, "spawn-key")
-	info, err := os.Stat(path)
+	// Owner and mode both: a key someone else wrote is theirs to forge
+	// dial-backs with, and one others may read is anyone's.
+	key, err := safedir.ReadOwned(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		key, err := randomBytes(spawnKeySize)
 		if err != nil {
@@ -51,14 +55,7 @@ func loadSpawnKey(stateDir string) ([]byte, error) {
 		return key, atomicfile.Write(path, key, nil)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("spawn-key %s: %w", path, err)
-	}
-	if perm := info.Mode().Perm(); perm&0o077 != 0 {
-		return nil, fmt.Errorf("spawn-key %s has mode %s, so users other than its owner may read it and forge any live lease's dial-back; chmod 600 it", path, perm)
-	}
-	key, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("spawn-key %s: %w", path, err)
+		return nil, fmt.Errorf("spawn-key: %w", err)
 	}
 	if len(key) != spawnKeySize {
 		return nil, fmt.Errorf("spawn-key %s holds %d bytes, not %d; it is not a key nexus-spawnd wrote. "+
@@ -79,7 +76,7 @@ func loadBrokerID(configured, stateDir string) (string, error) {
 		return randomID()
 	}
 	path := filepath.Join(stateDir, "broker-id")
-	data, err := os.ReadFile(path)
+	data, err := safedir.ReadOwned(path)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return "", fmt.Errorf("broker-id %s: %w", path, err)
 	}

@@ -62,7 +62,7 @@ func TestSpawnKeyRefusals(t *testing.T) {
 		want string
 	}{
 		{"wrong size", []byte("short"), 0o600, "holds 5 bytes, not 32"},
-		{"readable by others", bytes.Repeat([]byte{1}, spawnKeySize), 0o644, "has mode -rw-r--r--, so users other than its owner may read it"},
+		{"readable by others", bytes.Repeat([]byte{1}, spawnKeySize), 0o644, "with mode 0644; want owner uid 0 and mode 0600"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			stateDir := t.TempDir()

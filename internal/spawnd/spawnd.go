@@ -48,6 +48,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/nexus-broker/nexus-broker/internal/config"
+	"github.com/nexus-broker/nexus-broker/internal/safedir"
 	"github.com/nexus-broker/nexus-broker/pkg/sessionid"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
 )
@@ -225,12 +226,15 @@ func New(cfgPath string, cfg *config.Config, log *slog.Logger) (_ *Daemon, err e
 		log.Warn("state_dir is not set: leases are kept in memory only, so after a nexus-spawnd restart no running instance " +
 			"is re-adopted or can prove its identity again, and resumes are not checked against the binary that created their session; " +
 			"set state_dir to keep them")
-	} else if err := os.MkdirAll(stateDir, 0o700); err != nil {
-		return nil, fmt.Errorf("broker config: state_dir: %w; create it (mode 0700) or point state_dir elsewhere", err)
-	} else if d.stateLock, err = lockStateDir(stateDir); err != nil {
+	} else {
+		if err := privateStateDir(stateDir, log); err != nil {
+			return nil, err
+		}
 		// Before anything else in state_dir is read: a second spawnd must
 		// not even replay a journal another one appends to.
-		return nil, err
+		if d.stateLock, err = lockStateDir(stateDir); err != nil {
+			return nil, err
+		}
 	}
 	if d.key, err = loadSpawnKey(stateDir); err != nil {
 		return nil, err
@@ -273,6 +277,20 @@ func New(cfgPath string, cfg *config.Config, log *slog.Logger) (_ *Daemon, err e
 		go d.supervise(l)
 	}
 	return d, nil
+}
+
+// privateStateDir creates state_dir 0700 or takes the one there, which must
+// be spawnd's own and not a symlink; one open to others is tightened.
+func privateStateDir(stateDir string, log *slog.Logger) error {
+	loose, err := safedir.Private(stateDir)
+	if err != nil {
+		return fmt.Errorf("broker config: state_dir: %w; create it (mode 0700, owned by nexus-spawnd's user) or point state_dir elsewhere", err)
+	}
+	if loose != 0 {
+		log.Warn("state_dir was open to other users; tightened to 0700 (it holds the spawn-key, the lease journal and instance output)",
+			"state_dir", stateDir, "was", fmt.Sprintf("%04o", uint32(loose)))
+	}
+	return nil
 }
 
 // release frees what New acquired, for Close and for a New that fails.

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nexus-broker/nexus-broker/internal/safedir"
 )
 
 // SpawndBinary is the executable name Launch mode looks for.
@@ -87,7 +89,7 @@ func (c *Client) startSpawnd() (*launched, error) {
 		return nil, err
 	}
 	logPath := filepath.Join(c.opts.RunDir, LogFile)
-	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o640)
+	logf, err := safedir.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o640)
 	if err != nil {
 		return nil, fmt.Errorf("open spawnd log: %w", err)
 	}
@@ -174,7 +176,7 @@ func (l *launched) awaitEndpoint(ctx context.Context, runDir string) (Endpoint, 
 // logTail returns the last n lines of the file at path written after
 // offset start, read from no more than its last 8 KiB.
 func logTail(path string, start int64, n int) string {
-	f, err := os.Open(path)
+	f, err := safedir.OpenFile(path, os.O_RDONLY, 0)
 	if err != nil {
 		return "  (" + err.Error() + ")"
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -167,11 +168,9 @@ func prepareRunDir(runDir string, gid int) error {
 		return err
 	}
 	if filepath.Dir(filepath.Clean(runDir)) == runDirBase() {
-		base, err := safedir.Ensure(runDirBase(), 0o700)
-		if err != nil {
+		if err := safedir.Ensure(runDirBase(), 0o700); err != nil {
 			return fmt.Errorf("run directory base: %w", err)
 		}
-		base.Close()
 	}
 	if err := os.MkdirAll(runDir, 0o750); err != nil {
 		return fmt.Errorf("create run directory: %w; set spawnd.run_dir to a directory this user can create", err)
@@ -253,7 +252,7 @@ func removeStaleSockets(runDir string) {
 // unix.LOCK_SH, optionally | unix.LOCK_NB). Closing the file releases it;
 // the descriptor is close-on-exec, so no child ever inherits the lock.
 func flockFile(path string, flag int, perm os.FileMode, how int) (*os.File, error) {
-	f, err := os.OpenFile(path, flag, perm)
+	f, err := safedir.OpenFile(path, flag, perm)
 	if err != nil {
 		return nil, err
 	}
@@ -283,7 +282,12 @@ func serveLockHolder(runDir string) (held bool, pid int) {
 	if !errors.Is(err, unix.EWOULDBLOCK) {
 		return false, 0
 	}
-	data, _ := os.ReadFile(path)
+	f, err = safedir.OpenFile(path, os.O_RDONLY, 0)
+	if err != nil {
+		return true, 0
+	}
+	defer f.Close()
+	data, _ := io.ReadAll(io.LimitReader(f, 32))
 	pid, _ = strconv.Atoi(strings.TrimSpace(string(data)))
 	return true, pid
 }

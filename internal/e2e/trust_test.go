@@ -1,0 +1,144 @@
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/nexus-broker/nexus-broker/internal/sockdir"
+)
+
+// nobody is the attacker's uid: a local user with no business in the
+// broker's directories.
+const nobody = 65534
+
+// asNobody runs a command as uid and gid 65534 with no groups, as a local
+// attacker would, failing the test if it fails.
+func asNobody(t *testing.T, argv ...string) {
+	t.Helper()
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil || os.Geteuid() != 0 {
+		t.Skip("needs root and setpriv to act as another local user")
+	}
+	args := append([]string{"--reuid", fmt.Sprint(nobody), "--regid", fmt.Sprint(nobody), "--clear-groups", "--"}, argv...)
+	if out, err := exec.Command(setpriv, args...).CombinedOutput(); err != nil {
+		t.Fatalf("as uid %d: %v: %v\n%s", nobody, argv, err, out)
+	}
+}
+
+// rootOnlyFile is a file only root may read or write, the target of the
+// attacker's symlinks; untouched reports whether it still holds its text.
+func rootOnlyFile(t *testing.T) (path string, untouched func() bool) {
+	t.Helper()
+	path = filepath.Join(t.TempDir(), "root-only")
+	const text = "root's secret\n"
+	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path, func() bool {
+		data, err := os.ReadFile(path)
+		return err == nil && string(data) == text
+	}
+}
+
+// refused checks that a boot failed, naming every phrase of want, and
+// leaked nothing of the root-only file.
+func refused(t *testing.T, what string, code int, out string, want ...string) {
+	t.Helper()
+	if code == 0 {
+		t.Fatalf("%s: the boot went ahead:\n%s", what, out)
+	}
+	for _, w := range want {
+		if !strings.Contains(out, w) {
+			t.Errorf("%s: refused, but does not say %q:\n%s", what, w, out)
+		}
+	}
+	if strings.Contains(out, "root's secret") {
+		t.Errorf("%s: the refusal printed the root-only file:\n%s", what, out)
+	}
+}
+
+// TestPrecreatedDevDefaultsDirRefused: another local user creates the
+// development defaults directory first and plants symlinks in it (the
+// config, the run directory's locks and log, the state_dir lock). make run's
+// gateway refuses it, naming its path, owner and mode, and nothing behind a
+// symlink is read or written.
+func TestPrecreatedDevDefaultsDirRefused(t *testing.T) {
+	xdg := sockdir.New(t, "nxd")
+	if err := os.Chmod(xdg, 0o1777); err != nil { // as shared as /tmp
+		t.Fatal(err)
+	}
+	target, untouched := rootOnlyFile(t)
+	dev := filepath.Join(xdg, "nexus-broker-dev")
+	asNobody(t, "mkdir", "-m", "0777", dev, dev+"/run", dev+"/state")
+	for _, l := range []string{"broker.yaml", "run/launch.lock", "run/spawnd.log", "state/state.lock"} {
+		asNobody(t, "ln", "-s", target, filepath.Join(dev, l))
+	}
+	code, out := runToExit(t, []string{"XDG_RUNTIME_DIR=" + xdg}, "nexus-broker")
+	refused(t, "pre-created development defaults", code, out, dev, fmt.Sprintf("owned by uid %d with mode 0777", nobody))
+	if !untouched() {
+		t.Error("the symlinks' root-only target was written")
+	}
+}
+
+// TestPlantedFilesRefused: files an attacker planted in the broker's own
+// directories while they were open to others (an operator's 0777
+// state_dir, say) are refused at boot, naming path, owner and mode (or the
+// symlink), and a symlink's target is never touched: the state_dir lock,
+// the spawn-key and the lease journal for spawnd, launch.lock and
+// spawnd.log for a launching gateway.
+func TestPlantedFilesRefused(t *testing.T) {
+	target, untouched := rootOnlyFile(t)
+	for _, tc := range []struct {
+		name  string
+		plant func(t *testing.T, state, run string)
+		want  []string
+	}{
+		{"symlinked state.lock", func(t *testing.T, state, _ string) {
+			asNobody(t, "ln", "-s", target, filepath.Join(state, "state.lock"))
+		}, []string{filepath.Join("state", "state.lock") + " is a symlink"}},
+		{"foreign spawn-key", func(t *testing.T, state, _ string) {
+			asNobody(t, "sh", "-c", "umask 077; head -c 32 /dev/zero > "+filepath.Join(state, "spawn-key"))
+		}, []string{filepath.Join("state", "spawn-key"), fmt.Sprintf("owned by uid %d with mode 0600", nobody)}},
+		{"foreign journal", func(t *testing.T, state, _ string) {
+			asNobody(t, "sh", "-c", "umask 077; : > "+filepath.Join(state, "leases.jsonl"))
+		}, []string{filepath.Join("state", "leases.jsonl"), fmt.Sprintf("owned by uid %d with mode 0600", nobody)}},
+		{"symlinked launch.lock", func(t *testing.T, _, run string) {
+			asNobody(t, "ln", "-s", target, filepath.Join(run, "launch.lock"))
+		}, []string{filepath.Join("run", "launch.lock") + " is a symlink"}},
+		{"symlinked spawnd.log", func(t *testing.T, _, run string) {
+			asNobody(t, "ln", "-s", target, filepath.Join(run, "spawnd.log"))
+		}, []string{filepath.Join("run", "spawnd.log") + " is a symlink"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			base := sockdir.New(t, "nxp")
+			if err := os.Chmod(base, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			state, run := filepath.Join(base, "state"), filepath.Join(base, "run")
+			for _, d := range []string{state, run} {
+				if err := os.Mkdir(d, 0o777); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Chmod(d, 0o777); err != nil {
+					t.Fatal(err)
+				}
+			}
+			tc.plant(t, state, run)
+			cfg := writeConfig(t, t.TempDir(), fmt.Sprintf("listen_addr: \"127.0.0.1:%d\"\nstate_dir: %q\nspawnd:\n  run_dir: %q\nbinaries:\n  nexus:\n    path: %q\n",
+				freePort(t), state, run, bin("nexus-echo")))
+			code, out := runToExit(t, nil, "nexus-broker", "-config", cfg)
+			refused(t, tc.name, code, out, tc.want...)
+			if !untouched() {
+				t.Error("the symlink's root-only target was written")
+			}
+			// The spawnd of an attempt that got as far as launching one.
+			if ep, err := os.ReadFile(filepath.Join(run, "spawnd.json")); err == nil {
+				t.Errorf("a spawnd published %s despite the planted file", ep)
+			}
+		})
+	}
+}
