@@ -80,7 +80,7 @@ func Run(o Options) error {
 	}
 	defer ln.Close()
 
-	g := gateway.New(gateway.Options{Config: cfg, Spawner: client.Spawner(), Logger: log, ListenPort: ln.Addr().(*net.TCPAddr).Port, Auth: authn})
+	g := gateway.New(gateway.Options{Config: cfg, Spawner: client.Spawner(), Ready: client.Ready, Logger: log, ListenPort: ln.Addr().(*net.TCPAddr).Port, Auth: authn})
 	if err := g.Start(ctx); err != nil {
 		return err
 	}

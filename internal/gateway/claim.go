@@ -46,6 +46,19 @@ func refuse(status int, outcome, format string, args ...any) *claimError {
 	return &claimError{status: status, text: fmt.Sprintf(format, args...), outcome: outcome}
 }
 
+// errSpawnerUnavailable is the 503 body of a claim spawnd cannot serve now.
+const errSpawnerUnavailable = "spawner unavailable"
+
+// spawnerUnavailable refuses a claim at once while spawnd does not answer,
+// rather than have it wait for a spawnd that may never come back.
+func (g *Gateway) spawnerUnavailable() *claimError {
+	if err := g.spawnerDown(); err != nil {
+		g.log.Warn("claim refused: nexus-spawnd is not answering", "error", err)
+		return refuse(http.StatusServiceUnavailable, "spawn_failed", errSpawnerUnavailable)
+	}
+	return nil
+}
+
 // handleClaim is POST /claim: validate, take a slot, mint, spawn, wait for
 // ready. Every refusal that can be decided from the request is decided
 // before anything is allocated.
@@ -106,6 +119,9 @@ func (g *Gateway) claim(r *http.Request, p auth.Principal) (*claimResponse, *cla
 			return nil, refuse(http.StatusBadRequest, "rejected", "invalid session_id: %v", err)
 		}
 	}
+	if cerr := g.spawnerUnavailable(); cerr != nil {
+		return nil, cerr
+	}
 	entry, cerr := g.resumeEntry(r.Context(), session, requested)
 	if cerr != nil {
 		return nil, cerr
@@ -153,6 +169,11 @@ func (g *Gateway) spawnLease(ctx context.Context, principal, entry string, cfgDa
 		}
 		return nil, refuse(499, "cancelled", "client went away while queued for capacity")
 	}
+	// Checked again: the wait for a slot may have been long.
+	if cerr := g.spawnerUnavailable(); cerr != nil {
+		g.cap.release()
+		return nil, cerr
+	}
 	id, err := newLeaseID()
 	if err != nil {
 		g.cap.release()
@@ -180,6 +201,14 @@ func (g *Gateway) spawnLease(ctx context.Context, principal, entry string, cfgDa
 		g.removeLease(l)
 		g.cap.release()
 		return nil, refuse(http.StatusConflict, "rejected", "session %q was bound to another binary while this claim was admitted; omit `binary` to inherit it, or start a new session", session)
+	}
+	if status.Code(err) == codes.Unavailable {
+		// spawnd stopped answering under this call: it may not even have
+		// read it.
+		g.removeLease(l)
+		g.cap.release()
+		g.log.Error("spawning instance failed: nexus-spawnd is not answering", "lease_id", id, "binary", entry, "error", status.Convert(err).Message())
+		return nil, refuse(http.StatusServiceUnavailable, "spawn_failed", errSpawnerUnavailable)
 	}
 	if err != nil {
 		g.removeLease(l)
@@ -377,6 +406,12 @@ func (g *Gateway) handleRelease(w http.ResponseWriter, r *http.Request, p auth.P
 		writeUnknownLease(w)
 		return
 	}
-	l.teardown(reasonRelease, teardownGraceful)
+	if g.spawnerDown() != nil {
+		// spawnd cannot confirm the exit now: answer at once, and leave the
+		// lease draining, holding its slot, until it does.
+		go l.teardown(reasonRelease, teardownGraceful)
+	} else {
+		l.teardown(reasonRelease, teardownGraceful)
+	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "released", "lease_id": l.id})
 }

@@ -38,6 +38,9 @@ type Options struct {
 	ListenPort int
 	// Auth is the chain of Config's auth: block (auth.New); nil without one.
 	Auth *auth.Authenticator
+	// Ready is nil while spawnd is attached and answering, else why not
+	// (spawnrpc.Client.Ready). Nil means always ready.
+	Ready func() error
 }
 
 // Gateway serves the broker's HTTP API. Create it with New, call Start once,
@@ -45,6 +48,7 @@ type Options struct {
 type Gateway struct {
 	log        *slog.Logger
 	sp         spawnpb.SpawnerClient
+	ready      func() error
 	listenPort uint32
 	// boot holds the keys read only at boot; cfg the reloadable ones in force.
 	boot     *config.Config
@@ -76,6 +80,7 @@ func New(o Options) *Gateway {
 	g := &Gateway{
 		log:        o.Logger,
 		sp:         o.Spawner,
+		ready:      o.Ready,
 		listenPort: uint32(o.ListenPort),
 		boot:       o.Config,
 		cap:        newCapacity(o.Config.MaxConcurrent, o.Config.MaxQueueDepth, o.Config.QueueWaitTimeout.D()),
@@ -229,7 +234,25 @@ func (g *Gateway) reconcile() error {
 			l.onExit(&spawnpb.ExitEvent{LeaseId: l.id, Pid: l.pid, ExitCode: -1})
 		}
 	}
+	// A lease is known here before its Spawn is sent, so one spawnd holds
+	// and the gateway does not is a Spawn the gateway gave up on (spawnd
+	// stopped answering under it) that spawnd carried out later.
+	for _, rl := range list.Leases {
+		if g.lookup(rl.LeaseId) == nil {
+			g.log.Warn("nexus-spawnd holds a lease whose claim already failed here; terminating its instance", "lease_id", rl.LeaseId, "pid", rl.Pid)
+			go g.terminateAbandoned(rl.LeaseId)
+		}
+	}
 	return nil
+}
+
+// terminateAbandoned tears down an instance nobody claims, once.
+func (g *Gateway) terminateAbandoned(id string) {
+	ctx, cancel := context.WithTimeout(g.ctx, g.cfg.Load().ReleaseGrace.D()*3+30*time.Second)
+	defer cancel()
+	if _, err := g.sp.Terminate(ctx, &spawnpb.TerminateRequest{LeaseId: id, Reason: reasonClaimAbandoned, SkipGrace: true}); err != nil && status.Code(err) != codes.NotFound {
+		g.log.Warn("terminating an abandoned instance failed", "lease_id", id, "error", err)
+	}
 }
 
 func (g *Gateway) lookup(id string) *lease {
@@ -340,6 +363,7 @@ func (g *Gateway) Handler() http.Handler {
 	// Never under auth: health for probes; the instance dial-back proves
 	// itself with its spawn secret.
 	mux.HandleFunc("GET /healthz", g.handleHealthz)
+	mux.HandleFunc("GET /readyz", g.handleReadyz)
 	mux.HandleFunc("GET /instance", g.handleInstance)
 	// Authenticates itself: it also takes ?ticket=.
 	mux.HandleFunc("GET /lease/{lease_id}", g.handleClient)

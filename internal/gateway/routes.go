@@ -28,6 +28,25 @@ func (g *Gateway) handleHealthz(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
+// spawnerDown is why spawnd cannot serve a request now, nil while it can.
+func (g *Gateway) spawnerDown() error {
+	if g.ready == nil {
+		return nil
+	}
+	return g.ready()
+}
+
+// handleReadyz is GET /readyz, for load balancers: 200 while spawnd is
+// attached and answering, else 503 naming it. /healthz keeps the spec's
+// answer: the gateway itself is up.
+func (g *Gateway) handleReadyz(w http.ResponseWriter, _ *http.Request) {
+	if err := g.spawnerDown(); err != nil {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "error": err.Error()})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
+
 // handleTicket is POST /ticket/{lease_id}: a fresh ticket for the lease's
 // owner. With no auth: block it is inert: 200 with the ticket key omitted,
 // and the lease socket needs none.

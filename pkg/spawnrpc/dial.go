@@ -51,8 +51,11 @@ type DialOptions struct {
 const (
 	// launchTimeout bounds the wait for a launched spawnd to publish.
 	launchTimeout = 10 * time.Second
-	// healthTimeout bounds the check of a connection a call found failing.
-	healthTimeout = 2 * time.Second
+	// healthTimeout bounds a health check; healthInterval is how often an
+	// attached spawnd is checked, so an unresponsive one is noticed within
+	// their sum.
+	healthTimeout  = 2 * time.Second
+	healthInterval = time.Second
 	// Re-attach retries back off between these; a change to spawnd.json
 	// cuts the wait short.
 	minBackoff = 50 * time.Millisecond
@@ -240,6 +243,10 @@ func (c *Client) observe(err error) {
 // supervise re-attaches whenever the current connection breaks.
 func (c *Client) supervise() {
 	defer close(c.supervised)
+	// A spawnd that is alive but does not answer (stopped, or wedged) is
+	// noticed by neither its pidfd nor gRPC: only asking it does.
+	probe := time.NewTicker(healthInterval)
+	defer probe.Stop()
 	for {
 		c.mu.Lock()
 		cn := c.cur
@@ -249,11 +256,13 @@ func (c *Client) supervise() {
 			return
 		case <-cn.broken:
 		case <-c.poke:
-			err := cn.health(c.ctx)
-			if err == nil || c.ctx.Err() != nil {
+			if !c.failsHealth(cn) {
 				continue // spawnd answered: the failure was the call's own
 			}
-			cn.markBroken("health check failed: " + err.Error())
+		case <-probe.C:
+			if !c.failsHealth(cn) {
+				continue
+			}
 		}
 		// Calls from now on wait for the next spawnd.
 		c.setConn(nil, errors.New(cn.why))
@@ -270,6 +279,28 @@ func (c *Client) supervise() {
 		default:
 		}
 	}
+}
+
+// failsHealth health-checks cn and reports whether it failed, marking it
+// broken if so; false also once the Client is closing.
+func (c *Client) failsHealth(cn *conn) bool {
+	err := cn.health(c.ctx)
+	if err == nil || c.ctx.Err() != nil {
+		return false
+	}
+	cn.markBroken("health check failed: " + err.Error())
+	return true
+}
+
+// Ready is nil while a spawnd is attached and answering, else why not: a
+// caller that must not wait for spawnd (a claim) fails fast on it.
+func (c *Client) Ready() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cur != nil {
+		return nil
+	}
+	return fmt.Errorf("nexus-spawnd is not answering: %v", c.lastErr)
 }
 
 // reattach retries until a spawnd answers or the Client is closed, waking
