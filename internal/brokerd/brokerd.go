@@ -23,6 +23,7 @@ import (
 	"github.com/nexus-broker/nexus-broker/internal/gateway"
 	"github.com/nexus-broker/nexus-broker/internal/safedir"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc"
+	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
 )
 
 // Options are cmd/nexus-broker's flags.
@@ -88,7 +89,7 @@ func Run(o Options) error {
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
 	base := "http://" + ln.Addr().String()
-	log.Info("nexus-broker listening", "addr", ln.Addr().String(), "config", path)
+	log.Info("nexus-broker listening", append([]any{"addr", ln.Addr().String(), "config", path}, bootSummary(ctx, cfg, path, client)...)...)
 	if dev {
 		go showDevClaim(ctx, base, log)
 	}
@@ -109,6 +110,27 @@ func Run(o Options) error {
 			return nil
 		}
 	}
+}
+
+// bootSummary is what is in force, for the one boot line that says so: the
+// entries as spawnd resolved them (the gateway reads no path from the
+// file), the timeouts, and where state and the socket live.
+func bootSummary(ctx context.Context, cfg *config.Config, path string, client *spawnrpc.Client) []any {
+	entries := "(spawnd did not answer)"
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if st, err := client.Spawner().Status(ctx, &spawnpb.StatusRequest{}); err == nil {
+		var es []string
+		for _, b := range st.Binaries {
+			es = append(es, b.Name+"="+b.ResolvedPath)
+		}
+		entries = strings.Join(es, ",")
+	}
+	return []any{"advertise_addr", cfg.AdvertiseAddr, "entries", entries,
+		"idle_timeout", cfg.IdleTimeout.D().String(), "max_turn_duration", cfg.MaxTurnDuration.D().String(),
+		"ready_timeout", cfg.ReadyTimeout.D().String(), "queue_wait_timeout", cfg.QueueWaitTimeout.D().String(),
+		"release_grace", cfg.ReleaseGrace.D().String(), "reattach_window", cfg.ReattachWindow.D().String(),
+		"max_concurrent", cfg.MaxConcurrent, "state_dir", cfg.StateDir, "run_dir", spawnrpc.RunDir(cfg, path), "spawnd_pid", client.Endpoint().Pid}
 }
 
 // loadConfig resolves, canonicalises and loads the config file of o.

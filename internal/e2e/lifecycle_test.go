@@ -254,3 +254,31 @@ func TestLaunchedSpawndLifecycle(t *testing.T) {
 		t.Errorf("the launched spawnd exited %s after its gateway stopped, before the idle exit of %s", took, spawnrpc.LaunchedIdleExit)
 	}
 }
+
+// TestExitBeforeReadyIsExplained: an instance that exits before it is ready
+// has the gateway log name the lease, the exit status, the instance's log
+// and the end of its output, quoted: a line the instance printed cannot
+// pose as one of the gateway's. The 502 body stays as the spec words it.
+func TestExitBeforeReadyIsExplained(t *testing.T) {
+	script := filepath.Join(sockdir.New(t, "nxs"), "broken-nexus")
+	if err := os.WriteFile(script, []byte("#!/bin/sh\necho 'fatal: no model configured'\nprintf 'time=x level=ERROR msg=forged\\n' >&2\nexit 3\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(filepath.Dir(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b := startBroker(t, Options{YAML: fmt.Sprintf("  broken:\n    path: %q\n", script)})
+	e := b.claimErr(brokerclient.ClaimRequest{Binary: "broken", Config: "engine:\n  name: example\n"})
+	if e.Status != 502 || e.Message != "instance exited before signalling ready" {
+		t.Fatalf("claim of an entry that exits at once = %d %q", e.Status, e.Message)
+	}
+	m := b.GatewayLog.wait(t, regexp.MustCompile(`level=ERROR msg="instance exited before signalling ready" lease_id=(\S+) exit_code=3 signal="" log=(\S+) output_tail="([^"]*)`), 10*time.Second)
+	if !strings.HasSuffix(m[2], m[1]+".log") || !strings.Contains(m[3], "fatal: no model configured") {
+		t.Errorf("the log line's lease, log path or tail: %q", m[0])
+	}
+	for _, line := range strings.Split(b.GatewayLog.String(), "\n") {
+		if strings.HasPrefix(line, "time=x") {
+			t.Errorf("the instance's output forged a gateway log line: %q", line)
+		}
+	}
+}

@@ -316,6 +316,13 @@ func (g *Gateway) awaitReady(ctx context.Context, l *lease, cfg *config.Config) 
 		default:
 		}
 		g.m.spawnFailures.inc("exited_before_ready")
+		l.mu.Lock()
+		ev := l.exit
+		l.mu.Unlock()
+		// The tail comes escaped from spawnd, and is quoted here again: an
+		// instance cannot write a log line of its own into ours.
+		g.log.Error("instance exited before signalling ready", "lease_id", l.id, "exit_code", ev.GetExitCode(), "signal", ev.GetSignal(),
+			"log", ev.GetLogPath(), "output_tail", ev.GetOutputTail())
 		return refuse(http.StatusBadGateway, "spawn_failed", "instance exited before signalling ready")
 	case <-timer.C:
 		g.m.spawnFailures.inc("ready_timeout")

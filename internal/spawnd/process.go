@@ -2,6 +2,7 @@ package spawnd
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -11,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nexus-broker/nexus-broker/internal/safedir"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
 )
 
@@ -288,6 +290,8 @@ func (d *Daemon) supervise(l *lease) {
 	}
 	if !terminated {
 		rec.Reason = reasonCrashed
+		ev.LogPath = filepath.Join(d.logDir, rec.LeaseID+".log")
+		ev.OutputTail = outputTail(ev.LogPath)
 	}
 	d.journal.append(kindEnded, rec)
 	d.log.Info("instance exited", "lease_id", rec.LeaseID, "entry", rec.Entry, "pid", rec.PID, "adopted", l.adopted,
@@ -421,4 +425,25 @@ func (d *Daemon) signalGroup(l *lease, sig unix.Signal, msg string, attrs ...any
 	if err != nil {
 		d.log.Error("signalling the instance's process group failed", "lease_id", rec.LeaseID, "signal", unix.SignalName(sig), "error", err)
 	}
+}
+
+// outputTailBytes bounds the output an exit event carries.
+const outputTailBytes = 2 << 10
+
+// outputTail is the end of an instance's log, escaped as a Go string
+// literal's body: what an instance printed can then be quoted in a log line
+// but never start one of its own.
+func outputTail(path string) string {
+	f, err := safedir.OpenFile(path, os.O_RDONLY, 0)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	var off int64
+	if st, err := f.Stat(); err == nil {
+		off = max(0, st.Size()-outputTailBytes)
+	}
+	data, _ := io.ReadAll(io.NewSectionReader(f, off, outputTailBytes))
+	q := strconv.Quote(string(data))
+	return q[1 : len(q)-1]
 }

@@ -359,13 +359,15 @@ func hasSetIDCaps() bool {
 	return false
 }
 
-// listing is the public registry: names, labels and descriptions only. A
-// path, argv or environment never leaves spawnd.
+// listing is the registry as the gateway sees it: names, labels,
+// descriptions, and the resolved path for the gateway's boot summary (the
+// gateway publishes names, labels and descriptions only). An argv or
+// environment never leaves spawnd.
 func (s *settings) listing() []*spawnpb.Binary {
 	out := make([]*spawnpb.Binary, 0, len(s.entries))
 	for _, name := range slices.Sorted(maps.Keys(s.entries)) {
 		e := s.entries[name]
-		out = append(out, &spawnpb.Binary{Name: name, Label: e.label, Description: e.description})
+		out = append(out, &spawnpb.Binary{Name: name, Label: e.label, Description: e.description, ResolvedPath: e.resolved})
 	}
 	return out
 }

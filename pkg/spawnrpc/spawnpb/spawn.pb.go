@@ -761,7 +761,13 @@ type ExitEvent struct {
 	// signal names the terminating signal ("SIGKILL"), empty otherwise.
 	Signal string `protobuf:"bytes,4,opt,name=signal,proto3" json:"signal,omitempty"`
 	// terminated is true when the exit followed a Terminate call.
-	Terminated    bool `protobuf:"varint,5,opt,name=terminated,proto3" json:"terminated,omitempty"`
+	Terminated bool `protobuf:"varint,5,opt,name=terminated,proto3" json:"terminated,omitempty"`
+	// For an instance that exited on its own: where its output is kept, and
+	// the last bytes of that output (at most 2 KiB, control characters and
+	// invalid UTF-8 escaped as in a Go string literal), so the gateway can say
+	// why a claim failed without reading spawnd's files.
+	LogPath       string `protobuf:"bytes,6,opt,name=log_path,json=logPath,proto3" json:"log_path,omitempty"`
+	OutputTail    string `protobuf:"bytes,7,opt,name=output_tail,json=outputTail,proto3" json:"output_tail,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -829,6 +835,20 @@ func (x *ExitEvent) GetTerminated() bool {
 		return x.Terminated
 	}
 	return false
+}
+
+func (x *ExitEvent) GetLogPath() string {
+	if x != nil {
+		return x.LogPath
+	}
+	return ""
+}
+
+func (x *ExitEvent) GetOutputTail() string {
+	if x != nil {
+		return x.OutputTail
+	}
+	return ""
 }
 
 type RecordRequest struct {
@@ -1061,8 +1081,11 @@ type Binary struct {
 	// label and description are unset when the operator wrote none, and ""
 	// when the operator wrote an empty string: GET /binaries keeps the two
 	// apart.
-	Label         *string `protobuf:"bytes,2,opt,name=label,proto3,oneof" json:"label,omitempty"`
-	Description   *string `protobuf:"bytes,3,opt,name=description,proto3,oneof" json:"description,omitempty"`
+	Label       *string `protobuf:"bytes,2,opt,name=label,proto3,oneof" json:"label,omitempty"`
+	Description *string `protobuf:"bytes,3,opt,name=description,proto3,oneof" json:"description,omitempty"`
+	// resolved_path is the executable spawnd resolved the entry to, for the
+	// gateway's boot summary; the gateway never reads a path from the file.
+	ResolvedPath  string `protobuf:"bytes,4,opt,name=resolved_path,json=resolvedPath,proto3" json:"resolved_path,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1114,6 +1137,13 @@ func (x *Binary) GetLabel() string {
 func (x *Binary) GetDescription() string {
 	if x != nil && x.Description != nil {
 		return *x.Description
+	}
+	return ""
+}
+
+func (x *Binary) GetResolvedPath() string {
+	if x != nil {
+		return x.ResolvedPath
 	}
 	return ""
 }
@@ -1365,7 +1395,7 @@ const file_pkg_spawnrpc_spawnpb_spawn_proto_rawDesc = "" +
 	"\aadopted\x18\a \x01(\bR\aadopted\"C\n" +
 	"\fListResponse\x123\n" +
 	"\x06leases\x18\x01 \x03(\v2\x1b.nexusbroker.spawn.v1.LeaseR\x06leases\"\x0e\n" +
-	"\fWatchRequest\"\x8d\x01\n" +
+	"\fWatchRequest\"\xc9\x01\n" +
 	"\tExitEvent\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12\x10\n" +
 	"\x03pid\x18\x02 \x01(\x03R\x03pid\x12\x1b\n" +
@@ -1373,7 +1403,10 @@ const file_pkg_spawnrpc_spawnpb_spawn_proto_rawDesc = "" +
 	"\x06signal\x18\x04 \x01(\tR\x06signal\x12\x1e\n" +
 	"\n" +
 	"terminated\x18\x05 \x01(\bR\n" +
-	"terminated\"I\n" +
+	"terminated\x12\x19\n" +
+	"\blog_path\x18\x06 \x01(\tR\alogPath\x12\x1f\n" +
+	"\voutput_tail\x18\a \x01(\tR\n" +
+	"outputTail\"I\n" +
 	"\rRecordRequest\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12\x1d\n" +
 	"\n" +
@@ -1387,11 +1420,12 @@ const file_pkg_spawnrpc_spawnpb_spawn_proto_rawDesc = "" +
 	"\x05error\x18\x02 \x01(\tR\x05error\x12\x18\n" +
 	"\achanged\x18\x03 \x03(\tR\achanged\x128\n" +
 	"\bbinaries\x18\x04 \x03(\v2\x1c.nexusbroker.spawn.v1.BinaryR\bbinaries\x12\x1b\n" +
-	"\tboot_only\x18\x05 \x03(\tR\bbootOnly\"x\n" +
+	"\tboot_only\x18\x05 \x03(\tR\bbootOnly\"\x9d\x01\n" +
 	"\x06Binary\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x19\n" +
 	"\x05label\x18\x02 \x01(\tH\x00R\x05label\x88\x01\x01\x12%\n" +
-	"\vdescription\x18\x03 \x01(\tH\x01R\vdescription\x88\x01\x01B\b\n" +
+	"\vdescription\x18\x03 \x01(\tH\x01R\vdescription\x88\x01\x01\x12#\n" +
+	"\rresolved_path\x18\x04 \x01(\tR\fresolvedPathB\b\n" +
 	"\x06_labelB\x0e\n" +
 	"\f_description\"\x0f\n" +
 	"\rStatusRequest\"\xbf\x01\n" +
