@@ -119,9 +119,11 @@ type Broker struct {
 	ConfigPath string
 	RunDir     string
 	Home       string
-	Base       string
-	Addr       string
-	Client     *brokerclient.Client
+	// Tmp is both processes' TMPDIR, where spawnd keeps claim configs.
+	Tmp    string
+	Base   string
+	Addr   string
+	Client *brokerclient.Client
 	// Token is the bearer the harness's own requests carry (an operator's,
 	// on a broker with an auth: block).
 	Token      string
@@ -237,7 +239,8 @@ func startBroker(t testing.TB, o Options) *Broker {
 	if err := os.WriteFile(b.ConfigPath, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	b.env = append([]string{"HOME=" + b.Home, "PATH=" + os.Getenv("PATH"), "LANG=C.UTF-8", "TZ=UTC", "TMPDIR=" + privateTmp(t)}, o.Env...)
+	b.Tmp = privateTmp(t)
+	b.env = append([]string{"HOME=" + b.Home, "PATH=" + os.Getenv("PATH"), "LANG=C.UTF-8", "TZ=UTC", "TMPDIR=" + b.Tmp}, o.Env...)
 	if o.XDGRuntimeDir != "" {
 		b.env = append(b.env, "XDG_RUNTIME_DIR="+o.XDGRuntimeDir)
 		t.Setenv("XDG_RUNTIME_DIR", o.XDGRuntimeDir)

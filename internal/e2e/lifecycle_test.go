@@ -226,6 +226,14 @@ func TestLaunchedSpawndLifecycle(t *testing.T) {
 	if pid <= 0 {
 		t.Fatal("no launched spawnd published")
 	}
+	// What the launched spawnd said at boot reaches the gateway's log, and
+	// one boot line says what is in force, entries as spawnd resolved them.
+	b.GatewayLog.wait(t, regexp.MustCompile(`level=INFO msg="nexus-spawnd said" pid=\d+ line=".*binary registry entry.* name=nexus`), 5*time.Second)
+	if os.Geteuid() == 0 {
+		b.GatewayLog.wait(t, regexp.MustCompile(`level=WARN msg="nexus-spawnd said" pid=\d+ line=".*no run_as and nexus-spawnd runs as root`), 5*time.Second)
+	}
+	b.GatewayLog.wait(t, regexp.MustCompile(fmt.Sprintf(`msg="nexus-broker listening" .* entries="nexus=%s" .* state_dir="" run_dir=%s spawnd_pid=%d`,
+		regexp.QuoteMeta(bin("nexus-echo")), regexp.QuoteMeta(b.RunDir), pid)), 5*time.Second)
 	claim := b.claim(brokerclient.ClaimRequest{})
 	b.KillGateway(syscall.SIGTERM)
 	// Held for longer than the idle exit: a lease keeps spawnd up.
@@ -267,7 +275,7 @@ func TestExitBeforeReadyIsExplained(t *testing.T) {
 	if err := os.Chmod(filepath.Dir(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	b := startBroker(t, Options{YAML: fmt.Sprintf("  broken:\n    path: %q\n", script)})
+	b := startBroker(t, Options{StateDir: true, YAML: fmt.Sprintf("  broken:\n    path: %q\n", script)})
 	e := b.claimErr(brokerclient.ClaimRequest{Binary: "broken", Config: "engine:\n  name: example\n"})
 	if e.Status != 502 || e.Message != "instance exited before signalling ready" {
 		t.Fatalf("claim of an entry that exits at once = %d %q", e.Status, e.Message)
@@ -280,5 +288,34 @@ func TestExitBeforeReadyIsExplained(t *testing.T) {
 		if strings.HasPrefix(line, "time=x") {
 			t.Errorf("the instance's output forged a gateway log line: %q", line)
 		}
+	}
+}
+
+// TestNothingLeftInTMPDIR: without a state_dir, an instance's log goes with
+// its lease, and a spawnd that stops with no lease removes its temp
+// directory: nothing is left in TMPDIR.
+func TestNothingLeftInTMPDIR(t *testing.T) {
+	b := startBroker(t, Options{})
+	c := b.claim(brokerclient.ClaimRequest{})
+	say(t, b.dial(c, brokerclient.DialOptions{}), "hi")
+	logs, _ := filepath.Glob(filepath.Join(b.Tmp, "nexus-spawnd-*", "logs", "*.log"))
+	if len(logs) != 1 {
+		t.Fatalf("instance logs while the lease lives: %v", logs)
+	}
+	if code, _ := b.do("POST", "/release/"+c.LeaseID, ""); code != 200 {
+		t.Fatal("release")
+	}
+	b.waitNoInstances(10 * time.Second)
+	eventually(t, 5*time.Second, func() string {
+		l, _ := filepath.Glob(filepath.Join(b.Tmp, "nexus-spawnd-*", "logs", "*"))
+		return fmt.Sprint(l)
+	},
+		func() bool {
+			l, _ := filepath.Glob(filepath.Join(b.Tmp, "nexus-spawnd-*", "logs", "*"))
+			return len(l) == 0
+		})
+	b.KillSpawnd(syscall.SIGTERM)
+	if left, _ := os.ReadDir(b.Tmp); len(left) != 0 {
+		t.Errorf("spawnd left %d entries in TMPDIR, the first %s", len(left), left[0].Name())
 	}
 }

@@ -293,6 +293,13 @@ func (d *Daemon) supervise(l *lease) {
 		ev.LogPath = filepath.Join(d.logDir, rec.LeaseID+".log")
 		ev.OutputTail = outputTail(ev.LogPath)
 	}
+	if d.stateLock == nil {
+		// Without a state_dir the log lives in spawnd's temp directory,
+		// which must not fill up with the output of leases long gone: it
+		// goes with its lease (its tail went out with the exit event).
+		_ = os.Remove(filepath.Join(d.logDir, rec.LeaseID+".log"))
+		ev.LogPath = ""
+	}
 	d.journal.append(kindEnded, rec)
 	d.log.Info("instance exited", "lease_id", rec.LeaseID, "entry", rec.Entry, "pid", rec.PID, "adopted", l.adopted,
 		"exit_code", ev.ExitCode, "signal", ev.Signal, "terminated", terminated, "reason", rec.Reason)

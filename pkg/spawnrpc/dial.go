@@ -661,6 +661,7 @@ func (c *Client) launchAndAttach(ctx context.Context, why error) (*conn, error) 
 	if err != nil {
 		return nil, err
 	}
+	l.relayBoot(c.log)
 	return c.attach(ctx, ep)
 }
 

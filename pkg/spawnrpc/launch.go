@@ -1,11 +1,13 @@
 package spawnrpc
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -170,6 +172,32 @@ func (l *launched) awaitEndpoint(ctx context.Context, runDir string) (Endpoint, 
 		t.Stop()
 		// The watch makes this fast; the re-check covers a missed event.
 		backoff = min(2*backoff, 500*time.Millisecond)
+	}
+}
+
+// relayBootBytes bounds how much of a launched spawnd's boot output is
+// relayed.
+const relayBootBytes = 64 << 10
+
+// relayBoot repeats in the gateway's log what a launched spawnd said at boot
+// that an operator must see (its registry lines, every WARN and ERROR):
+// spawnd.log is not where someone running make run looks. Each line is
+// quoted whole, so it cannot pose as a line of the gateway's own.
+func (l *launched) relayBoot(log *slog.Logger) {
+	f, err := safedir.OpenFile(l.logPath, os.O_RDONLY, 0)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(io.NewSectionReader(f, l.logStart, relayBootBytes))
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case strings.Contains(line, " level=WARN ") || strings.Contains(line, " level=ERROR "):
+			log.Warn("nexus-spawnd said", "pid", l.pid, "line", line)
+		case strings.Contains(line, ` msg="binary registry entry" `):
+			log.Info("nexus-spawnd said", "pid", l.pid, "line", line)
+		}
 	}
 }
 
