@@ -106,3 +106,46 @@ func TestWithoutStateDir(t *testing.T) {
 		t.Errorf("configured broker_id: got %q (%v)", named.brokerID, err)
 	}
 }
+
+// TestStateDirIsPrivate: a state_dir the operator created open to others is
+// tightened to 0700 with a WARN; one another uid owns, or a symlink in its
+// place, refuses the boot naming it, and nothing is written through it.
+func TestStateDirIsPrivate(t *testing.T) {
+	loose := filepath.Join(t.TempDir(), "loose")
+	if err := os.Mkdir(loose, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, logs, err := boot(t, stateYAML(loose)); err != nil {
+		t.Fatal(err)
+	} else {
+		logs.await(t, "state_dir was open to other users; tightened to 0700 (it holds the spawn-key, the lease journal and instance output)",
+			"state_dir", loose, "was", "0755")
+	}
+	if st, _ := os.Stat(loose); st.Mode().Perm() != 0o700 {
+		t.Errorf("state_dir mode after boot = %v, want 0700", st.Mode().Perm())
+	}
+
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to give a directory to another uid")
+	}
+	foreign := filepath.Join(t.TempDir(), "foreign")
+	if err := os.Mkdir(foreign, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(foreign, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := boot(t, stateYAML(foreign)); err == nil || !strings.Contains(err.Error(), foreign+" is owned by uid 65534 with mode 0700") {
+		t.Errorf("boot on a foreign-owned state_dir = %v, want refused naming it", err)
+	}
+	link := filepath.Join(t.TempDir(), "link")
+	if err := os.Symlink(loose, link); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := boot(t, stateYAML(link)); err == nil || !strings.Contains(err.Error(), link+" is not a directory") {
+		t.Errorf("boot on a symlinked state_dir = %v, want refused naming it", err)
+	}
+	if ents, _ := os.ReadDir(foreign); len(ents) != 0 {
+		t.Errorf("something was written into the foreign state_dir: %v", ents)
+	}
+}
