@@ -112,7 +112,10 @@ func TestAdoptedInstanceExitIsPublished(t *testing.T) {
 	h.restartWithLive("lease-crash")
 	stream := h.watch()
 	f.send("exit 7")
-	want := &spawnpb.ExitEvent{LeaseId: "lease-crash", Pid: resp.Pid, ExitCode: 7}
+	// It exited on its own: the event says where its output is and how it
+	// ends, escaped.
+	want := &spawnpb.ExitEvent{LeaseId: "lease-crash", Pid: resp.Pid, ExitCode: 7,
+		LogPath: filepath.Join(h.stateDir, "logs", "lease-crash.log"), OutputTail: `fake instance started\n`}
 	if ev := h.nextExit(stream); !proto.Equal(ev, want) {
 		t.Errorf("exit = %v, want %v", ev, want)
 	}
