@@ -11,10 +11,6 @@ import (
 	"github.com/nexus-broker/nexus-broker/internal/sockdir"
 )
 
-// nobody is the attacker's uid: a local user with no business in the
-// broker's directories.
-const nobody = 65534
-
 // asNobody runs a command as uid and gid 65534 with no groups, as a local
 // attacker would, failing the test if it fails.
 func asNobody(t *testing.T, argv ...string) {
