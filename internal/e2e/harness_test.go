@@ -47,9 +47,9 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	cmd := exec.Command("go", "build", "-race", "-o", dir+"/", "../../cmd/nexus-broker", "../../cmd/nexus-spawnd", "../../cmd/nexus-echo")
+	cmd := exec.Command("go", "build", "-race", "-o", dir+"/", "../../cmd/nexus-broker", "../../cmd/nexus-spawnd", "../../cmd/nexus-echo", "../../cmd/nexus-client")
 	if os.Getenv("E2E_NORACE") != "" {
-		cmd = exec.Command("go", "build", "-o", dir+"/", "../../cmd/nexus-broker", "../../cmd/nexus-spawnd", "../../cmd/nexus-echo")
+		cmd = exec.Command("go", "build", "-o", dir+"/", "../../cmd/nexus-broker", "../../cmd/nexus-spawnd", "../../cmd/nexus-echo", "../../cmd/nexus-client")
 	}
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Run(); err != nil {
