@@ -48,6 +48,10 @@ var limitFiles = map[string]struct{ controller, file string }{
 	"cpu_weight": {"cpu", "cpu.weight"},
 }
 
+// msgNoCgroups is the one WARN of a spawnd without cgroup containment.
+const msgNoCgroups = "no delegated cgroup v2 tree: instances are contained by process group only, which a child that calls setsid leaves, " +
+	"surviving its instance's release; set spawnd.cgroup_root to a writable cgroup v2 directory, or run nexus-spawnd under systemd with Delegate=yes"
+
 // Where the auto-detection reads; tests point them at fixtures.
 var (
 	procSelfCgroup    = "/proc/self/cgroup"
@@ -62,8 +66,7 @@ func (d *Daemon) openCgroups(configured string, s *settings) error {
 		return err
 	}
 	if root == "" {
-		d.log.Warn("no delegated cgroup v2 tree: instances are contained by process group only, which a child that calls setsid leaves, " +
-			"surviving its instance's release; set spawnd.cgroup_root to a writable cgroup v2 directory, or run nexus-spawnd under systemd with Delegate=yes")
+		d.log.Warn(msgNoCgroups)
 	} else if d.cgroups, err = openCgroupTree(root, d.brokerID); err != nil {
 		return err
 	} else {

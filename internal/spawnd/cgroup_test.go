@@ -88,3 +88,22 @@ func TestLimitsWithoutCgroupsAreRefused(t *testing.T) {
 		t.Fatalf("admit of an entry without limits = %v", err)
 	}
 }
+
+// TestWithoutCgroupsOneWarnNamesTheSetsidEscape: a spawnd that finds no
+// cgroup v2 tree says once, at boot, what process groups cannot contain.
+func TestWithoutCgroupsOneWarnNamesTheSetsidEscape(t *testing.T) {
+	v1Only := filepath.Join(t.TempDir(), "cgroup")
+	if err := os.WriteFile(v1Only, []byte("12:memory:/x\n1:name=systemd:/x\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	procSelfCgroup = v1Only
+	t.Cleanup(func() { procSelfCgroup = "/proc/self/cgroup" })
+	h := newHarness(t, defaultYAML)
+	h.logs.await(t, msgNoCgroups)
+	if n := len(h.logs.find(msgNoCgroups)); n != 1 || !strings.Contains(msgNoCgroups, "setsid") {
+		t.Fatalf("%d boot WARNs %q, want one naming the setsid escape", n, msgNoCgroups)
+	}
+	if h.d.cgroups != nil {
+		t.Fatal("spawnd contains instances in cgroups without a cgroup v2 tree")
+	}
+}
