@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nexus-broker/nexus-broker/internal/sockdir"
 )
 
 // cgroupRoot creates a cgroup v2 directory of the test's own, to hand
@@ -199,7 +201,7 @@ func TestCgroupLimitWithoutItsControllerRefusesTheBoot(t *testing.T) {
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "broker.yaml")
 	yaml := fmt.Sprintf("spawnd:\n  run_dir: %q\n  cgroup_root: %q\nbinaries:\n  nexus:\n    path: %q\n    pids_max: 64\n",
-		filepath.Join(dir, "run"), root, bin("nexus-echo"))
+		filepath.Join(sockdir.New(t, "nxg"), "run"), root, bin("nexus-echo"))
 	if err := os.WriteFile(cfg, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}

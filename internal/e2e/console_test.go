@@ -16,6 +16,7 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/chromedp/chromedp/kb"
 
+	"github.com/nexus-broker/nexus-broker/internal/sockdir"
 	"github.com/nexus-broker/nexus-broker/pkg/brokerclient"
 )
 
@@ -45,6 +46,9 @@ func startChromium(t *testing.T) context.Context {
 		chromedp.Flag("disable-component-update", true),
 		chromedp.Flag("disable-sync", true),
 		chromedp.UserDataDir(profile),
+		// Chromium puts its singleton socket under TMPDIR, which may be
+		// too long for a unix socket path.
+		chromedp.Env("TMPDIR="+sockdir.New(t, "nxc")),
 		chromedp.WindowSize(1280, 900),
 	)
 	tab, cancelTab := chromedp.NewContext(alloc)

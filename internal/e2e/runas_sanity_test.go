@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/nexus-broker/nexus-broker/internal/sockdir"
 )
 
 // TestRunAsTheGatewayUIDRefusesTheBoot: with the gateway apart from spawnd
@@ -18,7 +20,7 @@ func TestRunAsTheGatewayUIDRefusesTheBoot(t *testing.T) {
 		t.Skip("the test puts the gateway at uid 65534, apart from spawnd's")
 	}
 	dir := t.TempDir()
-	runDir := filepath.Join(dir, "run")
+	runDir := filepath.Join(sockdir.New(t, "nxr"), "run")
 	cfg := filepath.Join(dir, "broker.yaml")
 	yaml := fmt.Sprintf(`listen_addr: "127.0.0.1:%d"
 spawnd:
