@@ -13,6 +13,7 @@ import (
 	"container/list"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -36,6 +37,14 @@ type Spec[B any] struct {
 	// Off says what is lost while the index is off, and how to get it
 	// back.
 	Off string
+	// Torn says, in the skip WARN, why a line may not be a whole binding.
+	Torn string
+	// Read reads the file; nil is os.ReadFile.
+	Read func(path string) ([]byte, error)
+	// SetAside, when set, is the WARN for a file Read refuses: it is
+	// renamed to <path>.set-aside and a fresh index started, rather than
+	// the index turning itself off.
+	SetAside string
 }
 
 type entry[B any] struct {
@@ -61,10 +70,23 @@ type Index[B any] struct {
 func Open[B any](spec Spec[B], log *slog.Logger) *Index[B] {
 	x := &Index[B]{spec: spec, log: log, order: list.New(), byKey: map[string]*list.Element{}}
 	atomicfile.RemoveTemps(spec.Path)
-	data, err := os.ReadFile(spec.Path)
+	read := spec.Read
+	if read == nil {
+		read = os.ReadFile
+	}
+	data, err := read(spec.Path)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		x.off(err)
-		return nil
+		if spec.SetAside == "" {
+			x.off(err)
+			return nil
+		}
+		aside := spec.Path + ".set-aside"
+		if rerr := os.Rename(spec.Path, aside); rerr != nil {
+			x.off(fmt.Errorf("%w; and setting it aside failed: %v", err, rerr))
+			return nil
+		}
+		log.Warn(spec.SetAside, "path", spec.Path, "set_aside", aside, "error", err)
+		data = nil
 	}
 	n := 0
 	for raw := range bytes.Lines(data) {
@@ -75,7 +97,7 @@ func Open[B any](spec Spec[B], log *slog.Logger) *Index[B] {
 			key, ok = spec.Key(b)
 		}
 		if !ok {
-			log.Warn("skipping a "+spec.What+" line that is not a whole binding (torn by a crash mid-write, or edited)",
+			log.Warn("skipping a "+spec.What+" line that is not a whole binding ("+spec.Torn+")",
 				"path", spec.Path, "line", n)
 			continue
 		}

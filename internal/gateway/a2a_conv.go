@@ -112,6 +112,7 @@ func newIngress(g *Gateway, cfg *config.Config, log *slog.Logger) *ingress {
 			},
 			What: "A2A context → session index",
 			Off:  "conversation continuity lasts only as long as this process",
+			Torn: "torn by a crash mid-write, or edited",
 		}, log)
 	}
 	return in

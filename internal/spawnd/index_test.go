@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/nexus-broker/nexus-broker/internal/bindindex"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
 )
 
@@ -225,8 +226,8 @@ func TestIndexCapIs4096(t *testing.T) {
 	}
 	x.close()
 	y, _ := openTestIndex(t, dir, maxBindings)
-	if n := len(indexLines(t, filepath.Join(dir, indexFile))); n != maxBindings || y.order.Len() != maxBindings {
-		t.Errorf("reopened index has %d lines, %d bindings; want %d", n, y.order.Len(), maxBindings)
+	if n := len(indexLines(t, filepath.Join(dir, indexFile))); n != maxBindings || y.idx.Len() != maxBindings {
+		t.Errorf("reopened index has %d lines, %d bindings; want %d", n, y.idx.Len(), maxBindings)
 	}
 	if y.lookup("sess-0") != "" || y.lookup("sess-1") != "nexus" {
 		t.Error("the reopened index does not hold the newest 4096")
@@ -239,15 +240,15 @@ func TestIndexCompactsEvery256Appends(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, indexFile)
 	x, _ := openTestIndex(t, dir, maxBindings)
-	for range indexCompactEvery - 1 {
+	for range bindindex.CompactEvery - 1 {
 		x.bind("sess-same", "nexus")
 	}
-	if n := len(indexLines(t, path)); n != indexCompactEvery-1 {
-		t.Fatalf("after %d appends the index has %d lines, want one per append", indexCompactEvery-1, n)
+	if n := len(indexLines(t, path)); n != bindindex.CompactEvery-1 {
+		t.Fatalf("after %d appends the index has %d lines, want one per append", bindindex.CompactEvery-1, n)
 	}
 	x.bind("sess-other", "vision")
 	if got := indexLines(t, path); len(got) != 2 {
-		t.Fatalf("after the %dth append the index is %q, want its two bindings", indexCompactEvery, got)
+		t.Fatalf("after the %dth append the index is %q, want its two bindings", bindindex.CompactEvery, got)
 	}
 	x.bind("sess-third", "nexus")
 	if n := len(indexLines(t, path)); n != 3 {
