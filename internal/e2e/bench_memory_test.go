@@ -18,20 +18,19 @@ import (
 // that their nexus-echo processes fit a laptop.
 const idleLeases = 200
 
-// BenchmarkIdleLeaseMemory reports what one idle lease, with its client
-// connected, costs the gateway process.
+// BenchmarkIdleLeaseMemory reports what one idle lease costs the broker:
+// its gateway and its spawnd together, without a client and with one.
 //
-// Method. The gateway has no pprof endpoint, so the measure is its resident
-// set (VmRSS): read once with no lease, again with idleLeases leases open,
-// each read taken only once two reads 250 ms apart agree (within
+// Method. Neither process has a pprof endpoint, so the measure is their
+// resident sets (VmRSS): read with no lease, again with idleLeases leases
+// claimed and no client, and again once each has a client connected. Each
+// read is taken only once two reads 250 ms apart agree (within
 // rssTolerance), because a Go process's RSS drifts for a while after a
 // burst as the collector and scavenger catch up. The difference over
 // idleLeases is the cost per lease. RSS counts only touched pages, so
 // memory a lease allocates but never touches (the unused tails of its
 // sockets' I/O buffers) is not in it; it does include garbage the
-// collector has not yet returned, which is why a second figure, the slope
-// between idleLeases/2 and idleLeases leases, is reported too: it cancels
-// whatever the first claims cost once (heap growth, connection pools).
+// collector has not yet returned.
 //
 // "Buffers excluded": an idle lease's replay buffer holds just the two
 // frames its instance sent on registering (ready and session-id-report,
@@ -39,20 +38,30 @@ const idleLeases = 200
 // exactly as the gateway encodes them, are subtracted. (They are about
 // 200 bytes a lease: the subtraction is for honesty, not effect.)
 //
-// Each iteration of the loop is one more stable reading at idleLeases; the
-// median is reported. spawnd's growth is reported beside it for scale.
+// Each iteration of the loop is one more stable reading with clients; the
+// median is reported.
 func BenchmarkIdleLeaseMemory(b *testing.B) {
 	benchPreflight(b)
-	br := startBroker(b, Options{YAML: "max_concurrent: 0\nidle_timeout: 0s\n"})
-	gw, sp := br.gateway.cmd.Process.Pid, br.spawnd.cmd.Process.Pid
-	// A warm-up claim so that one-time costs (the spawnd connection, the
-	// HTTP server's first goroutines) are in the baseline, not in the leases.
-	releaseMany(b, br, claimMany(b, br, 1, 1))
-	gw0, sp0 := stableRSS(b, gw), stableRSS(b, sp)
-
-	open := func(n int) []*brokerclient.Claim {
-		leases := claimMany(b, br, n, 8)
+	subjects := benchSubjects(b, Options{YAML: "max_concurrent: 0\nidle_timeout: 0s\n"})
+	type reading struct{ gateway, spawnd int64 }
+	stable := func(p pair) reading { return reading{stableRSS(b, p.gateway), stableRSS(b, p.spawnd)} }
+	type figures struct {
+		idle, noClient reading
+		withClient     []reading
+		retained       int64
+	}
+	figs := make([]figures, len(subjects))
+	for k, s := range subjects {
+		p := s.br.pair()
+		// A warm-up claim so that one-time costs (the spawnd connection,
+		// the HTTP server's first goroutines) are in the baseline, not in
+		// the leases.
+		releaseMany(b, s.br, claimMany(b, s.br, 1, 1))
+		figs[k].idle = stable(p)
+		leases := claimMany(b, s.br, idleLeases, 8)
+		figs[k].noClient = stable(p)
 		for _, c := range leases {
+			figs[k].retained += retainedBytes(b, c)
 			conn := dialBench(b, c.WSURL)
 			// Read so that gorilla answers the gateway's pings; an idle
 			// client that never reads would be detached after 45 s.
@@ -64,34 +73,39 @@ func BenchmarkIdleLeaseMemory(b *testing.B) {
 				}
 			}()
 		}
-		return leases
 	}
-	leases := open(idleLeases / 2)
-	gwHalf := stableRSS(b, gw)
-	leases = append(leases, open(idleLeases-idleLeases/2)...)
-
-	var retained int64
-	for _, c := range leases {
-		retained += retainedBytes(b, c)
-	}
-	var readings []int64
 	for b.Loop() {
-		readings = append(readings, stableRSS(b, gw))
+		for k, s := range subjects {
+			figs[k].withClient = append(figs[k].withClient, stable(s.br.pair()))
+		}
 	}
-	gwK := pct(readings, 50)
-	spK := stableRSS(b, sp)
-
-	perLease := float64(gwK-gw0-retained) / idleLeases
-	slope := float64(gwK-gwHalf) / float64(idleLeases-idleLeases/2)
-	b.ReportMetric(perLease, "bytes/lease")
-	b.ReportMetric(slope, "marginal-bytes/lease")
-	b.ReportMetric(float64(retained)/idleLeases, "replay-bytes/lease")
-	b.ReportMetric(float64(spK-sp0)/idleLeases, "spawnd-bytes/lease")
-	b.ReportMetric(float64(gw0)/(1<<20), "gateway-rss-0-MiB")
-	b.ReportMetric(float64(gwK)/(1<<20), "gateway-rss-K-MiB")
-	verdict(b, "gateway memory per idle lease, buffers excluded, ≤ 64 KiB", perLease <= 64<<10,
-		"%.1f KiB/lease over %d leases (RSS %.1f → %.1f MiB, %d B of replay buffers subtracted); marginal %.1f KiB/lease between %d and %d leases; spawnd %.1f KiB/lease",
-		perLease/1024, idleLeases, float64(gw0)/(1<<20), float64(gwK)/(1<<20), retained, slope/1024, idleLeases/2, idleLeases, float64(spK-sp0)/idleLeases/1024)
+	for k, s := range subjects {
+		f := figs[k]
+		gws, sps := make([]int64, len(f.withClient)), make([]int64, len(f.withClient))
+		for i, r := range f.withClient {
+			gws[i], sps[i] = r.gateway, r.spawnd
+		}
+		with := reading{pct(gws, 50), pct(sps, 50)}
+		per := func(r reading, retained int64) (gw, sp float64) {
+			return float64(r.gateway-f.idle.gateway-retained) / idleLeases, float64(r.spawnd-f.idle.spawnd) / idleLeases
+		}
+		gwWith, spWith := per(with, f.retained)
+		gwNo, spNo := per(f.noClient, f.retained)
+		idleMiB := float64(f.idle.gateway+f.idle.spawnd) / (1 << 20)
+		b.ReportMetric(gwWith+spWith, s.prefix+"bytes/lease")
+		b.ReportMetric(gwWith, s.prefix+"gateway-bytes/lease")
+		b.ReportMetric(spWith, s.prefix+"spawnd-bytes/lease")
+		b.ReportMetric(gwNo+spNo, s.prefix+"noclient-bytes/lease")
+		b.ReportMetric(float64(f.retained)/idleLeases, s.prefix+"replay-bytes/lease")
+		b.ReportMetric(idleMiB, s.prefix+"idle-pair-MiB")
+		b.ReportMetric(float64(f.idle.gateway)/(1<<20), s.prefix+"gateway-idle-MiB")
+		b.ReportMetric(float64(f.idle.spawnd)/(1<<20), s.prefix+"spawnd-idle-MiB")
+		verdict(b, s.prefix+"gateway + spawnd memory per idle lease, buffers excluded, ≤ 48 KiB", gwWith+spWith <= 48<<10,
+			"%.1f KiB/lease with a client (gateway %.1f + spawnd %.1f), %.1f without (gateway %.1f + spawnd %.1f), over %d leases; %d B of replay buffers subtracted",
+			(gwWith+spWith)/1024, gwWith/1024, spWith/1024, (gwNo+spNo)/1024, gwNo/1024, spNo/1024, idleLeases, f.retained)
+		verdict(b, s.prefix+"idle gateway + spawnd ≤ 24 MiB", idleMiB <= 24,
+			"%.1f MiB (gateway %.1f + spawnd %.1f)", idleMiB, float64(f.idle.gateway)/(1<<20), float64(f.idle.spawnd)/(1<<20))
+	}
 }
 
 // retainedBytes is what an idle lease's replay buffer holds: its ready and

@@ -378,61 +378,78 @@ func instanceRoundTrip(inst *rigInstance, n int) (time.Duration, error) {
 // nexus-echo exec'd directly, from exec until its register, ready and
 // session-id-report have reached a bare listener (a claim with no session
 // id waits for the session-id-report too). Each iteration takes one floor
-// sample and one claim sample back to back, so both see the same machine;
-// the release and the floor instance's shutdown are not in either sample.
+// sample and one claim sample per broker back to back, so all see the same
+// machine; the release and the floor instance's shutdown are not in either
+// sample. CPU per claim is the gateway's and spawnd's user + system time
+// over the whole loop, claim and release, divided by the claims.
 func BenchmarkClaim(b *testing.B) {
 	benchPreflight(b)
-	br := startBroker(b, Options{YAML: "idle_timeout: 0s\n"})
+	subjects := benchSubjects(b, Options{YAML: "idle_timeout: 0s\n"})
 	rig := newInstanceRig(b)
-	tail := tailLog(b, br.GatewayLog)
 	ctx := context.Background()
 	// floorExec and spawn split each figure at the exec: how long the
 	// benchmark's own fork/exec took, and how long the claim took to get
 	// its instance exec'd (the gateway logs "instance spawned" once
 	// spawnd's Spawn returns).
-	var floor, claim, floorExec, spawn []time.Duration
+	var floor, floorExec []time.Duration
+	claim := make([][]time.Duration, len(subjects))
+	spawn := make([][]time.Duration, len(subjects))
+	tails := make([]*logTail, len(subjects))
+	for i, s := range subjects {
+		tails[i] = tailLog(b, s.br.GatewayLog)
+	}
 	sample := func(i int) {
 		inst := rig.spawn(b, fmt.Sprintf("floor-%d", i))
 		floorExec = append(floorExec, inst.execd.Sub(inst.started))
 		floor = append(floor, inst.await(b).Sub(inst.started))
 		inst.stop(b)
 
-		mark := tail.mark()
-		start := time.Now()
-		c, err := br.Client.Claim(ctx, brokerclient.ClaimRequest{Config: benchConfig})
-		d := time.Since(start)
-		if err != nil {
-			b.Fatalf("claim: %v", err)
-		}
-		claim = append(claim, d)
-		spawn = append(spawn, tail.await(b, mark, regexp.MustCompile(`msg="instance spawned" lease_id=`+c.LeaseID)).Sub(start))
-		if err := br.Client.Release(ctx, c.LeaseID); err != nil {
-			b.Fatalf("release: %v", err)
+		for k, s := range subjects {
+			mark := tails[k].mark()
+			start := time.Now()
+			c, err := s.br.Client.Claim(ctx, brokerclient.ClaimRequest{Config: benchConfig})
+			d := time.Since(start)
+			if err != nil {
+				b.Fatalf("%sclaim: %v", s.prefix, err)
+			}
+			claim[k] = append(claim[k], d)
+			spawn[k] = append(spawn[k], tails[k].await(b, mark, regexp.MustCompile(`msg="instance spawned" lease_id=`+c.LeaseID)).Sub(start))
+			if err := s.br.Client.Release(ctx, c.LeaseID); err != nil {
+				b.Fatalf("%srelease: %v", s.prefix, err)
+			}
 		}
 	}
 	// The first claim of a gateway also dials spawnd's socket and warms
 	// the page cache with a freshly built nexus-echo: a cold start, which
 	// is a different figure from the claim latency in service.
 	sample(-1)
-	b.Logf("cold start, not in the figures: first claim %.3f ms, first floor %.3f ms", ms(claim[0]), ms(floor[0]))
-	floor, claim, floorExec, spawn = floor[:0], claim[:0], floorExec[:0], spawn[:0]
+	b.Logf("cold start, not in the figures: first claim %.3f ms, first floor %.3f ms", ms(claim[0][0]), ms(floor[0]))
+	floor, floorExec = floor[:0], floorExec[:0]
+	cpu0 := make([]cpuSample, len(subjects))
+	for k, s := range subjects {
+		claim[k], spawn[k] = claim[k][:0], spawn[k][:0]
+		cpu0[k] = s.br.pair().cpu(b)
+	}
 	for i := 0; b.Loop(); i++ {
 		sample(i)
 	}
-	p50, p99 := pct(claim, 50), pct(claim, 99)
 	f50, f99 := pct(floor, 50), pct(floor, 99)
-	b.ReportMetric(ms(p50), "p50-ms")
-	b.ReportMetric(ms(p99), "p99-ms")
 	b.ReportMetric(ms(f50), "floor-p50-ms")
 	b.ReportMetric(ms(f99), "floor-p99-ms")
-	b.ReportMetric(ms(p50-f50), "overhead-p50-ms")
-	b.ReportMetric(ms(p99-f99), "overhead-p99-ms")
-	b.ReportMetric(float64(p50)/float64(f50), "ratio-p50")
-	b.ReportMetric(ms(pct(spawn, 50)), "spawn-p50-ms")
 	b.ReportMetric(ms(pct(floorExec, 50)), "floor-exec-p50-ms")
-	verdict(b, "claim overhead over the floor < 2 ms at p50", p50-f50 < 2*time.Millisecond,
-		"overhead p50 %.3f ms = claim %.3f ms − floor %.3f ms; p99 %.3f vs %.3f ms; %d samples each",
-		ms(p50-f50), ms(p50), ms(f50), ms(p99), ms(f99), len(claim))
+	for k, s := range subjects {
+		p50, p99 := pct(claim[k], 50), pct(claim[k], 99)
+		b.ReportMetric(ms(p50), s.prefix+"p50-ms")
+		b.ReportMetric(ms(p99), s.prefix+"p99-ms")
+		b.ReportMetric(ms(p50-f50), s.prefix+"overhead-p50-ms")
+		b.ReportMetric(ms(p99-f99), s.prefix+"overhead-p99-ms")
+		b.ReportMetric(float64(p50)/float64(f50), s.prefix+"ratio-p50")
+		b.ReportMetric(ms(pct(spawn[k], 50)), s.prefix+"spawn-p50-ms")
+		s.br.pair().cpu(b).since(cpu0[k]).report(b, s.prefix, "claim", len(claim[k]))
+		verdict(b, s.prefix+"claim overhead over the floor ≤ 0.5 ms at p50", p50-f50 <= time.Millisecond/2,
+			"overhead p50 %.3f ms = claim %.3f ms − floor %.3f ms; p99 %.3f vs %.3f ms; %d samples each",
+			ms(p50-f50), ms(p50), ms(f50), ms(p99), ms(f99), len(claim[k]))
+	}
 }
 
 // --- 2. relay round trip ------------------------------------------------------
@@ -447,28 +464,39 @@ func BenchmarkClaim(b *testing.B) {
 // boundary; through the broker a frame crosses four.)
 func BenchmarkRelayRoundTrip(b *testing.B) {
 	benchPreflight(b)
-	br := startBroker(b, Options{YAML: "idle_timeout: 0s\n"})
+	subjects := benchSubjects(b, Options{YAML: "idle_timeout: 0s\n"})
 	ctx, cancel := context.WithTimeout(context.Background(), rttDeadline)
 	defer cancel()
-	claim, err := br.Client.Claim(ctx, brokerclient.ClaimRequest{Config: benchConfig})
-	if err != nil {
-		b.Fatal(err)
+	viaBroker := make([]*brokerclient.Conn, len(subjects))
+	for k, s := range subjects {
+		claim, err := s.br.Client.Claim(ctx, brokerclient.ClaimRequest{Config: benchConfig})
+		if err != nil {
+			b.Fatal(err)
+		}
+		viaBroker[k] = dialBench(b, claim.WSURL)
 	}
-	viaBroker := dialBench(b, claim.WSURL)
 	direct := dialBench(b, newDirectEcho(b))
 	rig := newInstanceRig(b)
 	inst := rig.spawn(b, "instance-direct")
 	inst.await(b)
 	viaFloor := startRelayFloor(b)
 
-	var relay, base, instance, floor []time.Duration
+	relay := make([][]time.Duration, len(subjects))
+	cpu0 := make([]cpuSample, len(subjects))
+	for k, s := range subjects {
+		cpu0[k] = s.br.pair().cpu(b)
+	}
+	var base, instance, floor []time.Duration
 	for n := 0; b.Loop(); n++ {
-		d, err := clientRoundTrip(viaBroker, n)
-		if err != nil {
-			b.Fatalf("through the broker: %v", err)
+		for k, s := range subjects {
+			d, err := clientRoundTrip(viaBroker[k], n)
+			if err != nil {
+				b.Fatalf("through the %sbroker: %v", s.prefix, err)
+			}
+			relay[k] = append(relay[k], d)
 		}
-		relay = append(relay, d)
-		if d, err = clientRoundTrip(direct, n); err != nil {
+		d, err := clientRoundTrip(direct, n)
+		if err != nil {
 			b.Fatalf("direct: %v", err)
 		}
 		base = append(base, d)
@@ -486,22 +514,26 @@ func BenchmarkRelayRoundTrip(b *testing.B) {
 	// WebSocket goes straight to the echo server the relay fronts. The
 	// in-process echo server (no process hop at all) and a copy-only relay
 	// process are reported beside it as the two bounds.
-	p50, p99 := pct(relay, 50), pct(relay, 99)
 	i50, i99 := pct(instance, 50), pct(instance, 99)
 	d50, f50 := pct(base, 50), pct(floor, 50)
-	b.ReportMetric(ms(p50), "p50-ms")
-	b.ReportMetric(ms(p99), "p99-ms")
 	b.ReportMetric(ms(i50), "direct-p50-ms")
 	b.ReportMetric(ms(i99), "direct-p99-ms")
-	b.ReportMetric(float64(p50)/float64(i50), "ratio-p50")
-	b.ReportMetric(float64(p99)/float64(i99), "ratio-p99")
 	b.ReportMetric(ms(f50), "copy-relay-p50-ms")
 	b.ReportMetric(ms(d50), "inprocess-echo-p50-ms")
-	b.Logf("bounds: an in-process echo server %.3f ms; the same nexus-echo behind a copy-only relay process %.3f ms (%.2f× direct); the broker is %.2f× that copy-only relay",
-		ms(d50), ms(f50), float64(f50)/float64(i50), float64(p50)/float64(f50))
-	verdict(b, "relay round trip < 2× direct", p50 < 2*i50,
-		"p50 %.3f ms vs direct %.3f ms = %.2f×; p99 %.3f vs %.3f ms = %.2f×; %d samples each",
-		ms(p50), ms(i50), float64(p50)/float64(i50), ms(p99), ms(i99), float64(p99)/float64(i99), len(relay))
+	for k, s := range subjects {
+		p50, p99 := pct(relay[k], 50), pct(relay[k], 99)
+		b.ReportMetric(ms(p50), s.prefix+"p50-ms")
+		b.ReportMetric(ms(p99), s.prefix+"p99-ms")
+		b.ReportMetric(float64(p50)/float64(i50), s.prefix+"ratio-p50")
+		b.ReportMetric(float64(p99)/float64(i99), s.prefix+"ratio-p99")
+		// An echo is two relayed frames, one each way.
+		s.br.pair().cpu(b).since(cpu0[k]).report(b, s.prefix, "echo", len(relay[k]))
+		b.Logf("%sbounds: an in-process echo server %.3f ms; the same nexus-echo behind a copy-only relay process %.3f ms (%.2f× direct); the broker is %.2f× that copy-only relay",
+			s.prefix, ms(d50), ms(f50), float64(f50)/float64(i50), float64(p50)/float64(f50))
+		verdict(b, s.prefix+"relay round trip ≤ 1.6× direct", p50*5 <= i50*8,
+			"p50 %.3f ms vs direct %.3f ms = %.2f×; p99 %.3f vs %.3f ms = %.2f×; %d samples each",
+			ms(p50), ms(i50), float64(p50)/float64(i50), ms(p99), ms(i99), float64(p99)/float64(i99), len(relay[k]))
+	}
 }
 
 // --- 3. relay throughput ------------------------------------------------------
@@ -516,33 +548,60 @@ func BenchmarkRelayRoundTrip(b *testing.B) {
 // every frame must come back; a lost frame fails the benchmark.
 func BenchmarkRelayThroughput(b *testing.B) {
 	benchPreflight(b)
-	br := startBroker(b, Options{YAML: "max_concurrent: 0\nidle_timeout: 0s\n"})
+	subjects := benchSubjects(b, Options{YAML: "max_concurrent: 0\nidle_timeout: 0s\n"})
 	directURL := newDirectEcho(b)
-	for _, tc := range []struct{ leases, frames int }{{1, 5000}, {50, 400}} {
+	for _, tc := range []struct {
+		leases, frames int
+		target         float64
+	}{{1, 5000, 0.7}, {50, 400, 0.6}} {
 		b.Run(fmt.Sprintf("leases=%d", tc.leases), func(b *testing.B) {
 			b.Cleanup(func() { b.ReportMetric(0, "ns/op") })
-			viaBroker := make([]*brokerclient.Conn, tc.leases)
+			viaBroker := make([][]*brokerclient.Conn, len(subjects))
+			leases := make([][]*brokerclient.Claim, len(subjects))
+			for k, s := range subjects {
+				leases[k] = claimMany(b, s.br, tc.leases, 8)
+				for _, c := range leases[k] {
+					viaBroker[k] = append(viaBroker[k], dialBench(b, c.WSURL))
+				}
+			}
 			direct := make([]*brokerclient.Conn, tc.leases)
-			leases := claimMany(b, br, tc.leases, 8)
-			for i, c := range leases {
-				viaBroker[i] = dialBench(b, c.WSURL)
+			for i := range direct {
 				direct[i] = dialBench(b, directURL)
 			}
-			var relayTime, directTime time.Duration
+			relayTime := make([]time.Duration, len(subjects))
+			cpu := make([]cpuSample, len(subjects))
+			var directTime time.Duration
 			bursts := 0
 			for b.Loop() {
-				relayTime += pump(b, viaBroker, tc.frames)
+				for k, s := range subjects {
+					p := s.br.pair()
+					c0 := p.cpu(b)
+					relayTime[k] += pump(b, viaBroker[k], tc.frames)
+					d := p.cpu(b).since(c0)
+					cpu[k].gateway += d.gateway
+					cpu[k].spawnd += d.spawnd
+				}
 				directTime += pump(b, direct, tc.frames)
 				bursts++
 			}
-			releaseMany(b, br, leases)
 			frames := float64(bursts * tc.leases * tc.frames)
-			relayRate, directRate := frames/relayTime.Seconds(), frames/directTime.Seconds()
-			b.ReportMetric(relayRate, "frames/s")
+			directRate := frames / directTime.Seconds()
 			b.ReportMetric(directRate, "direct-frames/s")
-			b.ReportMetric(relayRate/directRate, "ratio")
-			b.Logf("relay throughput, %d lease(s) × %d frames per burst, %d bursts: %.0f frames/s through the broker, %.0f direct (%.2f of direct)",
-				tc.leases, tc.frames, bursts, relayRate, directRate, relayRate/directRate)
+			for k, s := range subjects {
+				releaseMany(b, s.br, leases[k])
+				relayRate := frames / relayTime[k].Seconds()
+				b.ReportMetric(relayRate, s.prefix+"frames/s")
+				b.ReportMetric(relayRate/directRate, s.prefix+"ratio")
+				cpu[k].report(b, s.prefix, "echo", int(frames))
+				verdict(b, fmt.Sprintf("%spipelined throughput on %d lease(s) ≥ %.1f× direct", s.prefix, tc.leases, tc.target), relayRate >= tc.target*directRate,
+					"%d lease(s) × %d frames per burst, %d bursts: %.0f frames/s through the broker, %.0f direct (%.2f of direct); gateway %.1f µs CPU per echo",
+					tc.leases, tc.frames, bursts, relayRate, directRate, relayRate/directRate, float64(cpu[k].gateway)/float64(time.Microsecond)/frames)
+			}
+			if len(subjects) > 1 && cpu[1].gateway > 0 {
+				r := float64(cpu[0].gateway) / float64(cpu[1].gateway)
+				b.ReportMetric(r, "gateway-cpu-vs-base")
+				verdict(b, "gateway CPU per relayed frame ≤ 60% of the base build's", r <= 0.6, "%.2f of base", r)
+			}
 		})
 	}
 }

@@ -204,6 +204,10 @@ type Options struct {
 	XDGRuntimeDir string
 	// Dir, when set, is the directory of broker.yaml (else a fresh one).
 	Dir string
+	// BinDir, when set, holds the nexus-broker and nexus-spawnd to run
+	// (another build's, for a benchmark's before column); instances are
+	// this build's nexus-echo either way.
+	BinDir string
 }
 
 // startBroker writes the config and starts spawnd, then the gateway.
@@ -296,7 +300,7 @@ func (b *Broker) StartSpawnd() {
 	reattach := filepath.Join(b.RunDir, "spawnd.json")
 	old, _ := os.ReadFile(reattach)
 	o := b.spawndOpts
-	argv := append(append([]string{}, o.SpawndWrapper...), bin("nexus-spawnd"), "-config", b.ConfigPath)
+	argv := append(append([]string{}, o.SpawndWrapper...), b.bin("nexus-spawnd"), "-config", b.ConfigPath)
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = b.env
 	cmd.ExtraFiles, cmd.SysProcAttr = o.SpawndExtraFiles, o.SpawndAttr
@@ -325,7 +329,7 @@ var listeningRE = regexp.MustCompile(`msg="nexus-broker listening" addr=(\S+)`)
 func (b *Broker) StartGateway(extraEnv ...string) {
 	b.t.Helper()
 	b.GatewayLog = newLogBuffer()
-	cmd := exec.Command(bin("nexus-broker"), "-config", b.ConfigPath, "-launch-spawnd="+strconv.FormatBool(b.launch))
+	cmd := exec.Command(b.bin("nexus-broker"), "-config", b.ConfigPath, "-launch-spawnd="+strconv.FormatBool(b.launch))
 	cmd.Env = append(append([]string{}, b.env...), extraEnv...)
 	cmd.Stdout, cmd.Stderr = b.GatewayLog, b.GatewayLog
 	b.gateway = startProc(b.t, cmd)
@@ -334,6 +338,14 @@ func (b *Broker) StartGateway(extraEnv ...string) {
 	b.Base = "http://" + b.Addr
 	checkResponsesOf(b.t, b.Addr)
 	b.Client = &brokerclient.Client{Base: b.Base, Token: b.Token}
+}
+
+// bin names the broker's own binary: Options.BinDir's, else this build's.
+func (b *Broker) bin(name string) string {
+	if b.spawndOpts.BinDir != "" {
+		return filepath.Join(b.spawndOpts.BinDir, name)
+	}
+	return bin(name)
 }
 
 // KillGateway sends sig to the gateway and waits for it to exit.
