@@ -22,6 +22,7 @@ import (
 	"github.com/nexus-broker/nexus-broker/internal/config"
 	"github.com/nexus-broker/nexus-broker/internal/gateway"
 	"github.com/nexus-broker/nexus-broker/internal/safedir"
+	"github.com/nexus-broker/nexus-broker/internal/spawnclient"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
 )
@@ -67,7 +68,7 @@ func Run(o Options) error {
 	defer stop()
 	// spawnd's verdict on the registry comes before the port opens: a
 	// config it refuses never has the gateway answer a single request.
-	client, err := spawnrpc.Dial(ctx, spawnrpc.DialOptions{
+	client, err := spawnclient.Dial(ctx, spawnclient.DialOptions{
 		RunDir: spawnrpc.RunDir(cfg, path), ConfigPath: path, ConfigDigest: cfg.Digest, Launch: o.LaunchSpawnd, SpawndPath: o.SpawndPath, Logger: log,
 	})
 	if err != nil {
@@ -115,7 +116,7 @@ func Run(o Options) error {
 // bootSummary is what is in force, for the one boot line that says so: the
 // entries as spawnd resolved them (the gateway reads no path from the
 // file), the timeouts, and where state and the socket live.
-func bootSummary(ctx context.Context, cfg *config.Config, path string, client *spawnrpc.Client) []any {
+func bootSummary(ctx context.Context, cfg *config.Config, path string, client *spawnclient.Client) []any {
 	entries := "(spawnd did not answer)"
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nexus-broker/nexus-broker/internal/spawnclient"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
 )
@@ -30,7 +31,7 @@ func Stop(o Options) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), stopTimeout)
 	defer cancel()
-	client, err := spawnrpc.Dial(ctx, spawnrpc.DialOptions{RunDir: spawnrpc.RunDir(cfg, path), ConfigPath: path, ConfigDigest: cfg.Digest, Logger: o.Logger})
+	client, err := spawnclient.Dial(ctx, spawnclient.DialOptions{RunDir: spawnrpc.RunDir(cfg, path), ConfigPath: path, ConfigDigest: cfg.Digest, Logger: o.Logger})
 	if err != nil {
 		return err
 	}

@@ -36,6 +36,7 @@ import (
 
 	"github.com/nexus-broker/nexus-broker/pkg/brokerclient"
 	"github.com/nexus-broker/nexus-broker/pkg/brokerframe"
+	"github.com/nexus-broker/nexus-broker/pkg/dialenv"
 )
 
 // benchConfig is the engine config every benchmark claim sends; nexus-echo
@@ -209,9 +210,9 @@ func (r *instanceRig) spawn(b *testing.B, leaseID string) *rigInstance {
 	cmd := exec.Command(bin("nexus-echo"), "-config", r.config)
 	cmd.Env = []string{
 		"HOME=" + r.home, "PATH=" + os.Getenv("PATH"),
-		brokerframe.EnvBrokerAddr + "=" + r.url,
-		brokerframe.EnvLeaseID + "=" + leaseID,
-		brokerframe.EnvSpawnSecret + "=floor-secret",
+		dialenv.BrokerAddr + "=" + r.url,
+		dialenv.LeaseID + "=" + leaseID,
+		dialenv.SpawnSecret + "=floor-secret",
 	}
 	cmd.Dir = r.home
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

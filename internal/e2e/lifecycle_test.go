@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/nexus-broker/nexus-broker/internal/sockdir"
+	"github.com/nexus-broker/nexus-broker/internal/spawnclient"
 	"github.com/nexus-broker/nexus-broker/pkg/brokerclient"
-	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc"
 )
 
 // runToExit runs a binary that is expected to refuse its boot, and returns
@@ -237,7 +237,7 @@ func TestLaunchedSpawndLifecycle(t *testing.T) {
 	claim := b.claim(brokerclient.ClaimRequest{})
 	b.KillGateway(syscall.SIGTERM)
 	// Held for longer than the idle exit: a lease keeps spawnd up.
-	held := time.Now().Add(spawnrpc.LaunchedIdleExit + 3*time.Second)
+	held := time.Now().Add(spawnclient.LaunchedIdleExit + 3*time.Second)
 	for time.Now().Before(held) {
 		if !alive(pid) {
 			t.Fatalf("the launched spawnd exited while it held a lease")
@@ -257,9 +257,9 @@ func TestLaunchedSpawndLifecycle(t *testing.T) {
 	b.waitNoInstances(10 * time.Second)
 	b.KillGateway(syscall.SIGTERM)
 	stopped := time.Now()
-	eventually(t, spawnrpc.LaunchedIdleExit+10*time.Second, func() string { return "the launched spawnd is still running" }, func() bool { return !alive(pid) })
-	if took := time.Since(stopped); took < spawnrpc.LaunchedIdleExit-time.Second {
-		t.Errorf("the launched spawnd exited %s after its gateway stopped, before the idle exit of %s", took, spawnrpc.LaunchedIdleExit)
+	eventually(t, spawnclient.LaunchedIdleExit+10*time.Second, func() string { return "the launched spawnd is still running" }, func() bool { return !alive(pid) })
+	if took := time.Since(stopped); took < spawnclient.LaunchedIdleExit-time.Second {
+		t.Errorf("the launched spawnd exited %s after its gateway stopped, before the idle exit of %s", took, spawnclient.LaunchedIdleExit)
 	}
 }
 

@@ -21,7 +21,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/nexus-broker/nexus-broker/pkg/brokerframe"
+	"github.com/nexus-broker/nexus-broker/pkg/dialenv"
 )
 
 // Process exit codes. The broker only tells zero from non-zero; tests tell
@@ -64,13 +64,13 @@ func Run(opts Options) int {
 	if len(opts.Args) > 0 {
 		log.Info("ignoring positional arguments", "args", opts.Args)
 	}
-	for _, name := range []string{brokerframe.EnvBrokerAddr, brokerframe.EnvLeaseID, "HOME"} {
+	for _, name := range []string{dialenv.BrokerAddr, dialenv.LeaseID, "HOME"} {
 		if os.Getenv(name) == "" {
 			log.Error("environment variable not set; nexus-echo must be started by nexus-broker's spawn daemon", "variable", name)
 			return ExitFailure
 		}
 	}
-	addr, leaseID, secret := os.Getenv(brokerframe.EnvBrokerAddr), os.Getenv(brokerframe.EnvLeaseID), os.Getenv(brokerframe.EnvSpawnSecret)
+	addr, leaseID, secret := os.Getenv(dialenv.BrokerAddr), os.Getenv(dialenv.LeaseID), os.Getenv(dialenv.SpawnSecret)
 
 	var sess *session
 	if opts.Recall != "" {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/gorilla/websocket"
 	"github.com/nexus-broker/nexus-broker/pkg/brokerframe"
+	"github.com/nexus-broker/nexus-broker/pkg/dialenv"
 )
 
 // The tests run the real nexus-echo binary against a minimal broker on
@@ -338,9 +339,9 @@ func (s spawn) run(t *testing.T, b *fakeBroker, cmd *exec.Cmd) *instance {
 	cmd.Env = []string{"HOME=" + s.home, "LANG=C.UTF-8", "PATH=" + os.Getenv("PATH"), "TZ=UTC"}
 	if !s.noEnv {
 		cmd.Env = append(cmd.Env,
-			brokerframe.EnvBrokerAddr+"="+b.addr(),
-			brokerframe.EnvLeaseID+"="+testLease,
-			brokerframe.EnvSpawnSecret+"="+testSecret)
+			dialenv.BrokerAddr+"="+b.addr(),
+			dialenv.LeaseID+"="+testLease,
+			dialenv.SpawnSecret+"="+testSecret)
 	}
 	cmd.Env = append(cmd.Env, s.env...)
 	cmd.Dir = s.dir

@@ -15,6 +15,7 @@ import (
 
 	"github.com/gorilla/websocket"
 	"github.com/nexus-broker/nexus-broker/pkg/brokerframe"
+	"github.com/nexus-broker/nexus-broker/pkg/dialenv"
 )
 
 func TestHandshakeAndShutdownFrame(t *testing.T) {
@@ -567,7 +568,7 @@ func TestCommandLine(t *testing.T) {
 		{name: "unreadable config", args: []string{"-config", "/nonexistent/config.yaml"}, code: ExitUsage, stderr: "/nonexistent/config.yaml"},
 		{name: "bad knob", args: []string{"-config", "CONFIG"}, env: []string{EnvCrash + "=sometimes"}, code: ExitUsage, stderr: EnvCrash},
 		{name: "bad duration", args: []string{"-config", "CONFIG"}, env: []string{EnvSlowTurn + "=soon"}, code: ExitUsage, stderr: EnvSlowTurn},
-		{name: "no broker env", args: []string{"-config", "CONFIG"}, noEnv: true, code: ExitFailure, stderr: brokerframe.EnvBrokerAddr},
+		{name: "no broker env", args: []string{"-config", "CONFIG"}, noEnv: true, code: ExitFailure, stderr: dialenv.BrokerAddr},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -39,7 +39,7 @@ type Options struct {
 	// Auth is the chain of Config's auth: block (auth.New); nil without one.
 	Auth *auth.Authenticator
 	// Ready is nil while spawnd is attached and answering, else why not
-	// (spawnrpc.Client.Ready). Nil means always ready.
+	// (spawnclient.Client.Ready). Nil means always ready.
 	Ready func() error
 }
 

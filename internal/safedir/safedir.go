@@ -14,6 +14,8 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -129,4 +131,77 @@ func ReadOwned(path string) ([]byte, error) {
 		return nil, err
 	}
 	return io.ReadAll(f)
+}
+
+// Flock opens path as OpenFile does and takes an flock on it (how:
+// unix.LOCK_EX or unix.LOCK_SH, optionally | unix.LOCK_NB). Closing the
+// file releases it; the descriptor is close-on-exec, so no child ever
+// inherits the lock.
+func Flock(path string, flag int, perm os.FileMode, how int) (*os.File, error) {
+	f, err := OpenFile(path, flag, perm)
+	if err != nil {
+		return nil, err
+	}
+	if err := flock(f, how); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+func flock(f *os.File, how int) error {
+	for {
+		err := unix.Flock(int(f.Fd()), how)
+		if err != unix.EINTR {
+			return err
+		}
+	}
+}
+
+// HeldError is LockPid's error for a lock another process holds. Holder is
+// the pid it wrote there, "" before it wrote one.
+type HeldError struct{ Path, Holder string }
+
+func (e *HeldError) Error() string {
+	if e.Holder == "" {
+		return "a process that has not written its pid yet holds " + e.Path
+	}
+	return "pid " + e.Holder + " holds " + e.Path
+}
+
+// LockPid takes path's exclusive flock without waiting, for as long as the
+// returned file stays open, and writes this process's pid in it for the
+// error of the next one, which is a *HeldError. check, when not nil, vets
+// the file (its owner, its mode) before it is locked.
+func LockPid(path string, perm os.FileMode, check func(*os.File) error) (*os.File, error) {
+	f, err := OpenFile(path, os.O_RDWR|os.O_CREATE, perm)
+	if err != nil {
+		return nil, err
+	}
+	if check != nil {
+		err = check(f)
+	}
+	if err == nil {
+		err = flock(f, unix.LOCK_EX|unix.LOCK_NB)
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			err = &HeldError{Path: path, Holder: ReadPid(f)}
+		}
+	}
+	if err == nil {
+		err = f.Truncate(0)
+	}
+	if err == nil {
+		_, err = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	}
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// ReadPid is the pid a LockPid holder wrote in f, "" if none.
+func ReadPid(f *os.File) string {
+	data, _ := io.ReadAll(io.NewSectionReader(f, 0, 32))
+	return strings.TrimSpace(string(data))
 }

@@ -6,18 +6,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/nexus-broker/nexus-broker/internal/atomicfile"
 	"github.com/nexus-broker/nexus-broker/internal/safedir"
@@ -329,39 +324,12 @@ func (j *leaseJournal) close() {
 // close-on-exec, so no instance inherits the lock and outlives us holding it.
 func lockStateDir(stateDir string) (*os.File, error) {
 	path := filepath.Join(stateDir, stateLockFile)
-	f, err := safedir.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
-	if err == nil {
-		if err = safedir.Owned(f, os.Geteuid()); err != nil {
-			f.Close()
-		}
+	f, err := safedir.LockPid(path, 0o600, func(f *os.File) error { return safedir.Owned(f, os.Geteuid()) })
+	if held := (*safedir.HeldError)(nil); errors.As(err, &held) {
+		return nil, fmt.Errorf("state_dir %s is in use by another nexus-spawnd (%v); two cannot share a lease journal: "+
+			"stop that one, or give this one its own state_dir", stateDir, held)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("state_dir lock %s: %w", path, err)
-	}
-	for {
-		err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if err != unix.EINTR {
-			break
-		}
-	}
-	if errors.Is(err, unix.EWOULDBLOCK) {
-		data, _ := io.ReadAll(io.LimitReader(f, 32))
-		_ = f.Close()
-		holder := "pid " + strings.TrimSpace(string(data))
-		if strings.TrimSpace(string(data)) == "" {
-			holder = "a process that has not written its pid yet"
-		}
-		return nil, fmt.Errorf("state_dir %s is in use by another nexus-spawnd (%s holds %s); two cannot share a lease journal: "+
-			"stop that one, or give this one its own state_dir", stateDir, holder, path)
-	}
-	if err == nil {
-		err = f.Truncate(0)
-	}
-	if err == nil {
-		_, err = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
-	}
-	if err != nil {
-		_ = f.Close()
 		return nil, fmt.Errorf("state_dir lock %s: %w", path, err)
 	}
 	return f, nil

@@ -17,7 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nexus-broker/nexus-broker/internal/config"
-	"github.com/nexus-broker/nexus-broker/pkg/brokerframe"
+	"github.com/nexus-broker/nexus-broker/pkg/dialenv"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
 )
 
@@ -241,9 +241,9 @@ func spawnEnv(e *entry, inherit []string, lookup func(string) (string, bool), di
 	for _, k := range slices.Sorted(maps.Keys(e.env)) {
 		env.set(k, e.env[k])
 	}
-	env.set(brokerframe.EnvBrokerAddr, dial.addr)
-	env.set(brokerframe.EnvLeaseID, dial.leaseID)
-	env.set(brokerframe.EnvSpawnSecret, dial.secret)
+	env.set(dialenv.BrokerAddr, dial.addr)
+	env.set(dialenv.LeaseID, dial.leaseID)
+	env.set(dialenv.SpawnSecret, dial.secret)
 	return env
 }
 

@@ -22,15 +22,6 @@ import (
 // it refuses and logs by name) from a corrupt one.
 const Version = 1
 
-// The environment variables the broker injects at exec and an instance reads to
-// find its way back. They are applied last when a spawn's environment is built,
-// so nothing else can override them.
-const (
-	EnvBrokerAddr  = "NEXUS_BROKER_ADDR"
-	EnvLeaseID     = "NEXUS_BROKER_LEASE_ID"
-	EnvSpawnSecret = "NEXUS_BROKER_SPAWN_SECRET"
-)
-
 // Signal is what a frame carries: a lifecycle step or an IO payload.
 type Signal string
 

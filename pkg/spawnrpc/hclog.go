@@ -23,6 +23,9 @@ type hclogAdapter struct {
 	stopping *atomic.Bool
 }
 
+// NewHCLog is go-plugin's logger for a side that logs to l.
+func NewHCLog(l *slog.Logger) hclog.Logger { return newHCLog(l) }
+
 func newHCLog(l *slog.Logger) *hclogAdapter {
 	return &hclogAdapter{log: l.With("component", "go-plugin"), stopping: new(atomic.Bool)}
 }

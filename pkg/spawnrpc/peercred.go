@@ -29,8 +29,12 @@ const (
 	maxVerdictLen = 512
 )
 
-// securityProtocol names the handshake in gRPC's ProtocolInfo.
-const securityProtocol = "nexus-peercred"
+// SecurityProtocol names the handshake in gRPC's ProtocolInfo.
+const SecurityProtocol = "nexus-peercred"
+
+// ErrStale is wrapped by the error of an attach to a spawnd that
+// spawnd.json names but that is not there any more.
+var ErrStale = errors.New("spawnd.json is stale")
 
 // ErrRefused is wrapped by every error that reports spawnd refusing this
 // process's uid. Retrying does not help; running as the right user does.
@@ -47,10 +51,10 @@ type PeerCred struct {
 }
 
 // AuthType implements credentials.AuthInfo.
-func (PeerCred) AuthType() string { return securityProtocol }
+func (PeerCred) AuthType() string { return SecurityProtocol }
 
-// peerCred reads SO_PEERCRED from a unix socket connection.
-func peerCred(conn net.Conn) (PeerCred, error) {
+// ReadPeerCred reads SO_PEERCRED from a unix socket connection.
+func ReadPeerCred(conn net.Conn) (PeerCred, error) {
 	sc, ok := conn.(syscall.Conn)
 	if !ok {
 		return PeerCred{}, fmt.Errorf("peer credentials: %T is not a unix socket", conn)
@@ -84,7 +88,7 @@ type serverCreds struct {
 }
 
 func (c *serverCreds) ServerHandshake(conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
-	pc, err := peerCred(conn)
+	pc, err := ReadPeerCred(conn)
 	if err != nil {
 		c.log.Warn("refused spawnrpc connection: cannot read peer credentials", "err", err)
 		return nil, nil, err
@@ -111,64 +115,16 @@ func (c *serverCreds) ClientHandshake(context.Context, string, net.Conn) (net.Co
 }
 
 func (c *serverCreds) Info() credentials.ProtocolInfo {
-	return credentials.ProtocolInfo{SecurityProtocol: securityProtocol}
+	return credentials.ProtocolInfo{SecurityProtocol: SecurityProtocol}
 }
 
 func (c *serverCreds) Clone() credentials.TransportCredentials { cp := *c; return &cp }
 
 func (c *serverCreds) OverrideServerName(string) error { return nil }
 
-// clientCreds is the gateway's side: read spawnd's verdict, and check that
-// the socket is served by the spawnd that spawnd.json names (pid) running
-// as the owner of the run directory (uid). A socket path can outlive its
-// server; a pid can be reused; the kernel's peer credentials cannot lie.
-type clientCreds struct {
-	pid int
-	uid int
-}
-
-func (c *clientCreds) ClientHandshake(ctx context.Context, _ string, conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
-	pc, err := checkServer(ctx, conn, c.pid, c.uid)
-	if err != nil {
-		return nil, nil, err
-	}
-	return conn, pc, nil
-}
-
-func (c *clientCreds) ServerHandshake(net.Conn) (net.Conn, credentials.AuthInfo, error) {
-	return nil, nil, errors.New("spawnrpc: client credentials used on a server")
-}
-
-func (c *clientCreds) Info() credentials.ProtocolInfo {
-	return credentials.ProtocolInfo{SecurityProtocol: securityProtocol}
-}
-
-func (c *clientCreds) Clone() credentials.TransportCredentials { cp := *c; return &cp }
-
-func (c *clientCreds) OverrideServerName(string) error { return nil }
-
-// checkServer verifies the server end of conn (pid and uid, each skipped
-// when < 0) and reads its verdict line.
-func checkServer(ctx context.Context, conn net.Conn, pid, uid int) (PeerCred, error) {
-	pc, err := peerCred(conn)
-	if err != nil {
-		return PeerCred{}, err
-	}
-	if pid >= 0 && pc.PID != pid {
-		return PeerCred{}, fmt.Errorf("%w: the socket is served by pid %d, not by spawnd pid %d of %s", errStale, pc.PID, pid, EndpointFile)
-	}
-	if uid >= 0 && pc.UID != uid {
-		return PeerCred{}, fmt.Errorf("the socket is served by uid %d, but the run directory belongs to uid %d: refusing to talk to it", pc.UID, uid)
-	}
-	if err := readVerdict(ctx, conn); err != nil {
-		return PeerCred{}, err
-	}
-	return pc, nil
-}
-
-// readVerdict reads spawnd's verdict byte by byte: the server's HTTP/2
+// ReadVerdict reads spawnd's verdict byte by byte: the server's HTTP/2
 // preface follows it on the same connection and must stay unread.
-func readVerdict(ctx context.Context, conn net.Conn) error {
+func ReadVerdict(ctx context.Context, conn net.Conn) error {
 	deadline, ok := ctx.Deadline()
 	if !ok {
 		deadline = time.Now().Add(10 * time.Second)
@@ -182,7 +138,7 @@ func readVerdict(ctx context.Context, conn net.Conn) error {
 	for len(line) < maxVerdictLen {
 		if _, err := conn.Read(b); err != nil {
 			if len(line) == 0 && errors.Is(err, io.EOF) {
-				return fmt.Errorf("%w: spawnd closed the connection without a verdict", errStale)
+				return fmt.Errorf("%w: spawnd closed the connection without a verdict", ErrStale)
 			}
 			return fmt.Errorf("read spawnd's handshake: %w", err)
 		}

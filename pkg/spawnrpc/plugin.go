@@ -1,14 +1,13 @@
 // Package spawnrpc is the transport between the gateway (nexus-broker) and
 // the privileged spawn daemon (nexus-spawnd): the go-plugin glue around the
-// generated gRPC service in spawnpb.
+// generated gRPC service in spawnpb, spawnd's serving side, and what both
+// sides share (the run directory, spawnd.json, the handshake).
 //
 // spawnd serves standalone (Serve): it runs go-plugin's server in test mode,
 // which hands the server its own reattach config instead of printing it to a
 // host that launched it, and publishes that config to spawnd.json in its run
-// directory. The gateway always attaches (Dial) from that file, in
-// production and development alike; in development it first launches a
-// detached spawnd when none is running. Every connection is checked with
-// SO_PEERCRED, and the gateway keeps one Client across spawnd restarts.
+// directory. The gateway attaches from that file with internal/spawnclient,
+// which spawnd does not link. Every connection is checked with SO_PEERCRED.
 //
 // Nothing here knows what a lease is: the verbs live in internal/spawnd.
 package spawnrpc
@@ -61,7 +60,8 @@ func (p *SpawnerPlugin) GRPCClient(_ context.Context, _ *plugin.GRPCBroker, cc *
 	return spawnpb.NewSpawnerClient(cc), nil
 }
 
-// pluginSet is what both sides register under PluginName.
-func pluginSet(impl spawnpb.SpawnerServer) plugin.PluginSet {
+// Plugins is what both sides register: the spawner under PluginName (impl
+// is nil on the gateway's side).
+func Plugins(impl spawnpb.SpawnerServer) plugin.PluginSet {
 	return plugin.PluginSet{PluginName: &SpawnerPlugin{Impl: impl}}
 }

@@ -6,15 +6,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/nexus-broker/nexus-broker/internal/atomicfile"
 	"github.com/nexus-broker/nexus-broker/internal/config"
@@ -25,14 +22,10 @@ import (
 const (
 	// EndpointFile holds the reattach config of the serving spawnd.
 	EndpointFile = "spawnd.json"
-	// LogFile receives a launched spawnd's stdout and stderr.
-	LogFile = "spawnd.log"
-	// serveLockFile is flocked by the serving spawnd for its whole life: a
+	// ServeLockFile is flocked by the serving spawnd for its whole life: a
 	// second spawnd on the same run directory is refused, and a launcher
 	// can tell "starting or stopping" from "gone" without signalling a pid.
-	serveLockFile = "spawnd.lock"
-	// launchLockFile serialises gateways that want to launch spawnd.
-	launchLockFile = "launch.lock"
+	ServeLockFile = "spawnd.lock"
 	// socketPrefix is how go-plugin names its sockets (os.CreateTemp
 	// pattern "plugin").
 	socketPrefix = "plugin"
@@ -158,12 +151,12 @@ func removeEndpointIfOurs(runDir string, pid int) error {
 	return atomicfile.SyncDir(runDir)
 }
 
-// prepareRunDir creates runDir 0750 (group gid when gid >= 0), or checks
+// PrepareRunDir creates runDir 0750 (group gid when gid >= 0), or checks
 // the one that is there. A run directory somebody else owns (say a
 // squatter's /tmp/nexus-broker-0) would let them swap the socket under the
 // gateway, so it is refused rather than adopted; so is a default run
 // directory whose private parent is not this user's alone.
-func prepareRunDir(runDir string, gid int) error {
+func PrepareRunDir(runDir string, gid int) error {
 	if err := CheckSocketPath(runDir); err != nil {
 		return err
 	}
@@ -199,36 +192,6 @@ func prepareRunDir(runDir string, gid int) error {
 	return nil
 }
 
-// checkRunDir is the gateway's view of prepareRunDir: the directory must be
-// a real directory nobody but its owner can write. In a world-writable
-// parent (the /tmp default) anyone could have created it first, so there
-// it must also be ours or root's. It returns the owner, the uid spawnd is
-// expected to run as.
-func checkRunDir(runDir string) (owner int, err error) {
-	st, err := os.Lstat(runDir)
-	if err != nil {
-		return -1, err
-	}
-	sys, ok := st.Sys().(*syscall.Stat_t)
-	if !st.IsDir() || !ok {
-		return -1, fmt.Errorf("run directory %s is not a directory; remove it or set spawnd.run_dir", runDir)
-	}
-	uid := int(sys.Uid)
-	if uid != 0 && uid != os.Getuid() && uid != os.Geteuid() {
-		parent, err := os.Stat(filepath.Dir(runDir))
-		if err != nil {
-			return -1, err
-		}
-		if parent.Mode().Perm()&0o002 != 0 {
-			return -1, fmt.Errorf("run directory %s is owned by uid %d, neither root nor this user, in world-writable %s: refusing to trust a socket in it; set spawnd.run_dir", runDir, uid, filepath.Dir(runDir))
-		}
-	}
-	if st.Mode().Perm()&0o022 != 0 {
-		return -1, fmt.Errorf("run directory %s is writable by group or others (mode %v): refusing to trust a socket in it; chmod 0750 it", runDir, st.Mode().Perm())
-	}
-	return int(sys.Uid), nil
-}
-
 // removeStaleSockets deletes go-plugin sockets left behind by a spawnd that
 // died without closing its listener (kill -9), and spawnd.json temp files.
 // Only the holder of the serve lock may call it: everything it finds is
@@ -246,48 +209,4 @@ func removeStaleSockets(runDir string) {
 			_ = os.Remove(filepath.Join(runDir, e.Name()))
 		}
 	}
-}
-
-// flockFile opens path and takes an flock on it (how: unix.LOCK_EX or
-// unix.LOCK_SH, optionally | unix.LOCK_NB). Closing the file releases it;
-// the descriptor is close-on-exec, so no child ever inherits the lock.
-func flockFile(path string, flag int, perm os.FileMode, how int) (*os.File, error) {
-	f, err := safedir.OpenFile(path, flag, perm)
-	if err != nil {
-		return nil, err
-	}
-	for {
-		err = unix.Flock(int(f.Fd()), how)
-		if err != unix.EINTR {
-			break
-		}
-	}
-	if err != nil {
-		f.Close()
-		return nil, err
-	}
-	return f, nil
-}
-
-// serveLockHolder reports whether some spawnd holds runDir's serve lock,
-// and the pid it wrote there. It needs only read access, so an unprivileged
-// gateway can ask it about a root spawnd.
-func serveLockHolder(runDir string) (held bool, pid int) {
-	path := filepath.Join(runDir, serveLockFile)
-	f, err := flockFile(path, os.O_RDONLY, 0, unix.LOCK_SH|unix.LOCK_NB)
-	if err == nil {
-		f.Close()
-		return false, 0
-	}
-	if !errors.Is(err, unix.EWOULDBLOCK) {
-		return false, 0
-	}
-	f, err = safedir.OpenFile(path, os.O_RDONLY, 0)
-	if err != nil {
-		return true, 0
-	}
-	defer f.Close()
-	data, _ := io.ReadAll(io.LimitReader(f, 32))
-	pid, _ = strconv.Atoi(strings.TrimSpace(string(data)))
-	return true, pid
 }

@@ -14,11 +14,11 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-plugin"
-	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/nexus-broker/nexus-broker/internal/safedir"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
 )
 
@@ -85,7 +85,7 @@ func Serve(ctx context.Context, opts ServeOptions) error {
 	closed := make(chan struct{})
 	go plugin.Serve(&plugin.ServeConfig{
 		HandshakeConfig: Handshake,
-		Plugins:         pluginSet(opts.Impl),
+		Plugins:         Plugins(opts.Impl),
 		GRPCServer: func(o []grpc.ServerOption) *grpc.Server {
 			o = append(o,
 				grpc.Creds(creds),
@@ -172,7 +172,7 @@ func ClaimRunDir(runDir string, socketGID int) (release func(), err error) {
 	if claims.m[key] {
 		return func() {}, nil
 	}
-	if err := prepareRunDir(runDir, socketGID); err != nil {
+	if err := PrepareRunDir(runDir, socketGID); err != nil {
 		return nil, err
 	}
 	lock, err := takeServeLock(runDir, socketGID)
@@ -197,28 +197,21 @@ func ClaimRunDir(runDir string, socketGID int) (release func(), err error) {
 // takeServeLock makes this process the only spawnd of runDir and records
 // its pid in the lock file for the error messages of the next one.
 func takeServeLock(runDir string, gid int) (*os.File, error) {
-	path := filepath.Join(runDir, serveLockFile)
-	f, err := flockFile(path, os.O_RDWR|os.O_CREATE, 0o640, unix.LOCK_EX|unix.LOCK_NB)
-	if errors.Is(err, unix.EWOULDBLOCK) {
-		_, pid := serveLockHolder(runDir)
-		return nil, fmt.Errorf("another nexus-spawnd (pid %d) is already serving run directory %s; stop it first, or give this one another spawnd.run_dir", pid, runDir)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("lock %s: %w", path, err)
+	path := filepath.Join(runDir, ServeLockFile)
+	f, err := safedir.LockPid(path, 0o640, nil)
+	if held := (*safedir.HeldError)(nil); errors.As(err, &held) {
+		return nil, fmt.Errorf("another nexus-spawnd (pid %s) is already serving run directory %s; stop it first, or give this one another spawnd.run_dir", held.Holder, runDir)
 	}
 	// The gateway reads the lock to tell a stopping spawnd from a dead one.
-	err = f.Chmod(0o640)
-	if err == nil && gid >= 0 {
-		err = f.Chown(-1, gid)
-	}
 	if err == nil {
-		err = f.Truncate(0)
-	}
-	if err == nil {
-		_, err = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+		if err = f.Chmod(0o640); err == nil && gid >= 0 {
+			err = f.Chown(-1, gid)
+		}
+		if err != nil {
+			f.Close()
+		}
 	}
 	if err != nil {
-		f.Close()
 		return nil, fmt.Errorf("lock %s: %w", path, err)
 	}
 	return f, nil
@@ -260,7 +253,7 @@ func probeAccepting(ctx context.Context, ep Endpoint) error {
 		return err
 	}
 	defer conn.Close()
-	if _, err := checkServer(ctx, conn, os.Getpid(), os.Geteuid()); err != nil && !errors.Is(err, ErrRefused) {
+	if err := ReadVerdict(ctx, conn); err != nil && !errors.Is(err, ErrRefused) {
 		return err
 	}
 	return nil

@@ -1,4 +1,4 @@
-package spawnrpc
+package spawnclient
 
 import (
 	"bufio"
@@ -18,10 +18,19 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nexus-broker/nexus-broker/internal/safedir"
+	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc"
 )
 
 // SpawndBinary is the executable name Launch mode looks for.
 const SpawndBinary = "nexus-spawnd"
+
+// Files a launching gateway keeps in the run directory.
+const (
+	// LogFile receives a launched spawnd's stdout and stderr.
+	LogFile = "spawnd.log"
+	// launchLockFile serialises gateways that want to launch spawnd.
+	launchLockFile = "launch.lock"
+)
 
 // LaunchedIdleExit is how long a spawnd launched by a gateway stays up with
 // no lease and no gateway attached (nexus-spawnd -idle-exit).
@@ -31,11 +40,11 @@ const LaunchedIdleExit = 10 * time.Second
 func lockLaunch(ctx context.Context, runDir string) (*os.File, error) {
 	// Launch mode is development: the gateway's user owns the run
 	// directory and may create it, as the spawnd it launches will.
-	if err := prepareRunDir(runDir, -1); err != nil {
+	if err := spawnrpc.PrepareRunDir(runDir, -1); err != nil {
 		return nil, err
 	}
 	path := filepath.Join(runDir, launchLockFile)
-	f, err := flockFile(path, os.O_RDWR|os.O_CREATE, 0o640, unix.LOCK_EX|unix.LOCK_NB)
+	f, err := safedir.Flock(path, os.O_RDWR|os.O_CREATE, 0o640, unix.LOCK_EX|unix.LOCK_NB)
 	if err == nil || !errors.Is(err, unix.EWOULDBLOCK) {
 		return f, err
 	}
@@ -45,7 +54,7 @@ func lockLaunch(ctx context.Context, runDir string) (*os.File, error) {
 	got := make(chan *os.File, 1)
 	failed := make(chan error, 1)
 	go func() {
-		f, err := flockFile(path, os.O_RDWR|os.O_CREATE, 0o640, unix.LOCK_EX)
+		f, err := safedir.Flock(path, os.O_RDWR|os.O_CREATE, 0o640, unix.LOCK_EX)
 		if err != nil {
 			failed <- err
 			return
@@ -145,27 +154,27 @@ func (c *Client) spawndPath() (string, error) {
 
 // awaitEndpoint waits for the launched spawnd to publish spawnd.json with
 // its own pid. An older spawnd.json (a dead spawnd's) does not count.
-func (l *launched) awaitEndpoint(ctx context.Context, runDir string) (Endpoint, error) {
-	w := watchFile(runDir, EndpointFile)
+func (l *launched) awaitEndpoint(ctx context.Context, runDir string) (spawnrpc.Endpoint, error) {
+	w := watchFile(runDir, spawnrpc.EndpointFile)
 	defer w.Close()
 	deadline := time.NewTimer(launchTimeout)
 	defer deadline.Stop()
 	backoff := 10 * time.Millisecond
 	for {
-		if ep, err := ReadEndpoint(runDir); err == nil && ep.Pid == l.pid {
+		if ep, err := spawnrpc.ReadEndpoint(runDir); err == nil && ep.Pid == l.pid {
 			return ep, nil
 		}
 		t := time.NewTimer(backoff)
 		select {
 		case err := <-l.exited:
 			t.Stop()
-			return Endpoint{}, fmt.Errorf("nexus-spawnd (pid %d) exited during startup (%v); it said (%s):\n%s", l.pid, err, l.logPath, logTail(l.logPath, l.logStart, 8))
+			return spawnrpc.Endpoint{}, fmt.Errorf("nexus-spawnd (pid %d) exited during startup (%v); it said (%s):\n%s", l.pid, err, l.logPath, logTail(l.logPath, l.logStart, 8))
 		case <-deadline.C:
 			t.Stop()
-			return Endpoint{}, fmt.Errorf("nexus-spawnd (pid %d) did not publish %s within %v; see %s", l.pid, EndpointFile, launchTimeout, l.logPath)
+			return spawnrpc.Endpoint{}, fmt.Errorf("nexus-spawnd (pid %d) did not publish %s within %v; see %s", l.pid, spawnrpc.EndpointFile, launchTimeout, l.logPath)
 		case <-ctx.Done():
 			t.Stop()
-			return Endpoint{}, fmt.Errorf("waiting for nexus-spawnd (pid %d) to start: %w", l.pid, ctx.Err())
+			return spawnrpc.Endpoint{}, fmt.Errorf("waiting for nexus-spawnd (pid %d) to start: %w", l.pid, ctx.Err())
 		case <-w.C:
 		case <-t.C:
 		}

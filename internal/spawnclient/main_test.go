@@ -1,4 +1,4 @@
-package spawnrpc
+package spawnclient
 
 import (
 	"bufio"
@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/peer"
 
 	"github.com/nexus-broker/nexus-broker/internal/sockdir"
+	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
 )
 
@@ -67,7 +68,7 @@ func fakeSpawndMain() int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	err := Serve(ctx, ServeOptions{RunDir: *runDir, AllowedUID: allowed, SocketGID: -1, Impl: &fakeSpawner{log: log}, Logger: log})
+	err := spawnrpc.Serve(ctx, spawnrpc.ServeOptions{RunDir: *runDir, AllowedUID: allowed, SocketGID: -1, Impl: &fakeSpawner{log: log}, Logger: log})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "nexus-spawnd:", err)
 		return 1
@@ -101,7 +102,7 @@ type fakeSpawner struct {
 func (f *fakeSpawner) Status(ctx context.Context, _ *spawnpb.StatusRequest) (*spawnpb.StatusResponse, error) {
 	uid := -1
 	if p, ok := peer.FromContext(ctx); ok {
-		if pc, ok := p.AuthInfo.(PeerCred); ok {
+		if pc, ok := p.AuthInfo.(spawnrpc.PeerCred); ok {
 			uid = pc.UID
 		}
 	}
@@ -131,7 +132,7 @@ type fakeServer struct {
 	cmd     *exec.Cmd
 	logPath string
 	exited  chan error
-	ep      Endpoint
+	ep      spawnrpc.Endpoint
 }
 
 // startFakeServer runs a fake spawnd on runDir and waits until it has

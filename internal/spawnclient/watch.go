@@ -1,4 +1,4 @@
-package spawnrpc
+package spawnclient
 
 import (
 	"bytes"

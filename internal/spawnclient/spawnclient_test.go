@@ -1,4 +1,4 @@
-package spawnrpc
+package spawnclient
 
 import (
 	"context"
@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/emptypb"
 
+	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
 )
 
@@ -34,7 +35,7 @@ func ctxT(t *testing.T, d time.Duration) context.Context {
 
 // rawConn dials ep with our client credentials but without Dial's probe, as
 // a client that skipped it would.
-func rawConn(t *testing.T, ep Endpoint) *grpc.ClientConn {
+func rawConn(t *testing.T, ep spawnrpc.Endpoint) *grpc.ClientConn {
 	t.Helper()
 	cc, err := grpc.NewClient("passthrough:///spawnd",
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
@@ -53,15 +54,15 @@ func TestServeAndDial(t *testing.T) {
 	runDir := shortTempDir(t)
 	srv := startFakeServer(t, runDir)
 
-	ep, err := ReadEndpoint(runDir)
+	ep, err := spawnrpc.ReadEndpoint(runDir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Endpoint{Protocol: "grpc", ProtocolVersion: ProtocolVersion, Network: "unix", Addr: ep.Addr, Pid: srv.cmd.Process.Pid}
+	want := spawnrpc.Endpoint{Protocol: "grpc", ProtocolVersion: spawnrpc.ProtocolVersion, Network: "unix", Addr: ep.Addr, Pid: srv.cmd.Process.Pid}
 	if ep != want || filepath.Dir(ep.Addr) != runDir {
 		t.Fatalf("spawnd.json = %+v, want %+v with the socket in %s", ep, want, runDir)
 	}
-	for path, mode := range map[string]os.FileMode{runDir: 0o750, filepath.Join(runDir, EndpointFile): 0o640} {
+	for path, mode := range map[string]os.FileMode{runDir: 0o750, filepath.Join(runDir, spawnrpc.EndpointFile): 0o640} {
 		st, err := os.Stat(path)
 		if err != nil {
 			t.Fatal(err)
@@ -114,7 +115,7 @@ func TestServeAndDial(t *testing.T) {
 	case <-time.After(waitLong):
 		t.Fatal("fake spawnd did not stop on SIGTERM")
 	}
-	for _, p := range []string{filepath.Join(runDir, EndpointFile), ep.Addr} {
+	for _, p := range []string{filepath.Join(runDir, spawnrpc.EndpointFile), ep.Addr} {
 		if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("%s left behind after SIGTERM (%v)", p, err)
 		}
@@ -132,8 +133,8 @@ func TestRefusesOtherUID(t *testing.T) {
 
 	_, log := newLogSink(t)
 	_, err := Dial(ctxT(t, waitLong), DialOptions{RunDir: runDir, Logger: log})
-	if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), wantMsg) {
-		t.Fatalf("Dial: %v; want ErrRefused saying %q", err, wantMsg)
+	if !errors.Is(err, spawnrpc.ErrRefused) || !strings.Contains(err.Error(), wantMsg) {
+		t.Fatalf("Dial: %v; want spawnrpc.ErrRefused saying %q", err, wantMsg)
 	}
 
 	// A client that skips Dial's probe sees the same reason on its call.
@@ -248,7 +249,7 @@ func TestSecondSpawndRefused(t *testing.T) {
 	if err == nil || !strings.Contains(string(out), want) {
 		t.Fatalf("second spawnd: %v, output %q; want it refused with %q", err, out, want)
 	}
-	if ep, err := ReadEndpoint(runDir); err != nil || ep != a.ep {
+	if ep, err := spawnrpc.ReadEndpoint(runDir); err != nil || ep != a.ep {
 		t.Fatalf("spawnd.json after the refused second spawnd: %+v, %v", ep, err)
 	}
 }

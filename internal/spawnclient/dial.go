@@ -1,4 +1,10 @@
-package spawnrpc
+// Package spawnclient is the gateway's side of spawnrpc: it attaches to the
+// spawnd published in the run directory (checking the directory, the
+// server's pid and uid, and that spawnd runs the gateway's config file),
+// re-attaches across spawnd restarts behind one Client, and in development
+// launches a detached spawnd when none is running. nexus-spawnd does not
+// link it (cmd/nexus-spawnd's deps test keeps it so).
+package spawnclient
 
 import (
 	"context"
@@ -22,6 +28,7 @@ import (
 	"google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
 )
 
@@ -60,13 +67,14 @@ const (
 	// cuts the wait short.
 	minBackoff = 50 * time.Millisecond
 	maxBackoff = 5 * time.Second
+	// probeTimeout bounds the plain connection that checks a spawnd
+	// before go-plugin attaches.
+	probeTimeout = 5 * time.Second
 )
 
 var (
 	// errNotRunning: no spawnd.json, or one naming a spawnd that is gone.
 	errNotRunning = errors.New("nexus-spawnd is not running")
-	// errStale: spawnd.json names a spawnd that is not there any more.
-	errStale = errors.New("spawnd.json is stale")
 	// errBusy: a spawnd holds the run directory but does not answer yet
 	// (starting or stopping); launching another would be refused.
 	errBusy = errors.New("nexus-spawnd is starting or stopping")
@@ -96,7 +104,7 @@ type Client struct {
 
 // conn is one attachment to one spawnd process.
 type conn struct {
-	ep     Endpoint
+	ep     spawnrpc.Endpoint
 	pc     *plugin.Client
 	gc     *plugin.GRPCClient
 	api    spawnpb.SpawnerClient
@@ -113,9 +121,9 @@ type conn struct {
 // re-attaching until Close.
 func Dial(ctx context.Context, opts DialOptions) (*Client, error) {
 	if opts.RunDir == "" {
-		return nil, errors.New("spawnrpc.Dial: no RunDir")
+		return nil, errors.New("spawnclient.Dial: no RunDir")
 	}
-	if err := CheckSocketPath(opts.RunDir); err != nil {
+	if err := spawnrpc.CheckSocketPath(opts.RunDir); err != nil {
 		return nil, err
 	}
 	log := opts.Logger
@@ -125,7 +133,7 @@ func Dial(ctx context.Context, opts DialOptions) (*Client, error) {
 	c := &Client{
 		opts:        opts,
 		log:         log,
-		hclog:       newHCLog(log),
+		hclog:       spawnrpc.NewHCLog(log),
 		supervised:  make(chan struct{}),
 		poke:        make(chan struct{}, 1),
 		reconnected: make(chan struct{}, 1),
@@ -159,11 +167,11 @@ func (c *Client) Reconnected() <-chan struct{} { return c.reconnected }
 
 // Endpoint returns the spawnd currently attached; the zero Endpoint while
 // re-attaching.
-func (c *Client) Endpoint() Endpoint {
+func (c *Client) Endpoint() spawnrpc.Endpoint {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.cur == nil {
-		return Endpoint{}
+		return spawnrpc.Endpoint{}
 	}
 	return c.cur.ep
 }
@@ -306,7 +314,7 @@ func (c *Client) Ready() error {
 // reattach retries until a spawnd answers or the Client is closed, waking
 // early whenever spawnd.json changes. It returns nil once closed.
 func (c *Client) reattach() *conn {
-	w := watchFile(c.opts.RunDir, EndpointFile)
+	w := watchFile(c.opts.RunDir, spawnrpc.EndpointFile)
 	defer w.Close()
 	backoff := minBackoff
 	var logged string
@@ -343,7 +351,7 @@ func (c *Client) firstAttach(ctx context.Context) (*conn, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, launchTimeout)
 	defer cancel()
-	w := watchFile(c.opts.RunDir, EndpointFile)
+	w := watchFile(c.opts.RunDir, spawnrpc.EndpointFile)
 	defer w.Close()
 	backoff := minBackoff
 	for {
@@ -368,7 +376,7 @@ func (c *Client) firstAttach(ctx context.Context) (*conn, error) {
 // one when there is none to attach to.
 func (c *Client) attachOrLaunch(ctx context.Context) (*conn, error) {
 	cn, err := c.attachPublished(ctx)
-	if err == nil || !c.opts.Launch || errors.Is(err, ErrRefused) || errors.Is(err, ErrOtherConfig) || ctx.Err() != nil {
+	if err == nil || !c.opts.Launch || errors.Is(err, spawnrpc.ErrRefused) || errors.Is(err, ErrOtherConfig) || ctx.Err() != nil {
 		return cn, err
 	}
 	return c.launchAndAttach(ctx, err)
@@ -377,19 +385,19 @@ func (c *Client) attachOrLaunch(ctx context.Context) (*conn, error) {
 // attachPublished attaches to the spawnd that spawnd.json names. Without
 // Launch, an error saying spawnd is not running also says how to start it.
 func (c *Client) attachPublished(ctx context.Context) (*conn, error) {
-	ep, err := ReadEndpoint(c.opts.RunDir)
+	ep, err := spawnrpc.ReadEndpoint(c.opts.RunDir)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		err = fmt.Errorf("%w for run directory %s (no %s)", errNotRunning, c.opts.RunDir, EndpointFile)
+		err = fmt.Errorf("%w for run directory %s (no %s)", errNotRunning, c.opts.RunDir, spawnrpc.EndpointFile)
 	case err != nil:
-		err = fmt.Errorf("%w (%w: %v)", errNotRunning, errStale, err)
+		err = fmt.Errorf("%w (%w: %v)", errNotRunning, spawnrpc.ErrStale, err)
 	default:
 		var cn *conn
 		cn, err = c.attach(ctx, ep)
 		if err == nil {
 			return cn, nil
 		}
-		if errors.Is(err, errStale) {
+		if errors.Is(err, spawnrpc.ErrStale) {
 			err = fmt.Errorf("%w (%w)", errNotRunning, err)
 		}
 	}
@@ -408,13 +416,13 @@ func (c *Client) startHint() string {
 }
 
 // attach connects to ep through go-plugin's reattach path.
-func (c *Client) attach(ctx context.Context, ep Endpoint) (*conn, error) {
+func (c *Client) attach(ctx context.Context, ep spawnrpc.Endpoint) (*conn, error) {
 	if ep.Protocol != string(plugin.ProtocolGRPC) || ep.Network != "unix" {
-		return nil, fmt.Errorf("%s describes a %s server on %s; nexus-spawnd serves grpc on unix: is another program using run directory %s?", EndpointFile, ep.Protocol, ep.Network, c.opts.RunDir)
+		return nil, fmt.Errorf("%s describes a %s server on %s; nexus-spawnd serves grpc on unix: is another program using run directory %s?", spawnrpc.EndpointFile, ep.Protocol, ep.Network, c.opts.RunDir)
 	}
 	// go-plugin's reattach skips its version negotiation entirely.
-	if ep.ProtocolVersion != ProtocolVersion {
-		return nil, fmt.Errorf("nexus-spawnd pid %d speaks spawnrpc protocol version %d, this gateway version %d: run nexus-broker and nexus-spawnd from the same release", ep.Pid, ep.ProtocolVersion, ProtocolVersion)
+	if ep.ProtocolVersion != spawnrpc.ProtocolVersion {
+		return nil, fmt.Errorf("nexus-spawnd pid %d speaks spawnrpc protocol version %d, this gateway version %d: run nexus-broker and nexus-spawnd from the same release", ep.Pid, ep.ProtocolVersion, spawnrpc.ProtocolVersion)
 	}
 	owner, err := checkRunDir(c.opts.RunDir)
 	if err != nil {
@@ -432,8 +440,8 @@ func (c *Client) attach(ctx context.Context, ep Endpoint) (*conn, error) {
 		return nil, err
 	}
 	pc := plugin.NewClient(&plugin.ClientConfig{
-		HandshakeConfig: Handshake,
-		Plugins:         pluginSet(nil),
+		HandshakeConfig: spawnrpc.Handshake,
+		Plugins:         spawnrpc.Plugins(nil),
 		Reattach: &plugin.ReattachConfig{
 			Protocol:        plugin.ProtocolGRPC,
 			ProtocolVersion: ep.ProtocolVersion,
@@ -535,7 +543,7 @@ func (cn *conn) open(ctx context.Context) error {
 		return fmt.Errorf("attach to nexus-spawnd pid %d: go-plugin returned a %T, not a gRPC client", cn.ep.Pid, res.proto)
 	}
 	cn.gc = gc
-	raw, err := gc.Dispense(PluginName)
+	raw, err := gc.Dispense(spawnrpc.PluginName)
 	if err != nil {
 		return err
 	}
@@ -618,14 +626,14 @@ func (cn *conn) close() {
 
 // probe connects to ep once and checks who serves it and whether it admits
 // us.
-func probe(ctx context.Context, ep Endpoint, owner int) error {
+func probe(ctx context.Context, ep spawnrpc.Endpoint, owner int) error {
 	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, ep.Network, ep.Addr)
 	switch {
 	case errors.Is(err, unix.ECONNREFUSED) || errors.Is(err, unix.ENOENT):
-		return fmt.Errorf("%w: nobody accepts on %s: %v", errStale, ep.Addr, err)
+		return fmt.Errorf("%w: nobody accepts on %s: %v", spawnrpc.ErrStale, ep.Addr, err)
 	case errors.Is(err, unix.EACCES):
 		return fmt.Errorf("connect to nexus-spawnd at %s: %w; run the gateway as a member of group spawnd.socket_gid", ep.Addr, err)
 	case err != nil:
@@ -646,11 +654,11 @@ func (c *Client) launchAndAttach(ctx context.Context, why error) (*conn, error) 
 	defer lock.Close()
 	// Whoever held the lock before us may have launched one.
 	cn, err := c.attachPublished(ctx)
-	if err == nil || errors.Is(err, ErrRefused) || errors.Is(err, ErrOtherConfig) {
+	if err == nil || errors.Is(err, spawnrpc.ErrRefused) || errors.Is(err, ErrOtherConfig) {
 		return cn, err
 	}
 	if held, pid := serveLockHolder(c.opts.RunDir); held {
-		return nil, fmt.Errorf("%w: pid %d holds %s but does not answer yet", errBusy, pid, filepath.Join(c.opts.RunDir, serveLockFile))
+		return nil, fmt.Errorf("%w: pid %d holds %s but does not answer yet", errBusy, pid, filepath.Join(c.opts.RunDir, spawnrpc.ServeLockFile))
 	}
 	l, err := c.startSpawnd()
 	if err != nil {
