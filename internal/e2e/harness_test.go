@@ -213,6 +213,32 @@ type Options struct {
 // startBroker writes the config and starts spawnd, then the gateway.
 func startBroker(t testing.TB, o Options) *Broker {
 	t.Helper()
+	b := newBroker(t, o)
+	b.StartGateway(o.GatewayEnv...)
+	return b
+}
+
+// startBrokersTogether starts one broker per Options with every gateway
+// started before any is awaited, so they boot (and, in Launch mode, launch
+// their spawnds) at the same time.
+func startBrokersTogether(t testing.TB, opts ...Options) []*Broker {
+	t.Helper()
+	bs := make([]*Broker, len(opts))
+	for i, o := range opts {
+		bs[i] = newBroker(t, o)
+	}
+	for i, b := range bs {
+		b.spawnGateway(opts[i].GatewayEnv...)
+	}
+	for _, b := range bs {
+		b.awaitGateway()
+	}
+	return bs
+}
+
+// newBroker writes the config and, unless in Launch mode, starts spawnd.
+func newBroker(t testing.TB, o Options) *Broker {
+	t.Helper()
 	dir := o.Dir
 	if dir == "" {
 		dir = t.TempDir()
@@ -258,7 +284,6 @@ func startBroker(t testing.TB, o Options) *Broker {
 	if !o.Launch {
 		b.StartSpawnd()
 	}
-	b.StartGateway(o.GatewayEnv...)
 	return b
 }
 
@@ -328,11 +353,23 @@ var listeningRE = regexp.MustCompile(`msg="nexus-broker listening" addr=(\S+)`)
 // waits until it listens.
 func (b *Broker) StartGateway(extraEnv ...string) {
 	b.t.Helper()
+	b.spawnGateway(extraEnv...)
+	b.awaitGateway()
+}
+
+// spawnGateway starts nexus-broker without waiting for it.
+func (b *Broker) spawnGateway(extraEnv ...string) {
+	b.t.Helper()
 	b.GatewayLog = newLogBuffer()
 	cmd := exec.Command(b.bin("nexus-broker"), "-config", b.ConfigPath, "-launch-spawnd="+strconv.FormatBool(b.launch))
 	cmd.Env = append(append([]string{}, b.env...), extraEnv...)
 	cmd.Stdout, cmd.Stderr = b.GatewayLog, b.GatewayLog
 	b.gateway = startProc(b.t, cmd)
+}
+
+// awaitGateway waits until the gateway spawnGateway started listens.
+func (b *Broker) awaitGateway() {
+	b.t.Helper()
 	m := b.GatewayLog.wait(b.t, listeningRE, 30*time.Second)
 	b.Addr = m[1]
 	b.Base = "http://" + b.Addr

@@ -111,18 +111,65 @@ func TestMissingBinaryRefusedBeforeListening(t *testing.T) {
 	}
 }
 
-// TestTwoConfigsOneUserNoRunDir: two brokers of one user, two config files,
-// no spawnd.run_dir, launched the make-run way: each gets
-// a spawnd of its own (the default run directory is per config file), serves
-// its own registry and claims its own entries, and restarting one never
-// touches the other's leases: the first's client stays attached throughout.
-func TestTwoConfigsOneUserNoRunDir(t *testing.T) {
+// twoConfigs are the Options of two brokers of one user with a config
+// file each and no spawnd.run_dir, launched the make-run way: entries
+// alpha and beta, default run directories under one $XDG_RUNTIME_DIR.
+func twoConfigs(t *testing.T) []Options {
 	xdg := sockdir.New(t, "nxx")
-	start := func(entry string) *Broker {
-		return startBroker(t, Options{Launch: true, XDGRuntimeDir: xdg,
+	var opts []Options
+	for _, entry := range []string{"alpha", "beta"} {
+		opts = append(opts, Options{Launch: true, XDGRuntimeDir: xdg,
 			YAML: fmt.Sprintf("  %s:\n    path: %q\n", entry, bin("nexus-echo"))})
 	}
-	a, b := start("alpha"), start("beta")
+	return opts
+}
+
+// TestTwoConfigsOneUserNoRunDir: two brokers of one user, two config files,
+// no spawnd.run_dir, started one after the other: each gets a spawnd of its
+// own (the default run directory is per config file), serves its own
+// registry and claims its own entries, and restarting one never touches
+// the other's leases: the first's client stays attached throughout.
+func TestTwoConfigsOneUserNoRunDir(t *testing.T) {
+	opts := twoConfigs(t)
+	twoBrokersApart(t, startBroker(t, opts[0]), startBroker(t, opts[1]))
+}
+
+// TestTwoConfigsOneUserStartedTogether: the same two brokers started at the
+// same time, both gateways (and so both spawnd launches and both default
+// run directories' creation) under way before either listens, a few times
+// over on a fresh $XDG_RUNTIME_DIR; and restarted at the same time with
+// their leases live: each comes back to its own spawnd and leases.
+func TestTwoConfigsOneUserStartedTogether(t *testing.T) {
+	for round := range 3 {
+		t.Run(fmt.Sprint("round", round), func(t *testing.T) {
+			bs := startBrokersTogether(t, twoConfigs(t)...)
+			a, b := bs[0], bs[1]
+			claimA, claimB := twoBrokersApart(t, a, b)
+			pids := [][]int{a.Instances(), b.Instances()}
+			for _, br := range bs {
+				br.KillGateway(syscall.SIGKILL)
+			}
+			for _, br := range bs {
+				br.spawnGateway()
+			}
+			for i, br := range bs {
+				br.awaitGateway()
+				id := []string{claimA.LeaseID, claimB.LeaseID}[i]
+				br.waitStates([]string{id}, "active", 20*time.Second)
+				if after := br.Instances(); len(after) != 1 || after[0] != pids[i][0] {
+					t.Fatalf("broker %d's instances were %v, after both restarted %v", i, pids[i], after)
+				}
+			}
+		})
+	}
+}
+
+// twoBrokersApart checks two running brokers of twoConfigs: each has its
+// own run directory and spawnd, serves and claims only its own entry, and
+// two restarts of the second leave the first's lease and client alone. It
+// returns the two brokers' leases, both live.
+func twoBrokersApart(t *testing.T, a, b *Broker) (claimA, claimB *brokerclient.Claim) {
+	t.Helper()
 	if a.RunDir == b.RunDir {
 		t.Fatalf("both configs resolved to run directory %s", a.RunDir)
 	}
@@ -141,12 +188,12 @@ func TestTwoConfigsOneUserNoRunDir(t *testing.T) {
 			t.Fatalf("the %s broker claimed the other's entry %s: %v", c.own, c.other, e)
 		}
 	}
-	claimA := a.claim(brokerclient.ClaimRequest{Binary: "alpha"})
+	claimA = a.claim(brokerclient.ClaimRequest{Binary: "alpha"})
 	connA := a.dial(claimA, brokerclient.DialOptions{})
 	if got := say(t, connA, "one"); got != "echo #1: one" {
 		t.Fatalf("answer = %q", got)
 	}
-	b.claim(brokerclient.ClaimRequest{Binary: "beta"})
+	claimB = b.claim(brokerclient.ClaimRequest{Binary: "beta"})
 	pidsA := a.Instances()
 	for i := range 2 {
 		b.KillGateway(syscall.SIGKILL)
@@ -161,6 +208,8 @@ func TestTwoConfigsOneUserNoRunDir(t *testing.T) {
 	if st, ok := a.lease(claimA.LeaseID); !ok || st.State != "active" {
 		t.Fatalf("the first broker's lease after the second's restarts: %+v %v", st, ok)
 	}
+	b.waitStates([]string{claimB.LeaseID}, "active", 20*time.Second)
+	return claimA, claimB
 }
 
 // TestEditedConfigOnGatewayRestart: the operator edits broker.yaml and
