@@ -72,10 +72,11 @@ func (g *Gateway) serveInstance(conn *websocket.Conn, remote string) {
 	}
 	l, refusal := g.admitInstance(g.ctx, f)
 	if l == nil {
-		// Every refusal is byte-identical on the wire, so a dialer cannot
+		// Every refusal is byte-identical on the wire, and sent before the
+		// log line (whose wording differs) is written, so a dialer cannot
 		// tell a live lease id from a dead one; the log tells them apart.
-		g.logRefusal(f, refusal, remote)
 		ws.closeNow(websocket.ClosePolicyViolation, closeUnknownLease)
+		g.logRefusal(f, refusal, remote)
 		return
 	}
 	conn.SetReadLimit(maxMessage)

@@ -85,7 +85,8 @@ const (
 
 // verbs is the whole of what the gateway may ask, and in which lease states.
 // A row with no states names no lease. Every handler below starts by passing
-// its row to admit; nothing else decides whether a request is served.
+// its row to admit (Verify to admit's allocation-free half, check); nothing
+// else decides whether a request is served.
 var verbs = [...]struct {
 	name   string
 	states []leaseState
@@ -348,8 +349,8 @@ func (d *Daemon) configFor(id string) string {
 // or the refusal to send back.
 func (d *Daemon) admit(v verb, leaseID string) (*lease, error) {
 	row := verbs[v]
-	if d.closed {
-		return nil, refusal(codes.Unavailable, "%s: nexus-spawnd is shutting down; retry once it is back", row.name)
+	if err := d.shutdownRefusal(v); err != nil {
+		return nil, err
 	}
 	if row.states == nil {
 		return nil, nil
@@ -357,14 +358,9 @@ func (d *Daemon) admit(v verb, leaseID string) (*lease, error) {
 	if !validLeaseID(leaseID) {
 		return nil, refusal(codes.InvalidArgument, "%s: lease id %q is not 1 to %d letters, digits, '-' or '_'", row.name, leaseID, maxLeaseIDLen)
 	}
-	l, st := d.leases[leaseID], stateNone
-	if l != nil {
-		st = l.state
-	} else if _, ok := d.spent[leaseID]; ok {
-		st = stateGone
-	}
+	l, st, ok := d.check(v, leaseID)
 	switch {
-	case slices.Contains(row.states, st):
+	case ok:
 		return l, nil
 	case v == verbSpawn:
 		return nil, refusal(codes.AlreadyExists, "Spawn: lease %q is %s; nexus-spawnd spawns a lease id once, so mint a new lease", leaseID, st)
@@ -373,6 +369,32 @@ func (d *Daemon) admit(v verb, leaseID string) (*lease, error) {
 	default:
 		return nil, refusal(codes.FailedPrecondition, "%s: lease %q is %s; wait for Spawn to return", row.name, leaseID, st)
 	}
+}
+
+// shutdownRefusal is the refusal of every verb once spawnd is closing. The
+// caller holds d.mu.
+func (d *Daemon) shutdownRefusal(v verb) error {
+	if !d.closed {
+		return nil
+	}
+	return refusal(codes.Unavailable, "%s: nexus-spawnd is shutting down; retry once it is back", verbs[v].name)
+}
+
+// check is admit's verdict on a lease without its refusal: the lease, its
+// state and whether verb v may act on it. It allocates nothing and looks
+// in both tables whatever it finds, so that Verify does the same work for a
+// live lease as for one spawnd never held. The caller holds d.mu.
+func (d *Daemon) check(v verb, leaseID string) (*lease, leaseState, bool) {
+	l, live := d.leases[leaseID]
+	_, spent := d.spent[leaseID]
+	st := stateNone
+	switch {
+	case live:
+		st = l.state
+	case spent:
+		st = stateGone
+	}
+	return l, st, slices.Contains(verbs[v].states, st)
 }
 
 // admitError is admit's refusal, formatted only when it is sent: Verify
@@ -532,22 +554,27 @@ func (d *Daemon) Spawn(_ context.Context, req *spawnpb.SpawnRequest) (*spawnpb.S
 }
 
 // Verify checks a register frame's secret against the lease's derived one.
-// A malformed lease id is as unknown as any other. The secret is derived and
-// compared whatever admit said, so an unknown lease costs what a wrong secret
-// does and the answer's timing tells a dialer nothing.
+// A malformed lease id is as unknown as any other. The lease is looked up
+// without admit's refusal (whose formatting would cost an unknown lease
+// more), and the secret is derived and compared whatever the lookup found,
+// so an unknown lease costs what a wrong secret does and the answer's
+// timing tells a dialer nothing.
 func (d *Daemon) Verify(_ context.Context, req *spawnpb.VerifyRequest) (*spawnpb.VerifyResponse, error) {
+	id, secret := req.GetLeaseId(), req.GetSecret()
 	d.mu.Lock()
-	_, err := d.admit(verbVerify, req.GetLeaseId())
+	closing := d.shutdownRefusal(verbVerify)
+	_, _, live := d.check(verbVerify, id)
 	d.mu.Unlock()
-	if ae, ok := err.(*admitError); ok && ae.code == codes.Unavailable {
-		return nil, err
+	live = validLeaseID(id) && live // valid checked first: both cases check it
+	if closing != nil {
+		return nil, closing
 	}
-	match := hmac.Equal([]byte(req.GetSecret()), []byte(secretFor(d.key, req.GetLeaseId())))
+	match := hmac.Equal([]byte(secret), []byte(secretFor(d.key, id)))
 	result := spawnpb.VerifyResult_VERIFY_RESULT_OK
 	switch {
-	case err != nil:
+	case !live:
 		result = spawnpb.VerifyResult_VERIFY_RESULT_UNKNOWN_LEASE
-	case req.GetSecret() == "":
+	case secret == "":
 		result = spawnpb.VerifyResult_VERIFY_RESULT_NO_SECRET
 	case !match:
 		result = spawnpb.VerifyResult_VERIFY_RESULT_WRONG_SECRET
