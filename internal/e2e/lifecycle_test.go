@@ -216,7 +216,7 @@ func twoBrokersApart(t *testing.T, a, b *Broker) (claimA, claimB *brokerclient.C
 // restarts the gateway, the spec's way to apply boot-only keys. spawnd is
 // reloaded onto the edited file on attach, so the new registry is served
 // at once, never the old one; an edit spawnd cannot apply without a
-// restart of its own (state_dir) refuses the gateway's start, naming it.
+// restart of its own (state_dir, listen_addr) refuses the gateway's start, naming it.
 func TestEditedConfigOnGatewayRestart(t *testing.T) {
 	b := startBroker(t, Options{})
 	b.KillGateway(syscall.SIGTERM)
@@ -236,14 +236,22 @@ func TestEditedConfigOnGatewayRestart(t *testing.T) {
 	}
 	b.KillGateway(syscall.SIGTERM)
 
+	// spawnd builds every dial-back address from its boot listen_addr: a
+	// gateway moved to another port must not attach to it either.
 	edited, _ := os.ReadFile(b.ConfigPath)
-	writeConfig(t, b.Dir, string(edited)+fmt.Sprintf("state_dir: %q\n", filepath.Join(b.Dir, "state")))
-	code, out := runToExit(t, b.env, "nexus-broker", "-config", b.ConfigPath, "-launch-spawnd=false")
-	if code == 0 || !strings.Contains(out, "state_dir, which nexus-spawnd reads only at boot") {
-		t.Fatalf("a gateway whose edit moved state_dir: exit %d, output:\n%s", code, out)
-	}
-	if strings.Contains(out, "nexus-broker listening") {
-		t.Errorf("the refused gateway listened:\n%s", out)
+	moved := regexp.MustCompile(`listen_addr: "127\.0\.0\.1:\d+"`).ReplaceAllString(string(edited), fmt.Sprintf(`listen_addr: "127.0.0.1:%d"`, freePort(t)))
+	for key, text := range map[string]string{
+		"state_dir":   string(edited) + fmt.Sprintf("state_dir: %q\n", filepath.Join(b.Dir, "state")),
+		"listen_addr": moved,
+	} {
+		writeConfig(t, b.Dir, text)
+		code, out := runToExit(t, b.env, "nexus-broker", "-config", b.ConfigPath, "-launch-spawnd=false")
+		if code == 0 || !strings.Contains(out, key+", which nexus-spawnd reads only at boot") {
+			t.Fatalf("a gateway whose edit changed %s: exit %d, output:\n%s", key, code, out)
+		}
+		if strings.Contains(out, "nexus-broker listening") {
+			t.Errorf("the gateway refused over %s listened:\n%s", key, out)
+		}
 	}
 }
 

@@ -374,7 +374,10 @@ func (s *settings) listing() []*spawnpb.Binary {
 
 // spawndKeys are the top-level broker.yaml keys nexus-spawnd reads. A
 // reload reports changes to these only; the gateway reports its own.
-var spawndKeys = []string{"binaries", "broker_id", "inherit_env", "release_grace", "run_as", "spawnd", "state_dir"}
+// listen_addr is among them: every instance's NEXUS_BROKER_ADDR is built
+// from spawnd's boot copy, so a gateway restarted on another port must not
+// attach to a spawnd that would send its instances to the old one.
+var spawndKeys = []string{"binaries", "broker_id", "inherit_env", "listen_addr", "release_grace", "run_as", "spawnd", "state_dir"}
 
 // ownKeys keeps the keys of a config.ReloadDiff list that spawnd reads.
 func ownKeys(keys []string) []string {
