@@ -31,6 +31,16 @@ func main() {
 	// instead. Notify, not Ignore: an ignored disposition would be
 	// inherited by every instance spawned.
 	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
+	// A SIGHUP meant for the gateway (pkill -HUP -f nexus-broker matches this
+	// process too) must not kill spawnd, which is the runtime's default:
+	// handled before anything else, so not even during boot.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	go func() {
+		for range hup {
+			log.Warn("SIGHUP ignored: send it to nexus-broker, which reloads both processes in one step")
+		}
+	}()
 	if err := run(*configPath, *runDir, *idleExit, log); err != nil {
 		fmt.Fprintln(os.Stderr, "nexus-spawnd:", err)
 		os.Exit(1)
@@ -75,15 +85,6 @@ func run(cfgPath, runDir string, idleExit time.Duration, log *slog.Logger) error
 	if idleExit > 0 {
 		go d.ExitWhenIdle(ctx, idleExit, stop)
 	}
-	// A SIGHUP meant for the gateway (pkill -HUP -f nexus-broker matches this
-	// process too) must not kill spawnd, which is the runtime's default.
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	go func() {
-		for range hup {
-			log.Warn("SIGHUP ignored: send it to nexus-broker, which reloads both processes in one step")
-		}
-	}()
 	return spawnrpc.Serve(ctx, spawnrpc.ServeOptions{
 		RunDir:     runDir,
 		AllowedUID: allowedUID,
