@@ -14,6 +14,7 @@ var gatewaySide = []string{
 	"github.com/nexus-broker/nexus-broker/internal/a2a",
 	"github.com/nexus-broker/nexus-broker/internal/auth",
 	"github.com/nexus-broker/nexus-broker/internal/brokerd",
+	"github.com/nexus-broker/nexus-broker/internal/config",
 	"github.com/nexus-broker/nexus-broker/internal/echo",
 	"github.com/nexus-broker/nexus-broker/internal/gateway",
 	"github.com/nexus-broker/nexus-broker/internal/nexusclient",

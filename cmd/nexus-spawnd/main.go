@@ -14,7 +14,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/nexus-broker/nexus-broker/internal/config"
+	"github.com/nexus-broker/nexus-broker/internal/config/core"
 	"github.com/nexus-broker/nexus-broker/internal/spawnd"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc"
 )
@@ -48,16 +48,16 @@ func main() {
 }
 
 func run(cfgPath, runDir string, idleExit time.Duration, log *slog.Logger) error {
-	cfgPath, err := config.Canonical(cfgPath)
+	cfgPath, err := core.Canonical(cfgPath)
 	if err != nil {
 		return err
 	}
-	cfg, err := config.Load(cfgPath)
+	cfg, err := core.Load(cfgPath)
 	if err != nil {
 		return err
 	}
 	if runDir == "" {
-		runDir = spawnrpc.RunDir(cfg, cfgPath)
+		runDir = spawnrpc.RunDir(cfg.Spawnd.RunDir, cfgPath)
 	}
 	allowedUID := cfg.Spawnd.Gateway(os.Getuid())
 	socketGID := -1

@@ -20,6 +20,7 @@ import (
 	"github.com/nexus-broker/nexus-broker/internal/atomicfile"
 	"github.com/nexus-broker/nexus-broker/internal/auth"
 	"github.com/nexus-broker/nexus-broker/internal/config"
+	"github.com/nexus-broker/nexus-broker/internal/config/core"
 	"github.com/nexus-broker/nexus-broker/internal/gateway"
 	"github.com/nexus-broker/nexus-broker/internal/safedir"
 	"github.com/nexus-broker/nexus-broker/internal/spawnclient"
@@ -69,7 +70,7 @@ func Run(o Options) error {
 	// spawnd's verdict on the registry comes before the port opens: a
 	// config it refuses never has the gateway answer a single request.
 	client, err := spawnclient.Dial(ctx, spawnclient.DialOptions{
-		RunDir: spawnrpc.RunDir(cfg, path), ConfigPath: path, ConfigDigest: cfg.Digest, Launch: o.LaunchSpawnd, SpawndPath: o.SpawndPath, Logger: log,
+		RunDir: spawnrpc.RunDir(cfg.Spawnd.RunDir, path), ConfigPath: path, ConfigDigest: cfg.Digest, Launch: o.LaunchSpawnd, SpawndPath: o.SpawndPath, Logger: log,
 	})
 	if err != nil {
 		return err
@@ -131,7 +132,7 @@ func bootSummary(ctx context.Context, cfg *config.Config, path string, client *s
 		"idle_timeout", cfg.IdleTimeout.D().String(), "max_turn_duration", cfg.MaxTurnDuration.D().String(),
 		"ready_timeout", cfg.ReadyTimeout.D().String(), "queue_wait_timeout", cfg.QueueWaitTimeout.D().String(),
 		"release_grace", cfg.ReleaseGrace.D().String(), "reattach_window", cfg.ReattachWindow.D().String(),
-		"max_concurrent", cfg.MaxConcurrent, "state_dir", cfg.StateDir, "run_dir", spawnrpc.RunDir(cfg, path), "spawnd_pid", client.Endpoint().Pid}
+		"max_concurrent", cfg.MaxConcurrent, "state_dir", cfg.StateDir, "run_dir", spawnrpc.RunDir(cfg.Spawnd.RunDir, path), "spawnd_pid", client.Endpoint().Pid}
 }
 
 // loadConfig resolves, canonicalises and loads the config file of o.
@@ -139,7 +140,7 @@ func loadConfig(o Options) (path string, dev bool, cfg *config.Config, err error
 	if path, dev, err = resolveConfig(o.ConfigPath, o.Logger); err != nil {
 		return "", false, nil, err
 	}
-	if path, err = config.Canonical(path); err != nil {
+	if path, err = core.Canonical(path); err != nil {
 		return "", false, nil, err
 	}
 	cfg, err = config.Load(path)

@@ -31,7 +31,7 @@ func Stop(o Options) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), stopTimeout)
 	defer cancel()
-	client, err := spawnclient.Dial(ctx, spawnclient.DialOptions{RunDir: spawnrpc.RunDir(cfg, path), ConfigPath: path, ConfigDigest: cfg.Digest, Logger: o.Logger})
+	client, err := spawnclient.Dial(ctx, spawnclient.DialOptions{RunDir: spawnrpc.RunDir(cfg.Spawnd.RunDir, path), ConfigPath: path, ConfigDigest: cfg.Digest, Logger: o.Logger})
 	if err != nil {
 		return err
 	}

@@ -2,8 +2,12 @@ package config
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"time"
+
+	"github.com/nexus-broker/nexus-broker/internal/config/core"
 )
 
 // Agent is one agents: profile: the A2A identity a name publishes, and what
@@ -55,17 +59,17 @@ type A2A struct {
 // A2ATasks are the task store's knobs.
 type A2ATasks struct {
 	// TTL is how long a finished task stays readable.
-	TTL Duration `yaml:"ttl"`
+	TTL core.Duration `yaml:"ttl"`
 	// MaxPerContext is how many tasks are kept per (caller, profile,
 	// contextId).
 	MaxPerContext int `yaml:"max_per_context"`
 	// InputTimeout is how long a task may wait in INPUT_REQUIRED; 0
 	// disables the deadline.
-	InputTimeout Duration `yaml:"input_timeout"`
+	InputTimeout core.Duration `yaml:"input_timeout"`
 	// MaxStoreBytes bounds the text the store holds in total (ours: it
 	// replaces upstream's 16 KiB cap per stored text, so an answer reads
 	// back whole).
-	MaxStoreBytes Size `yaml:"max_store_bytes"`
+	MaxStoreBytes core.Size `yaml:"max_store_bytes"`
 }
 
 // Defaults of the a2a: block.
@@ -79,9 +83,9 @@ const (
 
 func defaultA2A() A2A {
 	return A2A{Tasks: A2ATasks{
-		TTL:           Duration(DefaultA2ATaskTTL),
+		TTL:           core.Duration(DefaultA2ATaskTTL),
 		MaxPerContext: DefaultA2AMaxPerContext,
-		InputTimeout:  Duration(DefaultA2AInputTimeout),
+		InputTimeout:  core.Duration(DefaultA2AInputTimeout),
 		MaxStoreBytes: DefaultA2AMaxStoreBytes,
 	}}
 }
@@ -94,7 +98,7 @@ func (c *Config) normalizeAgents() error {
 	}
 	byName := make(map[string]*Agent, len(c.Agents))
 	written := make(map[string]string, len(c.Agents))
-	for _, raw := range sortedKeys(c.Agents) {
+	for _, raw := range slices.Sorted(maps.Keys(c.Agents)) {
 		name := strings.TrimSpace(raw)
 		if err := checkProfileName(raw, name); err != nil {
 			return err
@@ -152,15 +156,15 @@ func checkProfileName(raw, name string) error {
 func (a *Agent) validate(path string, c *Config) error {
 	a.Binary = strings.TrimSpace(a.Binary)
 	if a.Binary == "" {
-		a.Binary = ReservedEntry
+		a.Binary = core.ReservedEntry
 	}
 	if c.Binaries[a.Binary] == nil {
-		return fmt.Errorf("broker config: %s.binary: unknown entry %q; this broker spawns: %s", path, a.Binary, strings.Join(sortedKeys(c.Binaries), ", "))
+		return fmt.Errorf("broker config: %s.binary: unknown entry %q; this broker spawns: %s", path, a.Binary, strings.Join(slices.Sorted(maps.Keys(c.Binaries)), ", "))
 	}
 	if strings.TrimSpace(a.Config) == "" {
 		return fmt.Errorf("broker config: %s.config: required; give the nexus config file instances of this profile boot with", path)
 	}
-	if err := checkNoNUL(path+".config", a.Config); err != nil {
+	if err := core.CheckNoNUL(path+".config", a.Config); err != nil {
 		return err
 	}
 	card := &a.Card

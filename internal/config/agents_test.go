@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nexus-broker/nexus-broker/internal/config/core"
 )
 
 // specAgentsExample is the listing of "The A2A front door (agents:)".
@@ -61,7 +63,7 @@ a2a: {tasks: {input_timeout: 0s, max_store_bytes: 1024}}
 	if a := c.Agents["research.v2"]; a == nil || a.Binary != "vision" {
 		t.Errorf("trimmed profile = %+v", a)
 	}
-	if a := c.Agents["plain"]; a == nil || a.Binary != ReservedEntry {
+	if a := c.Agents["plain"]; a == nil || a.Binary != core.ReservedEntry {
 		t.Errorf("a profile naming no binary gets %+v, want the reserved entry", a)
 	}
 	if c.A2A.Tasks.InputTimeout != 0 || c.A2A.Tasks.MaxStoreBytes != 1024 || c.A2A.Tasks.TTL.D() != 24*time.Hour {

@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"maps"
 	"net/http"
 	"net/netip"
 	"net/url"
@@ -11,6 +12,8 @@ import (
 	"strings"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/nexus-broker/nexus-broker/internal/config/core"
 )
 
 // Auth is the optional auth: block. A nil *Auth on Config means
@@ -118,9 +121,9 @@ var validatorKeys = map[string][]string{
 	ValidatorProxyHeaders: {"trusted_proxy_cidrs", "principal_header", "tenant_header", "scopes_header"},
 }
 
-// validatorFields narrows a validator's schema to the keys its type takes,
-// so a jwks key on a static entry is an unknown key, named as such.
-func validatorFields(node *yaml.Node, fields map[string]reflect.StructField, path string) (map[string]reflect.StructField, error) {
+// NarrowKeys narrows a validator's schema to the keys its type takes, so a
+// jwks key on a static entry is an unknown key, named as such.
+func (*Validator) NarrowKeys(node *yaml.Node, fields map[string]reflect.StructField, path string) (map[string]reflect.StructField, error) {
 	typ := ""
 	for i := 0; i+1 < len(node.Content); i += 2 {
 		if node.Content[i].Value == "type" {
@@ -130,9 +133,9 @@ func validatorFields(node *yaml.Node, fields map[string]reflect.StructField, pat
 	keys, ok := validatorKeys[typ]
 	if !ok {
 		if typ == "" {
-			return nil, fmt.Errorf("%s: required; write one of %s", join(path, "type"), strings.Join(sortedKeys(validatorKeys), ", "))
+			return nil, fmt.Errorf("%s: required; write one of %s", core.Join(path, "type"), strings.Join(slices.Sorted(maps.Keys(validatorKeys)), ", "))
 		}
-		return nil, fmt.Errorf("%s: %q is not a validator type; write one of %s", join(path, "type"), typ, strings.Join(sortedKeys(validatorKeys), ", "))
+		return nil, fmt.Errorf("%s: %q is not a validator type; write one of %s", core.Join(path, "type"), typ, strings.Join(slices.Sorted(maps.Keys(validatorKeys)), ", "))
 	}
 	out := map[string]reflect.StructField{"type": fields["type"]}
 	for _, k := range keys {
@@ -189,7 +192,7 @@ func checkSecret(path, key, literal, envName string) error {
 	case literal != "" && envName != "":
 		return fmt.Errorf("broker config: %s.%s: set together with %s_env, and neither wins; keep one", path, key, key)
 	case envName != "":
-		return checkEnvName(path+"."+key+"_env", envName)
+		return core.CheckEnvName(path+"."+key+"_env", envName)
 	case literal == "":
 		return fmt.Errorf("broker config: %s.%s: required; write %s (the value) or %s_env (the name of an environment variable holding it)", path, key, key, key)
 	}

@@ -5,6 +5,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/nexus-broker/nexus-broker/internal/config/core"
 )
 
 // specAuthExample is the worked example of "The four validators".
@@ -198,11 +200,11 @@ func TestAuthIsBootOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, bootOnly := boot.ReloadDiff(next)
+	_, bootOnly := core.ReloadDiff(boot, next)
 	if !reflect.DeepEqual(bootOnly, []string{"auth"}) {
 		t.Errorf("boot-only changes %v, want [auth]", bootOnly)
 	}
-	if got := Reloaded(boot, next); got.Auth.Validators[0].Tokens[0].Token != "replace-me" {
+	if got := core.Reloaded(boot, next); got.Auth.Validators[0].Tokens[0].Token != "replace-me" {
 		t.Error("a reload replaced the auth: block")
 	}
 }
@@ -212,7 +214,7 @@ func TestListenLoopback(t *testing.T) {
 		":8080": false, "0.0.0.0:8080": false, "[::]:8080": false, "10.0.0.5:8080": false, "broker.example.com:80": false,
 		"127.0.0.1:8080": true, "127.0.0.2:1": true, "[::1]:8080": true, "localhost:8080": true,
 	} {
-		c := &Config{ListenAddr: addr}
+		c := &Config{Config: core.Config{ListenAddr: addr}}
 		if got := c.ListenLoopback(); got != want {
 			t.Errorf("%s: loopback %v, want %v", addr, got, want)
 		}

@@ -1,13 +1,18 @@
 package config
 
 import (
+	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/nexus-broker/nexus-broker/internal/config/core"
 )
 
 // FuzzParse holds Parse to its contract on any input: no panic; every
 // error starts "broker config: "; every success has the reserved entry, a
-// positive ready_timeout and reattach_window, and a path on every entry.
+// positive ready_timeout and reattach_window, and a path on every entry;
+// and nexus-spawnd's loader (core.Parse) reads every file the gateway
+// accepts, to the same values of its own keys.
 func FuzzParse(f *testing.F) {
 	for _, s := range []string{"", specExample, specRegistryExample, specRunAsExample, specEnvExample, specAuthExample, specProxyExample} {
 		f.Add(s)
@@ -35,8 +40,8 @@ func FuzzParse(f *testing.F) {
 			}
 			return
 		}
-		if e := c.Binaries[ReservedEntry]; e == nil {
-			t.Errorf("no %q entry in %v", ReservedEntry, c.Binaries)
+		if e := c.Binaries[core.ReservedEntry]; e == nil {
+			t.Errorf("no %q entry in %v", core.ReservedEntry, c.Binaries)
 		}
 		for name, e := range c.Binaries {
 			if name != strings.TrimSpace(name) || name == "" || e == nil || strings.TrimSpace(e.Path) == "" {
@@ -49,8 +54,15 @@ func FuzzParse(f *testing.F) {
 		if c.ReattachWindow <= 0 {
 			t.Errorf("reattach_window %s", c.ReattachWindow.D())
 		}
+		own, err := core.Parse([]byte(data))
+		if err != nil {
+			t.Fatalf("the gateway accepts the file, nexus-spawnd refuses it: %v", err)
+		}
+		if !reflect.DeepEqual(*own, c.Config) {
+			t.Errorf("nexus-spawnd reads\n%+v\nthe gateway\n%+v", *own, c.Config)
+		}
 		// A parsed config has nothing to reload against itself.
-		if r, b := c.ReloadDiff(c); r != nil || b != nil {
+		if r, b := core.ReloadDiff(c, c); r != nil || b != nil {
 			t.Errorf("ReloadDiff with itself = %v, %v", r, b)
 		}
 	})

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nexus-broker/nexus-broker/internal/config/core"
 )
 
 // specExample is the commented listing of "Running the broker".
@@ -125,7 +127,7 @@ func TestDefaultValues(t *testing.T) {
 	}{
 		{"listen_addr", c.ListenAddr, ":8080"},
 		{"advertise_addr", c.AdvertiseAddr, ""},
-		{"binaries", c.Binaries, map[string]*Entry{"nexus": {Path: "nexus"}}},
+		{"binaries", c.Binaries, map[string]*core.Entry{"nexus": {Path: "nexus"}}},
 		{"nexus_binary_path", c.NexusBinaryPath, (*string)(nil)},
 		{"max_concurrent", c.MaxConcurrent, 8},
 		{"idle_timeout", c.IdleTimeout.D(), 5 * time.Minute},
@@ -137,14 +139,14 @@ func TestDefaultValues(t *testing.T) {
 		{"release_grace", c.ReleaseGrace.D(), 10 * time.Second},
 		{"ready_timeout", c.ReadyTimeout.D(), 30 * time.Second},
 		{"session_report_grace", c.SessionReportGrace.D(), 5 * time.Second},
-		{"max_claim_body", c.MaxClaimBody, Size(1048576)},
+		{"max_claim_body", c.MaxClaimBody, core.Size(1048576)},
 		{"state_dir", c.StateDir, ""},
 		{"broker_id", c.BrokerID, ""},
 		{"reattach_window", c.ReattachWindow.D(), 60 * time.Second},
-		{"client_replay_buffer_bytes", c.ClientReplayBufferBytes, Size(1 << 20)},
+		{"client_replay_buffer_bytes", c.ClientReplayBufferBytes, core.Size(1 << 20)},
 		{"inherit_env", c.InheritEnv, []string(nil)},
-		{"run_as", c.RunAs, (*RunAs)(nil)},
-		{"spawnd", c.Spawnd, Spawnd{}},
+		{"run_as", c.RunAs, (*core.RunAs)(nil)},
+		{"spawnd", c.Spawnd, core.Spawnd{}},
 		{"console", c.Console, Console{}},
 	} {
 		if !reflect.DeepEqual(d.got, d.want) {
@@ -190,23 +192,25 @@ func TestSpecExample(t *testing.T) {
 	}
 	assertWarnings(t, c)
 	want := &Config{
-		ListenAddr:              "127.0.0.1:9090",
-		AdvertiseAddr:           "broker-1.example.com:9090",
-		Binaries:                map[string]*Entry{"nexus": {Path: "/opt/nexus"}},
+		Config: core.Config{
+			ListenAddr:    "127.0.0.1:9090",
+			AdvertiseAddr: "broker-1.example.com:9090",
+			Binaries:      map[string]*core.Entry{"nexus": {Path: "/opt/nexus"}},
+			ReleaseGrace:  core.Duration(time.Second),
+			StateDir:      "~/.nexus/broker",
+			BrokerID:      "b1",
+		},
 		MaxConcurrent:           0,
 		IdleTimeout:             0,
-		MaxTurnDuration:         Duration(90 * time.Minute),
-		QueueWaitTimeout:        Duration(-time.Second),
+		MaxTurnDuration:         core.Duration(90 * time.Minute),
+		QueueWaitTimeout:        core.Duration(-time.Second),
 		MaxQueueDepth:           3,
 		MaxLeasesPerPrincipal:   2,
 		MaxQueuedPerPrincipal:   4,
-		ReleaseGrace:            Duration(time.Second),
-		ReadyTimeout:            Duration(2 * time.Minute),
-		SessionReportGrace:      Duration(500 * time.Millisecond),
+		ReadyTimeout:            core.Duration(2 * time.Minute),
+		SessionReportGrace:      core.Duration(500 * time.Millisecond),
 		MaxClaimBody:            2 << 20,
-		StateDir:                "~/.nexus/broker",
-		BrokerID:                "b1",
-		ReattachWindow:          Duration(2 * time.Minute),
+		ReattachWindow:          core.Duration(2 * time.Minute),
 		ClientReplayBufferBytes: DefaultClientReplayBufferBytes,
 		A2A:                     defaultA2A(),
 	}
@@ -220,7 +224,7 @@ func TestSpecRegistryExamples(t *testing.T) {
 		name, yaml string
 		want       *Config
 	}{
-		{"nexus/vision/pinned", specRegistryExample, &Config{Binaries: map[string]*Entry{
+		{"nexus/vision/pinned", specRegistryExample, &Config{Config: core.Config{Binaries: map[string]*core.Entry{
 			"nexus": {Path: "/usr/local/bin/nexus"},
 			"vision": {
 				Path:        "~/builds/nexus-vision",
@@ -230,32 +234,40 @@ func TestSpecRegistryExamples(t *testing.T) {
 				Env:         map[string]string{"NEXUS_VISION": "1"},
 			},
 			"pinned": {Path: "nexus-0.9", Description: ptr("Pinned 0.9 build for regression triage")},
-		}}},
+		}}}},
 		{"run_as", specRunAsExample, &Config{
-			RunAs: &RunAs{UID: ptr(1500), GID: ptr(1500)},
-			Binaries: map[string]*Entry{
-				"nexus":  {Path: "nexus"},
-				"vision": {Path: "/opt/builds/nexus-vision", RunAs: &RunAs{UID: ptr(1501), GID: ptr(1501)}},
-				"support": {
-					Path:  "/opt/builds/nexus-support",
-					RunAs: &RunAs{UID: ptr(1502), GID: ptr(1502)},
-					Env:   map[string]string{"HOME": "/var/lib/nexus/support"},
+			Config: core.Config{
+				RunAs: &core.RunAs{UID: ptr(1500), GID: ptr(1500)},
+				Binaries: map[string]*core.Entry{
+					"nexus":  {Path: "nexus"},
+					"vision": {Path: "/opt/builds/nexus-vision", RunAs: &core.RunAs{UID: ptr(1501), GID: ptr(1501)}},
+					"support": {
+						Path:  "/opt/builds/nexus-support",
+						RunAs: &core.RunAs{UID: ptr(1502), GID: ptr(1502)},
+						Env:   map[string]string{"HOME": "/var/lib/nexus/support"},
+					},
 				},
 			},
 		}},
 		{"inherit_env", specEnvExample, &Config{
-			InheritEnv: []string{"ANTHROPIC_API_KEY", "OPENAI_API_KEY"},
-			Binaries: map[string]*Entry{
-				"nexus":  {Path: "/usr/local/bin/nexus"},
-				"vision": {Path: "/opt/builds/nexus-vision", Env: map[string]string{"NEXUS_VISION": "1"}},
+			Config: core.Config{
+				InheritEnv: []string{"ANTHROPIC_API_KEY", "OPENAI_API_KEY"},
+				Binaries: map[string]*core.Entry{
+					"nexus":  {Path: "/usr/local/bin/nexus"},
+					"vision": {Path: "/opt/builds/nexus-vision", Env: map[string]string{"NEXUS_VISION": "1"}},
+				},
 			},
 		}},
 		{"nexus_binary_path migration, before", `nexus_binary_path: "/usr/local/bin/nexus"`, &Config{
-			NexusBinaryPath: ptr("/usr/local/bin/nexus"),
-			Binaries:        map[string]*Entry{"nexus": {Path: "/usr/local/bin/nexus"}},
+			Config: core.Config{
+				NexusBinaryPath: ptr("/usr/local/bin/nexus"),
+				Binaries:        map[string]*core.Entry{"nexus": {Path: "/usr/local/bin/nexus"}},
+			},
 		}},
 		{"nexus_binary_path migration, after", "binaries:\n  nexus:\n    path: \"/usr/local/bin/nexus\"\n", &Config{
-			Binaries: map[string]*Entry{"nexus": {Path: "/usr/local/bin/nexus"}},
+			Config: core.Config{
+				Binaries: map[string]*core.Entry{"nexus": {Path: "/usr/local/bin/nexus"}},
+			},
 		}},
 	} {
 		t.Run(d.name, func(t *testing.T) {
@@ -281,7 +293,7 @@ func TestSpecRegistryExamples(t *testing.T) {
 	}
 }
 
-func firstRunAs(a, b *RunAs) *RunAs {
+func firstRunAs(a, b *core.RunAs) *core.RunAs {
 	if a != nil {
 		return a
 	}
@@ -328,12 +340,12 @@ var okCases = []struct {
 		}
 	}},
 	{"empty spawnd block", "spawnd:\n", func(t *testing.T, c *Config) {
-		if !reflect.DeepEqual(c.Spawnd, Spawnd{}) {
+		if !reflect.DeepEqual(c.Spawnd, core.Spawnd{}) {
 			t.Errorf("spawnd %+v", c.Spawnd)
 		}
 	}},
 	{"spawnd block", "spawnd:\n  run_dir: /run/nexus-broker\n  gateway_uid: 990\n  socket_gid: 0\n", func(t *testing.T, c *Config) {
-		want := Spawnd{RunDir: "/run/nexus-broker", GatewayUID: ptr(990), SocketGID: ptr(0)}
+		want := core.Spawnd{RunDir: "/run/nexus-broker", GatewayUID: ptr(990), SocketGID: ptr(0)}
 		if !reflect.DeepEqual(c.Spawnd, want) {
 			t.Errorf("spawnd %+v", c.Spawnd)
 		}
@@ -513,7 +525,7 @@ var errorCases = []struct{ name, yaml, key, want string }{
 	{"nexus_binary_path null", "nexus_binary_path:", "nexus_binary_path", "has no value"},
 	{"nexus_binary_path NUL", `nexus_binary_path: "/a\0b"`, "nexus_binary_path", "NUL"},
 
-	// Entry names and paths.
+	// core.Entry names and paths.
 	{"entry names collide after trim", "binaries:\n  vision:\n    path: a\n  \" vision\":\n    path: b\n", "binaries.vision", `" vision" and "vision" are the same name`},
 	{"entry name blank", "binaries:\n  \"  \":\n    path: a\n", "binaries", "is empty once whitespace is trimmed"},
 	{"entry name null", "binaries:\n  ~:\n    path: a\n", "binaries", "a key must be a plain name"},
@@ -656,12 +668,12 @@ func TestLoad(t *testing.T) {
 }
 
 func TestRunAsString(t *testing.T) {
-	if got := (&RunAs{UID: ptr(1501), GID: ptr(1502)}).String(); got != "1501:1502" {
+	if got := (&core.RunAs{UID: ptr(1501), GID: ptr(1502)}).String(); got != "1501:1502" {
 		t.Errorf("String() = %q", got)
 	}
 }
 
-func wantDuration(t *testing.T, key string, got Duration, want time.Duration) {
+func wantDuration(t *testing.T, key string, got core.Duration, want time.Duration) {
 	t.Helper()
 	if got.D() != want {
 		t.Errorf("%s = %s, want %s", key, got.D(), want)
@@ -721,9 +733,9 @@ func TestDialBack(t *testing.T) {
 		{listen: ":8080", bound: 9090, err: `the gateway reports listening on port 9090, but listen_addr ":8080" names port 8080`},
 		{listen: "127.0.0.1:0", bound: 70000, err: "the gateway reports listening on port 70000, which is no TCP port"},
 	} {
-		got, err := DialBack(tc.listen, tc.bound)
+		got, err := core.DialBack(tc.listen, tc.bound)
 		if got != tc.want || (err == nil) != (tc.err == "") || (err != nil && err.Error() != tc.err) {
-			t.Errorf("DialBack(%q, %d) = %q, %v; want %q, %q", tc.listen, tc.bound, got, err, tc.want, tc.err)
+			t.Errorf("core.DialBack(%q, %d) = %q, %v; want %q, %q", tc.listen, tc.bound, got, err, tc.want, tc.err)
 		}
 	}
 }

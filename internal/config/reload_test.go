@@ -1,10 +1,14 @@
 package config
 
 import (
+	"os"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/nexus-broker/nexus-broker/internal/config/core"
 )
 
 // reloadClass is the classification ReloadDiff must make of every
@@ -49,10 +53,45 @@ func TestReloadClassCoversEveryKey(t *testing.T) {
 		classified = append(classified, k.key)
 	}
 	want := append(classified, "nexus_binary_path") // folded into binaries
-	got := sortedKeys(yamlFields(configType))
+	got := topKeys(reflect.TypeFor[Config]())
 	slices.Sort(want)
 	if !slices.Equal(got, want) {
 		t.Errorf("Config keys %v\nclassified %v", got, want)
+	}
+}
+
+// topKeys are the top-level keys of schema t, sorted, with those of an
+// inline struct as its own.
+func topKeys(t reflect.Type) []string {
+	var keys []string
+	for f := range t.Fields() {
+		name, opts, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		if opts == "inline" {
+			keys = append(keys, topKeys(f.Type)...)
+		} else if name != "-" {
+			keys = append(keys, name)
+		}
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// TestGatewayKeys keeps the keys nexus-spawnd tolerates unread equal to
+// the gateway's own: a key added to Config but not to core.GatewayKeys
+// would make spawnd refuse every file that sets it.
+func TestGatewayKeys(t *testing.T) {
+	own := map[string]bool{}
+	for _, k := range topKeys(reflect.TypeFor[core.Config]()) {
+		own[k] = true
+	}
+	var gateway []string
+	for _, k := range topKeys(reflect.TypeFor[Config]()) {
+		if !own[k] {
+			gateway = append(gateway, k)
+		}
+	}
+	if want := slices.Sorted(slices.Values(core.GatewayKeys)); !slices.Equal(gateway, want) {
+		t.Errorf("the gateway's own keys are %v, core.GatewayKeys %v", gateway, want)
 	}
 }
 
@@ -73,7 +112,7 @@ func TestReloadDiffEachKey(t *testing.T) {
 			}
 			// Either direction names the same key.
 			for _, pair := range [][2]*Config{{base, next}, {next, base}} {
-				r, b := pair[0].ReloadDiff(pair[1])
+				r, b := core.ReloadDiff(pair[0], pair[1])
 				if !slices.Equal(r, wantR) || !slices.Equal(b, wantB) {
 					t.Errorf("ReloadDiff = %v, %v; want %v, %v", r, b, wantR, wantB)
 				}
@@ -118,7 +157,7 @@ func TestReloadDiff(t *testing.T) {
 			[]string{"listen_addr", "max_queue_depth", "spawnd"}},
 	} {
 		t.Run(d.name, func(t *testing.T) {
-			r, b := mustParse(t, d.cur).ReloadDiff(mustParse(t, d.next))
+			r, b := core.ReloadDiff(mustParse(t, d.cur), mustParse(t, d.next))
 			if !reflect.DeepEqual(r, d.reloadable) || !reflect.DeepEqual(b, d.bootOn) {
 				t.Errorf("ReloadDiff = %v, %v; want %v, %v", r, b, d.reloadable, d.bootOn)
 			}
@@ -144,14 +183,34 @@ func TestReloadedTakesOnlyReloadableKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := Reloaded(boot, next)
+	got := core.Reloaded(boot, next)
 	if got.ListenAddr != "127.0.0.1:1" || got.QueueWaitTimeout != boot.QueueWaitTimeout {
 		t.Fatalf("a boot-only key changed: %+v", got)
 	}
 	if got.MaxConcurrent != 9 || got.IdleTimeout.D().String() != "1m0s" {
 		t.Fatalf("a reloadable key was not applied: %+v", got)
 	}
-	if reloadable, bootOnly := got.ReloadDiff(next); len(reloadable) != 0 || strings.Join(bootOnly, ",") != "listen_addr,queue_wait_timeout" {
+	if reloadable, bootOnly := core.ReloadDiff(got, next); len(reloadable) != 0 || strings.Join(bootOnly, ",") != "listen_addr,queue_wait_timeout" {
 		t.Fatalf("after Reloaded, diff = %v / %v", reloadable, bootOnly)
+	}
+}
+
+// Both processes name a version of the file by the same digest: the
+// gateway hands spawnd the digest it validated on every reload.
+func TestBothLoadersAgreeOnDigest(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "broker.yaml")
+	if err := os.WriteFile(path, []byte(specExample), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	gw, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp, err := core.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gw.Digest == "" || gw.Digest != sp.Digest {
+		t.Errorf("the gateway's digest %q, nexus-spawnd's %q", gw.Digest, sp.Digest)
 	}
 }

@@ -22,7 +22,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nexus-broker/nexus-broker/internal/config"
+	"github.com/nexus-broker/nexus-broker/internal/config/core"
 	"github.com/nexus-broker/nexus-broker/internal/sockdir"
 	"github.com/nexus-broker/nexus-broker/pkg/brokerclient"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc"
@@ -274,7 +274,7 @@ func newBroker(t testing.TB, o Options) *Broker {
 	if o.XDGRuntimeDir != "" {
 		b.env = append(b.env, "XDG_RUNTIME_DIR="+o.XDGRuntimeDir)
 		t.Setenv("XDG_RUNTIME_DIR", o.XDGRuntimeDir)
-		real, err := config.Canonical(b.ConfigPath)
+		real, err := core.Canonical(b.ConfigPath)
 		if err != nil {
 			t.Fatal(err)
 		}

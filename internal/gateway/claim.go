@@ -15,6 +15,7 @@ import (
 
 	"github.com/nexus-broker/nexus-broker/internal/auth"
 	"github.com/nexus-broker/nexus-broker/internal/config"
+	"github.com/nexus-broker/nexus-broker/internal/config/core"
 	"github.com/nexus-broker/nexus-broker/pkg/sessionid"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
 )
@@ -283,7 +284,7 @@ func (g *Gateway) resumeEntry(ctx context.Context, session, requested string) (s
 	}
 	switch {
 	case recorded == "" && requested == "":
-		return config.ReservedEntry, nil
+		return core.ReservedEntry, nil
 	case recorded == "":
 		return requested, nil
 	case requested == "":

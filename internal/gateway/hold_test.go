@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nexus-broker/nexus-broker/internal/config"
+	"github.com/nexus-broker/nexus-broker/internal/config/core"
 )
 
 // TestHeldFramesAreBounded: while no instance is attached, client frames are
@@ -15,7 +16,7 @@ import (
 // counted as a no_instance drop, never lost silently.
 func TestHeldFramesAreBounded(t *testing.T) {
 	g := New(Options{Config: config.Default(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	l := g.newLease("L", "", config.ReservedEntry, time.Now())
+	l := g.newLease("L", "", core.ReservedEntry, time.Now())
 
 	for i := 0; i < holdFrames+3; i++ {
 		l.sendToInstance([]byte(`{"version":1,"lease_id":"L","signal":"io","payload":{"type":"echo"}}`))
@@ -24,7 +25,7 @@ func TestHeldFramesAreBounded(t *testing.T) {
 		t.Fatalf("held %d frames, dropped %d; want %d held and 3 dropped", len(l.held), g.m.framesDropped.get("no_instance"), holdFrames)
 	}
 
-	l2 := g.newLease("L2", "", config.ReservedEntry, time.Now())
+	l2 := g.newLease("L2", "", core.ReservedEntry, time.Now())
 	big := bytes.Repeat([]byte("x"), holdBytes/2+1)
 	l2.sendToInstance(big)
 	l2.sendToInstance(big) // would pass the byte bound

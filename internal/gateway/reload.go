@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nexus-broker/nexus-broker/internal/config"
+	"github.com/nexus-broker/nexus-broker/internal/config/core"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
 )
 
@@ -29,7 +30,7 @@ func (g *Gateway) Reload(path string) error {
 	if switchOn {
 		next.Agents = nil
 	}
-	reloadable, bootOnly := cur.ReloadDiff(next)
+	reloadable, bootOnly := core.ReloadDiff(cur, next)
 	if switchOn {
 		bootOnly = append(bootOnly, "agents")
 	}
@@ -53,7 +54,7 @@ func (g *Gateway) Reload(path string) error {
 	if !res.Applied {
 		return g.reloadRejected(path, errors.New(res.Error))
 	}
-	applied := config.Reloaded(g.boot, next) // boot-only keys keep the values in force
+	applied := core.Reloaded(g.boot, next) // boot-only keys keep the values in force
 	g.cfg.Store(applied)
 	g.setBinaries(res.Binaries)
 	if profiles != nil {

@@ -37,7 +37,7 @@ type DialOptions struct {
 	// RunDir is where spawnd publishes spawnd.json; use RunDir(cfg).
 	RunDir string
 	// ConfigPath is the canonical path of the gateway's config file
-	// (config.Canonical). It is passed to a launched spawnd as -config, and
+	// (core.Canonical). It is passed to a launched spawnd as -config, and
 	// every attach checks that spawnd runs this very file.
 	ConfigPath string
 	// ConfigDigest is the digest of the version the gateway loaded

@@ -28,7 +28,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/nexus-broker/nexus-broker/internal/config"
+	"github.com/nexus-broker/nexus-broker/internal/config/core"
 	"github.com/nexus-broker/nexus-broker/internal/sockdir"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
 )
@@ -431,7 +431,7 @@ func newHarness(t *testing.T, yaml string) *harness {
 // socket.
 func (h *harness) start() {
 	h.t.Helper()
-	cfg, err := config.Load(h.cfgPath)
+	cfg, err := core.Load(h.cfgPath)
 	if err != nil {
 		h.t.Fatal(err)
 	}

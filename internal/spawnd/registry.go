@@ -16,7 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/nexus-broker/nexus-broker/internal/config"
+	"github.com/nexus-broker/nexus-broker/internal/config/core"
 	"github.com/nexus-broker/nexus-broker/pkg/dialenv"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
 )
@@ -25,7 +25,7 @@ import (
 // It is never modified after resolve returns, so a spawn that took a
 // pointer to it keeps one consistent view however many reloads follow.
 type settings struct {
-	cfg          *config.Config // what these settings were resolved from
+	cfg          *core.Config // what these settings were resolved from
 	entries      map[string]*entry
 	inherit      []string // inherit_env
 	releaseGrace time.Duration
@@ -57,7 +57,7 @@ func (c *credential) String() string { return fmt.Sprintf("%d:%d", c.uid, c.gid)
 
 // loadSettings reads broker.yaml for Reload and resolves it as New does.
 func loadSettings(cfgPath string) (*settings, error) {
-	cfg, err := config.Load(cfgPath)
+	cfg, err := core.Load(cfgPath)
 	if err != nil {
 		return nil, err
 	}
@@ -66,7 +66,7 @@ func loadSettings(cfgPath string) (*settings, error) {
 
 // resolve checks every entry of cfg against this machine. The first entry
 // (by name) that spawnd could not exec refuses the whole configuration.
-func resolve(cfg *config.Config) (*settings, error) {
+func resolve(cfg *core.Config) (*settings, error) {
 	s := &settings{
 		cfg:          cfg,
 		entries:      make(map[string]*entry, len(cfg.Binaries)),
@@ -171,7 +171,7 @@ func expandHome(p string) (string, error) {
 // pass for the gateway: spawnd takes requests from the gateway's uid
 // (SO_PEERCRED), and the socket group reaches the socket. Where the two
 // share a uid, describe warns instead.
-func checkRunAsIsNotTheGateway(name string, c *credential, sp config.Spawnd) error {
+func checkRunAsIsNotTheGateway(name string, c *credential, sp core.Spawnd) error {
 	gw := sp.Gateway(os.Getuid())
 	switch {
 	case gw == os.Getuid():
@@ -188,7 +188,7 @@ func checkRunAsIsNotTheGateway(name string, c *credential, sp config.Spawnd) err
 
 // newCredential converts a validated run_as block. 2³²-1 is refused too:
 // to setuid(2) it means "leave unchanged".
-func newCredential(name string, r *config.RunAs) (*credential, error) {
+func newCredential(name string, r *core.RunAs) (*credential, error) {
 	for _, id := range []int{*r.UID, *r.GID} {
 		if id < 0 || id >= 1<<32-1 {
 			return nil, fmt.Errorf("broker config: binaries: %s: run_as %s: %d is not a usable uid or gid", name, r, id)
@@ -379,7 +379,7 @@ func (s *settings) listing() []*spawnpb.Binary {
 // attach to a spawnd that would send its instances to the old one.
 var spawndKeys = []string{"binaries", "broker_id", "inherit_env", "listen_addr", "release_grace", "run_as", "spawnd", "state_dir"}
 
-// ownKeys keeps the keys of a config.ReloadDiff list that spawnd reads.
+// ownKeys keeps the keys of a core.ReloadDiff list that spawnd reads.
 func ownKeys(keys []string) []string {
 	return slices.DeleteFunc(keys, func(k string) bool { return !slices.Contains(spawndKeys, k) })
 }

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/nexus-broker/nexus-broker/internal/config"
+	"github.com/nexus-broker/nexus-broker/internal/config/core"
 )
 
 // boot runs New on a config text, with TMPDIR private to the test so the
@@ -17,9 +17,9 @@ import (
 func boot(t *testing.T, yaml string) (*Daemon, *logBuffer, error) {
 	t.Helper()
 	t.Setenv("TMPDIR", t.TempDir())
-	cfg, err := config.Parse([]byte(yaml))
+	cfg, err := core.Parse([]byte(yaml))
 	if err != nil {
-		t.Fatalf("config.Parse: %v", err)
+		t.Fatalf("core.Parse: %v", err)
 	}
 	logs := newLogBuffer()
 	d, err := New(filepath.Join(t.TempDir(), "broker.yaml"), cfg, slog.New(slog.NewJSONHandler(logs, nil)))

@@ -47,7 +47,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/nexus-broker/nexus-broker/internal/config"
+	"github.com/nexus-broker/nexus-broker/internal/config/core"
 	"github.com/nexus-broker/nexus-broker/internal/safedir"
 	"github.com/nexus-broker/nexus-broker/pkg/sessionid"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
@@ -189,7 +189,7 @@ var _ spawnpb.SpawnerServer = (*Daemon)(nil)
 // journal and re-adopts the instances whose identity it can prove. It logs
 // the registry and returns a Daemon that Reload will re-read cfgPath for.
 // Every error says what to change in broker.yaml or on the machine.
-func New(cfgPath string, cfg *config.Config, log *slog.Logger) (_ *Daemon, err error) {
+func New(cfgPath string, cfg *core.Config, log *slog.Logger) (_ *Daemon, err error) {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -449,7 +449,7 @@ func spawnFailed(step spawnpb.SpawnStep, err error) error {
 
 // Spawn starts the instance of a new lease from a registry entry.
 func (d *Daemon) Spawn(_ context.Context, req *spawnpb.SpawnRequest) (*spawnpb.SpawnResponse, error) {
-	addr, err := config.DialBack(d.listenAddr, int(req.GetListenPort()))
+	addr, err := core.DialBack(d.listenAddr, int(req.GetListenPort()))
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "Spawn: %v", err)
 	}
@@ -786,7 +786,7 @@ func (d *Daemon) Reload(_ context.Context, req *spawnpb.ReloadRequest) (*spawnpb
 	next, err := loadSettings(d.cfgPath)
 	var changed, bootOnly []string
 	if err == nil {
-		changed, bootOnly = prev.cfg.ReloadDiff(next.cfg)
+		changed, bootOnly = core.ReloadDiff(prev.cfg, next.cfg)
 		changed, bootOnly = ownKeys(changed), ownKeys(bootOnly)
 		switch want := req.GetConfigDigest(); {
 		case want != "" && next.cfg.Digest != want:

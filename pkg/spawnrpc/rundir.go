@@ -14,7 +14,6 @@ import (
 	"syscall"
 
 	"github.com/nexus-broker/nexus-broker/internal/atomicfile"
-	"github.com/nexus-broker/nexus-broker/internal/config"
 	"github.com/nexus-broker/nexus-broker/internal/safedir"
 )
 
@@ -47,7 +46,7 @@ func runDirBase() string {
 const configKeyLen = 12
 
 // DefaultRunDir is the run directory of the config file at configPath (its
-// canonical absolute path, config.Canonical) when spawnd.run_dir is unset:
+// canonical absolute path, core.Canonical) when spawnd.run_dir is unset:
 // one per config file, so two brokers on one host never share a spawnd by
 // accident. It is keyed by the path, not the content, so editing the file
 // does not strand the spawnd already running for it.
@@ -56,11 +55,11 @@ func DefaultRunDir(configPath string) string {
 	return filepath.Join(runDirBase(), hex.EncodeToString(sum[:])[:configKeyLen])
 }
 
-// RunDir is spawnd.run_dir of cfg, or DefaultRunDir(configPath). Both
-// processes resolve it with this function so they agree.
-func RunDir(cfg *config.Config, configPath string) string {
-	if cfg != nil && cfg.Spawnd.RunDir != "" {
-		return cfg.Spawnd.RunDir
+// RunDir is runDir (spawnd.run_dir), or DefaultRunDir(configPath) when it
+// is empty. Both processes resolve it with this function so they agree.
+func RunDir(runDir, configPath string) string {
+	if runDir != "" {
+		return runDir
 	}
 	return DefaultRunDir(configPath)
 }

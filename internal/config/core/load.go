@@ -1,4 +1,4 @@
-package config
+package core
 
 import (
 	"bytes"
@@ -7,10 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"reflect"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -28,28 +29,41 @@ func (d Duration) D() time.Duration { return time.Duration(d) }
 type Size int64
 
 var (
-	configType    = reflect.TypeFor[Config]()
-	durationType  = reflect.TypeFor[Duration]()
-	wordsType     = reflect.TypeFor[Words]()
-	stringsType   = reflect.TypeFor[Strings]()
-	validatorType = reflect.TypeFor[Validator]()
-	sizeType      = reflect.TypeFor[Size]()
+	durationType    = reflect.TypeFor[Duration]()
+	sizeType        = reflect.TypeFor[Size]()
+	unmarshalerType = reflect.TypeFor[yaml.Unmarshaler]()
 )
 
-// Load reads and validates the file at path.
-func Load(path string) (*Config, error) {
+// Narrower is implemented by a schema struct whose allowed keys depend on
+// what its node holds (an auth validator's type: decides the rest). The
+// checker calls it on the zero value with every key of the struct, and
+// treats a key it leaves out as unknown.
+type Narrower interface {
+	NarrowKeys(node *yaml.Node, fields map[string]reflect.StructField, path string) (map[string]reflect.StructField, error)
+}
+
+// Load reads the file at path and validates spawnd's keys.
+func Load(path string) (*Config, error) { return LoadWith(path, Parse) }
+
+// LoadWith reads the file at path, parses it with parse (Parse, or the
+// gateway's, whose schema embeds Config) and stamps it with the digest of
+// the bytes read, so both processes name one version of the file alike.
+func LoadWith[P interface{ base() *Config }](path string, parse func([]byte) (P, error)) (P, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("broker config: %w (check the -config path and the file's permissions)", err)
+		var none P
+		return none, fmt.Errorf("broker config: %w (check the -config path and the file's permissions)", err)
 	}
-	c, err := Parse(data)
+	c, err := parse(data)
 	if err != nil {
-		return nil, err
+		return c, err
 	}
 	sum := sha256.Sum256(data)
-	c.Digest = hex.EncodeToString(sum[:])
+	c.base().Digest = hex.EncodeToString(sum[:])
 	return c, nil
 }
+
+func (c *Config) base() *Config { return c }
 
 // Canonical is path made absolute with every symlink resolved: the identity
 // of a config file, which names its default run directory and which spawnd
@@ -66,31 +80,41 @@ func Canonical(path string) (string, error) {
 	return real, nil
 }
 
-// Parse decodes and validates broker.yaml text. Every error starts with
-// "broker config: " and names the key path it is about.
+// Parse decodes broker.yaml text as spawnd reads it: its own keys checked,
+// decoded and validated, the gateway's tolerated unread. Every error starts
+// with "broker config: " and names the key path it is about.
 func Parse(data []byte) (*Config, error) {
-	root, err := document(data)
-	if err != nil {
+	c := Default()
+	c.Binaries = nil // decoded from the file; Validate synthesizes the reserved entry
+	if err := Decode(data, c, GatewayKeys); err != nil {
 		return nil, err
 	}
-	c := Default()
-	c.Binaries = nil // decoded from the file; the reserved entry is synthesized after
-	if root != nil {
-		w := &checker{done: map[aliasVisit]bool{}}
-		w.keep(w.check(root, configType, ""))
-		if err := w.unknownKeys(w.err); err != nil {
-			return nil, fmt.Errorf("broker config: %w", err)
-		}
-		// After the check, what is left to fail here is yaml.v3's own
-		// limit on alias expansion.
-		if err := root.Decode(c); err != nil {
-			return nil, fmt.Errorf("broker config: %w", err)
-		}
-	}
-	if err := c.validate(); err != nil {
+	if err := c.Validate(); err != nil {
 		return nil, err
 	}
 	return c, nil
+}
+
+// Decode checks broker.yaml text against the schema of dst (a pointer to a
+// struct, which may embed Config with yaml:",inline") and decodes it into
+// dst. Every unknown key, at every level, is named in one error; the
+// top-level keys in tolerate are neither checked nor decoded.
+func Decode(data []byte, dst any, tolerate []string) error {
+	root, err := document(data)
+	if root == nil || err != nil {
+		return err
+	}
+	w := &checker{done: map[aliasVisit]bool{}, tolerate: tolerate}
+	w.keep(w.check(root, reflect.TypeOf(dst).Elem(), ""))
+	if err := w.unknownKeys(w.err); err != nil {
+		return fmt.Errorf("broker config: %w", err)
+	}
+	// After the check, what is left to fail here is yaml.v3's own limit on
+	// alias expansion.
+	if err := root.Decode(dst); err != nil {
+		return fmt.Errorf("broker config: %w", err)
+	}
+	return nil
 }
 
 // document returns the file's top-level mapping, or nil when the file holds
@@ -143,6 +167,8 @@ type checker struct {
 	// err is the first other mistake; the walk goes on past it to find
 	// the remaining unknown keys.
 	err error
+	// tolerate are top-level keys another reader of the file owns.
+	tolerate []string
 }
 
 // keep records a child's mistake and lets the walk go on.
@@ -199,8 +225,8 @@ func (w *checker) check(node *yaml.Node, t reflect.Type, path string) error {
 	if t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
-	if t == wordsType || t == stringsType {
-		// A string, or a list of strings.
+	if t.Kind() == reflect.Slice && t.Elem().Kind() == reflect.String && reflect.PointerTo(t).Implements(unmarshalerType) {
+		// A list of strings with its own decoding takes a string too.
 		if node.Kind == yaml.SequenceNode {
 			t = reflect.TypeFor[[]string]()
 		} else {
@@ -213,27 +239,34 @@ func (w *checker) check(node *yaml.Node, t reflect.Type, path string) error {
 			return err
 		}
 		fields := yamlFields(t)
-		if t == validatorType {
+		if n, ok := reflect.New(t).Interface().(Narrower); ok {
 			var err error
-			if fields, err = validatorFields(node, fields, path); err != nil {
+			if fields, err = n.NarrowKeys(node, fields, path); err != nil {
 				return err
 			}
 		}
 		for i := 0; i+1 < len(node.Content); i += 2 {
 			key := node.Content[i].Value
-			f, ok := fields[key]
-			if !ok {
-				w.unknown = append(w.unknown, fmt.Sprintf("%s: unknown key; the keys allowed here are %s", join(path, key), strings.Join(sortedKeys(fields), ", ")))
+			if path == "" && slices.Contains(w.tolerate, key) {
 				continue
 			}
-			w.keep(w.check(node.Content[i+1], f.Type, join(path, key)))
+			f, ok := fields[key]
+			if !ok {
+				allowed := sortedKeys(fields)
+				if path == "" {
+					allowed = slices.Sorted(slices.Values(slices.Concat(allowed, w.tolerate)))
+				}
+				w.unknown = append(w.unknown, fmt.Sprintf("%s: unknown key; the keys allowed here are %s", Join(path, key), strings.Join(allowed, ", ")))
+				continue
+			}
+			w.keep(w.check(node.Content[i+1], f.Type, Join(path, key)))
 		}
 	case reflect.Map:
 		if err := checkKeys(node, path); err != nil {
 			return err
 		}
 		for i := 0; i+1 < len(node.Content); i += 2 {
-			w.keep(w.check(node.Content[i+1], t.Elem(), join(path, node.Content[i].Value)))
+			w.keep(w.check(node.Content[i+1], t.Elem(), Join(path, node.Content[i].Value)))
 		}
 	case reflect.Slice:
 		if node.Kind != yaml.SequenceNode {
@@ -267,7 +300,7 @@ func checkKeys(node *yaml.Node, path string) error {
 			return fmt.Errorf("%s: line %d: a key must be a plain name, not %s", orRoot(path), k.Line, describe(k))
 		}
 		if line, dup := seen[k.Value]; dup {
-			return fmt.Errorf("%s: written twice (lines %d and %d); keep one", join(path, k.Value), line, k.Line)
+			return fmt.Errorf("%s: written twice (lines %d and %d); keep one", Join(path, k.Value), line, k.Line)
 		}
 		seen[k.Value] = k.Line
 	}
@@ -308,27 +341,28 @@ func checkScalar(node *yaml.Node, t reflect.Type, path string) error {
 
 func isNull(n *yaml.Node) bool { return n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null" }
 
+// yamlFields maps each key of struct type t to its field, with the keys of
+// an inline struct as its own (their Index is the path from t).
 func yamlFields(t reflect.Type) map[string]reflect.StructField {
 	m := map[string]reflect.StructField{}
 	for f := range t.Fields() {
-		name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
-		if name != "" && name != "-" {
+		name, opts, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		if opts == "inline" {
+			for k, sub := range yamlFields(f.Type) {
+				sub.Index = slices.Concat(f.Index, sub.Index)
+				m[k] = sub
+			}
+		} else if name != "" && name != "-" {
 			m[name] = f
 		}
 	}
 	return m
 }
 
-func sortedKeys[V any](m map[string]V) []string {
-	ks := make([]string, 0, len(m))
-	for k := range m {
-		ks = append(ks, k)
-	}
-	sort.Strings(ks)
-	return ks
-}
+func sortedKeys[V any](m map[string]V) []string { return slices.Sorted(maps.Keys(m)) }
 
-func join(path, key string) string {
+// Join is the key path of key under path.
+func Join(path, key string) string {
 	if path == "" {
 		return key
 	}

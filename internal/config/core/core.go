@@ -1,0 +1,154 @@
+// Package core is the part of broker.yaml both processes read: the keys
+// nexus-spawnd acts on (the binaries registry, run_as, inherit_env,
+// release_grace, state_dir, broker_id, spawnd:, and listen_addr and
+// advertise_addr for an instance's dial-back), and the one strict loader
+// every key of the file goes through (Decode): it names the key path of
+// every mistake and every unknown key at every level in one error.
+//
+// The gateway's sections (auth:, agents:, a2a:, console:, the admission
+// caps and timers) are layered on top by internal/config, which spawnd does
+// not link. spawnd tolerates those sections without reading them
+// (GatewayKeys); the gateway validates the whole file. Both take the digest
+// of the same bytes (ReadFile), so they agree on the file's identity.
+package core
+
+import (
+	"fmt"
+	"time"
+)
+
+// Config is the keys of broker.yaml spawnd reads, after defaults.
+type Config struct {
+	ListenAddr string `yaml:"listen_addr"`
+	// AdvertiseAddr is empty, host:port, or ws|wss|http|https://host[:port];
+	// after validation it carries no surrounding whitespace and no trailing /.
+	AdvertiseAddr string `yaml:"advertise_addr"`
+	// Binaries is the registry, keyed by trimmed entry name. After
+	// validation it always holds the reserved "nexus" entry.
+	Binaries map[string]*Entry `yaml:"binaries" reload:"sighup"`
+	// NexusBinaryPath is the deprecated alias for binaries.nexus.path.
+	NexusBinaryPath *string `yaml:"nexus_binary_path"`
+
+	ReleaseGrace Duration `yaml:"release_grace" reload:"sighup"`
+	StateDir     string   `yaml:"state_dir"`
+	BrokerID     string   `yaml:"broker_id"`
+
+	// InheritEnv names broker environment variables a spawn may carry.
+	InheritEnv []string `yaml:"inherit_env" reload:"sighup"`
+	// RunAs is the default credential for entries that declare none.
+	RunAs *RunAs `yaml:"run_as" reload:"sighup"`
+
+	// Spawnd holds the keys of the supervisor split (ours, not upstream's).
+	Spawnd Spawnd `yaml:"spawnd"`
+
+	// Warnings are the boot WARNs validation found (not errors).
+	Warnings []string `yaml:"-"`
+	// Digest identifies the file's content (hex SHA-256), set by the
+	// loaders: the gateway and spawnd compare it to know they run one
+	// version.
+	Digest string `yaml:"-"`
+}
+
+// GatewayKeys are the top-level keys only the gateway reads. spawnd
+// tolerates them unread, so a mistake inside one is the gateway's to
+// report; any other key spawnd does not know is refused by both.
+// internal/config's tests keep this list equal to the gateway's schema.
+var GatewayKeys = []string{
+	"a2a", "agents", "auth", "client_replay_buffer_bytes", "console", "idle_timeout",
+	"max_claim_body", "max_concurrent", "max_leases_per_principal", "max_queue_depth",
+	"max_queued_per_principal", "max_turn_duration", "queue_wait_timeout",
+	"ready_timeout", "reattach_window", "session_report_grace",
+}
+
+// Entry is one binaries: registry entry.
+type Entry struct {
+	Path string `yaml:"path"`
+	// Label and Description are nil when not written: GET /binaries omits
+	// an unset one and keeps one written as "".
+	Label       *string           `yaml:"label"`
+	Description *string           `yaml:"description"`
+	Args        []string          `yaml:"args"`
+	Env         map[string]string `yaml:"env"`
+	RunAs       *RunAs            `yaml:"run_as"`
+	// AllowPrivilegeEscalation (ours) starts the entry's instances without
+	// no_new_privs, so a setuid or file-capability binary they exec gains
+	// its privilege. Off by default.
+	AllowPrivilegeEscalation bool `yaml:"allow_privilege_escalation"`
+	// MemoryMax, PidsMax and CPUWeight (ours) are written to each
+	// instance's cgroup (memory.max, pids.max, cpu.weight); 0 leaves the
+	// limit unset. They need cgroup v2 containment with the controller.
+	MemoryMax Size `yaml:"memory_max"`
+	PidsMax   int  `yaml:"pids_max"`
+	CPUWeight int  `yaml:"cpu_weight"`
+}
+
+// RunAs is a numeric credential; both ids are required when the block is
+// written.
+type RunAs struct {
+	UID *int `yaml:"uid"`
+	GID *int `yaml:"gid"`
+}
+
+// String renders "uid:gid".
+func (r *RunAs) String() string { return fmt.Sprintf("%d:%d", *r.UID, *r.GID) }
+
+// Spawnd configures the privileged daemon and how the gateway reaches it.
+type Spawnd struct {
+	// RunDir holds the RPC socket and spawnd.json (the reattach config). It
+	// is created 0750. Empty means one directory per config file under
+	// $XDG_RUNTIME_DIR/nexus-broker, or /tmp/nexus-broker-<uid> without
+	// XDG_RUNTIME_DIR (spawnrpc.DefaultRunDir).
+	RunDir string `yaml:"run_dir"`
+	// GatewayUID is the only uid spawnd accepts RPC connections from. Unset
+	// means spawnd's own uid (development: one user runs both).
+	GatewayUID *int `yaml:"gateway_uid"`
+	// SocketGID is the group given the run directory so the gateway's user
+	// can reach the socket. Unset leaves spawnd's group.
+	SocketGID *int `yaml:"socket_gid"`
+	// CgroupRoot is a writable, delegated cgroup v2 directory: each
+	// instance is born in <cgroup_root>/<broker_id>/<lease_id>. Empty means
+	// spawnd's own cgroup when systemd delegated it (Delegate=yes), else
+	// none (process groups only).
+	CgroupRoot string `yaml:"cgroup_root"`
+}
+
+// MaxCPUWeight is the largest cpu.weight the kernel accepts.
+const MaxCPUWeight = 10000
+
+// Gateway is the uid spawnd accepts RPC from: gateway_uid, else own (the
+// uid spawnd runs as: one user runs both processes).
+func (s Spawnd) Gateway(own int) int {
+	if s.GatewayUID != nil {
+		return *s.GatewayUID
+	}
+	return own
+}
+
+// The reserved entry name: always present, what a claim naming no binary
+// spawns.
+const ReservedEntry = "nexus"
+
+// Defaults of the spec for these keys.
+const (
+	DefaultListenAddr   = ":8080"
+	DefaultReleaseGrace = 10 * time.Second
+)
+
+// Default returns a Config holding every default, with the synthesized
+// reserved entry.
+func Default() *Config {
+	return &Config{
+		ListenAddr:   DefaultListenAddr,
+		ReleaseGrace: Duration(DefaultReleaseGrace),
+		Binaries:     map[string]*Entry{ReservedEntry: {Path: ReservedEntry}},
+	}
+}
+
+// EntryRunAs is the credential entry name spawns under: the entry's own
+// run_as, else the broker-level default, else nil (spawnd's own).
+func (c *Config) EntryRunAs(name string) *RunAs {
+	if e := c.Binaries[name]; e != nil && e.RunAs != nil {
+		return e.RunAs
+	}
+	return c.RunAs
+}

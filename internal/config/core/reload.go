@@ -1,0 +1,51 @@
+package core
+
+import "reflect"
+
+// ReloadDiff names the top-level keys whose values differ between cur (the
+// configuration in force) and next (the file just re-read), two values of
+// one schema (Config, or the gateway's, which embeds it), split into those
+// a SIGHUP applies and those only read at boot. Both lists are sorted.
+//
+// A key is reloadable when its field is tagged reload:"sighup": the
+// registry and its credentials and environment, the per-claim and
+// per-lease policy the next claim reads, who may open the console. Every
+// other key is boot-only (the listener, the journal and its identity, the
+// replay buffers, the queue and per-principal admission caps, the spawnd:
+// wiring are built once at boot), so an untagged key is the safe mistake.
+// nexus_binary_path is never named: validation folds it into binaries, so
+// a change to it shows as binaries. Warnings are not configuration.
+func ReloadDiff[T any](cur, next *T) (reloadable, bootOnly []string) {
+	c, n := reflect.ValueOf(cur).Elem(), reflect.ValueOf(next).Elem()
+	fields := yamlFields(c.Type())
+	for _, key := range sortedKeys(fields) {
+		if key == "nexus_binary_path" {
+			continue
+		}
+		f := fields[key]
+		if reflect.DeepEqual(c.FieldByIndex(f.Index).Interface(), n.FieldByIndex(f.Index).Interface()) {
+			continue
+		}
+		if f.Tag.Get("reload") == "sighup" {
+			reloadable = append(reloadable, key)
+		} else {
+			bootOnly = append(bootOnly, key)
+		}
+	}
+	return reloadable, bootOnly
+}
+
+// Reloaded is the configuration a SIGHUP puts in force: next's reloadable
+// keys over boot's boot-only ones, by the tags ReloadDiff reads, with
+// next's warnings.
+func Reloaded[T any](boot, next *T) *T {
+	out := *boot
+	dst, src := reflect.ValueOf(&out).Elem(), reflect.ValueOf(next).Elem()
+	for _, f := range yamlFields(dst.Type()) {
+		if f.Tag.Get("reload") == "sighup" {
+			dst.FieldByIndex(f.Index).Set(src.FieldByIndex(f.Index))
+		}
+	}
+	dst.FieldByName("Warnings").Set(src.FieldByName("Warnings"))
+	return &out
+}

@@ -1,0 +1,296 @@
+package core
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+	"unicode"
+)
+
+// maxID is the largest uid or gid run_as accepts: (uid_t)-1 tells
+// setresuid and setresgid to leave the id unchanged, so accepting it would
+// run instances as spawnd itself, which is root.
+const maxID = 1<<32 - 2
+
+// Validate applies the rules that span spawnd's keys, normalizes what the
+// rest of the broker reads (trimmed entry names, the reserved entry) and
+// records boot WARNs. The gateway calls it before validating its own keys.
+func (c *Config) Validate() error {
+	if _, _, err := net.SplitHostPort(c.ListenAddr); err != nil {
+		return fmt.Errorf(`broker config: listen_addr: %q is not host:port; write ":8080" to listen on every interface, or "127.0.0.1:8080" for loopback only`, c.ListenAddr)
+	}
+	if err := c.validateAdvertise(); err != nil {
+		return err
+	}
+	if err := c.normalizeBinaries(); err != nil {
+		return err
+	}
+	if len(c.InheritEnv) == 0 {
+		c.InheritEnv = nil // inherit_env: [] and no key are the same config
+	}
+	for i, n := range c.InheritEnv {
+		key := fmt.Sprintf("inherit_env[%d]", i)
+		if strings.Contains(n, "*") {
+			return fmt.Errorf("broker config: %s: %q: wildcards are not supported; a claim's config names the variable its provider reads and where its value is sent, so a wildcard would hand every variable the broker holds to whoever claims an instance; list each name instead", key, n)
+		}
+		if err := CheckEnvName(key, n); err != nil {
+			return err
+		}
+	}
+	if err := checkRunAs(c.RunAs, "run_as"); err != nil {
+		return err
+	}
+	if err := checkID(c.Spawnd.GatewayUID, "spawnd.gateway_uid", "uid"); err != nil {
+		return err
+	}
+	return checkID(c.Spawnd.SocketGID, "spawnd.socket_gid", "gid")
+}
+
+// normalizeBinaries keys the registry by trimmed name, folds the deprecated
+// nexus_binary_path into it, and synthesizes the reserved entry.
+func (c *Config) normalizeBinaries() error {
+	byName := make(map[string]*Entry, len(c.Binaries)+1)
+	written := make(map[string]string, len(c.Binaries)) // trimmed name → as written
+	for _, raw := range sortedKeys(c.Binaries) {
+		name := strings.TrimSpace(raw)
+		if name == "" {
+			return fmt.Errorf("broker config: binaries: the entry name %q is empty once whitespace is trimmed; give the entry a name", raw)
+		}
+		if prev, dup := written[name]; dup {
+			return fmt.Errorf("broker config: binaries.%s: %q and %q are the same name once surrounding whitespace is trimmed; rename or remove one", name, prev, raw)
+		}
+		written[name] = raw
+		e := c.Binaries[raw]
+		if err := e.validate("binaries." + name); err != nil {
+			return err
+		}
+		byName[name] = e
+	}
+	if p := c.NexusBinaryPath; p != nil {
+		// Both set is refused rather than resolved by precedence: either
+		// rule would silently spawn the binary half the operators did not
+		// mean.
+		if _, ok := byName[ReservedEntry]; ok {
+			return errors.New("broker config: nexus_binary_path: set together with binaries.nexus.path, and neither wins; keep binaries.nexus.path and remove the deprecated nexus_binary_path")
+		}
+		if strings.TrimSpace(*p) == "" {
+			return errors.New(`broker config: nexus_binary_path: set to ""; remove the key to take the default (nexus, looked up on PATH)`)
+		}
+		if err := CheckNoNUL("nexus_binary_path", *p); err != nil {
+			return err
+		}
+		byName[ReservedEntry] = &Entry{Path: *p}
+	}
+	if _, ok := byName[ReservedEntry]; !ok {
+		byName[ReservedEntry] = &Entry{Path: ReservedEntry}
+	}
+	c.Binaries = byName
+	return nil
+}
+
+// validate checks one registry entry written at key path.
+func (e *Entry) validate(path string) error {
+	if strings.TrimSpace(e.Path) == "" {
+		return fmt.Errorf("broker config: %s.path: required; give the nexus build this entry spawns (an absolute path, ~/…, or a name looked up on PATH)", path)
+	}
+	if err := CheckNoNUL(path+".path", e.Path); err != nil {
+		return err
+	}
+	for i, a := range e.Args {
+		if err := CheckNoNUL(fmt.Sprintf("%s.args[%d]", path, i), a); err != nil {
+			return err
+		}
+	}
+	for _, k := range sortedKeys(e.Env) {
+		if err := CheckEnvName(path+".env", k); err != nil {
+			return err
+		}
+		if err := CheckNoNUL(path+".env."+k, e.Env[k]); err != nil {
+			return err
+		}
+	}
+	// An empty list or mapping is the same entry as none, and ReloadDiff
+	// must not report it as a change.
+	if len(e.Args) == 0 {
+		e.Args = nil
+	}
+	if len(e.Env) == 0 {
+		e.Env = nil
+	}
+	if e.PidsMax < 0 {
+		return fmt.Errorf("broker config: %s.pids_max: %d is negative; give the most processes an instance may have, or 0 for no limit", path, e.PidsMax)
+	}
+	if e.CPUWeight < 0 || e.CPUWeight > MaxCPUWeight {
+		return fmt.Errorf("broker config: %s.cpu_weight: %d is outside 1..%d (the kernel's cpu.weight range; 100 is the default share), or 0 to leave it unset", path, e.CPUWeight, MaxCPUWeight)
+	}
+	return checkRunAs(e.RunAs, path+".run_as")
+}
+
+// CheckEnvName refuses what cannot be an environment variable name.
+func CheckEnvName(key, n string) error {
+	if n == "" || strings.ContainsAny(n, "=\x00") || strings.ContainsFunc(n, unicode.IsSpace) {
+		return fmt.Errorf("broker config: %s: %q is not an environment variable name (no =, whitespace or NUL); write a name such as ANTHROPIC_API_KEY", key, n)
+	}
+	return nil
+}
+
+// CheckNoNUL refuses at boot what exec would refuse at every claim.
+func CheckNoNUL(key, s string) error {
+	if strings.ContainsRune(s, 0) {
+		return fmt.Errorf("broker config: %s: contains a NUL byte, which no path, argument or environment value can carry; remove it", key)
+	}
+	return nil
+}
+
+func checkRunAs(r *RunAs, path string) error {
+	if r == nil {
+		return nil
+	}
+	switch {
+	case r.UID == nil:
+		return fmt.Errorf("broker config: %s.uid: required whenever run_as is written (a gid alone is not a boundary); add a numeric uid", path)
+	case r.GID == nil:
+		return fmt.Errorf("broker config: %s.gid: required whenever run_as is written (a uid alone leaves instances in the broker's primary group); add a numeric gid", path)
+	}
+	if err := checkID(r.UID, path+".uid", "uid"); err != nil {
+		return err
+	}
+	return checkID(r.GID, path+".gid", "gid")
+}
+
+func checkID(id *int, key, what string) error {
+	if id != nil && (*id < 0 || int64(*id) > maxID) {
+		return fmt.Errorf("broker config: %s: %d is not a usable %s; give a number from 0 to %d", key, *id, what, int64(maxID))
+	}
+	return nil
+}
+
+// validateAdvertise enforces the advertise_addr rules, normalizes the value
+// (trimmed, no trailing /) and records the two WARN shapes.
+//
+// The WARN texts are upstream's, word for word: operators grep for them.
+func (c *Config) validateAdvertise() error {
+	a := strings.TrimSpace(c.AdvertiseAddr)
+	c.AdvertiseAddr = a
+	if a == "" {
+		if c.ListenHost() == "" {
+			c.Warnings = append(c.Warnings, WarnNoAdvertise)
+		}
+		return nil
+	}
+	scheme, _, qualified := strings.Cut(a, "://")
+	raw := a
+	if !qualified {
+		raw = "ws://" + a // a bare host:port keeps the ws:// scheme
+	}
+	switch scheme {
+	case "ws", "http":
+	case "wss", "https":
+		c.Warnings = append(c.Warnings, WarnTLSScheme)
+	default:
+		if qualified {
+			return fmt.Errorf("broker config: advertise_addr: scheme %q is not one of ws, wss, http, https; write host:port or one of those schemes followed by host:port", scheme)
+		}
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return fmt.Errorf("broker config: advertise_addr: %q is not host:port or scheme://host:port (%v); write the address clients use, such as broker-1.example.com:8080", a, err)
+	}
+	if u.User != nil || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
+		return fmt.Errorf("broker config: advertise_addr: %q carries a path, query or user; give only host:port or scheme://host:port", a)
+	}
+	c.AdvertiseAddr = strings.TrimSuffix(a, "/")
+	if isWildcard(u.Hostname()) {
+		return fmt.Errorf("broker config: advertise_addr: %q names a wildcard host, which no client can dial; give the address clients use to reach this broker", a)
+	}
+	// A scheme implies its port (the spec's own wss://broker-1.example.com);
+	// a bare address has none to imply.
+	port := u.Port()
+	if port == "" && (!qualified || strings.HasSuffix(u.Host, ":")) {
+		return fmt.Errorf("broker config: advertise_addr: %q has no port; write host:port, such as broker-1.example.com:8080", a)
+	}
+	if p, err := strconv.Atoi(port); port != "" && (err != nil || p < 1 || p > 65535) {
+		return fmt.Errorf("broker config: advertise_addr: port %q is not a port number (1 to 65535)", port)
+	}
+	return nil
+}
+
+// ListenHost is listen_addr's host when it names one, "" for a wildcard bind
+// (":8080", "0.0.0.0:8080", "[::]:8080"). The gateway builds ws_url from the
+// request's Host exactly when this is "", which is the shape the boot WARN is
+// about, so both read it from here.
+func (c *Config) ListenHost() string {
+	host, _, err := net.SplitHostPort(c.ListenAddr)
+	if err != nil || isWildcard(host) {
+		return ""
+	}
+	return host
+}
+
+// ListenLoopback reports whether listen_addr binds loopback only.
+func (c *Config) ListenLoopback() bool {
+	host := c.ListenHost()
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// DialBack is NEXUS_BROKER_ADDR for the instances of a broker listening on
+// listenAddr: the gateway's /instance route, a wildcard bind dialed on
+// loopback (instances run on this host). bound is the port the gateway's
+// listener reports. It is taken only where listenAddr asks for port 0, and
+// must otherwise be 0 or listenAddr's own port: the host is never the
+// gateway's to name.
+func DialBack(listenAddr string, bound int) (string, error) {
+	host, port, err := net.SplitHostPort(listenAddr)
+	if err != nil {
+		return "", fmt.Errorf("listen_addr %q: %w", listenAddr, err)
+	}
+	want, err := net.LookupPort("tcp", port)
+	if err != nil {
+		return "", fmt.Errorf("listen_addr %q: %w", listenAddr, err)
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() && ip.To4() == nil {
+		host = "::1"
+	} else if isWildcard(host) {
+		host = "127.0.0.1"
+	}
+	switch {
+	case bound < 0 || bound > 65535:
+		return "", fmt.Errorf("the gateway reports listening on port %d, which is no TCP port", bound)
+	case want == 0 && bound == 0:
+		return "", fmt.Errorf("listen_addr %q asks for any free port, and the gateway reported no port it bound", listenAddr)
+	case want == 0:
+		want = bound
+	case bound != 0 && bound != want:
+		return "", fmt.Errorf("the gateway reports listening on port %d, but listen_addr %q names port %d", bound, listenAddr, want)
+	}
+	return "ws://" + net.JoinHostPort(host, strconv.Itoa(want)) + "/instance", nil
+}
+
+func isWildcard(host string) bool {
+	if host == "" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsUnspecified()
+}
+
+// The two advertise_addr WARNs. They are logged with listen_addr and
+// advertise_addr as attributes.
+const (
+	WarnNoAdvertise = "advertise_addr is not set and listen_addr names no host: " +
+		"the ws_url returned by POST /claim will be derived from each claim request's Host header, " +
+		"which behind a reverse proxy or load balancer names the proxy rather than this broker " +
+		"and can send a client to a broker that does not hold its lease; " +
+		"set advertise_addr to the address clients use to reach this broker"
+	WarnTLSScheme = "advertise_addr names a TLS scheme but this broker serves cleartext: " +
+		"it has no TLS listener, so the wss:// ws_url returned by POST /claim is correct " +
+		"ONLY if a TLS-terminating proxy fronts this broker; " +
+		"expected behind such a proxy, and a misconfiguration otherwise"
+)
