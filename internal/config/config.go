@@ -45,6 +45,9 @@ type Config struct {
 	Agents map[string]*Agent `yaml:"agents" reload:"sighup"`
 	// A2A is the task store's policy (boot-only).
 	A2A A2A `yaml:"a2a"`
+
+	// Warnings are the boot WARNs validation found (not errors).
+	Warnings []string `yaml:"-"`
 }
 
 // Console configures the operator page. With an auth: block the page needs
@@ -98,6 +101,10 @@ func Parse(data []byte) (*Config, error) {
 	c := Default()
 	c.Binaries = nil // decoded from the file; Validate synthesizes the reserved entry
 	if err := core.Decode(data, c, nil); err != nil {
+		return nil, err
+	}
+	// Before core's Validate, which trims advertise_addr for spawnd.
+	if err := c.validateAdvertise(); err != nil {
 		return nil, err
 	}
 	if err := c.Config.Validate(); err != nil {

@@ -41,8 +41,6 @@ type Config struct {
 	// Spawnd holds the keys of the supervisor split (ours, not upstream's).
 	Spawnd Spawnd `yaml:"spawnd"`
 
-	// Warnings are the boot WARNs validation found (not errors).
-	Warnings []string `yaml:"-"`
 	// Digest identifies the file's content (hex SHA-256), set by the
 	// loaders: the gateway and spawnd compare it to know they run one
 	// version.

@@ -14,7 +14,7 @@ import "reflect"
 // replay buffers, the queue and per-principal admission caps, the spawnd:
 // wiring are built once at boot), so an untagged key is the safe mistake.
 // nexus_binary_path is never named: validation folds it into binaries, so
-// a change to it shows as binaries. Warnings are not configuration.
+// a change to it shows as binaries.
 func ReloadDiff[T any](cur, next *T) (reloadable, bootOnly []string) {
 	c, n := reflect.ValueOf(cur).Elem(), reflect.ValueOf(next).Elem()
 	fields := yamlFields(c.Type())
@@ -36,8 +36,7 @@ func ReloadDiff[T any](cur, next *T) (reloadable, bootOnly []string) {
 }
 
 // Reloaded is the configuration a SIGHUP puts in force: next's reloadable
-// keys over boot's boot-only ones, by the tags ReloadDiff reads, with
-// next's warnings.
+// keys over boot's boot-only ones, by the tags ReloadDiff reads.
 func Reloaded[T any](boot, next *T) *T {
 	out := *boot
 	dst, src := reflect.ValueOf(&out).Elem(), reflect.ValueOf(next).Elem()
@@ -46,6 +45,5 @@ func Reloaded[T any](boot, next *T) *T {
 			dst.FieldByIndex(f.Index).Set(src.FieldByIndex(f.Index))
 		}
 	}
-	dst.FieldByName("Warnings").Set(src.FieldByName("Warnings"))
 	return &out
 }
