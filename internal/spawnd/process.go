@@ -106,8 +106,12 @@ func (d *Daemon) exec(id string, e *entry, inherit []string, req *spawnpb.SpawnR
 		Files: []uintptr{null.Fd(), out.Fd(), out.Fd()},
 		Sys:   sys,
 	}, !e.allowEscalation)
-	if err != nil && d.cgroups != nil {
-		d.removeCgroup(id)
+	if err != nil {
+		// No process: there is no group to kill (its id would be 0, which
+		// kill(2) reads as spawnd's own group).
+		if d.cgroups != nil {
+			d.removeCgroup(id)
+		}
 		as := "nexus-spawnd's own credential"
 		if e.runAs != nil {
 			as = "run_as " + e.runAs.String()

@@ -445,3 +445,36 @@ func TestLogsOfEndedLeasesArePruned(t *testing.T) {
 		t.Errorf("after boot the log directory holds %d bytes in %v; want at most %d, the live lease's log kept and the oldest gone", total, names, maxLogsTotal)
 	}
 }
+
+// TestAnExecFailureHarmsNothing: an entry whose binary went away after boot
+// fails at the exec step, leaves no temp config, and signals nobody (an
+// exec failure once made spawnd SIGKILL its own process group).
+func TestAnExecFailureHarmsNothing(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "vanishing")
+	if err := os.Symlink(fakeBin, bin); err != nil {
+		t.Fatal(err)
+	}
+	h := newHarness(t, defaultYAML+"  vanishing:\n    path: "+bin+"\n")
+	if h.d.cgroups != nil {
+		t.Skip("this tests the process-group path; a delegated cgroup tree is in use")
+	}
+	if err := os.Remove(bin); err != nil {
+		t.Fatal(err)
+	}
+	_, err := h.client.Spawn(h.ctx(), &spawnpb.SpawnRequest{LeaseId: "lease-noexec", Entry: "vanishing", Config: []byte("core: {}\n")})
+	st := status.Convert(err)
+	var step spawnpb.SpawnStep
+	for _, d := range st.Details() {
+		if f, ok := d.(*spawnpb.SpawnFailure); ok {
+			step = f.GetStep()
+		}
+	}
+	if st.Code() != codes.Internal || step != spawnpb.SpawnStep_SPAWN_STEP_EXEC || !strings.Contains(st.Message(), "exec "+bin) {
+		t.Errorf("Spawn of a vanished binary = %v (step %v), want INTERNAL, step EXEC, naming the exec of %s", err, step, bin)
+	}
+	if _, err := os.Stat(h.d.configFor("lease-noexec")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the failed spawn's temp config is left behind (%v)", err)
+	}
+	// Still serving, and a healthy entry still spawns.
+	h.spawn("lease-after", "nexus")
+}
