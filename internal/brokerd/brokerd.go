@@ -89,7 +89,7 @@ func Run(o Options) error {
 	}
 	srv := gateway.Server(g.Handler())
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- srv.Serve(ln) }()
+	go func() { serveErr <- srv.Serve(gateway.Listener(ln)) }()
 	base := "http://" + ln.Addr().String()
 	log.Info("nexus-broker listening", append([]any{"addr", ln.Addr().String(), "config", path}, bootSummary(ctx, cfg, path, client)...)...)
 	if dev {

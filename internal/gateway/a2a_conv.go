@@ -300,7 +300,7 @@ func (in *ingress) sendLocked(l *lease, p brokerframe.IO) {
 	payload, _ := json.Marshal(p) // a struct of strings cannot fail
 	data, _ := brokerframe.Encode(brokerframe.Frame{Signal: brokerframe.SignalIO, LeaseID: l.id, Payload: payload})
 	l.clientInput()
-	go l.sendToInstance(data) // may block on a slow instance; never under mu
+	go l.sendToInstance(data, false) // may block on a slow instance; never under mu
 }
 
 // leaseFor is the conversation's live lease, starting one (resuming its

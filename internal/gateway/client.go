@@ -38,6 +38,9 @@ type clientConn struct {
 	gap     *brokerframe.StreamGap // the notice to send before anything else
 	closing *closeReq
 	flushBy time.Time
+	// heldFor is the instance socket holding frames this client's read
+	// pump sent and has not flushed yet; only the read pump touches it.
+	heldFor *instanceConn
 }
 
 type closeReq struct {
@@ -117,14 +120,23 @@ func (c *clientConn) writeDirect() bool {
 	if !c.ws.roomFor(size) {
 		return false
 	}
+	// Held: the read pump flushes them once it has handled everything the
+	// instance sent so far (flushHeld), so a burst leaves in one write.
 	for _, e := range batch {
-		if c.ws.write(e.data) != nil {
+		if _, err := c.ws.send(e.data, true); err != nil {
 			c.markDead()
 			return true
 		}
 	}
 	c.l.log.advance(c.cur, batch[len(batch)-1].seq)
 	return true
+}
+
+// flushHeld writes what writeDirect left in the socket's buffer.
+func (c *clientConn) flushHeld() {
+	if _, err := c.ws.flush(); err != nil {
+		c.markDead()
+	}
 }
 
 // drain writes until the client has everything, then releases the turn; a
@@ -161,10 +173,12 @@ func (c *clientConn) writeAll() bool {
 	if gap := c.gap; gap != nil {
 		c.gap = nil // only the turn holder touches it
 		g.m.replayGaps.inc(gap.Reason)
-		if c.ws.write(gapFrame(l.id, gap)) != nil {
+		if _, err := c.ws.send(gapFrame(l.id, gap), true); err != nil {
 			return false
 		}
 	}
+	// Everything is held and leaves in as few writes as the buffer allows,
+	// the last once the stream has nothing more for this client.
 	buf := make([]logEntry, 0, 64)
 	for {
 		batch, missFrom, missThrough, _ := l.log.readBatch(c.cur, buf[:0], cap(buf))
@@ -172,24 +186,26 @@ func (c *clientConn) writeAll() bool {
 			// This reader fell more than client_replay_buffer_bytes behind.
 			if c.resumed {
 				g.m.replayGaps.inc(brokerframe.GapEvicted)
-				if c.ws.write(gapFrame(l.id, &brokerframe.StreamGap{Reason: brokerframe.GapEvicted,
-					RequestedFromSeq: missFrom - 1, MissingFromSeq: missFrom, MissingThroughSeq: missThrough})) != nil {
+				if _, err := c.ws.send(gapFrame(l.id, &brokerframe.StreamGap{Reason: brokerframe.GapEvicted,
+					RequestedFromSeq: missFrom - 1, MissingFromSeq: missFrom, MissingThroughSeq: missThrough}), true); err != nil {
 					return false
 				}
 			}
 			continue
 		}
 		if len(batch) == 0 {
-			return true
+			_, err := c.ws.flush()
+			return err == nil
 		}
 		for _, e := range batch {
-			if c.ws.write(e.data) != nil {
+			if _, err := c.ws.send(e.data, true); err != nil {
 				return false
 			}
 		}
 		l.log.advance(c.cur, batch[len(batch)-1].seq)
 		if c.closingExpired() {
-			return true
+			_, err := c.ws.flush()
+			return err == nil
 		}
 	}
 }
@@ -273,7 +289,9 @@ func (g *Gateway) serveClient(l *lease, conn *websocket.Conn, principal, credent
 	}
 
 	c.notify(false) // the replay, if any, on a drain goroutine
+	c.ws.flushBeforeRead(c.flushToInstance)
 	c.readPump()
+	c.flushToInstance()
 	c.markDead()
 
 	l.log.detach(c.cur)
@@ -296,8 +314,20 @@ func (c *clientConn) readPump() {
 		}
 		if out, ok := c.forInstance(data); ok {
 			c.l.clientInput()
-			c.l.sendToInstance(out)
+			if ic := c.l.sendToInstance(out, true); ic != nil {
+				c.heldFor = ic
+			}
 		}
+	}
+}
+
+// flushToInstance writes the frames this client's read pump left in the
+// instance socket's buffer: it runs before each read of the client's
+// socket, once every frame already received has been handled.
+func (c *clientConn) flushToInstance() {
+	if ic := c.heldFor; ic != nil {
+		c.heldFor = nil
+		c.l.flushInstance(ic)
 	}
 }
 

@@ -30,6 +30,19 @@ type instanceConn struct {
 	// drained is closed when the read pump has delivered everything the
 	// instance wrote and returned.
 	drained chan struct{}
+	// heldFor is the client whose socket holds frames this read pump
+	// wrote and has not flushed yet; only the read pump touches it.
+	heldFor *clientConn
+}
+
+// flushToClient writes the frames the read pump left in its client's
+// socket buffer: it runs before each read of the instance's socket, once
+// every frame already received has been handled.
+func (ic *instanceConn) flushToClient() {
+	if cl := ic.heldFor; cl != nil {
+		ic.heldFor = nil
+		cl.flushHeld()
+	}
 }
 
 // sendShutdown asks the instance to end its session and stop redialing.
@@ -105,7 +118,9 @@ func (g *Gateway) serveInstance(conn *websocket.Conn, remote string) {
 	}
 	g.log.Info("instance registered", "lease_id", l.id)
 
+	ws.flushBeforeRead(ic.flushToClient)
 	ic.readPump(l)
+	ic.flushToClient()
 
 	l.mu.Lock()
 	if l.inst == ic {
@@ -233,6 +248,7 @@ func (ic *instanceConn) readPump(l *lease) {
 		l.mu.Unlock()
 		if cl != nil {
 			cl.notify(true)
+			ic.heldFor = cl
 		}
 		if obs != nil && f.Signal == brokerframe.SignalIO {
 			obs.payload(l, f.Payload)
@@ -259,10 +275,12 @@ func statusState(payload json.RawMessage) (string, bool) {
 }
 
 // sendToInstance delivers one client frame. With an instance attached it is
-// written at once, and a slow instance blocks the caller (and so the client's
-// socket: TCP backpressure, not loss); while the instance redials, frames are
-// held up to holdFrames / holdBytes and counted when dropped beyond that.
-func (l *lease) sendToInstance(data []byte) {
+// written at once, or with hold left in the socket's buffer for the caller
+// to flush (flushInstance on the connection it returns); a slow instance
+// blocks the write (and so the client's socket: TCP backpressure, not
+// loss). While the instance redials, frames are held up to holdFrames /
+// holdBytes and counted when dropped beyond that.
+func (l *lease) sendToInstance(data []byte, hold bool) *instanceConn {
 	l.sendMu.Lock()
 	defer l.sendMu.Unlock()
 	l.mu.Lock()
@@ -271,16 +289,31 @@ func (l *lease) sendToInstance(data []byte) {
 	if inst == nil {
 		if len(l.held) >= holdFrames || l.heldBytes+len(data) > holdBytes {
 			l.g.m.framesDropped.inc("no_instance")
-			return
+			return nil
 		}
 		l.held = append(l.held, data)
 		l.heldBytes += len(data)
+		return nil
+	}
+	lost, err := inst.ws.send(data, hold)
+	l.instanceWriteFailed(lost, err)
+	return inst
+}
+
+// flushInstance writes the client frames ic's socket holds.
+func (l *lease) flushInstance(ic *instanceConn) {
+	lost, err := ic.ws.flush()
+	l.instanceWriteFailed(lost, err)
+}
+
+// instanceWriteFailed counts and reports the client frames a failed write
+// to the instance socket lost.
+func (l *lease) instanceWriteFailed(lost int, err error) {
+	if err == nil {
 		return
 	}
-	if err := inst.ws.write(data); err != nil {
-		l.g.m.framesDropped.inc("no_instance")
-		l.g.log.Warn("a client frame was lost: the instance socket failed while it was being written", "lease_id", l.id, "error", err)
-	}
+	l.g.m.framesDropped.add("no_instance", uint64(lost))
+	l.g.log.Warn("client frames were lost: the instance socket failed while they were being written", "lease_id", l.id, "frames", lost, "error", err)
 }
 
 // attachInstance makes ic the lease's instance connection and delivers the
@@ -293,10 +326,13 @@ func (l *lease) attachInstance(ic *instanceConn) (old *instanceConn) {
 	l.inst = ic
 	l.mu.Unlock()
 	for i, data := range l.held {
-		if err := ic.ws.write(data); err != nil {
-			l.g.m.framesDropped.add("no_instance", uint64(len(l.held)-i))
+		if lost, err := ic.ws.send(data, true); err != nil {
+			l.g.m.framesDropped.add("no_instance", uint64(lost+len(l.held)-i-1))
 			break
 		}
+	}
+	if lost, _ := ic.ws.flush(); lost > 0 {
+		l.g.m.framesDropped.add("no_instance", uint64(lost))
 	}
 	l.held, l.heldBytes = nil, 0
 	return old

@@ -84,15 +84,18 @@ type wsConn struct {
 	peer, leaseID string
 	log           *slog.Logger
 
-	c    *websocket.Conn
+	c *websocket.Conn
+	// bc is c's connection when it combines writes (see bufConn), else
+	// nil and data frames go through gorilla one write at a time.
+	bc   *bufConn
 	wmu  sync.Mutex
 	once sync.Once
 	done chan struct{} // closed when the connection is finished
 	// pinger probes the peer every pingInterval; a timer rather than a
 	// goroutine per socket.
 	pinger *time.Timer
-	// writeBy is the write deadline in force (guarded by wmu); it is pushed
-	// out only when half spent, not on every message.
+	// writeBy is the write deadline in force (guarded by wmu) when bc is
+	// nil; it is pushed out only when half spent, not on every message.
 	writeBy time.Time
 	// room is roomFor's remaining budget of bytes.
 	room int
@@ -100,6 +103,12 @@ type wsConn struct {
 
 func newWSConn(c *websocket.Conn, log *slog.Logger, peer, leaseID string) *wsConn {
 	w := &wsConn{c: c, done: make(chan struct{}), log: log, peer: peer, leaseID: leaseID}
+	if bc, ok := c.UnderlyingConn().(*bufConn); ok {
+		bc.mu.Lock()
+		bc.framing = true
+		bc.mu.Unlock()
+		w.bc = bc
+	}
 	c.SetReadLimit(maxMessage)
 	_ = c.SetReadDeadline(time.Now().Add(peerTimeout))
 	c.SetPongHandler(func(string) error { return c.SetReadDeadline(time.Now().Add(peerTimeout)) })
@@ -131,16 +140,48 @@ func (w *wsConn) read() ([]byte, error) {
 	return data, nil
 }
 
-// write sends one text message. A write that cannot complete within
-// writeWait fails rather than pinning the writer on a dead peer.
+// write sends one text message now, with any held before it. A write that
+// cannot complete within writeWait fails rather than pinning the writer on a
+// dead peer.
 func (w *wsConn) write(data []byte) error {
+	_, err := w.send(data, false)
+	return err
+}
+
+// send writes one text message; with hold it may wait in the connection's
+// buffer for a flush (see bufConn). It reports how many messages a failed
+// write lost.
+func (w *wsConn) send(data []byte, hold bool) (lost int, err error) {
+	if w.bc != nil {
+		return w.bc.writeFrame(data, hold)
+	}
 	w.wmu.Lock()
 	defer w.wmu.Unlock()
 	if now := time.Now(); w.writeBy.Sub(now) < writeWait/2 {
 		w.writeBy = now.Add(writeWait)
 		_ = w.c.SetWriteDeadline(w.writeBy)
 	}
-	return w.c.WriteMessage(websocket.TextMessage, data)
+	if err := w.c.WriteMessage(websocket.TextMessage, data); err != nil {
+		return 1, err
+	}
+	return 0, nil
+}
+
+// flush writes the messages send held. It reports how many a failed write
+// lost.
+func (w *wsConn) flush() (lost int, err error) {
+	if w.bc == nil {
+		return 0, nil
+	}
+	return w.bc.flush()
+}
+
+// flushBeforeRead makes f run before each read of the socket (see
+// bufConn.beforeRead). Only the socket's reading goroutine may call it.
+func (w *wsConn) flushBeforeRead(f func()) {
+	if w.bc != nil {
+		w.bc.beforeRead = f
+	}
 }
 
 // roomFor reports whether the socket's send buffer can take n more bytes
@@ -168,6 +209,9 @@ func (w *wsConn) roomFor(n int) bool {
 		size, err2 := unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF)
 		if err1 == nil && err2 == nil {
 			w.room = size/2 - queued
+		}
+		if w.bc != nil {
+			w.room -= w.bc.pending()
 		}
 	})
 	if n > w.room {

@@ -1,0 +1,177 @@
+package gateway
+
+import (
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+)
+
+// countingListener counts the write(2)s made on the connections it accepts.
+type countingListener struct {
+	net.Listener
+	writes *atomic.Int64
+}
+
+func (l countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	return countingConn{c, l.writes}, err
+}
+
+type countingConn struct {
+	net.Conn
+	writes *atomic.Int64
+}
+
+func (c countingConn) Write(p []byte) (int, error) {
+	c.writes.Add(1)
+	return c.Conn.Write(p)
+}
+
+// combinePair is a gateway-side wsConn behind Listener and the gorilla
+// client talking to it, plus the count of the gateway side's writes.
+func combinePair(t testing.TB) (*wsConn, *websocket.Conn, *atomic.Int64) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	writes := new(atomic.Int64)
+	server := make(chan *wsConn, 1)
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, err := upgrader.Upgrade(w, r, nil)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		server <- newWSConn(c, slog.New(slog.NewTextHandler(io.Discard, nil)), "client", "L")
+	})}
+	go func() { _ = srv.Serve(Listener(countingListener{ln, writes})) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	client, _, err := websocket.DefaultDialer.Dial("ws://"+ln.Addr().String()+"/", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = client.Close() })
+	ws := <-server
+	if ws.bc == nil {
+		t.Fatal("the upgraded connection is not a bufConn")
+	}
+	t.Cleanup(func() { ws.closeNow(websocket.CloseNormalClosure, "") })
+	return ws, client, writes
+}
+
+func readText(t *testing.T, c *websocket.Conn) string {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	kind, data, err := c.ReadMessage()
+	if err != nil || kind != websocket.TextMessage {
+		t.Fatalf("read: kind %d, %v", kind, err)
+	}
+	return string(data)
+}
+
+// TestHeldFramesLeaveInOneWrite: frames sent with hold wait in the buffer
+// and the flush writes them all with one write(2), in order, whatever
+// their sizes (all three header lengths).
+func TestHeldFramesLeaveInOneWrite(t *testing.T) {
+	ws, client, writes := combinePair(t)
+	msgs := []string{"one", strings.Repeat("b", 300), strings.Repeat("c", 20000)}
+	before := writes.Load()
+	for _, m := range msgs {
+		if _, err := ws.send([]byte(m), true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := writes.Load() - before; n != 0 {
+		t.Fatalf("%d writes before the flush; held frames must wait for it", n)
+	}
+	if _, err := ws.flush(); err != nil {
+		t.Fatal(err)
+	}
+	if n := writes.Load() - before; n != 1 {
+		t.Fatalf("the flush took %d writes, want 1", n)
+	}
+	// Past combineLimit a frame leaves at once, hold or not.
+	big := strings.Repeat("d", combineLimit+1)
+	if _, err := ws.send([]byte(big), true); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range append(msgs, big) {
+		if got := readText(t, client); got != want {
+			t.Fatalf("got a message of %d bytes, want %d", len(got), len(want))
+		}
+	}
+}
+
+// TestControlFramesAreNotHeld: a ping goes out at once, behind the frames
+// held before it, and a close reaches the peer the same way; after the
+// close no data frame is written.
+func TestControlFramesAreNotHeld(t *testing.T) {
+	ws, client, _ := combinePair(t)
+	pinged := make(chan struct{}, 1)
+	client.SetPingHandler(func(string) error { pinged <- struct{}{}; return nil })
+	if _, err := ws.send([]byte("held"), true); err != nil {
+		t.Fatal(err)
+	}
+	ws.probe() // the liveness ping, as the timer sends it
+	if got := readText(t, client); got != "held" {
+		t.Fatalf("got %q, want the held frame first", got)
+	}
+	// The ping is handled inside the next read, which the close ends.
+	ws.closeGraceful(codeSuperseded, closeSuperseded)
+	_ = client.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, _, err := client.ReadMessage()
+	var ce *websocket.CloseError
+	if !errors.As(err, &ce) || ce.Code != codeSuperseded || ce.Text != closeSuperseded {
+		t.Fatalf("read ended with %v, want close %d %q", err, codeSuperseded, closeSuperseded)
+	}
+	select {
+	case <-pinged:
+	default:
+		t.Fatal("the ping did not reach the peer before the close")
+	}
+	if _, err := ws.send([]byte("late"), false); !errors.Is(err, websocket.ErrCloseSent) {
+		t.Fatalf("a data frame after the close: %v, want ErrCloseSent", err)
+	}
+}
+
+// TestWriteFrameAllocatesNothing: the per-frame path, hold and flush, is
+// allocation-free in steady state.
+func TestWriteFrameAllocatesNothing(t *testing.T) {
+	ws, client, _ := combinePair(t)
+	// The raw bytes, so the reader's own allocations are not counted.
+	go func() { _, _ = io.Copy(io.Discard, client.UnderlyingConn()) }()
+	frame := []byte(`{"version":1,"lease_id":"L","seq":7,"signal":"io","payload":{"type":"echo","n":1}}`)
+	allocs := testing.AllocsPerRun(1000, func() {
+		_, _ = ws.send(frame, true)
+		_, _ = ws.send(frame, true)
+		_, _ = ws.flush()
+	})
+	if allocs != 0 {
+		t.Fatalf("%.1f allocations per two frames and a flush, want 0", allocs)
+	}
+}
+
+// BenchmarkWriteFrame is the per-frame cost of the combining writer: eight
+// frames held, then one flush, per iteration of eight frames.
+func BenchmarkWriteFrame(b *testing.B) {
+	ws, client, _ := combinePair(b)
+	// The raw bytes, so the reader's own allocations are not counted.
+	go func() { _, _ = io.Copy(io.Discard, client.UnderlyingConn()) }()
+	frame := []byte(`{"version":1,"lease_id":"L","seq":7,"signal":"io","payload":{"type":"echo","n":1}}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		for range 8 {
+			_, _ = ws.send(frame, true)
+		}
+		_, _ = ws.flush()
+	}
+}
