@@ -228,7 +228,7 @@ func workingDir(home string) string {
 // until Close.
 func (d *Daemon) supervise(l *lease) {
 	defer d.wg.Done()
-	if exited, err := awaitExit(l.pidfd, d.stopR); !exited {
+	if exited, err := d.awaitExit(l.pidfd); !exited {
 		if err != nil {
 			d.log.Error("supervising instance failed; its exit will not be reported", "lease_id", l.rec.LeaseID, "pid", l.rec.PID, "error", err)
 		}
@@ -337,22 +337,22 @@ func (d *Daemon) removeCgroup(id string) {
 	}()
 }
 
-// awaitExit blocks until the process behind pidfd exits (true) or stop is
-// closed (false). Polling a pidfd does not reap, which is what lets
-// supervise kill the group while the leader still pins its id.
-func awaitExit(pidfd, stop int) (bool, error) {
-	fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}, {Fd: int32(stop), Events: unix.POLLIN}}
-	for {
-		_, err := unix.Poll(fds, -1)
-		switch {
-		case err == unix.EINTR:
-		case err != nil:
-			return false, err
-		case fds[0].Revents != 0:
-			return true, nil
-		case fds[1].Revents != 0:
-			return false, nil
-		}
+// awaitExit blocks until the process behind pidfd exits (true) or spawnd
+// closes (false).
+func (d *Daemon) awaitExit(pidfd int) (bool, error) {
+	exited, err := d.exits.add(pidfd)
+	if err != nil {
+		return false, err
+	}
+	select {
+	case <-exited:
+		return true, nil
+	case <-d.closing:
+		// The watch has stopped: it may not have delivered an exit that
+		// came with the close.
+		var pfd = []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
+		n, _ := unix.Poll(pfd, 0)
+		return n == 1 && pfd[0].Revents != 0, nil
 	}
 }
 

@@ -175,8 +175,11 @@ type Daemon struct {
 
 	watchers watchers
 	closing  chan struct{} // closed by Close
-	// stopR and stopW are a pipe: closing stopW wakes every supervisor's poll.
+	// stopR and stopW are a pipe: closing stopW stops the exit watch and
+	// the log watch.
 	stopR, stopW int
+	// exits tells every supervisor when its instance exits.
+	exits *exitWatch
 	// wg counts supervisors, escalations and spawns in progress; Close waits
 	// for them.
 	wg sync.WaitGroup
@@ -254,6 +257,9 @@ func New(cfgPath string, cfg *core.Config, log *slog.Logger) (_ *Daemon, err err
 		return nil, fmt.Errorf("creating the supervisor stop pipe: %w", err)
 	}
 	d.stopR, d.stopW = pipe[0], pipe[1]
+	if d.exits, err = newExitWatch(d.stopR); err != nil {
+		return nil, err
+	}
 	if d.configDir, d.logDir, err = makeWorkDirs(stateDir); err != nil {
 		return nil, err
 	}
@@ -272,6 +278,13 @@ func New(cfgPath string, cfg *core.Config, log *slog.Logger) (_ *Daemon, err err
 	if err := d.startLogWatch(); err != nil {
 		return nil, fmt.Errorf("watching the instance log directory %s: %w", d.logDir, err)
 	}
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		if err := d.exits.run(); err != nil {
+			d.log.Error("watching for instance exits failed; exits are no longer reported", "error", err)
+		}
+	}()
 	d.describe(s)
 	for _, l := range adopted {
 		d.wg.Add(1)
@@ -301,6 +314,9 @@ func (d *Daemon) release() {
 		if fd >= 0 {
 			_ = unix.Close(fd)
 		}
+	}
+	if d.exits != nil {
+		_ = unix.Close(d.exits.epfd)
 	}
 	d.journal.close()
 	d.index.close()
