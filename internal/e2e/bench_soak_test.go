@@ -1,0 +1,184 @@
+package e2e
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nexus-broker/nexus-broker/pkg/brokerclient"
+)
+
+// The soak: soakLeases leases, each with a client streaming soakRate echo
+// frames a second for soakDuration. It passes on no frame lost and a flat
+// RSS (growth within soakRSSSlack over the run, after the first
+// soakWarmup).
+const (
+	soakLeases   = 200
+	soakRate     = 50
+	soakDuration = 60 * time.Second
+	soakWarmup   = 10 * time.Second
+	soakRSSSlack = 4 << 20
+	// soakDrain bounds the wait for the last echoes after sending stops.
+	soakDrain = 30 * time.Second
+)
+
+// BenchmarkSoak runs the soak once and reports relay latency (send to echo,
+// at the client), CPU of the gateway, spawnd, the instances and the load
+// generator (this process), how busy the machine was, and the broker's RSS
+// growth. On 2 cores the generator and the instances compete with the
+// broker, so the saturation figure says how far the latency is the
+// machine's.
+func BenchmarkSoak(b *testing.B) {
+	benchPreflight(b)
+	br := startBroker(b, Options{YAML: "max_concurrent: 0\nidle_timeout: 0s\n"})
+	leases := claimMany(b, br, soakLeases, 8)
+	conns := make([]*brokerclient.Conn, len(leases))
+	for i, c := range leases {
+		conns[i] = dialBench(b, c.WSURL)
+	}
+	p := br.pair()
+	instances := br.Instances()
+	for b.Loop() {
+		cpu0, inst0, self0, mach0 := p.cpu(b), pidsCPU(b, instances), procCPU(b, os.Getpid()), machineCPU(b)
+		var (
+			mu        sync.Mutex
+			latencies []time.Duration
+			sent      atomic.Int64
+			received  atomic.Int64
+			rss       []int64 // gateway + spawnd, every soakWarmup
+			wg        sync.WaitGroup
+		)
+		start := time.Now()
+		stopSending := start.Add(soakDuration)
+		for _, c := range conns {
+			wg.Add(2)
+			frames := int(soakDuration/time.Second) * soakRate
+			stamps := make([]atomic.Int64, frames)
+			_ = c.Underlying().SetReadDeadline(stopSending.Add(soakDrain))
+			_ = c.Underlying().SetWriteDeadline(stopSending.Add(soakDrain))
+			go func() {
+				defer wg.Done()
+				tick := time.NewTicker(time.Second / soakRate)
+				defer tick.Stop()
+				for n := 0; n < frames; n++ {
+					<-tick.C
+					stamps[n].Store(time.Now().UnixNano())
+					if err := c.Send(benchEcho{Type: "echo", N: n}); err != nil {
+						return
+					}
+					sent.Add(1)
+				}
+			}()
+			go func() {
+				defer wg.Done()
+				mine := make([]time.Duration, 0, frames)
+				for n := 0; n < frames; n++ {
+					f, err := c.Next()
+					if err != nil || checkEcho(f.Payload, n) != nil {
+						break
+					}
+					mine = append(mine, time.Duration(time.Now().UnixNano()-stamps[n].Load()))
+					received.Add(1)
+				}
+				mu.Lock()
+				latencies = append(latencies, mine...)
+				mu.Unlock()
+			}()
+		}
+		done := make(chan struct{})
+		go func() { wg.Wait(); close(done) }()
+		tick := time.NewTicker(soakWarmup)
+	wait:
+		for {
+			select {
+			case <-tick.C:
+				rss = append(rss, vmRSS(b, p.gateway)+vmRSS(b, p.spawnd))
+			case <-done:
+				break wait
+			}
+		}
+		tick.Stop()
+		elapsed := time.Since(start)
+		cpu := p.cpu(b).since(cpu0)
+		inst := pidsCPU(b, instances) - inst0
+		self := procCPU(b, os.Getpid()) - self0
+		busy, total := machineCPU(b).since(mach0)
+
+		lost := sent.Load() - received.Load()
+		var growth int64
+		if len(rss) >= 2 {
+			growth = rss[len(rss)-1] - rss[0]
+		}
+		perSec := func(d time.Duration) float64 { return d.Seconds() / elapsed.Seconds() }
+		b.ReportMetric(ms(pct(latencies, 50)), "p50-ms")
+		b.ReportMetric(ms(pct(latencies, 99)), "p99-ms")
+		b.ReportMetric(float64(lost), "lost-frames")
+		b.ReportMetric(float64(growth)/(1<<20), "rss-growth-MiB")
+		b.ReportMetric(perSec(cpu.gateway), "gateway-cpu-cores")
+		b.ReportMetric(perSec(cpu.spawnd), "spawnd-cpu-cores")
+		b.ReportMetric(perSec(inst), "instances-cpu-cores")
+		b.ReportMetric(perSec(self), "generator-cpu-cores")
+		b.ReportMetric(busy/total, "machine-busy")
+		b.Logf("soak: %d leases × %d frames/s for %s: %d sent, %d echoed; relay p50 %.2f ms, p99 %.2f ms; CPU in cores: gateway %.2f, spawnd %.3f, instances %.2f, generator %.2f; machine %.0f%% busy; broker RSS %v (MiB every %s), growth %.2f MiB",
+			soakLeases, soakRate, soakDuration, sent.Load(), received.Load(), ms(pct(latencies, 50)), ms(pct(latencies, 99)),
+			perSec(cpu.gateway), perSec(cpu.spawnd), perSec(inst), perSec(self), 100*busy/total, mibs(rss), soakWarmup, float64(growth)/(1<<20))
+		verdict(b, "soak loses no frame and keeps RSS flat", lost == 0 && growth <= soakRSSSlack,
+			"%d lost; RSS growth %.2f MiB, at most %d MiB allowed", lost, float64(growth)/(1<<20), soakRSSSlack>>20)
+	}
+	releaseMany(b, br, leases)
+}
+
+func mibs(v []int64) []string {
+	out := make([]string, len(v))
+	for i, x := range v {
+		out[i] = fmt.Sprintf("%.1f", float64(x)/(1<<20))
+	}
+	return out
+}
+
+// pidsCPU is the CPU time the processes have used so far together.
+func pidsCPU(b *testing.B, pids []int) time.Duration {
+	var sum time.Duration
+	for _, pid := range pids {
+		sum += procCPU(b, pid)
+	}
+	return sum
+}
+
+// machineTicks is /proc/stat's first line: all CPUs' time, and how much of
+// it was busy (neither idle nor waiting for I/O).
+type machineTicks struct{ busy, total float64 }
+
+func (m machineTicks) since(m0 machineTicks) (busy, total float64) {
+	return m.busy - m0.busy, m.total - m0.total
+}
+
+func machineCPU(b *testing.B) machineTicks {
+	b.Helper()
+	data, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		b.Fatal(err)
+	}
+	line, _, _ := bytes.Cut(data, []byte("\n"))
+	f := bytes.Fields(line)
+	var m machineTicks
+	for i, s := range f[1:] {
+		v, err := strconv.ParseFloat(string(s), 64)
+		if err != nil {
+			b.Fatalf("/proc/stat: %v", err)
+		}
+		if i >= 8 { // guest time is already in user
+			break
+		}
+		m.total += v
+		if i != 3 && i != 4 { // idle, iowait
+			m.busy += v
+		}
+	}
+	return m
+}
