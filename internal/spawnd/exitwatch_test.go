@@ -1,0 +1,52 @@
+package spawnd
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"strconv"
+	"testing"
+
+	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
+)
+
+// threads is this process's OS thread count.
+func threads(t *testing.T) int {
+	t.Helper()
+	data, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, _ := bytes.Cut(data, []byte("\nThreads:"))
+	line, _, _ := bytes.Cut(rest, []byte("\n"))
+	n, err := strconv.Atoi(string(bytes.TrimSpace(line)))
+	if err != nil {
+		t.Fatalf("/proc/self/status Threads: %v", err)
+	}
+	return n
+}
+
+// TestSupervisorsPinNoThreadPerLease: a running lease's supervisor waits on
+// the shared exit watch, not in a blocking poll of its own, so many leases
+// cost no OS thread each; and every exit is still reported.
+func TestSupervisorsPinNoThreadPerLease(t *testing.T) {
+	const leases = 40
+	h := newHarness(t, defaultYAML)
+	stream := h.watch()
+	before := threads(t)
+	for i := range leases {
+		h.spawn(fmt.Sprintf("%032x", i+1), "nexus")
+	}
+	if grown := threads(t) - before; grown >= leases/2 {
+		t.Fatalf("%d leases grew the process by %d OS threads; a supervisor must not pin one", leases, grown)
+	}
+	for i := range leases {
+		if _, err := h.client.Terminate(h.ctx(), &spawnpb.TerminateRequest{LeaseId: fmt.Sprintf("%032x", i+1), SkipGrace: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seen := map[string]bool{}
+	for len(seen) < leases {
+		seen[h.nextExit(stream).LeaseId] = true
+	}
+}
