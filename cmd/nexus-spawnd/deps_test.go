@@ -1,7 +1,11 @@
 package main
 
 import (
+	"bytes"
+	"os"
 	"os/exec"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -23,19 +27,24 @@ var gatewaySide = []string{
 	"github.com/nexus-broker/nexus-broker/pkg/brokerframe",
 	"github.com/a2aproject/",
 	"github.com/chromedp/",
-	"github.com/coreos/go-oidc",
-	"github.com/getkin/kin-openapi",
+	"github.com/coreos/go-oidc/",
+	"github.com/getkin/kin-openapi/",
 	"github.com/go-jose/",
 	"github.com/gorilla/websocket",
 	"github.com/nats-io/",
 }
 
-func TestLinksNoGatewayCode(t *testing.T) {
-	out, err := exec.Command("go", "list", "-deps", ".").Output()
+func goList(t *testing.T, format string) []string {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-deps", "-f", format, ".").Output()
 	if err != nil {
 		t.Fatalf("go list -deps: %v", err)
 	}
-	deps := strings.Fields(string(out))
+	return strings.Fields(string(out))
+}
+
+func TestLinksNoGatewayCode(t *testing.T) {
+	deps := goList(t, "{{.ImportPath}}")
 	if len(deps) < 10 {
 		t.Fatalf("go list -deps named only %q", deps)
 	}
@@ -46,4 +55,36 @@ func TestLinksNoGatewayCode(t *testing.T) {
 			}
 		}
 	}
+}
+
+// statedLines is how README's security section states the count.
+var statedLines = regexp.MustCompile(`about\s+(\d[\d ]*\d)\s+lines of this module`)
+
+// TestREADMEStatesTheLinkedLines keeps README's count of the lines spawnd
+// links within a tenth of the truth: what a reviewer is told to read.
+func TestREADMEStatesTheLinkedLines(t *testing.T) {
+	lines := 0
+	for _, path := range goList(t, `{{if and .Module .Module.Main}}{{$d := .Dir}}{{range .GoFiles}}{{$d}}/{{.}} {{end}}{{end}}`) {
+		if strings.HasSuffix(path, ".pb.go") {
+			continue
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines += bytes.Count(data, []byte("\n"))
+	}
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := statedLines.FindSubmatch(readme)
+	if m == nil {
+		t.Fatalf("README.md does not say \"about N lines of this module\" (nexus-spawnd links %d)", lines)
+	}
+	stated, _ := strconv.Atoi(strings.ReplaceAll(string(m[1]), " ", ""))
+	if diff := stated - lines; diff*10 > lines || -diff*10 > lines {
+		t.Errorf("README.md says nexus-spawnd links about %d lines of this module; it links %d: update the count", stated, lines)
+	}
+	t.Logf("nexus-spawnd links %d lines of this module (README: about %d)", lines, stated)
 }
