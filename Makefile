@@ -15,9 +15,10 @@ build:
 run: build
 	$(BIN)/nexus-broker
 
-# Releases every lease of the development defaults' nexus-spawnd (what
-# Ctrl-C of `make run` leaves running); that spawnd then exits on its own
-# about 10 s later.
+# Releases every lease of the nexus-spawnd `make run` uses (./broker.yaml's
+# when there is one, else the development defaults'): what Ctrl-C of
+# `make run` leaves running. That spawnd then exits on its own about 10 s
+# later. Nothing running is not an error.
 stop: build
 	$(BIN)/nexus-broker -stop
 

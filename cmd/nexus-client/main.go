@@ -11,6 +11,8 @@ import (
 	"fmt"
 	"os"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/nexus-broker/nexus-broker/internal/nexusclient"
 )
 
@@ -25,9 +27,10 @@ func main() {
 	flag.StringVar(&o.Token, "token", os.Getenv("NEXUS_BROKER_TOKEN"), "bearer token, when the broker has an auth: block")
 	flag.Parse()
 	o.In, o.Out = os.Stdin, os.Stdout
-	if st, err := os.Stdin.Stat(); err == nil && st.Mode()&os.ModeCharDevice == 0 {
-		o.Piped = true
-	}
+	// Anything but a terminal is piped input, /dev/null included (a
+	// character device, but nobody types into it).
+	_, notTTY := unix.IoctlGetTermios(int(os.Stdin.Fd()), unix.TCGETS)
+	o.Piped = notTTY != nil
 	if err := nexusclient.Run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "nexus-client:", err)
 		os.Exit(1)

@@ -104,7 +104,7 @@ func Run(o Options) error {
 			g.Shutdown()
 			return err
 		case <-ctx.Done():
-			log.Info("shutting down; instances keep running for the next gateway to reattach")
+			log.Info("shutting down; instances keep running for the next gateway to reattach", "release_them_with", "nexus-broker -stop -config "+path)
 			g.Shutdown()
 			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()

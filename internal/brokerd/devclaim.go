@@ -46,8 +46,13 @@ Self-check: claimed lease %[2]s (session %[3]s), said "hello", got %[4]q, releas
 Try it yourself:
   curl -s -X POST %[1]s/claim -d '{"config":"engine:\n  name: example\n"}'
   bin/nexus-client -broker %[1]s          # claims, connects; type a line, see the streamed answer
+  printf 'hello\n' | bin/nexus-client -broker %[1]s   # one answer per piped line, then release
   curl -s %[1]s/leases
   curl -s -X POST %[1]s/release/<lease_id>
+
+Ctrl-C stops this gateway only: the nexus-spawnd it launched keeps every lease
+still claimed (start the gateway again and they reattach) and exits on its own
+10 s after its last one; make stop (bin/nexus-broker -stop) releases them all.
 
 `, base, claim.LeaseID, claim.SessionID, answer)
 }

@@ -2,6 +2,7 @@ package brokerd
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"sync"
@@ -21,9 +22,10 @@ const stopTimeout = 2 * time.Minute
 const stopReason = "manual release"
 
 // Stop is nexus-broker -stop: attach to the config's spawnd (never launching
-// one), release every lease it holds through spawnd's ordinary teardown, and
-// return once all are gone. A running gateway sees the exits as any other;
-// a launched spawnd then exits on its own once idle.
+// one, nor reloading it onto an edited file), release every lease it holds
+// through spawnd's ordinary teardown, and return once all are gone. A
+// running gateway sees the exits as any other; a launched spawnd then exits
+// on its own once idle. With no spawnd running there is nothing to do.
 func Stop(o Options) error {
 	path, _, cfg, err := loadConfig(o)
 	if err != nil {
@@ -31,7 +33,13 @@ func Stop(o Options) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), stopTimeout)
 	defer cancel()
-	client, err := spawnclient.Dial(ctx, spawnclient.DialOptions{RunDir: spawnrpc.RunDir(cfg.Spawnd.RunDir, path), ConfigPath: path, ConfigDigest: cfg.Digest, Logger: o.Logger})
+	runDir := spawnrpc.RunDir(cfg.Spawnd.RunDir, path)
+	client, err := spawnclient.Dial(ctx, spawnclient.DialOptions{RunDir: runDir, ConfigPath: path, ConfigDigest: cfg.Digest, NoReload: true, Logger: o.Logger})
+	if errors.Is(err, spawnclient.ErrNotRunning) {
+		// make stop twice, or after the launched spawnd's idle exit.
+		fmt.Fprintf(os.Stdout, "nothing to stop: no nexus-spawnd is running for %s (run directory %s)\n", path, runDir)
+		return nil
+	}
 	if err != nil {
 		return err
 	}

@@ -215,10 +215,12 @@ func twoBrokersApart(t *testing.T, a, b *Broker) (claimA, claimB *brokerclient.C
 // TestEditedConfigOnGatewayRestart: the operator edits broker.yaml and
 // restarts the gateway, the spec's way to apply boot-only keys. spawnd is
 // reloaded onto the edited file on attach, so the new registry is served
-// at once, never the old one; an edit spawnd cannot apply without a
-// restart of its own (state_dir, listen_addr) refuses the gateway's start, naming it.
+// at once, never the old one, and a lease live through the edit stays
+// live; an edit spawnd cannot apply without a restart of its own
+// (state_dir, listen_addr) refuses the gateway's start, naming it.
 func TestEditedConfigOnGatewayRestart(t *testing.T) {
 	b := startBroker(t, Options{})
+	live := b.claim(brokerclient.ClaimRequest{})
 	b.KillGateway(syscall.SIGTERM)
 	orig, err := os.ReadFile(b.ConfigPath)
 	if err != nil {
@@ -229,6 +231,10 @@ func TestEditedConfigOnGatewayRestart(t *testing.T) {
 	b.GatewayLog.wait(t, regexp.MustCompile(`nexus-spawnd reloaded onto the edited config`), 10*time.Second)
 	if _, body := b.get("/binaries"); !strings.Contains(body, `"gamma"`) {
 		t.Fatalf("GET /binaries after the edit: %s", body)
+	}
+	b.waitStates([]string{live.LeaseID}, "active", 20*time.Second)
+	if got := say(t, b.dial(live, brokerclient.DialOptions{}), "still here"); got != "echo #1: still here" {
+		t.Fatalf("the lease live through the edit answers %q", got)
 	}
 	claim := b.claim(brokerclient.ClaimRequest{Binary: "gamma"})
 	if got := say(t, b.dial(claim, brokerclient.DialOptions{}), "hi"); got != "echo #1: hi" {
@@ -307,8 +313,12 @@ func TestLaunchedSpawndLifecycle(t *testing.T) {
 		t.Fatalf("answer after the reattach = %q", got)
 	}
 
+	// An edit spawnd could apply only by restarting (state_dir) does not
+	// keep -stop from releasing, nor is spawnd reloaded by it.
+	orig, _ := os.ReadFile(b.ConfigPath)
+	writeConfig(t, b.Dir, string(orig)+fmt.Sprintf("state_dir: %q\n", filepath.Join(b.Dir, "state")))
 	code, out := runToExit(t, b.env, "nexus-broker", "-stop", "-config", b.ConfigPath)
-	if code != 0 || !strings.Contains(out, "released 1 of 1 leases") {
+	if code != 0 || !strings.Contains(out, "released 1 of 1 leases") || strings.Contains(out, "reloaded") {
 		t.Fatalf("nexus-broker -stop: exit %d, output:\n%s", code, out)
 	}
 	b.waitNoInstances(10 * time.Second)
@@ -317,6 +327,11 @@ func TestLaunchedSpawndLifecycle(t *testing.T) {
 	eventually(t, spawnclient.LaunchedIdleExit+10*time.Second, func() string { return "the launched spawnd is still running" }, func() bool { return !alive(pid) })
 	if took := time.Since(stopped); took < spawnclient.LaunchedIdleExit-time.Second {
 		t.Errorf("the launched spawnd exited %s after its gateway stopped, before the idle exit of %s", took, spawnclient.LaunchedIdleExit)
+	}
+	// make stop again, with nothing left running: not an error.
+	code, out = runToExit(t, b.env, "nexus-broker", "-stop", "-config", b.ConfigPath)
+	if code != 0 || !strings.Contains(out, "nothing to stop: no nexus-spawnd is running for "+b.ConfigPath) {
+		t.Errorf("nexus-broker -stop with no spawnd: exit %d, output:\n%s", code, out)
 	}
 }
 

@@ -111,8 +111,8 @@ func (g *Gateway) Start(ctx context.Context) error {
 	}
 	g.setBinaries(st.Binaries)
 	if g.boot.StateDir == "" {
-		g.log.Warn("state_dir is not set: lease state is in-memory only and a restart " +
-			"will lose track of every instance this broker spawned")
+		g.log.Warn("state_dir is not set: lease state is in-memory only; a gateway restart keeps every lease " +
+			"(nexus-spawnd holds them), but a nexus-spawnd restart loses track of every instance it spawned")
 	} else {
 		g.log.Info("lease durability enabled", "state_dir", g.boot.StateDir, "broker_id", st.BrokerId)
 	}

@@ -44,6 +44,10 @@ type DialOptions struct {
 	// (config.Config.Digest). A spawnd running an earlier version of the
 	// file is reloaded onto it on attach. Empty skips the identity check.
 	ConfigDigest string
+	// NoReload checks only that spawnd runs ConfigPath, and never reloads
+	// it onto ConfigDigest: nexus-broker -stop releases leases whatever
+	// version of the file spawnd runs, an edit it could not apply included.
+	NoReload bool
 	// Launch (development) starts a detached spawnd when none is running,
 	// and starts it again if it dies. Production leaves that to systemd.
 	Launch bool
@@ -73,8 +77,8 @@ const (
 )
 
 var (
-	// errNotRunning: no spawnd.json, or one naming a spawnd that is gone.
-	errNotRunning = errors.New("nexus-spawnd is not running")
+	// ErrNotRunning: no spawnd.json, or one naming a spawnd that is gone.
+	ErrNotRunning = errors.New("nexus-spawnd is not running")
 	// errBusy: a spawnd holds the run directory but does not answer yet
 	// (starting or stopping); launching another would be refused.
 	errBusy = errors.New("nexus-spawnd is starting or stopping")
@@ -388,9 +392,9 @@ func (c *Client) attachPublished(ctx context.Context) (*conn, error) {
 	ep, err := spawnrpc.ReadEndpoint(c.opts.RunDir)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		err = fmt.Errorf("%w for run directory %s (no %s)", errNotRunning, c.opts.RunDir, spawnrpc.EndpointFile)
+		err = fmt.Errorf("%w for run directory %s (no %s)", ErrNotRunning, c.opts.RunDir, spawnrpc.EndpointFile)
 	case err != nil:
-		err = fmt.Errorf("%w (%w: %v)", errNotRunning, spawnrpc.ErrStale, err)
+		err = fmt.Errorf("%w (%w: %v)", ErrNotRunning, spawnrpc.ErrStale, err)
 	default:
 		var cn *conn
 		cn, err = c.attach(ctx, ep)
@@ -398,10 +402,10 @@ func (c *Client) attachPublished(ctx context.Context) (*conn, error) {
 			return cn, nil
 		}
 		if errors.Is(err, spawnrpc.ErrStale) {
-			err = fmt.Errorf("%w (%w)", errNotRunning, err)
+			err = fmt.Errorf("%w (%w)", ErrNotRunning, err)
 		}
 	}
-	if !c.opts.Launch && errors.Is(err, errNotRunning) {
+	if !c.opts.Launch && errors.Is(err, ErrNotRunning) {
 		err = fmt.Errorf("%w: start `%s` first", err, c.startHint())
 	}
 	return nil, err
@@ -491,9 +495,10 @@ func (c *Client) sameConfig(ctx context.Context, cn *conn) error {
 	switch {
 	case st.ConfigPath != c.opts.ConfigPath:
 		return fmt.Errorf("%w: nexus-spawnd pid %d serving run directory %s runs %s, this gateway %s; "+
-			"give each config its own spawnd.run_dir, or stop that spawnd (nexus-broker -stop -config %s) and start this one again",
+			"give each config its own spawnd.run_dir, or stop that spawnd and start this gateway again (nexus-broker -stop -config %s releases its leases, "+
+			"after which a spawnd a gateway launched exits within 10 s)",
 			ErrOtherConfig, cn.ep.Pid, c.opts.RunDir, st.ConfigPath, c.opts.ConfigPath, st.ConfigPath)
-	case st.ConfigDigest == c.opts.ConfigDigest:
+	case st.ConfigDigest == c.opts.ConfigDigest || c.opts.NoReload:
 		return nil
 	}
 	res, err := cn.api.Reload(ctx, &spawnpb.ReloadRequest{ConfigDigest: c.opts.ConfigDigest, RefuseBootOnly: true})
