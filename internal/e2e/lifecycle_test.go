@@ -261,6 +261,47 @@ func TestEditedConfigOnGatewayRestart(t *testing.T) {
 	}
 }
 
+// TestReattachAfterSIGHUP: a gateway that reloaded on SIGHUP re-attaches
+// to a restarted spawnd, which runs the version the gateway reloaded (not
+// the one it booted with); and one whose file was edited again without a
+// SIGHUP re-attaches too, warning that the two run different versions,
+// rather than retrying for ever.
+func TestReattachAfterSIGHUP(t *testing.T) {
+	b := startBroker(t, Options{StateDir: true})
+	live := b.claim(brokerclient.ClaimRequest{})
+	orig, err := os.ReadFile(b.ConfigPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reattached := regexp.MustCompile(`msg="reattached to nexus-spawnd"`)
+	for i, entry := range []string{"gamma", "delta"} {
+		orig = append(orig, fmt.Sprintf("  %s:\n    path: %q\n", entry, bin("nexus-echo"))...)
+		writeConfig(t, b.Dir, string(orig))
+		if entry == "gamma" {
+			if got := b.reload(t); got != "applied" {
+				t.Fatalf("SIGHUP reload: %s", got)
+			}
+		}
+		b.KillSpawnd(syscall.SIGKILL)
+		b.StartSpawnd()
+		eventually(t, 20*time.Second, func() string { return "the gateway did not reattach" }, func() bool {
+			return b.GatewayLog.count(reattached) > i
+		})
+		if code, body := b.get("/readyz"); code != 200 {
+			t.Fatalf("GET /readyz after spawnd's restart %d: %d %s", i, code, body)
+		}
+		b.waitStates([]string{live.LeaseID}, "active", 20*time.Second)
+	}
+	b.GatewayLog.wait(t, regexp.MustCompile(`level=WARN msg="nexus-spawnd runs another version of the config file than this gateway`), 5*time.Second)
+	if strings.Contains(b.GatewayLog.String(), "cannot switch to this one") {
+		t.Errorf("a re-attach tried to switch spawnd back to an older version:\n%s", b.GatewayLog)
+	}
+	claim := b.claim(brokerclient.ClaimRequest{Binary: "gamma"})
+	if got := say(t, b.dial(claim, brokerclient.DialOptions{}), "hi"); got != "echo #1: hi" {
+		t.Fatalf("answer = %q", got)
+	}
+}
+
 // TestAnotherConfigOnTheSameRunDirRefused: a gateway whose config file is
 // not the one the spawnd of its run directory runs refuses to start, naming
 // both paths, in launch mode as without it; it never serves that spawnd's

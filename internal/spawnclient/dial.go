@@ -42,7 +42,9 @@ type DialOptions struct {
 	ConfigPath string
 	// ConfigDigest is the digest of the version the gateway loaded
 	// (config.Config.Digest). A spawnd running an earlier version of the
-	// file is reloaded onto it on attach. Empty skips the identity check.
+	// file is reloaded onto it on the first attach. Empty skips the
+	// identity check. A Reload through Spawner that spawnd applies moves it
+	// to the version reloaded.
 	ConfigDigest string
 	// NoReload checks only that spawnd runs ConfigPath, and never reloads
 	// it onto ConfigDigest: nexus-broker -stop releases leases whatever
@@ -100,7 +102,12 @@ type Client struct {
 	spawner     *spawner
 	closeOnce   sync.Once
 
+	// attached is set once the first attach succeeded: from then on an
+	// attach is a re-attach.
+	attached bool
+
 	mu      sync.Mutex
+	digest  string        // the config version this gateway runs
 	cur     *conn         // nil while re-attaching
 	ready   chan struct{} // closed when cur is set
 	lastErr error         // why cur is nil
@@ -142,6 +149,7 @@ func Dial(ctx context.Context, opts DialOptions) (*Client, error) {
 		poke:        make(chan struct{}, 1),
 		reconnected: make(chan struct{}, 1),
 		ready:       make(chan struct{}),
+		digest:      opts.ConfigDigest,
 	}
 	c.spawner = &spawner{c: c}
 	c.ctx, c.cancel = context.WithCancel(context.WithoutCancel(ctx))
@@ -153,6 +161,7 @@ func Dial(ctx context.Context, opts DialOptions) (*Client, error) {
 	}
 	c.setConn(cn, nil)
 	c.log.Info("attached to nexus-spawnd", "pid", cn.ep.Pid, "addr", cn.ep.Addr)
+	c.attached = true // before supervise, the only re-attacher, starts
 	go c.supervise()
 	return c, nil
 }
@@ -484,8 +493,17 @@ var ErrOtherConfig = errors.New("nexus-spawnd runs another configuration")
 // (the operator edited the file and restarted the gateway), spawnd is
 // reloaded onto the gateway's version, validate-then-swap as SIGHUP does;
 // another path, or a change spawnd reads only at boot, refuses the attach.
+//
+// A re-attach with another digest only warns: the gateway has run for a
+// while, and spawnd (restarted, so reading the file as it is now) runs an
+// edit the gateway was never sent SIGHUP for. Reloading spawnd back onto
+// the gateway's version cannot work (the file no longer has it), and
+// refusing would leave the gateway without spawnd for good.
 func (c *Client) sameConfig(ctx context.Context, cn *conn) error {
-	if c.opts.ConfigDigest == "" {
+	c.mu.Lock()
+	digest := c.digest
+	c.mu.Unlock()
+	if digest == "" {
 		return nil
 	}
 	st, err := cn.api.Status(ctx, &spawnpb.StatusRequest{})
@@ -498,10 +516,14 @@ func (c *Client) sameConfig(ctx context.Context, cn *conn) error {
 			"give each config its own spawnd.run_dir, or stop that spawnd and start this gateway again (nexus-broker -stop -config %s releases its leases, "+
 			"after which a spawnd a gateway launched exits within 10 s)",
 			ErrOtherConfig, cn.ep.Pid, c.opts.RunDir, st.ConfigPath, c.opts.ConfigPath, st.ConfigPath)
-	case st.ConfigDigest == c.opts.ConfigDigest || c.opts.NoReload:
+	case st.ConfigDigest == digest || c.opts.NoReload:
+		return nil
+	case c.attached:
+		c.log.Warn("nexus-spawnd runs another version of the config file than this gateway: it was edited and nexus-spawnd restarted since the gateway last read it; "+
+			"send the gateway SIGHUP to apply the file to both", "pid", cn.ep.Pid, "config", c.opts.ConfigPath)
 		return nil
 	}
-	res, err := cn.api.Reload(ctx, &spawnpb.ReloadRequest{ConfigDigest: c.opts.ConfigDigest, RefuseBootOnly: true})
+	res, err := cn.api.Reload(ctx, &spawnpb.ReloadRequest{ConfigDigest: digest, RefuseBootOnly: true})
 	if err != nil {
 		return fmt.Errorf("reloading nexus-spawnd pid %d onto the edited %s: %w", cn.ep.Pid, c.opts.ConfigPath, err)
 	}
@@ -717,8 +739,16 @@ func (s *spawner) Record(ctx context.Context, in *spawnpb.RecordRequest, opts ..
 	return call(s.c, ctx, in, opts, spawnpb.SpawnerClient.Record)
 }
 
+// Reload also records the version spawnd applied as the gateway's, so a
+// re-attach after a SIGHUP expects that version, not the boot one.
 func (s *spawner) Reload(ctx context.Context, in *spawnpb.ReloadRequest, opts ...grpc.CallOption) (*spawnpb.ReloadResponse, error) {
-	return call(s.c, ctx, in, opts, spawnpb.SpawnerClient.Reload)
+	res, err := call(s.c, ctx, in, opts, spawnpb.SpawnerClient.Reload)
+	if err == nil && res.GetApplied() && in.GetConfigDigest() != "" {
+		s.c.mu.Lock()
+		s.c.digest = in.GetConfigDigest()
+		s.c.mu.Unlock()
+	}
+	return res, err
 }
 
 func (s *spawner) Status(ctx context.Context, in *spawnpb.StatusRequest, opts ...grpc.CallOption) (*spawnpb.StatusResponse, error) {
