@@ -80,6 +80,29 @@ func TestPrecreatedDevDefaultsDirRefused(t *testing.T) {
 	}
 }
 
+// TestPrecreatedRunDirBaseRefused: another local user creates the base of
+// the default run directories first (/tmp/nexus-broker-<uid>, here under a
+// shared $XDG_RUNTIME_DIR). A launching gateway refuses it, naming path,
+// owner and mode, without sending the operator to start nexus-spawnd by
+// hand (which would refuse it the same way), and puts nothing in it.
+func TestPrecreatedRunDirBaseRefused(t *testing.T) {
+	xdg := sockdir.New(t, "nxb")
+	if err := os.Chmod(xdg, 0o1777); err != nil {
+		t.Fatal(err)
+	}
+	base := filepath.Join(xdg, "nexus-broker")
+	asNobody(t, "mkdir", "-m", "0777", base)
+	cfg := writeConfig(t, t.TempDir(), fmt.Sprintf("listen_addr: \"127.0.0.1:%d\"\nbinaries:\n  nexus:\n    path: %q\n", freePort(t), bin("nexus-echo")))
+	code, out := runToExit(t, []string{"XDG_RUNTIME_DIR=" + xdg}, "nexus-broker", "-config", cfg)
+	refused(t, "pre-created run directory base", code, out, base, fmt.Sprintf("owned by uid %d with mode 0777", nobody))
+	if strings.Contains(out, "yourself") {
+		t.Errorf("the refusal sends the operator to start nexus-spawnd by hand:\n%s", out)
+	}
+	if left, _ := os.ReadDir(base); len(left) != 0 {
+		t.Errorf("the gateway created %s in the untrusted base", left[0].Name())
+	}
+}
+
 // TestPlantedFilesRefused: files an attacker planted in the broker's own
 // directories while they were open to others (an operator's 0777
 // state_dir, say) are refused at boot, naming path, owner and mode (or the

@@ -676,7 +676,9 @@ func probe(ctx context.Context, ep spawnrpc.Endpoint, owner int) error {
 func (c *Client) launchAndAttach(ctx context.Context, why error) (*conn, error) {
 	lock, err := lockLaunch(ctx, c.opts.RunDir)
 	if err != nil {
-		return nil, fmt.Errorf("cannot launch nexus-spawnd (%v): %w; start `%s` yourself", why, err, c.startHint())
+		// Not "start it yourself": spawnd would prepare the directory the
+		// same way, and refuse it for the same reason.
+		return nil, fmt.Errorf("cannot launch nexus-spawnd for run directory %s: %w", c.opts.RunDir, err)
 	}
 	defer lock.Close()
 	// Whoever held the lock before us may have launched one.
