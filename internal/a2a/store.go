@@ -2,6 +2,7 @@ package a2a
 
 import (
 	"bytes"
+	"container/list"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -11,7 +12,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -91,28 +91,45 @@ func each(t *Task, f func(*Part)) {
 	}
 }
 
-// Clone deep-copies t through JSON (tasks are small, except their texts,
-// which are shared immutable strings either way).
-func (t *Task) Clone() Task {
-	data, _ := json.Marshal(t) // a Task always marshals
-	var c Task
-	_ = json.Unmarshal(data, &c)
-	return c
+// scope is a conversation: the unit max_per_context counts in.
+type scope struct{ principal, profile, context string }
+
+// entry is one stored task with its places in the two retention orders.
+type entry struct {
+	rec    *Record
+	size   int64         // text bytes, counted against MaxBytes
+	all    *list.Element // in Store.order
+	conv   *list.Element // in its conversation's list, convOf
+	convOf *list.List
+}
+
+func (e *entry) scope() scope {
+	return scope{e.rec.Principal, e.rec.Profile, e.rec.Task.ContextID}
 }
 
 // Store holds every task in memory and mirrors it to the file. A nil dir is
 // memory-only. Methods are safe for concurrent use.
+//
+// Every change moves its task to the back of two lists, the whole store's
+// and its conversation's, so both are oldest change first and retention
+// never sorts: it drops from the fronts.
 type Store struct {
 	log    *slog.Logger
 	path   string // "" when memory-only
 	frags  string
 	policy Policy
 
-	mu      sync.Mutex
-	f       *os.File
-	appends int
-	tasks   map[string]*Record
-	bytes   int64
+	mu sync.Mutex
+	f  *os.File
+	// interrupted are the conversations that had a task in flight when
+	// the broker stopped, found on reopen.
+	interrupted map[scope]bool
+	appends     int
+	line        bytes.Buffer
+	tasks       map[string]*entry
+	order       *list.List           // of *entry
+	convs       map[scope]*list.List // of *entry
+	bytes       int64
 }
 
 // OpenStore replays <dir>/a2a-tasks.jsonl and settles every task a stopped
@@ -120,7 +137,7 @@ type Store struct {
 // be used logs a WARN and leaves the store memory-only: read-back is a
 // convenience, never a reason to refuse the boot.
 func OpenStore(dir string, p Policy, log *slog.Logger) *Store {
-	s := &Store{log: log, policy: p, tasks: map[string]*Record{}}
+	s := &Store{log: log, policy: p, tasks: map[string]*entry{}, order: list.New(), convs: map[scope]*list.List{}, interrupted: map[scope]bool{}}
 	if dir == "" {
 		return s
 	}
@@ -132,13 +149,18 @@ func OpenStore(dir string, p Policy, log *slog.Logger) *Store {
 		return s
 	}
 	now := time.Now()
-	for _, r := range s.tasks {
-		if !Terminal(r.Task.Status.State) {
+	for _, e := range s.records() {
+		if r := e.rec; !Terminal(r.Task.Status.State) {
 			r.Task.Status = Status{State: StateFailed, Timestamp: &now, Message: AgentMessage(r.Task, inflightFault)}
 			r.Updated = now
+			s.putLocked(r)
+			s.interrupted[e.scope()] = true
 		}
 	}
-	s.retainLocked(now)
+	for _, l := range s.convs {
+		s.trimConvLocked(l)
+	}
+	s.expireLocked(now)
 	if err := s.compactLocked(); err != nil {
 		s.off(err)
 	}
@@ -253,17 +275,38 @@ func (s *Store) Put(r *Record) {
 	defer s.mu.Unlock()
 	now := time.Now()
 	c.Updated = now
-	s.putLocked(&c)
+	e := s.putLocked(&c)
 	s.appendLocked(&c)
-	s.retainLocked(now)
+	s.trimConvLocked(e.convOf)
+	s.expireLocked(now)
 }
 
-func (s *Store) putLocked(r *Record) {
+// putLocked makes r its task's record, at the back of both orders.
+func (s *Store) putLocked(r *Record) *entry {
 	if old := s.tasks[r.Task.ID]; old != nil {
-		s.bytes -= old.bytes()
+		s.dropLocked(old)
 	}
-	s.tasks[r.Task.ID] = r
-	s.bytes += r.bytes()
+	e := &entry{rec: r, size: r.bytes()}
+	l := s.convs[e.scope()]
+	if l == nil {
+		l = list.New()
+		s.convs[e.scope()] = l
+	}
+	e.all, e.conv, e.convOf = s.order.PushBack(e), l.PushBack(e), l
+	s.tasks[r.Task.ID] = e
+	s.bytes += e.size
+	return e
+}
+
+func (s *Store) dropLocked(e *entry) {
+	s.order.Remove(e.all)
+	l := e.convOf
+	l.Remove(e.conv)
+	if l.Len() == 0 {
+		delete(s.convs, e.scope())
+	}
+	delete(s.tasks, e.rec.Task.ID)
+	s.bytes -= e.size
 }
 
 func (s *Store) appendLocked(r *Record) {
@@ -291,24 +334,30 @@ func (s *Store) appendLocked(r *Record) {
 }
 
 // encodeLocked renders r as one line, writing its long texts as fragments
-// first.
+// first. The line is valid until the next call.
 func (s *Store) encodeLocked(r *Record) ([]byte, error) {
-	c := *r
-	c.Task = r.Task.Clone()
-	var err error
-	each(&c.Task, func(p *Part) {
-		if err != nil || p.Text == nil || len(*p.Text) <= FragmentSize {
-			return
+	long := false
+	each(&r.Task, func(p *Part) { long = long || p.Text != nil && len(*p.Text) > FragmentSize })
+	if long {
+		c := *r
+		c.Task = r.Task.Clone()
+		var err error
+		each(&c.Task, func(p *Part) {
+			if err != nil || p.Text == nil || len(*p.Text) <= FragmentSize {
+				return
+			}
+			var m *Manifest
+			m, err = s.writeFragments(*p.Text)
+			p.Text, p.Frag = nil, m
+		})
+		if err != nil {
+			return nil, err
 		}
-		var m *Manifest
-		m, err = s.writeFragments(*p.Text)
-		p.Text, p.Frag = nil, m
-	})
-	if err != nil {
-		return nil, err
+		r = &c
 	}
-	line, err := json.Marshal(&c)
-	return append(line, '\n'), err
+	s.line.Reset()
+	err := json.NewEncoder(&s.line).Encode(r) // one line, newline included
+	return s.line.Bytes(), err
 }
 
 func (s *Store) writeFragments(text string) (*Manifest, error) {
@@ -338,10 +387,10 @@ func (s *Store) compactLocked() error {
 	if s.path == "" {
 		return nil
 	}
-	rs := s.sortedLocked()
+	rs := s.records()
 	var buf bytes.Buffer
-	for _, r := range rs {
-		line, err := s.encodeLocked(r)
+	for _, e := range rs {
+		line, err := s.encodeLocked(e.rec)
 		if err != nil {
 			return err
 		}
@@ -359,10 +408,10 @@ func (s *Store) compactLocked() error {
 	return nil
 }
 
-func (s *Store) sweepFragmentsLocked(rs []*Record) {
+func (s *Store) sweepFragmentsLocked(rs []*entry) {
 	live := map[string]bool{}
-	for _, r := range rs {
-		each(&r.Task, func(p *Part) {
+	for _, e := range rs {
+		each(&e.rec.Task, func(p *Part) {
 			if p.Text == nil || len(*p.Text) <= FragmentSize {
 				return
 			}
@@ -383,41 +432,41 @@ func (s *Store) sweepFragmentsLocked(rs []*Record) {
 	}
 }
 
-// sortedLocked is every record, oldest change first.
-func (s *Store) sortedLocked() []*Record {
-	rs := make([]*Record, 0, len(s.tasks))
-	for _, r := range s.tasks {
-		rs = append(rs, r)
+// records is every entry, oldest change first.
+func (s *Store) records() []*entry {
+	rs := make([]*entry, 0, s.order.Len())
+	for el := s.order.Front(); el != nil; el = el.Next() {
+		rs = append(rs, el.Value.(*entry))
 	}
-	sort.Slice(rs, func(i, j int) bool {
-		if !rs[i].Updated.Equal(rs[j].Updated) {
-			return rs[i].Updated.Before(rs[j].Updated)
-		}
-		return rs[i].Task.ID < rs[j].Task.ID
-	})
 	return rs
 }
 
-// retainLocked applies the retention policy to finished tasks: the TTL,
-// then max_per_context per (caller, profile, context), then the global
-// ceiling and the byte bound, oldest first. A task still in flight is never
-// evicted.
-func (s *Store) retainLocked(now time.Time) {
-	perContext := map[[3]string]int{}
-	for _, r := range s.tasks {
-		perContext[[3]string{r.Principal, r.Profile, r.Task.ContextID}]++
+// trimConvLocked applies max_per_context to one conversation: its oldest
+// finished tasks go first. Only the conversation a change touched can have
+// grown past it.
+func (s *Store) trimConvLocked(l *list.List) {
+	for el := l.Front(); el != nil && l.Len() > s.policy.MaxPerContext; {
+		next := el.Next()
+		if e := el.Value.(*entry); Terminal(e.rec.Task.Status.State) {
+			s.dropLocked(e)
+		}
+		el = next
 	}
-	for _, r := range s.sortedLocked() {
-		if !Terminal(r.Task.Status.State) {
-			continue
+}
+
+// expireLocked applies the TTL, the global ceiling and the byte bound,
+// oldest change first. A task still in flight is never evicted.
+func (s *Store) expireLocked(now time.Time) {
+	for el := s.order.Front(); el != nil; {
+		e := el.Value.(*entry)
+		if now.Sub(e.rec.Updated) <= s.policy.TTL && len(s.tasks) <= MaxTasks && s.bytes <= s.policy.MaxBytes {
+			return
 		}
-		key := [3]string{r.Principal, r.Profile, r.Task.ContextID}
-		if now.Sub(r.Updated) > s.policy.TTL || perContext[key] > s.policy.MaxPerContext ||
-			len(s.tasks) > MaxTasks || s.bytes > s.policy.MaxBytes {
-			perContext[key]--
-			s.bytes -= r.bytes()
-			delete(s.tasks, r.Task.ID)
+		next := el.Next()
+		if Terminal(e.rec.Task.Status.State) {
+			s.dropLocked(e)
 		}
+		el = next
 	}
 }
 
@@ -426,11 +475,12 @@ func (s *Store) retainLocked(now time.Time) {
 func (s *Store) Get(principal, profile, id string) (*Record, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.retainLocked(time.Now())
-	r := s.tasks[id]
-	if r == nil || r.Principal != principal || r.Profile != profile {
+	s.expireLocked(time.Now())
+	e := s.tasks[id]
+	if e == nil || e.rec.Principal != principal || e.rec.Profile != profile {
 		return nil, false
 	}
+	r := e.rec
 	c := *r
 	c.Task = r.Task.Clone()
 	return &c, true
@@ -440,11 +490,10 @@ func (s *Store) Get(principal, profile, id string) (*Record, bool) {
 func (s *Store) List(principal, profile string, f func(*Record) bool) []*Record {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.retainLocked(time.Now())
-	rs := s.sortedLocked()
-	out := make([]*Record, 0, len(rs))
-	for i := len(rs) - 1; i >= 0; i-- {
-		r := rs[i]
+	s.expireLocked(time.Now())
+	var out []*Record
+	for el := s.order.Back(); el != nil; el = el.Prev() {
+		r := el.Value.(*entry).rec
 		if r.Principal == principal && r.Profile == profile && f(r) {
 			c := *r
 			c.Task = r.Task.Clone()
@@ -452,6 +501,18 @@ func (s *Store) List(principal, profile string, f func(*Record) bool) []*Record 
 		}
 	}
 	return out
+}
+
+// TakeInterrupted reports, once, whether the conversation had a task in
+// flight when the broker stopped: its instance, if it survived, may still
+// be inside that turn.
+func (s *Store) TakeInterrupted(principal, profile, context string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := scope{principal, profile, context}
+	was := s.interrupted[k]
+	delete(s.interrupted, k)
+	return was
 }
 
 // Close closes the file.

@@ -2,6 +2,8 @@ package a2a
 
 import (
 	"bytes"
+	"encoding/json"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -132,6 +134,73 @@ func TestStoreRetention(t *testing.T) {
 	}
 	if _, ok := s.Get("p", "x", "new"); !ok {
 		t.Error("over the byte bound, the newest task was dropped")
+	}
+}
+
+// TestStoreGlobalCap: past MaxTasks the oldest finished tasks go first,
+// whatever their conversation; the count stays at the cap, through a
+// reopen too, and a task still in flight is never the one dropped.
+func TestStoreGlobalCap(t *testing.T) {
+	dir := t.TempDir()
+	var logs bytes.Buffer
+	s := OpenStore(dir, testPolicy(), quietLog(&logs))
+	s.Put(record("p", "x", "c-live", "live", StateWorking))
+	const extra = 100
+	for i := range MaxTasks + extra {
+		s.Put(record("p", "x", fmt.Sprintf("c%d", i%97), fmt.Sprintf("t%d", i), StateCompleted))
+	}
+	check := func(s *Store, when string) {
+		t.Helper()
+		if n := len(s.List("p", "x", func(*Record) bool { return true })); n != MaxTasks {
+			t.Errorf("%s: %d tasks kept, want the cap %d", when, n, MaxTasks)
+		}
+		if _, ok := s.Get("p", "x", "live"); !ok {
+			t.Errorf("%s: the task in flight was dropped", when)
+		}
+		// One slot is the live task's, so extra+1 finished tasks went.
+		for _, id := range []string{"t0", fmt.Sprintf("t%d", extra)} {
+			if _, ok := s.Get("p", "x", id); ok {
+				t.Errorf("%s: %s, among the oldest, is still kept", when, id)
+			}
+		}
+		for _, id := range []string{fmt.Sprintf("t%d", extra+1), fmt.Sprintf("t%d", MaxTasks+extra-1)} {
+			if _, ok := s.Get("p", "x", id); !ok {
+				t.Errorf("%s: %s, among the newest, was dropped", when, id)
+			}
+		}
+	}
+	check(s, "live")
+	s.Close()
+	s2 := OpenStore(dir, testPolicy(), quietLog(&logs))
+	defer s2.Close()
+	check(s2, "reopened")
+}
+
+// TestTaskClone: nothing done to a clone's fields, slices or parts reaches
+// the original (the store keeps clones of tasks the ingress goes on
+// changing), and the clone marshals exactly like the original.
+func TestTaskClone(t *testing.T) {
+	orig := Task{ID: "t", ContextID: "c",
+		Status:    Status{State: StateWorking, Message: &Message{MessageID: "s", Role: RoleAgent, Parts: []Part{TextPart("status")}}},
+		History:   []Message{{MessageID: "m", Role: RoleUser, Parts: []Part{TextPart("question")}}},
+		Artifacts: []Artifact{{ArtifactID: "a", Parts: []Part{TextPart("answer")}}},
+	}
+	before, _ := json.Marshal(&orig)
+	c := orig.Clone()
+	if got, _ := json.Marshal(&c); !bytes.Equal(got, before) {
+		t.Fatalf("clone marshals as %s, want %s", got, before)
+	}
+	c.Status.Message.Parts[0] = TextPart("changed")
+	c.History[0].Parts[0].Frag = &Manifest{}
+	c.History[0].Parts = append(c.History[0].Parts, TextPart("more"))
+	c.Artifacts[0].Parts[0].Text = nil
+	c.Artifacts = append(c.Artifacts, Artifact{ArtifactID: "b"})
+	c.Status.State = StateCompleted
+	if after, _ := json.Marshal(&orig); !bytes.Equal(after, before) {
+		t.Errorf("changing the clone changed the original:\n%s\nwas\n%s", after, before)
+	}
+	if empty := (&Task{ID: "e"}).Clone(); empty.History != nil || empty.Artifacts != nil {
+		t.Errorf("a task without history or artifacts clones with empty slices: %+v", empty)
 	}
 }
 

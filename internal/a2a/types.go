@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -101,6 +102,37 @@ type Task struct {
 	Artifacts []Artifact     `json:"artifacts,omitempty"`
 	History   []Message      `json:"history,omitempty"`
 	Metadata  map[string]any `json:"metadata,omitempty"`
+}
+
+// Clone copies t so that nothing done to the copy's fields, slices or
+// parts reaches t. What is shared is never changed once built: texts, raw
+// bytes, data and metadata maps.
+func (t *Task) Clone() Task {
+	c := *t
+	c.Status.Message = t.Status.Message.clone()
+	if t.History != nil {
+		c.History = make([]Message, len(t.History))
+		for i := range t.History {
+			c.History[i] = *t.History[i].clone()
+		}
+	}
+	if t.Artifacts != nil {
+		c.Artifacts = make([]Artifact, len(t.Artifacts))
+		for i, a := range t.Artifacts {
+			a.Parts = slices.Clone(a.Parts)
+			c.Artifacts[i] = a
+		}
+	}
+	return c
+}
+
+func (m *Message) clone() *Message {
+	if m == nil {
+		return nil
+	}
+	c := *m
+	c.Parts = slices.Clone(m.Parts)
+	return &c
 }
 
 // StatusUpdate is a streamed TaskStatusUpdateEvent.
