@@ -24,8 +24,10 @@ const (
 	contextsFile = "a2a-contexts.jsonl"
 	maxContexts  = 4096
 	// idleWait bounds how long a conversation waits for its instance to
-	// finish a turn no task owns any more (one cancelled, or timed out
-	// waiting for input) before sending the next input.
+	// report idle after a turn no task owns any more (one cancelled, timed
+	// out waiting for input, or in flight when the broker restarted)
+	// before sending the next input anyway: a safety net for an instance
+	// that never says, not the ordinary path.
 	idleWait = 10 * time.Second
 	// cancelWait bounds how long CancelTask waits for the instance to
 	// acknowledge before answering with the task as it stands.
@@ -65,24 +67,33 @@ type ingress struct {
 	policy   config.A2ATasks
 	profiles atomic.Pointer[profileSet]
 
-	mu    sync.Mutex
-	convs map[convKey]*conv
-	live  map[string]*liveTask // tasks not yet terminal, by id
+	mu      sync.Mutex
+	convs   map[convKey]*conv
+	byLease map[*lease]*conv     // the conversation each A2A lease serves
+	live    map[string]*liveTask // tasks not yet terminal, by id
 }
 
-// conv is one conversation.
+// conv is one conversation. It moves on events only (a message arrives, a
+// task settles, the instance reports idle, a lease starts or ends): see
+// advanceLocked.
 type conv struct {
 	key     convKey
 	session string
 	lease   *lease
-	queue   []*liveTask
-	active  *liveTask
-	running bool
-	// busy is set while the instance may still be inside a turn no task
-	// owns; idle is closed when it reports idle.
-	busy     bool
-	busyTurn string
-	idle     chan struct{}
+	queue   []*liveTask // waiting, oldest first
+	active  *liveTask   // the task the conversation is on; nil between tasks
+	// sent is set once active's input went to the instance: only then are
+	// the instance's payloads active's.
+	sent bool
+	// starting is set while a goroutine gets the conversation an instance.
+	starting bool
+	// busy holds the next input while the instance may still be inside a
+	// turn no task owns; its status idle (of busyTurn, when known) or
+	// busyTimer after idleWait ends the hold.
+	busy      bool
+	busyTurn  string
+	busyGen   int
+	busyTimer *time.Timer
 }
 
 // liveTask is a task not yet terminal.
@@ -99,7 +110,7 @@ type liveTask struct {
 }
 
 func newIngress(g *Gateway, cfg *config.Config, log *slog.Logger) *ingress {
-	in := &ingress{g: g, policy: cfg.A2A.Tasks, convs: map[convKey]*conv{}, live: map[string]*liveTask{}}
+	in := &ingress{g: g, policy: cfg.A2A.Tasks, convs: map[convKey]*conv{}, byLease: map[*lease]*conv{}, live: map[string]*liveTask{}}
 	t := cfg.A2A.Tasks
 	in.store = a2a.OpenStore(cfg.StateDir, a2a.Policy{TTL: t.TTL.D(), MaxPerContext: t.MaxPerContext, MaxBytes: int64(t.MaxStoreBytes)}, log)
 	if cfg.StateDir != "" {
@@ -148,7 +159,6 @@ func (in *ingress) submit(principal, profile string, msg *a2a.Message, text stri
 	}}
 	key := convKey{principal, profile, msg.ContextID}
 	in.mu.Lock()
-	defer in.mu.Unlock()
 	c := in.convs[key]
 	if c == nil {
 		c = &conv{key: key}
@@ -162,9 +172,10 @@ func (in *ingress) submit(principal, profile string, msg *a2a.Message, text stri
 		ch = in.subscribeLocked(t)
 	}
 	c.queue = append(c.queue, t)
-	if !c.running {
-		c.running = true
-		go in.run(c)
+	send := in.advanceLocked(c)
+	in.mu.Unlock()
+	if send != nil {
+		send() // on a warm conversation the input goes from here, with no hop
 	}
 	return t, ch
 }
@@ -233,56 +244,83 @@ func (in *ingress) setStateLocked(t *liveTask, state, text string, extra ...a2a.
 		close(t.settled)
 	}
 	in.publishLocked(t, evs...)
+	if c := t.conv; a2a.Terminal(state) && c.active == t {
+		c.active, c.sent = nil, false
+		in.kickLocked(c)
+	}
 }
 
 // --- running a conversation ----------------------------------------------
 
-// run executes c's queue in order, one task at a time, until it is empty.
-func (in *ingress) run(c *conv) {
-	for {
-		in.mu.Lock()
+// advanceLocked moves c on as far as it can go now: the oldest queued task
+// becomes active when none is, and the active task's input goes to the
+// instance once the conversation has one that is not busy. A conversation
+// without a live instance gets one on a goroutine (start), which moves it
+// on again. It returns the send to make once in.mu is released.
+func (in *ingress) advanceLocked(c *conv) (send func()) {
+	if c.active == nil {
 		if len(c.queue) == 0 || in.g.ctx.Err() != nil {
-			c.running = false
-			in.mu.Unlock()
-			return
+			return nil
 		}
-		t := c.queue[0]
+		c.active, c.sent = c.queue[0], false
 		c.queue = c.queue[1:]
-		c.active = t
-		in.mu.Unlock()
+	}
+	if c.sent || c.starting || c.busy {
+		return nil
+	}
+	if c.lease != nil && c.lease.currentState() == stateDraining {
+		in.bindLocked(c, nil)
+	}
+	if c.lease == nil {
+		c.starting = true
+		go in.start(c)
+		return nil
+	}
+	t := c.active
+	c.sent, t.turn = true, a2a.Turn{}
+	return in.prepareLocked(c.lease, brokerframe.IO{Type: brokerframe.IOInput, Content: t.input})
+}
 
-		in.runTask(c, t)
-		<-t.settled
-
-		in.mu.Lock()
-		c.active = nil
-		in.mu.Unlock()
+// kickLocked is advanceLocked from an event: the send goes on a goroutine.
+func (in *ingress) kickLocked(c *conv) {
+	if send := in.advanceLocked(c); send != nil {
+		go send()
 	}
 }
 
-// runTask gets the conversation an instance and sends the task's input. The
-// task then moves on the instance's payloads (payload) and settles there,
-// or when the lease ends (leaseClosed).
-func (in *ingress) runTask(c *conv, t *liveTask) {
+// start gets c an instance, then moves it on. A spawn that fails settles
+// the task that was waiting for it, never hangs it.
+func (in *ingress) start(c *conv) {
 	l, err := in.leaseFor(c)
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	if isSettled(t) {
-		return // canceled while the instance was starting
-	}
-	if err != "" {
+	c.starting = false
+	t := c.active
+	switch {
+	case t == nil:
+		return // canceled while the instance was starting; it stays for the next message
+	case err != "":
 		in.setStateLocked(t, a2a.StateFailed, textSpawnFailed+err)
-		return
-	}
-	l.mu.Lock()
-	gone := l.state == stateDraining
-	l.mu.Unlock()
-	if gone {
+	case l.currentState() == stateDraining:
 		in.setStateLocked(t, a2a.StateFailed, textInstanceGone)
-		return
+	default:
+		in.kickLocked(c)
 	}
-	t.turn = a2a.Turn{}
-	in.sendLocked(l, brokerframe.IO{Type: brokerframe.IOInput, Content: t.input})
+}
+
+// prepareLocked builds the io frame carrying p and restarts l's idle clock
+// (every message counts as client input); the returned func sends it, never
+// under in.mu, since a slow instance blocks it.
+func (in *ingress) prepareLocked(l *lease, p brokerframe.IO) func() {
+	payload, _ := json.Marshal(p) // a struct of strings cannot fail
+	data, _ := brokerframe.Encode(brokerframe.Frame{Signal: brokerframe.SignalIO, LeaseID: l.id, Payload: payload})
+	l.clientInput()
+	return func() { l.sendToInstance(data, false) }
+}
+
+// sendLocked writes one io payload to the lease's instance.
+func (in *ingress) sendLocked(l *lease, p brokerframe.IO) {
+	go in.prepareLocked(l, p)()
 }
 
 func isSettled(t *liveTask) bool {
@@ -294,54 +332,31 @@ func isSettled(t *liveTask) bool {
 	}
 }
 
-// sendLocked writes one io payload to the lease's instance; it counts as
-// client input (the idle clock restarts).
-func (in *ingress) sendLocked(l *lease, p brokerframe.IO) {
-	payload, _ := json.Marshal(p) // a struct of strings cannot fail
-	data, _ := brokerframe.Encode(brokerframe.Frame{Signal: brokerframe.SignalIO, LeaseID: l.id, Payload: payload})
-	l.clientInput()
-	go l.sendToInstance(data, false) // may block on a slow instance; never under mu
-}
-
-// leaseFor is the conversation's live lease, starting one (resuming its
-// session with -recall) when it has none. It returns why not otherwise.
+// leaseFor gets the conversation a live lease: one of its session that is
+// already running (adopted), else a fresh spawn resuming its session with
+// -recall. It returns why not otherwise.
 func (in *ingress) leaseFor(c *conv) (*lease, string) {
-	in.mu.Lock()
-	l := c.lease
-	if l != nil && l.currentState() == stateDraining {
-		l, c.lease = nil, nil
-	}
-	wait := c.idle
-	in.mu.Unlock()
-	if l != nil {
-		if wait != nil {
-			select {
-			case <-wait:
-			case <-time.After(idleWait):
-				in.g.log.Warn("an A2A conversation's instance did not report idle after its turn was abandoned; sending the next message anyway",
-					"lease_id", l.id, "wait", idleWait)
-			}
-		}
-		return l, ""
-	}
 	p := in.profiles.Load().byName[c.key.profile]
 	if p == nil {
 		return nil, "its agent profile is no longer configured"
 	}
+	in.mu.Lock()
 	session := c.session
+	in.mu.Unlock()
 	if session == "" {
 		if b, ok := in.contexts.Get(c.key.String()); ok {
 			session = b.SessionID
 		}
 	}
 	if l := in.g.sessionLease(c.key.principal, session); l != nil {
-		return in.adopt(c, l), ""
+		in.adopt(c, l)
+		return l, ""
 	}
 	entry, cerr := in.g.resumeEntry(in.g.ctx, session, p.entry)
 	if cerr != nil {
 		return nil, cerr.text
 	}
-	l, cerr = in.g.spawnLease(in.g.ctx, c.key.principal, entry, p.config, session)
+	l, cerr := in.g.spawnLease(in.g.ctx, c.key.principal, entry, p.config, session)
 	if cerr != nil {
 		return nil, cerr.text
 	}
@@ -350,7 +365,8 @@ func (in *ingress) leaseFor(c *conv) (*lease, string) {
 	sid := l.sessionID
 	l.mu.Unlock()
 	in.mu.Lock()
-	c.lease, c.busy, c.idle = l, false, nil
+	in.bindLocked(c, l)
+	in.unholdLocked(c)
 	if sid != "" && sid != c.session {
 		c.session = sid
 		in.contexts.Put(contextBinding{Principal: c.key.principal, Profile: c.key.profile, ContextID: c.key.context, SessionID: sid})
@@ -360,42 +376,80 @@ func (in *ingress) leaseFor(c *conv) (*lease, string) {
 	return l, ""
 }
 
-// adopt binds a conversation to a live lease it did not start in this
-// process: one restored after a gateway restart, whose instance may still
-// be inside the turn that was in flight. The next input waits until it
-// reports idle (a cancel is sent to hurry it), bounded by idleWait.
-func (in *ingress) adopt(c *conv, l *lease) *lease {
+// adopt binds a conversation to a live lease of its session it did not
+// start in this process, typically one restored after a gateway restart.
+// Its instance may still be inside a turn: when it last reported work, or
+// has reported nothing since this process attached and the conversation
+// had a task in flight when the broker stopped. Then it is told to cancel
+// and the next input is held until it reports idle. Otherwise it is idle,
+// and the next input goes at once.
+func (in *ingress) adopt(c *conv, l *lease) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	// One step under both locks: a status the instance reports from here
+	// on reaches this conversation (see readPump), and the one before is in
+	// reported.
 	l.mu.Lock()
 	l.a2a = in
+	reported := l.reported
 	l.mu.Unlock()
-	in.mu.Lock()
-	c.lease, c.busy, c.busyTurn, c.idle = l, true, "", make(chan struct{})
-	wait := c.idle
-	in.sendLocked(l, brokerframe.IO{Type: brokerframe.IOCancel, Source: sourceA2A})
-	in.mu.Unlock()
-	in.g.log.Info("A2A conversation adopted a live lease of its session; waiting for its instance to be idle", "lease_id", l.id, "profile", c.key.profile)
-	select {
-	case <-wait:
-	case <-time.After(idleWait):
+	in.bindLocked(c, l)
+	interrupted := in.store.TakeInterrupted(c.key.principal, c.key.profile, c.key.context)
+	if reported == brokerframe.StateIdle || reported == "" && !interrupted {
+		in.unholdLocked(c)
+		in.g.log.Info("A2A conversation adopted a live lease of its session; its instance is idle", "lease_id", l.id, "profile", c.key.profile)
+		return
 	}
-	return l
+	in.holdLocked(c, "")
+	in.sendLocked(l, brokerframe.IO{Type: brokerframe.IOCancel, Source: sourceA2A})
+	in.g.log.Info("A2A conversation adopted a live lease of its session; holding the next message until its instance reports idle",
+		"lease_id", l.id, "profile", c.key.profile, "reported", reported)
 }
 
-// convOfLocked is the conversation l serves.
-func (in *ingress) convOfLocked(l *lease) *conv {
-	for _, c := range in.convs {
-		if c.lease == l {
-			return c
+// holdLocked holds c's next input until the instance reports idle (of
+// turn, when known), bounded by idleWait.
+func (in *ingress) holdLocked(c *conv, turn string) {
+	in.unholdLocked(c)
+	c.busy, c.busyTurn = true, turn
+	c.busyGen++
+	gen := c.busyGen
+	c.busyTimer = time.AfterFunc(idleWait, func() {
+		in.mu.Lock()
+		defer in.mu.Unlock()
+		if !c.busy || c.busyGen != gen {
+			return
 		}
+		in.g.log.Warn("an A2A conversation's instance did not report idle after a turn no task owns; sending the next message anyway",
+			"profile", c.key.profile, "wait", idleWait)
+		in.unholdLocked(c)
+		in.kickLocked(c)
+	})
+}
+
+func (in *ingress) unholdLocked(c *conv) {
+	c.busy, c.busyTurn = false, ""
+	if c.busyTimer != nil {
+		c.busyTimer.Stop()
+		c.busyTimer = nil
 	}
-	return nil
+}
+
+// bindLocked makes l (nil: none) the lease c runs on.
+func (in *ingress) bindLocked(c *conv, l *lease) {
+	if c.lease != nil {
+		delete(in.byLease, c.lease)
+	}
+	c.lease = l
+	if l != nil {
+		in.byLease[l] = c
+	}
 }
 
 // payload is the instance's read pump handing over one io payload.
 func (in *ingress) payload(l *lease, p json.RawMessage) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	c := in.convOfLocked(l)
+	c := in.byLease[l]
 	if c == nil {
 		return
 	}
@@ -404,8 +458,8 @@ func (in *ingress) payload(l *lease, p json.RawMessage) {
 		return
 	}
 	t := c.active
-	if t == nil || isSettled(t) {
-		return
+	if t == nil || !c.sent {
+		return // not this task's: its input has not gone yet
 	}
 	switch t.turn.Apply(p) {
 	case a2a.StepWorking:
@@ -415,11 +469,11 @@ func (in *ingress) payload(l *lease, p json.RawMessage) {
 	case a2a.StepCompleted:
 		in.completeLocked(t)
 	case a2a.StepCanceled:
-		in.setStateLocked(t, a2a.StateCanceled, textCanceled)
 		// The instance still ends the turn with a status idle, which must
 		// not reach the next task (an instance may reuse the turn id of a
 		// turn it cancelled): the next input waits for it.
-		c.busy, c.busyTurn, c.idle = true, t.turn.TurnID(), make(chan struct{})
+		in.holdLocked(c, t.turn.TurnID())
+		in.setStateLocked(t, a2a.StateCanceled, textCanceled)
 	}
 }
 
@@ -432,20 +486,18 @@ func (in *ingress) watchIdleLocked(c *conv, p json.RawMessage) {
 	if c.busyTurn != "" && io.TurnID != "" && io.TurnID != c.busyTurn {
 		return
 	}
-	c.busy, c.busyTurn = false, ""
-	if c.idle != nil {
-		close(c.idle)
-		c.idle = nil
-	}
+	in.unholdLocked(c)
+	in.kickLocked(c)
 }
 
 // abandonTurnLocked tells the instance to cancel t's turn and holds the
-// conversation's next input until the instance reports idle.
+// conversation's next input until the instance reports idle. Called before
+// t settles, so that the settling cannot send the next input first.
 func (in *ingress) abandonTurnLocked(c *conv, t *liveTask) {
-	if c.lease == nil {
+	if c.lease == nil || c.active != t || !c.sent {
 		return
 	}
-	c.busy, c.busyTurn, c.idle = true, t.turn.TurnID(), make(chan struct{})
+	in.holdLocked(c, t.turn.TurnID())
 	in.sendLocked(c.lease, brokerframe.IO{Type: brokerframe.IOCancel, TurnID: t.turn.TurnID(), Source: sourceA2A})
 }
 
@@ -472,8 +524,8 @@ func (in *ingress) inputTimedOut(t *liveTask) {
 	if isSettled(t) || t.rec.Task.Status.State != a2a.StateInputRequired {
 		return
 	}
-	in.setStateLocked(t, a2a.StateFailed, textInputTimeout)
 	in.abandonTurnLocked(t.conv, t)
+	in.setStateLocked(t, a2a.StateFailed, textInputTimeout)
 }
 
 func (in *ingress) completeLocked(t *liveTask) {
@@ -489,18 +541,18 @@ func (in *ingress) completeLocked(t *liveTask) {
 func (in *ingress) leaseClosed(l *lease) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	c := in.convOfLocked(l)
+	c := in.byLease[l]
 	if c == nil {
 		return
 	}
-	c.lease, c.busy, c.busyTurn = nil, false, ""
-	if c.idle != nil {
-		close(c.idle)
-		c.idle = nil
-	}
-	if t := c.active; t != nil && !isSettled(t) {
+	in.bindLocked(c, nil)
+	in.unholdLocked(c)
+	if t := c.active; t != nil && c.sent {
 		in.setStateLocked(t, a2a.StateFailed, textInstanceGone)
+		return // which moved the conversation on
 	}
+	// An input not sent yet goes to the conversation's next instance.
+	in.kickLocked(c)
 }
 
 // --- reading and cancelling ---------------------------------------------
@@ -581,10 +633,8 @@ func (in *ingress) cancel(principal, profile, id string) (*a2a.Task, *a2a.Error)
 	}
 	// Not bound to a turn yet: settle now, and keep the next input back
 	// until the instance is idle in case the input already reached it.
+	in.abandonTurnLocked(c, t)
 	in.setStateLocked(t, a2a.StateCanceled, textCanceled)
-	if c.active == t {
-		in.abandonTurnLocked(c, t)
-	}
 	snap := t.rec.Task.Clone()
 	in.mu.Unlock()
 	return &snap, nil

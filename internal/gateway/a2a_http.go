@@ -389,10 +389,9 @@ func sse(w http.ResponseWriter, r *http.Request, ch chan a2a.Event, stop func(),
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
 	h.Set("X-Accel-Buffering", "no")
+	// Not flushed on its own: every stream opens on the task's snapshot,
+	// already queued, so the headers go out with it in one write.
 	w.WriteHeader(http.StatusOK)
-	if fl != nil {
-		fl.Flush()
-	}
 	var buf bytes.Buffer
 	for {
 		select {

@@ -222,6 +222,7 @@ func (ic *instanceConn) readPump(l *lease) {
 			g.m.framesDropped.inc("lease_mismatch")
 			continue
 		}
+		state := ""
 		switch f.Signal {
 		case brokerframe.SignalRegister, brokerframe.SignalStreamGap:
 			continue // meaningless mid-stream; never a client's business
@@ -230,7 +231,8 @@ func (ic *instanceConn) readPump(l *lease) {
 		case brokerframe.SignalSessionIDReport:
 			l.markSession(f.SessionID)
 		case brokerframe.SignalIO:
-			if state, ok := statusState(f.Payload); ok {
+			state, _ = statusState(f.Payload)
+			if state != "" {
 				l.turnStatus(state)
 			}
 		}
@@ -243,7 +245,12 @@ func (ic *instanceConn) readPump(l *lease) {
 		if lost > 0 {
 			g.m.framesDropped.add("client_buffer_full", uint64(lost))
 		}
+		// Recorded in the step that reads the observer: a conversation
+		// adopting this lease sees either this state or this payload.
 		l.mu.Lock()
+		if state == brokerframe.StateIdle || brokerframe.IsWorkState(state) {
+			l.reported = state
+		}
 		cl, obs := l.client, l.a2a
 		l.mu.Unlock()
 		if cl != nil {

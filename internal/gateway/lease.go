@@ -93,6 +93,9 @@ type lease struct {
 	// WebSocket client claimed. It sees every io payload, and the lease's
 	// end after its instance socket drained.
 	a2a leaseObserver
+	// reported is the last turn state (idle or a work state) the instance
+	// reported to this process; "" until it reports one.
+	reported string
 
 	ready           chan struct{}
 	readyOnce       sync.Once
