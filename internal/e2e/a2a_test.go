@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -356,7 +357,9 @@ func TestA2ACrash(t *testing.T) {
 }
 
 // TestA2ARestart: after a gateway restart, finished tasks read back (a 100
-// KiB answer byte-identical) and the one in flight reads FAILED.
+// KiB answer byte-identical), the one in flight reads FAILED, and the next
+// message of its conversation waits for the surviving instance to leave
+// the interrupted turn.
 func TestA2ARestart(t *testing.T) {
 	b := a2aBroker(t, "", Options{StateDir: true})
 	c := a2aClient(t, b, "support", a2a.TransportProtocolJSONRPC)
@@ -388,8 +391,18 @@ func TestA2ARestart(t *testing.T) {
 	if err != nil || got.Status.State != a2a.TaskStateFailed {
 		t.Errorf("the in-flight task reads %+v, %v; want FAILED", got, err)
 	}
-	// The conversation carries on, on the instance that survived.
-	if ans := answerOf(t, sendTask(t, slow, userMsg("inflight", "next"))); !strings.HasPrefix(ans, "echo #") {
-		t.Errorf("after the restart the conversation answered %q", ans)
+	// The conversation carries on, on the instance that survived, which
+	// is still inside the interrupted turn: it is told to cancel, and the
+	// next message goes once it reports idle, so the two never mix (the
+	// cancelled turn is not in the transcript, and none of its words are in
+	// the answer).
+	start := time.Now()
+	ans := answerOf(t, sendTask(t, slow, userMsg("inflight", "next")))
+	if ans != "echo #1: next" {
+		t.Errorf("after the restart the conversation answered %q, want the new message's own turn", ans)
+	}
+	b.GatewayLog.wait(t, regexp.MustCompile(`holding the next message until its instance reports idle`), time.Second)
+	if took := time.Since(start); took >= 10*time.Second || strings.Contains(b.GatewayLog.String(), "did not report idle") {
+		t.Errorf("the next message took %s: the instance's idle report did not release it", took)
 	}
 }
