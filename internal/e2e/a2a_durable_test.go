@@ -233,28 +233,24 @@ func TestA2AHangUpKeepsTheMessage(t *testing.T) {
 	c := a2aClient(t, b, "slow", a2a.TransportProtocolJSONRPC)
 	rest := a2aClient(t, b, "slow", a2a.TransportProtocolHTTPJSON)
 
-	// A blocking send, hung up while its task works.
-	ctx, hangUp := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		_, err := c.SendMessage(ctx, userMsg("h", "one two three"))
-		done <- err
-	}()
-	eventually(t, 20*time.Second, func() string { return "the first task never started working" }, func() bool {
-		ts := tasksOf(t, rest, "h")
-		return len(ts) == 1 && ts[0].Status.State == a2a.TaskStateWorking
-	})
-	// A second blocking send queues behind it, and hangs up too.
-	qctx, hangUpQueued := context.WithCancel(context.Background())
-	queuedDone := make(chan error, 1)
-	go func() {
-		_, err := c.SendMessage(qctx, userMsg("h", "queued"))
-		queuedDone <- err
-	}()
-	eventually(t, 20*time.Second, func() string { return "the second task was never queued" }, func() bool {
-		ts := tasksOf(t, rest, "h")
-		return len(ts) == 2 && ts[0].Status.State == a2a.TaskStateSubmitted
-	})
+	// send starts a blocking send on context "h" that hangs up when told,
+	// once state is the newest task's.
+	send := func(text string, n int, state a2a.TaskState) (hangUp func(), done chan error) {
+		ctx, hangUp := context.WithCancel(context.Background())
+		done = make(chan error, 1)
+		go func() {
+			_, err := c.SendMessage(ctx, userMsg("h", text))
+			done <- err
+		}()
+		eventually(t, 20*time.Second, func() string { return fmt.Sprintf("%q never reached %s", text, state) }, func() bool {
+			ts := tasksOf(t, rest, "h")
+			return len(ts) == n && ts[0].Status.State == state
+		})
+		return hangUp, done
+	}
+	// One hangs up while its task works, one while its task is queued.
+	hangUp, done := send("one two three", 1, a2a.TaskStateWorking)
+	hangUpQueued, queuedDone := send("queued", 2, a2a.TaskStateSubmitted)
 	hangUp()
 	hangUpQueued()
 	for _, ch := range []chan error{done, queuedDone} {
