@@ -48,30 +48,42 @@ func TestA2AAuth(t *testing.T) {
 	if got := answerOf(t, sendTask(t, bob, userMsg("shared", "bob speaking"))); got != "echo #1: bob speaking" {
 		t.Errorf("bob's message on alice's contextId answered %q: it reached her session", got)
 	}
-	for _, binding := range []struct{ method, path, unknown, body string }{
-		{"POST", "/agents/support/a2a", "", `{"jsonrpc":"2.0","id":1,"method":"GetTask","params":{"id":"%s"}}`},
-		{"POST", "/agents/support/a2a", "", `{"jsonrpc":"2.0","id":1,"method":"CancelTask","params":{"id":"%s"}}`},
-		{"GET", "/agents/support/a2a/v1/tasks/%s", "", ""},
-		{"POST", "/agents/support/a2a/v1/tasks/%s:cancel", "", ""},
-		{"GET", "/agents/support/a2a/v1/tasks/%s:subscribe", "", ""},
+	// One of alice's tasks is finished, one still running: bob's every
+	// way of naming either answers exactly as an id that never existed.
+	slowAlice := a2aClientAs(t, b, "slow", a2a.TransportProtocolJSONRPC, bearer(tokAlice))
+	slowly := strings.Repeat("slowly ", 10)
+	req := userMsg("running", slowly)
+	req.Config = &a2a.SendMessageConfig{ReturnImmediately: true}
+	running := sendTask(t, slowAlice, req)
+	for _, binding := range []struct{ method, path, body string }{
+		{"POST", "/agents/%p/a2a", `{"jsonrpc":"2.0","id":1,"method":"GetTask","params":{"id":"%s"}}`},
+		{"POST", "/agents/%p/a2a", `{"jsonrpc":"2.0","id":1,"method":"CancelTask","params":{"id":"%s"}}`},
+		{"POST", "/agents/%p/a2a", `{"jsonrpc":"2.0","id":1,"method":"SubscribeToTask","params":{"id":"%s"}}`},
+		{"POST", "/agents/%p/a2a", `{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":{"messageId":"m","role":"ROLE_USER","taskId":"%s","parts":[{"text":"yes"}]}}}`},
+		{"GET", "/agents/%p/a2a/v1/tasks/%s", ""},
+		{"POST", "/agents/%p/a2a/v1/tasks/%s:cancel", ""},
+		{"GET", "/agents/%p/a2a/v1/tasks/%s:subscribe", ""},
+		{"POST", "/agents/%p/a2a/v1/message:send", `{"message":{"messageId":"m","role":"ROLE_USER","taskId":"%s","parts":[{"text":"yes"}]}}`},
 	} {
-		req := func(id string) (int, string) {
-			path, body := binding.path, binding.body
-			if strings.Contains(path, "%s") {
-				path = strings.Replace(path, "%s", id, 1)
-			} else {
-				body = strings.Replace(body, "%s", id, 1)
+		for _, task := range []struct{ profile, id string }{{"support", string(mine.ID)}, {"slow", string(running.ID)}} {
+			req := func(id string) (int, string) {
+				fill := strings.NewReplacer("%p", task.profile, "%s", id)
+				return b.doAs(tokBob, binding.method, fill.Replace(binding.path), fill.Replace(binding.body))
 			}
-			return b.doAs(tokBob, binding.method, path, body)
+			theirs, theirBody := req(task.id)
+			unknown, unknownBody := req("00000000-0000-4000-8000-000000000000")
+			if theirs != unknown || theirBody != unknownBody {
+				t.Errorf("%s %s on %s: another's task answers %d %s\nan unknown one %d %s", binding.method, binding.path, task.profile, theirs, theirBody, unknown, unknownBody)
+			}
+			if !strings.Contains(theirBody, "TASK_NOT_FOUND") {
+				t.Errorf("%s %s on %s: %d %s, want task not found", binding.method, binding.path, task.profile, theirs, theirBody)
+			}
 		}
-		theirs, theirBody := req(string(mine.ID))
-		unknown, unknownBody := req("00000000-0000-4000-8000-000000000000")
-		if theirs != unknown || theirBody != unknownBody {
-			t.Errorf("%s %s: another's task answers %d %s\nan unknown one %d %s", binding.method, binding.path, theirs, theirBody, unknown, unknownBody)
-		}
-		if !strings.Contains(theirBody, "TASK_NOT_FOUND") {
-			t.Errorf("%s %s: %d %s, want task not found", binding.method, binding.path, theirs, theirBody)
-		}
+	}
+	// Bob's cancel and answer reached nothing: alice's running task ends
+	// with its own answer.
+	if got := answerOf(t, settledTask(t, slowAlice, running.ID)); got != "echo #1: "+slowly {
+		t.Errorf("alice's running task, after bob's attempts, answered %q", got)
 	}
 	list, err := bob.ListTasks(ctxT(t), &a2a.ListTasksRequest{ContextID: "shared"})
 	if err != nil || list.TotalSize != 1 || list.Tasks[0].ID == mine.ID {
@@ -82,10 +94,11 @@ func TestA2AAuth(t *testing.T) {
 	if err != nil || answerOf(t, read) != "echo #1: alice speaking" {
 		t.Errorf("alice reads back %+v, %v", read, err)
 	}
-	// The A2A lease is alice's like any other: her GET /leases lists it.
+	// A2A leases are alice's like any other: her GET /leases lists her two
+	// (support and slow), bob's his one.
 	_, leases := b.doAs(tokAlice, "GET", "/leases", "")
 	_, bobs := b.doAs(tokBob, "GET", "/leases", "")
-	if strings.Count(leases, `"lease_id"`) != 1 || strings.Count(bobs, `"lease_id"`) != 1 {
-		t.Errorf("each principal should see exactly its own A2A lease: alice %s; bob %s", leases, bobs)
+	if strings.Count(leases, `"lease_id"`) != 2 || strings.Count(bobs, `"lease_id"`) != 1 {
+		t.Errorf("each principal should see exactly its own A2A leases: alice %s; bob %s", leases, bobs)
 	}
 }
