@@ -45,6 +45,9 @@ type Config struct {
 	Agents map[string]*Agent `yaml:"agents" reload:"sighup"`
 	// A2A is the task store's policy (boot-only).
 	A2A A2A `yaml:"a2a"`
+	// Cluster is the cluster: block (ours, boot-only); nil means
+	// single-broker mode.
+	Cluster *Cluster `yaml:"cluster"`
 
 	// Warnings are the boot WARNs validation found (not errors).
 	Warnings []string `yaml:"-"`

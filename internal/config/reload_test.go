@@ -43,6 +43,7 @@ var reloadClass = []struct {
 	{"max_queued_per_principal", "max_queued_per_principal: 1", false},
 	{"spawnd", "spawnd: {run_dir: /run/nexus-broker}", false},
 	{"auth", "auth: {validators: [{type: static, tokens: [{token: t, principal: p}]}]}", false},
+	{"cluster", "cluster: {urls: \"nats://127.0.0.1:4222\", secret_env: S}", false},
 }
 
 // TestReloadClassCoversEveryKey fails when a key is added to Config without
@@ -96,8 +97,9 @@ func TestGatewayKeys(t *testing.T) {
 }
 
 // reloadBase is written under both sides of a key's case when the change
-// alone would not load: agents: profiles need a dialable listen address.
-var reloadBase = map[string]string{"agents": "listen_addr: \"127.0.0.1:8080\"\n"}
+// alone would not load: agents: profiles need a dialable listen address,
+// cluster: a state_dir and an advertise_addr.
+var reloadBase = map[string]string{"agents": "listen_addr: \"127.0.0.1:8080\"\n", "cluster": "state_dir: /s\nadvertise_addr: \"h:1\"\n"}
 
 func TestReloadDiffEachKey(t *testing.T) {
 	for _, k := range reloadClass {

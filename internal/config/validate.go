@@ -33,7 +33,9 @@ func (c *Config) validate() error {
 		c.ReattachWindow = core.Duration(DefaultReattachWindow)
 	}
 	if c.Auth != nil {
-		return c.Auth.validate()
+		if err := c.Auth.validate(); err != nil {
+			return err
+		}
 	}
-	return nil
+	return c.validateCluster()
 }

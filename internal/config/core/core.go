@@ -52,7 +52,7 @@ type Config struct {
 // report; any other key spawnd does not know is refused by both.
 // internal/config's tests keep this list equal to the gateway's schema.
 var GatewayKeys = []string{
-	"a2a", "agents", "auth", "client_replay_buffer_bytes", "console", "idle_timeout",
+	"a2a", "agents", "auth", "client_replay_buffer_bytes", "cluster", "console", "idle_timeout",
 	"max_claim_body", "max_concurrent", "max_leases_per_principal", "max_queue_depth",
 	"max_queued_per_principal", "max_turn_duration", "queue_wait_timeout",
 	"ready_timeout", "reattach_window", "session_report_grace",

@@ -1,0 +1,127 @@
+package config
+
+import (
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/nexus-broker/nexus-broker/internal/config/core"
+)
+
+// Cluster is the cluster: block (ours): brokers that answer each other's
+// leases over NATS. Nil means single-broker mode, exactly the spec's. Only
+// the gateway reads it; spawnd never talks to the network.
+type Cluster struct {
+	// URLs are the NATS servers, nats:// or tls://, one string or a list.
+	URLs Strings `yaml:"urls"`
+	// CredsFile is a NATS .creds file (user JWT and nkey seed).
+	CredsFile string `yaml:"creds_file"`
+	// NkeySeed / NkeySeedEnv is an nkey user seed ("SU…"), the value or the
+	// name of an environment variable holding it.
+	NkeySeed    string `yaml:"nkey_seed"`
+	NkeySeedEnv string `yaml:"nkey_seed_env"`
+	// TLSCA is a PEM file of the CA the NATS servers' certificates chain to.
+	TLSCA string `yaml:"tls_ca"`
+	// Secret / SecretEnv is the cluster secret every broker signs its
+	// forwarded requests with (HMAC-SHA256): a NATS client that does not
+	// hold it cannot act as any principal.
+	Secret    string `yaml:"secret"`
+	SecretEnv string `yaml:"secret_env"`
+	// SubjectPrefix starts every subject the brokers use.
+	SubjectPrefix string `yaml:"subject_prefix"`
+	// HeartbeatInterval is how often a broker says it is alive; a peer
+	// silent for three intervals is unreachable.
+	HeartbeatInterval core.Duration `yaml:"heartbeat_interval"`
+}
+
+// Cluster defaults and limits.
+const (
+	DefaultSubjectPrefix     = "nexus.broker"
+	DefaultHeartbeatInterval = time.Second
+	// MinClusterSecret is the shortest cluster secret accepted, in bytes.
+	MinClusterSecret = 32
+	// MaxBrokerIDLen bounds broker_id in cluster mode, where it is a NATS
+	// subject token and part of every lease id.
+	MaxBrokerIDLen = 64
+)
+
+// validateCluster checks the cluster: block and the keys cluster mode
+// needs elsewhere in the file. Secrets named by <key>_env are read by the
+// gateway (ResolveSecret), never here: spawnd reads this file too.
+func (c *Config) validateCluster() error {
+	k := c.Cluster
+	if k == nil {
+		return nil
+	}
+	if len(k.URLs) == 0 {
+		return fmt.Errorf("broker config: cluster.urls: required; list the NATS servers, such as nats://nats-1.example.com:4222")
+	}
+	for i, u := range k.URLs {
+		p, err := url.Parse(strings.TrimSpace(u))
+		if err != nil || p.Host == "" || (p.Scheme != "nats" && p.Scheme != "tls") {
+			return fmt.Errorf("broker config: cluster.urls[%d]: %q is not nats://host:port or tls://host:port", i, u)
+		}
+	}
+	if k.CredsFile != "" && (k.NkeySeed != "" || k.NkeySeedEnv != "") {
+		return fmt.Errorf("broker config: cluster.creds_file: set together with cluster.nkey_seed or nkey_seed_env, and neither wins; keep one")
+	}
+	if k.NkeySeed != "" || k.NkeySeedEnv != "" {
+		if err := checkSecret("cluster", "nkey_seed", k.NkeySeed, k.NkeySeedEnv); err != nil {
+			return err
+		}
+	}
+	if err := checkSecret("cluster", "secret", k.Secret, k.SecretEnv); err != nil {
+		return err
+	}
+	if k.Secret != "" && len(k.Secret) < MinClusterSecret {
+		return fmt.Errorf("broker config: cluster.secret: %d bytes is too short to sign with; use at least %d random bytes (openssl rand -hex 32), the same on every broker", len(k.Secret), MinClusterSecret)
+	}
+	if k.SubjectPrefix == "" {
+		k.SubjectPrefix = DefaultSubjectPrefix
+	}
+	if !validSubject(k.SubjectPrefix) {
+		return fmt.Errorf("broker config: cluster.subject_prefix: %q is not a NATS subject (dot-separated tokens of letters, digits, - and _); write one such as %s", k.SubjectPrefix, DefaultSubjectPrefix)
+	}
+	if k.HeartbeatInterval == 0 {
+		k.HeartbeatInterval = core.Duration(DefaultHeartbeatInterval)
+	}
+	if k.HeartbeatInterval < core.Duration(10*time.Millisecond) {
+		return fmt.Errorf("broker config: cluster.heartbeat_interval: %s is below 10ms; remove the key for the default %s", k.HeartbeatInterval.D(), DefaultHeartbeatInterval)
+	}
+	// A broker's leases are addressed by its id for their whole life: an id
+	// that changed at a restart would strand every one of them.
+	if c.StateDir == "" {
+		return fmt.Errorf("broker config: state_dir: required with cluster: (a broker's leases name it by broker_id, which must survive a restart, and a restarted broker recovers its leases from state_dir); set state_dir, or remove the cluster: block")
+	}
+	if c.BrokerID != "" && !validToken(c.BrokerID, MaxBrokerIDLen) {
+		return fmt.Errorf("broker config: broker_id: %q cannot name a broker in cluster mode: use 1 to %d letters, digits, - or _ (it is a NATS subject token and part of every lease id)", c.BrokerID, MaxBrokerIDLen)
+	}
+	if c.AdvertiseAddr == "" {
+		return fmt.Errorf("broker config: advertise_addr: required with cluster: (peers and clients are handed this broker's address); write the host:port clients use to reach this broker")
+	}
+	return nil
+}
+
+// validToken reports whether s is 1..max of [A-Za-z0-9_-]: a broker id, a
+// NATS subject token.
+func validToken(s string, max int) bool {
+	if s == "" || len(s) > max {
+		return false
+	}
+	for _, r := range s {
+		if !('a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9' || r == '-' || r == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+func validSubject(s string) bool {
+	for _, tok := range strings.Split(s, ".") {
+		if !validToken(tok, len(tok)) {
+			return false
+		}
+	}
+	return true
+}
