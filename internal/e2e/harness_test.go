@@ -208,6 +208,9 @@ type Options struct {
 	// (another build's, for a benchmark's before column); instances are
 	// this build's nexus-echo either way.
 	BinDir string
+	// Advertise writes advertise_addr: the listen address (cluster mode
+	// needs one).
+	Advertise bool
 }
 
 // startBroker writes the config and starts spawnd, then the gateway.
@@ -250,7 +253,11 @@ func newBroker(t testing.TB, o Options) *Broker {
 	}
 	// A fixed port, as an operator's would be: instances redial the address
 	// they were spawned with, so a restarted gateway must come back on it.
-	yaml := fmt.Sprintf("listen_addr: \"127.0.0.1:%d\"\n", freePort(t))
+	port := freePort(t)
+	yaml := fmt.Sprintf("listen_addr: \"127.0.0.1:%d\"\n", port)
+	if o.Advertise {
+		yaml += fmt.Sprintf("advertise_addr: \"127.0.0.1:%d\"\n", port)
+	}
 	if o.XDGRuntimeDir == "" || o.SpawndYAML != "" {
 		yaml += "spawnd:\n"
 		if o.XDGRuntimeDir == "" {

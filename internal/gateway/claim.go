@@ -175,7 +175,7 @@ func (g *Gateway) spawnLease(ctx context.Context, principal, entry string, cfgDa
 		g.cap.release()
 		return nil, cerr
 	}
-	id, err := newLeaseID()
+	id, err := g.newLeaseID()
 	if err != nil {
 		g.cap.release()
 		return nil, refuse(http.StatusInternalServerError, "internal", "minting lease")
@@ -404,15 +404,16 @@ func (g *Gateway) record(id, session string) bool {
 
 // handleRelease is POST /release/{lease_id}. Ownership is checked before
 // anything happens: a refused release sends no shutdown frame.
-func (g *Gateway) handleRelease(w http.ResponseWriter, r *http.Request, p auth.Principal) {
-	l := g.lookup(r.PathValue("lease_id"))
+// release is POST /release/{id} on the lease's owner, for a caller here or
+// one another broker carried.
+func (g *Gateway) release(r *http.Request, id string, p auth.Principal) (int, any) {
+	l := g.lookup(id)
 	if l != nil && l.principal != p.ID {
 		g.audit(r, p, http.StatusNotFound, "lease owned by another principal")
 		l = nil
 	}
 	if l == nil {
-		writeUnknownLease(w)
-		return
+		return http.StatusNotFound, map[string]string{"error": errUnknownLease}
 	}
 	if g.spawnerDown() != nil {
 		// spawnd cannot confirm the exit now: answer at once, and leave the
@@ -421,5 +422,5 @@ func (g *Gateway) handleRelease(w http.ResponseWriter, r *http.Request, p auth.P
 	} else {
 		l.teardown(reasonRelease, teardownGraceful)
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"status": "released", "lease_id": l.id})
+	return http.StatusOK, map[string]string{"status": "released", "lease_id": l.id}
 }

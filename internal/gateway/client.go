@@ -44,8 +44,8 @@ type clientConn struct {
 }
 
 type closeReq struct {
-	code   int
-	reason string
+	Code   int    `json:"code"`
+	Reason string `json:"reason"`
 }
 
 // finish closes the connection after writing it everything the lease
@@ -155,7 +155,7 @@ func (c *clientConn) drain() {
 			if c.l.log.hasAfter(c.cur) && time.Now().Before(c.flushBy) {
 				continue
 			}
-			c.ws.closeGraceful(closing.code, closing.reason)
+			c.ws.closeGraceful(closing.Code, closing.Reason)
 			c.markDead()
 			return
 		}
@@ -185,9 +185,7 @@ func (c *clientConn) writeAll() bool {
 		if missFrom > 0 {
 			// This reader fell more than client_replay_buffer_bytes behind.
 			if c.resumed {
-				g.m.replayGaps.inc(brokerframe.GapEvicted)
-				if _, err := c.ws.send(gapFrame(l.id, &brokerframe.StreamGap{Reason: brokerframe.GapEvicted,
-					RequestedFromSeq: missFrom - 1, MissingFromSeq: missFrom, MissingThroughSeq: missThrough}), true); err != nil {
+				if _, err := c.ws.send(g.evictedGap(l.id, missFrom, missThrough), true); err != nil {
 					return false
 				}
 			}
@@ -220,6 +218,10 @@ func (c *clientConn) closingExpired() bool {
 // upgrade, and a lease that is not yours is the same 404 as none at all.
 func (g *Gateway) handleClient(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("lease_id")
+	if owner := g.remoteOwner(id); owner != "" {
+		g.relayClient(w, r, owner, id)
+		return
+	}
 	p, credential, ok := g.clientPrincipal(w, r, id)
 	if !ok {
 		return
@@ -248,17 +250,34 @@ func (g *Gateway) handleClient(w http.ResponseWriter, r *http.Request) {
 func (g *Gateway) serveClient(l *lease, conn *websocket.Conn, principal, credential string, fromSeq int64) {
 	c := &clientConn{l: l, ws: newWSConn(conn, g.log, "client", l.id), principal: principal, resumed: fromSeq >= 0}
 
-	l.mu.Lock()
-	if l.state == stateDraining {
-		l.mu.Unlock()
+	if !g.attachClient(l, c, fromSeq, principal, credential) {
 		c.ws.closeGraceful(websocket.CloseGoingAway, closeLeaseClosed)
 		c.ws.discardUntilClosed()
 		return
 	}
-	var gap *brokerframe.StreamGap
-	c.cur, gap = l.log.attach(fromSeq)
-	c.gap = gap
-	startSeq, lastSeq := c.cur.seq, l.log.lastSeq()
+
+	c.notify(false) // the replay, if any, on a drain goroutine
+	c.ws.flushBeforeRead(c.flushToInstance)
+	c.readPump()
+	c.flushToInstance()
+	c.markDead()
+
+	g.detachClient(l, c, c.cur)
+	c.ws.finish()
+}
+
+// attachClient makes c the lease's client, its cursor placed by fromSeq:
+// the newest connection wins, wherever it entered, and the one it displaces
+// is closed with 4501. It reports false for a draining lease.
+func (g *Gateway) attachClient(l *lease, c attachedClient, fromSeq int64, principal, credential string) bool {
+	l.mu.Lock()
+	if l.state == stateDraining {
+		l.mu.Unlock()
+		return false
+	}
+	cur, gap := l.log.attach(fromSeq)
+	c.place(cur, gap) // before it is the lease's client: the read pump may write to it at once
+	startSeq, lastSeq := cur.seq, l.log.lastSeq()
 	old := l.client
 	l.client = c
 	l.mu.Unlock()
@@ -267,7 +286,7 @@ func (g *Gateway) serveClient(l *lease, conn *websocket.Conn, principal, credent
 	if old != nil {
 		// The newest connection wins: a half-open socket must not lock its
 		// owner out of the reconnect the ticket flow exists for.
-		old.ws.closeNow(codeSuperseded, closeSuperseded)
+		old.displace()
 		g.m.clientEvictions.Add(1)
 		g.console.record(eventEvicted, l, closeSuperseded)
 		g.log.Warn("this connection displaced the lease's previous client, which has been "+
@@ -287,23 +306,42 @@ func (g *Gateway) serveClient(l *lease, conn *websocket.Conn, principal, credent
 	case fromSeq >= 0 && lastSeq > startSeq:
 		g.log.Info("replaying buffered frames to a resuming client", "lease_id", l.id, "frames", lastSeq-startSeq, "last_seq", lastSeq)
 	}
+	return true
+}
 
-	c.notify(false) // the replay, if any, on a drain goroutine
-	c.ws.flushBeforeRead(c.flushToInstance)
-	c.readPump()
-	c.flushToInstance()
-	c.markDead()
-
-	l.log.detach(c.cur)
+// detachClient ends c's attachment when its connection goes away.
+func (g *Gateway) detachClient(l *lease, c attachedClient, cur *cursor) {
+	l.log.detach(cur)
 	l.mu.Lock()
 	if l.client == c {
 		l.client = nil
 	}
 	l.mu.Unlock()
 	g.console.wake()
-	c.ws.finish()
 	g.log.Info("client disconnected", "lease_id", l.id)
 }
+
+// attachedClient is the connection a lease streams to: a WebSocket on this
+// broker (clientConn) or one relayed through another (relayConn).
+type attachedClient interface {
+	// place sets where the connection starts reading the lease's stream,
+	// and the gap notice it is sent first, if any.
+	place(cur *cursor, gap *brokerframe.StreamGap)
+	// notify says the stream grew; see clientConn.notify.
+	notify(direct bool)
+	// flushHeld writes what notify(true) left in the socket's buffer.
+	flushHeld()
+	// finish closes after flushing what the lease produced.
+	finish(code int, reason string)
+	// displace closes at once with 4501: a newer connection took over.
+	displace()
+	// goAway closes with 1001 at gateway shutdown.
+	goAway()
+}
+
+func (c *clientConn) place(cur *cursor, gap *brokerframe.StreamGap) { c.cur, c.gap = cur, gap }
+func (c *clientConn) displace()                                     { c.ws.closeNow(codeSuperseded, closeSuperseded) }
+func (c *clientConn) goAway()                                       { c.ws.closeGraceful(websocket.CloseGoingAway, closeLeaseClosed) }
 
 // readPump forwards the client's io frames to the instance.
 func (c *clientConn) readPump() {
@@ -312,13 +350,21 @@ func (c *clientConn) readPump() {
 		if err != nil {
 			return
 		}
-		if out, ok := c.forInstance(data); ok {
-			c.l.clientInput()
-			if ic := c.l.sendToInstance(out, true); ic != nil {
-				c.heldFor = ic
-			}
+		if ic := c.l.fromClient(data, true); ic != nil {
+			c.heldFor = ic
 		}
 	}
+}
+
+// fromClient delivers one client message to the instance; with hold as
+// sendToInstance takes it.
+func (l *lease) fromClient(data []byte, hold bool) *instanceConn {
+	out, ok := l.forInstance(data)
+	if !ok {
+		return nil
+	}
+	l.clientInput()
+	return l.sendToInstance(out, hold)
 }
 
 // flushToInstance writes the frames this client's read pump left in the
@@ -336,8 +382,8 @@ func (c *clientConn) flushToInstance() {
 // shutdown or register is not the client's to send. A message that already
 // is the io envelope for this lease is forwarded as it was sent; anything
 // else is re-encoded.
-func (c *clientConn) forInstance(data []byte) ([]byte, bool) {
-	g := c.l.g
+func (l *lease) forInstance(data []byte) ([]byte, bool) {
+	g := l.g
 	f, err := brokerframe.Decode(data)
 	switch {
 	case err != nil:
@@ -351,16 +397,16 @@ func (c *clientConn) forInstance(data []byte) ([]byte, bool) {
 			return nil, false
 		}
 		f = brokerframe.Frame{Signal: brokerframe.SignalIO, Payload: data}
-	case f.LeaseID != "" && f.LeaseID != c.l.id:
+	case f.LeaseID != "" && f.LeaseID != l.id:
 		g.m.framesDropped.inc("lease_mismatch")
 		return nil, false
 	case f.Signal != brokerframe.SignalIO:
 		g.m.framesDropped.inc("client_control")
 		return nil, false
-	case f.LeaseID == c.l.id && f.Version == brokerframe.Version && f.Secret == "" && f.SessionID == "" && f.Seq == 0:
+	case f.LeaseID == l.id && f.Version == brokerframe.Version && f.Secret == "" && f.SessionID == "" && f.Seq == 0:
 		return data, true
 	}
-	out, err := brokerframe.Encode(brokerframe.Frame{LeaseID: c.l.id, Signal: brokerframe.SignalIO, Payload: f.Payload})
+	out, err := brokerframe.Encode(brokerframe.Frame{LeaseID: l.id, Signal: brokerframe.SignalIO, Payload: f.Payload})
 	if err != nil {
 		g.m.framesDropped.inc("undecodable")
 		return nil, false

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/nexus-broker/nexus-broker/internal/auth"
+	"github.com/nexus-broker/nexus-broker/internal/cluster"
 	"github.com/nexus-broker/nexus-broker/internal/config"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
 )
@@ -62,9 +63,14 @@ type Gateway struct {
 	console *consoleHub
 	// a2a is the A2A ingress; nil on a broker that booted without agents:.
 	a2a *ingress
+	// node is cluster mode's NATS membership; nil in single-broker mode.
+	node *cluster.Node
 
 	mu     sync.Mutex
 	leases map[string]*lease
+	// relays are the client connections other brokers carry to leases
+	// here, by connection id.
+	relays map[string]*relayConn
 	// claiming counts each principal's claims admitted under
 	// max_leases_per_principal that hold no lease yet.
 	claiming map[string]int
@@ -90,6 +96,7 @@ func New(o Options) *Gateway {
 		console:    newConsoleHub(),
 		leases:     map[string]*lease{},
 		claiming:   map[string]int{},
+		relays:     map[string]*relayConn{},
 		ctx:        ctx,
 		cancel:     cancel,
 	}
@@ -130,6 +137,9 @@ func (g *Gateway) Start(ctx context.Context) error {
 	}
 	g.wg.Add(1)
 	go g.watchExits()
+	if g.boot.Cluster != nil {
+		return g.joinCluster(st.BrokerId)
+	}
 	return nil
 }
 
@@ -300,6 +310,9 @@ func (g *Gateway) Shutdown() {
 	if g.a2a != nil {
 		g.a2a.close()
 	}
+	if g.node != nil {
+		g.node.Close()
+	}
 }
 
 // liveLeases is a snapshot of the leases the gateway holds.
@@ -313,8 +326,12 @@ func (g *Gateway) liveLeases() []*lease {
 	return ls
 }
 
-// newLeaseID mints a 128-bit random lease id.
-func newLeaseID() (string, error) {
+// newLeaseID mints a 128-bit random lease id; in cluster mode it names this
+// broker as the owner.
+func (g *Gateway) newLeaseID() (string, error) {
+	if g.node != nil {
+		return cluster.NewLeaseID(g.node.ID())
+	}
 	var b [16]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		return "", err
@@ -352,8 +369,8 @@ func (g *Gateway) terminate(l *lease, req *spawnpb.TerminateRequest) {
 func (g *Gateway) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /claim", g.handleClaim)
-	mux.HandleFunc("POST /release/{lease_id}", g.guarded(g.handleRelease))
-	mux.HandleFunc("POST /ticket/{lease_id}", g.guarded(g.handleTicket))
+	mux.HandleFunc("POST /release/{lease_id}", g.guarded(g.ownerRoute(opRelease, g.release)))
+	mux.HandleFunc("POST /ticket/{lease_id}", g.guarded(g.ownerRoute(opTicket, g.ticket)))
 	mux.HandleFunc("GET /leases", g.guarded(g.handleLeases))
 	mux.HandleFunc("GET /binaries", g.guarded(g.handleBinaries))
 	mux.HandleFunc("GET /metrics", g.guarded(g.handleMetrics))

@@ -32,7 +32,7 @@ type instanceConn struct {
 	drained chan struct{}
 	// heldFor is the client whose socket holds frames this read pump
 	// wrote and has not flushed yet; only the read pump touches it.
-	heldFor *clientConn
+	heldFor attachedClient
 }
 
 // flushToClient writes the frames the read pump left in its client's

@@ -83,7 +83,7 @@ type lease struct {
 	spawned       bool
 	restored      bool
 	inst          *instanceConn
-	client        *clientConn
+	client        attachedClient
 	lastActivity  time.Time
 	turnStarted   time.Time // zero while settled
 	policyTimer   *time.Timer
@@ -290,7 +290,7 @@ func (l *lease) detachAll() {
 	}
 	l.mu.Unlock()
 	if c != nil {
-		c.ws.closeGraceful(1001, closeLeaseClosed)
+		c.goAway()
 	}
 	if inst != nil {
 		inst.ws.closeNow(1001, "broker shutting down")

@@ -111,6 +111,12 @@ func newMetrics() *metrics {
 type gauges struct {
 	slotsInUse, maxConcurrent, queueDepth, maxQueueDepth, ticketsOutstanding int
 	leases                                                                   map[string]int
+	// cluster is nil in single-broker mode, whose /metrics stays as it was.
+	cluster *clusterGauges
+}
+
+type clusterGauges struct {
+	peersReachable, natsFailures int
 }
 
 const ns = "nexus_broker_"
@@ -158,6 +164,10 @@ func (m *metrics) write(w io.Writer, g gauges) {
 	fmt.Fprintf(w, "# HELP %sleases Live leases, by state.\n# TYPE %sleases gauge\n", ns, ns)
 	for _, s := range leaseStates {
 		fmt.Fprintf(w, "%sleases{state=%q} %d\n", ns, s, g.leases[s])
+	}
+	if c := g.cluster; c != nil {
+		gauge("cluster_peers_reachable", "Other brokers whose heartbeat is current.", c.peersReachable)
+		gauge("cluster_nats_failures", "Consecutive failed NATS connection attempts (3 or more: GET /readyz is 503).", c.natsFailures)
 	}
 }
 

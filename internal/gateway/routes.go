@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"net/http"
 	"slices"
-	"sort"
 	"time"
 
 	"github.com/nexus-broker/nexus-broker/internal/auth"
@@ -36,11 +35,24 @@ func (g *Gateway) spawnerDown() error {
 	return g.ready()
 }
 
+// notReady is why a load balancer should steer traffic elsewhere: spawnd
+// down, or (cluster mode) NATS lost for three attempts in a row.
+func (g *Gateway) notReady() error {
+	if err := g.spawnerDown(); err != nil {
+		return err
+	}
+	if g.node != nil {
+		return g.node.Ready()
+	}
+	return nil
+}
+
 // handleReadyz is GET /readyz, for load balancers: 200 while spawnd is
-// attached and answering, else 503 naming it. /healthz keeps the spec's
+// attached and answering (and, in cluster mode, NATS has not failed three
+// times in a row), else 503 naming why. /healthz keeps the spec's
 // answer: the gateway itself is up.
 func (g *Gateway) handleReadyz(w http.ResponseWriter, _ *http.Request) {
-	if err := g.spawnerDown(); err != nil {
+	if err := g.notReady(); err != nil {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "error": err.Error()})
 		return
 	}
@@ -50,17 +62,17 @@ func (g *Gateway) handleReadyz(w http.ResponseWriter, _ *http.Request) {
 // handleTicket is POST /ticket/{lease_id}: a fresh ticket for the lease's
 // owner. With no auth: block it is inert: 200 with the ticket key omitted,
 // and the lease socket needs none.
-func (g *Gateway) handleTicket(w http.ResponseWriter, r *http.Request, p auth.Principal) {
-	l := g.owned(r, r.PathValue("lease_id"), p)
+// ticket mints on the lease's owner, where the ticket is redeemed.
+func (g *Gateway) ticket(r *http.Request, id string, p auth.Principal) (int, any) {
+	l := g.owned(r, id, p)
 	if l == nil {
-		writeUnknownLease(w)
-		return
+		return http.StatusNotFound, map[string]string{"error": errUnknownLease}
 	}
 	out := map[string]string{"lease_id": l.id}
 	if g.auth.Enabled() {
 		out["ticket"] = g.tickets.Mint(l.id, p)
 	}
-	writeJSON(w, http.StatusOK, out)
+	return http.StatusOK, out
 }
 
 type binaryJSON struct {
@@ -104,6 +116,9 @@ type leasesJSON struct {
 	QueueDepth    *int        `json:"queue_depth,omitempty"`
 	MaxQueueDepth *int        `json:"max_queue_depth,omitempty"`
 	Leases        []leaseJSON `json:"leases"`
+	// UnreachableBrokers (cluster mode only) names the brokers that did not
+	// answer: their leases and aggregates are missing from the rest.
+	UnreachableBrokers *[]string `json:"unreachable_brokers,omitempty"`
 }
 
 // snapshotLeases lists the live leases owner sees; all of them when all is
@@ -120,28 +135,31 @@ func (g *Gateway) snapshotLeases(owner string, all bool) []leaseJSON {
 		})
 		l.mu.Unlock()
 	}
-	sort.Slice(out, func(i, j int) bool {
-		if !out[i].CreatedAt.Equal(out[j].CreatedAt) {
-			return out[i].CreatedAt.Before(out[j].CreatedAt)
-		}
-		return out[i].LeaseID < out[j].LeaseID
-	})
+	sortLeases(out)
 	return out
 }
 
 // handleLeases is GET /leases. An operator (auth.admin_scope, or every
 // caller without auth) sees every lease and the aggregates; anyone else
 // only their own leases, the aggregates absent rather than zeroed.
-func (g *Gateway) handleLeases(w http.ResponseWriter, _ *http.Request, p auth.Principal) {
-	if !g.auth.IsAdmin(p) {
-		writeJSON(w, http.StatusOK, leasesJSON{Leases: g.snapshotLeases(p.ID, false)})
+func (g *Gateway) handleLeases(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	if g.node != nil {
+		writeJSON(w, http.StatusOK, g.clusterLeases(r.Context(), p))
 		return
 	}
+	writeJSON(w, http.StatusOK, g.localLeases(p))
+}
+
+// localLeases is this broker's part of GET /leases for p.
+func (g *Gateway) localLeases(p auth.Principal) leasesJSON {
+	if !g.auth.IsAdmin(p) {
+		return leasesJSON{Leases: g.snapshotLeases(p.ID, false)}
+	}
 	max, inUse, depth, maxDepth := g.cap.snapshot()
-	writeJSON(w, http.StatusOK, leasesJSON{
+	return leasesJSON{
 		MaxConcurrent: &max, SlotsInUse: &inUse, QueueDepth: &depth, MaxQueueDepth: &maxDepth,
 		Leases: g.snapshotLeases("", true),
-	})
+	}
 }
 
 // handleMetrics is GET /metrics in the Prometheus text format. Every
@@ -157,6 +175,14 @@ func (g *Gateway) handleMetrics(w http.ResponseWriter, r *http.Request, p auth.P
 		ticketsOutstanding: g.tickets.Outstanding(), leases: map[string]int{}}
 	for _, l := range g.snapshotLeases("", true) {
 		gg.leases[l.State]++
+	}
+	if g.node != nil {
+		gg.cluster = &clusterGauges{natsFailures: g.node.Failures()}
+		for _, p := range g.node.Peers() {
+			if p.Reachable {
+				gg.cluster.peersReachable++
+			}
+		}
 	}
 	var buf bytes.Buffer
 	g.m.write(&buf, gg)

@@ -191,3 +191,11 @@ func gapFrame(leaseID string, g *brokerframe.StreamGap) []byte {
 	data, _ := brokerframe.Encode(brokerframe.Frame{LeaseID: leaseID, Signal: brokerframe.SignalStreamGap, Payload: payload})
 	return data
 }
+
+// evictedGap is the notice, counted, that frames missFrom..missThrough were
+// evicted before a resuming client was written them.
+func (g *Gateway) evictedGap(leaseID string, missFrom, missThrough uint64) []byte {
+	g.m.replayGaps.inc(brokerframe.GapEvicted)
+	return gapFrame(leaseID, &brokerframe.StreamGap{Reason: brokerframe.GapEvicted,
+		RequestedFromSeq: missFrom - 1, MissingFromSeq: missFrom, MissingThroughSeq: missThrough})
+}

@@ -1,0 +1,558 @@
+package gateway
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/url"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/nexus-broker/nexus-broker/internal/auth"
+	"github.com/nexus-broker/nexus-broker/internal/cluster"
+	"github.com/nexus-broker/nexus-broker/pkg/brokerframe"
+)
+
+// Cluster ops: what one broker asks the owner of a lease.
+const (
+	opRelease = "release"
+	opTicket  = "ticket"
+	opAttach  = "attach"
+	opRead    = "read"
+	opSend    = "send"
+	opDetach  = "detach"
+	opLeases  = "leases"
+)
+
+// Owner loss, as the HTTP routes and relayed sockets say it.
+const (
+	errOwnerUnavailable = "lease owner unavailable"
+	codeTryAgainLater   = 1013
+)
+
+// relayIdle is how long an owner keeps a relayed connection nobody reads:
+// the entry broker that carried it is gone.
+const relayIdle = 10 * time.Second
+
+// payloadOverhead is what a relay message's envelope and JSON take beside
+// the frames it carries.
+const payloadOverhead = 4 << 10
+
+// leaseCall is every owner-addressed request: the lease, and the caller's
+// principal as the entry broker authenticated it.
+type leaseCall struct {
+	Lease     string         `json:"lease"`
+	Principal auth.Principal `json:"principal"`
+}
+
+// httpAnswer is an owner's answer to a forwarded HTTP route.
+type httpAnswer struct {
+	Status int             `json:"status"`
+	Body   json.RawMessage `json:"body"`
+}
+
+func answer(status int, v any) (httpAnswer, error) {
+	raw, err := json.Marshal(v)
+	return httpAnswer{Status: status, Body: raw}, err
+}
+
+// remoteOwner is the broker owning lease id when that is not this one.
+func (g *Gateway) remoteOwner(id string) string {
+	if g.node == nil {
+		return ""
+	}
+	if o := cluster.Owner(id); o != "" && o != g.node.ID() {
+		return o
+	}
+	return ""
+}
+
+// ownerDown answers for a lease whose owner cannot: a broker the cluster
+// has never seen is an ordinary unknown lease, one that stopped answering
+// is 503. It reports false when the owner looks reachable.
+func (g *Gateway) ownerDown(w http.ResponseWriter, owner string) bool {
+	switch {
+	case !g.node.Known(owner):
+		writeUnknownLease(w)
+	case !g.node.Reachable(owner):
+		writeError(w, http.StatusServiceUnavailable, errOwnerUnavailable)
+	default:
+		return false
+	}
+	return true
+}
+
+// forward sends an HTTP route's request to the lease's owner and writes
+// its answer.
+func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, owner, op string, p auth.Principal) {
+	if g.ownerDown(w, owner) {
+		return
+	}
+	var a httpAnswer
+	if err := g.node.Call(r.Context(), owner, op, leaseCall{Lease: r.PathValue("lease_id"), Principal: p}, &a); err != nil {
+		g.log.Warn("cluster: the lease's owner did not answer", "lease_id", r.PathValue("lease_id"), "owner", owner, "op", op, "error", err)
+		writeError(w, http.StatusServiceUnavailable, errOwnerUnavailable)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(a.Status)
+	_, _ = w.Write(append(a.Body, '\n'))
+}
+
+// ownerAnswer is a lease route as its owner answers it: status and body.
+type ownerAnswer func(r *http.Request, id string, p auth.Principal) (int, any)
+
+// ownerRoute serves a lease route here when this broker owns the lease (or
+// in single-broker mode), else forwards it to the owner as op.
+func (g *Gateway) ownerRoute(op string, local ownerAnswer) func(http.ResponseWriter, *http.Request, auth.Principal) {
+	return func(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+		id := r.PathValue("lease_id")
+		if owner := g.remoteOwner(id); owner != "" {
+			g.forward(w, r, owner, op, p)
+			return
+		}
+		st, v := local(r, id, p)
+		writeJSON(w, st, v)
+	}
+}
+
+// forwarded stands for a request another broker carried, for the audit
+// line: the route, and the broker it came through as the peer.
+func forwarded(method, path, from string) *http.Request {
+	return &http.Request{Method: method, URL: &url.URL{Path: path}, RemoteAddr: "broker " + from}
+}
+
+// registerClusterOps is what this broker answers as an owner.
+func (g *Gateway) registerClusterOps(n *cluster.Node) {
+	for op, route := range map[string]ownerAnswer{opRelease: g.release, opTicket: g.ticket} {
+		n.Handle(op, func(_ context.Context, from string, body json.RawMessage) (any, error) {
+			var c leaseCall
+			if err := json.Unmarshal(body, &c); err != nil {
+				return nil, err
+			}
+			st, v := route(forwarded(http.MethodPost, "/"+op+"/"+c.Lease, from), c.Lease, c.Principal)
+			return answer(st, v)
+		})
+	}
+	n.Handle(opLeases, func(_ context.Context, _ string, body json.RawMessage) (any, error) {
+		var c leaseCall
+		if err := json.Unmarshal(body, &c); err != nil {
+			return nil, err
+		}
+		return g.localLeases(c.Principal), nil
+	})
+	n.Handle(opAttach, g.relayAttach)
+	n.Handle(opRead, g.relayRead)
+	n.Handle(opSend, g.relaySend)
+	n.Handle(opDetach, g.relayDetach)
+}
+
+// --- the owner's side of a relayed WebSocket ----------------------------------
+
+type attachCall struct {
+	leaseCall
+	// Ticket, when set, is the credential: redeemed here, where it was minted.
+	Ticket  string `json:"ticket,omitempty"`
+	FromSeq int64  `json:"from_seq"`
+}
+
+type attachAnswer struct {
+	Status int    `json:"status"`
+	Error  string `json:"error,omitempty"`
+	Conn   string `json:"conn,omitempty"`
+	// After is the seq the first read continues from.
+	After uint64 `json:"after"`
+}
+
+type relayCall struct {
+	Lease string `json:"lease"`
+	Conn  string `json:"conn"`
+	// After (read) is the last seq the client was written; Offset the
+	// bytes of the next frame it already has, when that frame is chunked.
+	After  uint64 `json:"after,omitempty"`
+	Offset int    `json:"offset,omitempty"`
+	// Data and More (send) are one client message, or a chunk of one.
+	Data []byte `json:"data,omitempty"`
+	More bool   `json:"more,omitempty"`
+}
+
+type relayAnswer struct {
+	Frames []json.RawMessage `json:"frames,omitempty"`
+	// Last is the seq of the last frame in Frames (or of Part).
+	Last uint64 `json:"last,omitempty"`
+	// Part is a chunk of a frame too large for one NATS message; More says
+	// another follows.
+	Part  []byte    `json:"part,omitempty"`
+	More  bool      `json:"more,omitempty"`
+	Close *closeReq `json:"close,omitempty"`
+}
+
+// relayConn is a client connection another broker carries: its cursor in
+// the lease's stream lives here, with the owner, and the entry broker reads
+// through it.
+type relayConn struct {
+	id      string
+	l       *lease
+	resumed bool
+
+	mu       sync.Mutex
+	cur      *cursor
+	gap      *brokerframe.StreamGap
+	closing  *closeReq
+	flushBy  time.Time
+	closed   chan struct{} // closed once closing is set
+	partial  []byte        // a chunked client message being received
+	idle     *time.Timer
+	detached bool
+}
+
+func (c *relayConn) place(cur *cursor, gap *brokerframe.StreamGap) { c.cur, c.gap = cur, gap }
+
+// notify and flushHeld need nothing: a pending read waits on the stream
+// log itself, and the answer carries what it read.
+func (c *relayConn) notify(bool) {}
+func (c *relayConn) flushHeld()  {}
+
+func (c *relayConn) finish(code int, reason string) { c.close(code, reason, finishFlush) }
+func (c *relayConn) displace()                      { c.close(codeSuperseded, closeSuperseded, 0) }
+func (c *relayConn) goAway()                        { c.close(websocket.CloseGoingAway, closeLeaseClosed, 0) }
+
+func (c *relayConn) close(code int, reason string, flush time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closing == nil {
+		c.closing = &closeReq{Code: code, Reason: reason}
+		c.flushBy = time.Now().Add(flush)
+		close(c.closed)
+	}
+}
+
+func (g *Gateway) relayAttach(_ context.Context, from string, body json.RawMessage) (any, error) {
+	var a attachCall
+	if err := json.Unmarshal(body, &a); err != nil {
+		return nil, err
+	}
+	path := "/lease/" + a.Lease
+	p, credential := a.Principal, credentialBearer
+	switch {
+	case !g.auth.Enabled():
+		credential = credentialAnonymous
+	case a.Ticket != "":
+		var ok bool
+		if p, ok = g.tickets.Redeem(a.Ticket, a.Lease); !ok {
+			g.audit(forwarded(http.MethodGet, path, from), p, http.StatusUnauthorized, "ticket unknown, expired, spent or for another lease")
+			return attachAnswer{Status: http.StatusUnauthorized, Error: auth.TextRejected}, nil
+		}
+		credential = credentialTicket
+	}
+	l := g.owned(forwarded(http.MethodGet, path, from), a.Lease, p)
+	if l == nil {
+		return attachAnswer{Status: http.StatusNotFound, Error: errUnknownLease}, nil
+	}
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	c := &relayConn{id: hex.EncodeToString(b[:]), l: l, resumed: a.FromSeq >= 0, closed: make(chan struct{})}
+	if !g.attachClient(l, c, a.FromSeq, p.ID, credential+" via broker "+from) {
+		return attachAnswer{Status: http.StatusNotFound, Error: errUnknownLease}, nil
+	}
+	c.idle = time.AfterFunc(relayIdle, func() { g.endRelay(c) })
+	g.mu.Lock()
+	g.relays[c.id] = c
+	g.mu.Unlock()
+	return attachAnswer{Status: http.StatusOK, Conn: c.id, After: c.cur.seq}, nil
+}
+
+// endRelay detaches a relayed connection once.
+func (g *Gateway) endRelay(c *relayConn) {
+	c.mu.Lock()
+	done := c.detached
+	c.detached = true
+	c.idle.Stop()
+	c.mu.Unlock()
+	if done {
+		return
+	}
+	g.mu.Lock()
+	delete(g.relays, c.id)
+	g.mu.Unlock()
+	g.detachClient(c.l, c, c.cur)
+}
+
+func (g *Gateway) relayFor(body json.RawMessage) (*relayConn, relayCall, error) {
+	var rc relayCall
+	if err := json.Unmarshal(body, &rc); err != nil {
+		return nil, rc, err
+	}
+	g.mu.Lock()
+	c := g.relays[rc.Conn]
+	g.mu.Unlock()
+	if c == nil || c.l.id != rc.Lease {
+		return nil, rc, errors.New("no such relayed connection")
+	}
+	c.idle.Reset(relayIdle)
+	return c, rc, nil
+}
+
+// relayRead answers the frames after the client's cursor, waiting at most
+// cluster.ReadWait for one (event-driven: the stream log wakes it), then
+// "pending" (an empty answer). A close is answered once the stream is
+// flushed, or at once when the connection was displaced.
+func (g *Gateway) relayRead(ctx context.Context, _ string, body json.RawMessage) (any, error) {
+	c, rc, err := g.relayFor(body)
+	if err != nil {
+		return relayAnswer{Close: &closeReq{Code: websocket.CloseGoingAway, Reason: closeLeaseClosed}}, nil
+	}
+	l := c.l
+	budget := int(g.node.MaxPayload()) - payloadOverhead
+	wait := time.NewTimer(cluster.ReadWait)
+	defer wait.Stop()
+	l.log.advance(c.cur, rc.After)
+	var out relayAnswer
+	size := 0
+	c.mu.Lock()
+	if gap := c.gap; gap != nil {
+		c.gap = nil
+		g.m.replayGaps.inc(gap.Reason)
+		f := gapFrame(l.id, gap)
+		out.Frames, size = append(out.Frames, f), len(f)
+	}
+	c.mu.Unlock()
+	buf := make([]logEntry, 0, 64)
+	for {
+		batch, missFrom, missThrough, wake := l.log.readBatch(c.cur, buf[:0], cap(buf))
+		if missFrom > 0 {
+			if c.resumed {
+				f := g.evictedGap(l.id, missFrom, missThrough)
+				out.Frames, size = append(out.Frames, f), size+len(f)
+			}
+			out.Last = missThrough
+			continue
+		}
+		for _, e := range batch {
+			if size+len(e.data) > budget {
+				if len(out.Frames) == 0 {
+					// One frame larger than a NATS message: sent in chunks.
+					end := min(len(e.data), rc.Offset+budget*3/4) // base64 in the JSON
+					out.Part, out.More, out.Last = e.data[rc.Offset:end], end < len(e.data), e.seq
+				}
+				return out, nil
+			}
+			out.Frames, size, out.Last = append(out.Frames, e.data), size+len(e.data), e.seq
+		}
+		if len(out.Frames) > 0 {
+			return out, nil
+		}
+		c.mu.Lock()
+		closing, flushBy := c.closing, c.flushBy
+		c.mu.Unlock()
+		if closing != nil && (!l.log.hasAfter(c.cur) || time.Now().After(flushBy)) {
+			out.Close = closing
+			g.endRelay(c)
+			return out, nil
+		}
+		closed := c.closed
+		if closing != nil {
+			closed = nil // flushing: wait for frames, not the close again
+		}
+		select {
+		case <-wake:
+		case <-closed:
+		case <-wait.C:
+			return out, nil
+		case <-ctx.Done():
+			return out, nil
+		}
+	}
+}
+
+// relaySend delivers one client message (or a chunk of one) to the
+// instance. The entry broker sends the next only after this answer, which
+// keeps the client's frames in order and its socket under backpressure.
+func (g *Gateway) relaySend(_ context.Context, _ string, body json.RawMessage) (any, error) {
+	c, rc, err := g.relayFor(body)
+	if err != nil {
+		return relayAnswer{Close: &closeReq{Code: websocket.CloseGoingAway, Reason: closeLeaseClosed}}, nil
+	}
+	c.mu.Lock()
+	closing := c.closing
+	data := append(c.partial, rc.Data...)
+	c.partial = nil
+	if rc.More {
+		if len(data) > maxMessage {
+			closing = &closeReq{Code: websocket.CloseMessageTooBig, Reason: "message too big"}
+		} else {
+			c.partial = data
+		}
+	}
+	c.mu.Unlock()
+	if closing != nil {
+		return relayAnswer{Close: closing}, nil
+	}
+	if !rc.More {
+		c.l.fromClient(data, false)
+	}
+	return relayAnswer{}, nil
+}
+
+func (g *Gateway) relayDetach(_ context.Context, _ string, body json.RawMessage) (any, error) {
+	if c, _, err := g.relayFor(body); err == nil {
+		g.endRelay(c)
+	}
+	return relayAnswer{}, nil
+}
+
+// --- the entry broker's side ----------------------------------------------------
+
+// relayClient serves WS /lease/{id} for a lease another broker owns: the
+// credential is checked there (a ticket is redeemed where it was minted),
+// and the socket is relayed through NATS.
+func (g *Gateway) relayClient(w http.ResponseWriter, r *http.Request, owner, id string) {
+	a := attachCall{leaseCall: leaseCall{Lease: id}, FromSeq: -1}
+	if g.auth.Enabled() {
+		if c := auth.Extract(r, true); c.Ticket != "" {
+			a.Ticket = c.Ticket
+		} else {
+			p, ok := g.Authenticate(w, r)
+			if !ok {
+				return
+			}
+			a.Principal = p
+		}
+	}
+	if v := r.URL.Query().Get("from_seq"); v != "" {
+		if n, err := strconv.ParseUint(v, 10, 63); err == nil {
+			a.FromSeq = int64(n)
+		}
+	}
+	if g.ownerDown(w, owner) {
+		return
+	}
+	var ans attachAnswer
+	if err := g.node.Call(r.Context(), owner, opAttach, a, &ans); err != nil {
+		g.log.Warn("cluster: the lease's owner did not answer", "lease_id", id, "owner", owner, "op", opAttach, "error", err)
+		writeError(w, http.StatusServiceUnavailable, errOwnerUnavailable)
+		return
+	}
+	if ans.Status != http.StatusOK {
+		writeError(w, ans.Status, ans.Error)
+		return
+	}
+	conn, err := upgrader.Upgrade(w, r, nil)
+	if err != nil {
+		g.detachRelay(owner, id, ans.Conn)
+		return
+	}
+	g.log.Info("client connected; relaying to the lease's owner", "lease_id", id, "owner", owner)
+	go g.serveRelay(newWSConn(conn, g.log, "client", id), owner, id, ans)
+}
+
+// serveRelay pumps one relayed socket until either side ends it: reads
+// from the owner's stream log with the client's cursor on this goroutine,
+// client messages sent one at a time on another.
+func (g *Gateway) serveRelay(ws *wsConn, owner, id string, ans attachAnswer) {
+	ctx, cancel := context.WithCancel(g.ctx)
+	defer cancel()
+	var once sync.Once
+	end := func(code int, reason string, graceful bool) {
+		once.Do(func() {
+			if graceful {
+				ws.closeGraceful(code, reason)
+			} else {
+				ws.closeNow(code, reason)
+			}
+		})
+		cancel()
+	}
+	lost := func(op string, err error) {
+		if ctx.Err() == nil {
+			g.log.Warn("cluster: lost the lease's owner while relaying; closing the client", "lease_id", id, "owner", owner, "op", op, "error", err)
+			end(codeTryAgainLater, errOwnerUnavailable, false)
+		}
+	}
+	go func() {
+		defer cancel()
+		chunk := max(int(g.node.MaxPayload())-payloadOverhead, 1) * 3 / 4
+		for {
+			data, err := ws.read()
+			if err != nil {
+				return
+			}
+			for off := 0; ; off += chunk {
+				end := min(len(data), off+chunk)
+				var out relayAnswer
+				call := relayCall{Lease: id, Conn: ans.Conn, Data: data[off:end], More: end < len(data)}
+				if err := g.node.Call(ctx, owner, opSend, call, &out); err != nil {
+					lost(opSend, err)
+					return
+				}
+				if out.Close != nil {
+					g.endRelayed(ws, out.Close, &once, cancel)
+					return
+				}
+				if end == len(data) {
+					break
+				}
+			}
+		}
+	}()
+	after, offset := ans.After, 0
+	var part []byte
+	for ctx.Err() == nil {
+		var out relayAnswer
+		if err := g.node.Call(ctx, owner, opRead, relayCall{Lease: id, Conn: ans.Conn, After: after, Offset: offset}, &out); err != nil {
+			lost(opRead, err)
+			break
+		}
+		for _, f := range out.Frames {
+			if ws.write(f) != nil {
+				cancel()
+			}
+		}
+		if len(out.Frames) > 0 {
+			after = out.Last
+		}
+		if out.Part != nil {
+			part = append(part, out.Part...)
+			offset += len(out.Part)
+			if !out.More {
+				if ws.write(part) != nil {
+					cancel()
+				}
+				after, offset, part = out.Last, 0, nil
+			}
+		}
+		if out.Close != nil {
+			g.endRelayed(ws, out.Close, &once, cancel)
+			break
+		}
+	}
+	g.detachRelay(owner, id, ans.Conn)
+	ws.finish()
+	g.log.Info("client disconnected", "lease_id", id, "owner", owner)
+}
+
+// endRelayed closes the client as the owner said.
+func (g *Gateway) endRelayed(ws *wsConn, c *closeReq, once *sync.Once, cancel context.CancelFunc) {
+	once.Do(func() {
+		if c.Code == codeSuperseded {
+			ws.closeNow(c.Code, c.Reason)
+		} else {
+			ws.closeGraceful(c.Code, c.Reason)
+		}
+	})
+	cancel()
+}
+
+// detachRelay tells the owner the client is gone (best effort: an owner
+// that does not hear it drops the connection after relayIdle).
+func (g *Gateway) detachRelay(owner, id, conn string) {
+	ctx, cancel := context.WithTimeout(context.Background(), cluster.CallTimeout)
+	defer cancel()
+	_ = g.node.Call(ctx, owner, opDetach, relayCall{Lease: id, Conn: conn}, nil)
+}
