@@ -206,8 +206,10 @@ func TestClusterLeasesOwnerLossAndReturn(t *testing.T) {
 		claims[id] = b.claim(brokerclient.ClaimRequest{}).LeaseID
 	}
 	type view struct {
-		SlotsInUse         int `json:"slots_in_use"`
-		Leases             []struct{ LeaseID string `json:"lease_id"` }
+		SlotsInUse int `json:"slots_in_use"`
+		Leases     []struct {
+			LeaseID string `json:"lease_id"`
+		}
 		UnreachableBrokers []string `json:"unreachable_brokers"`
 	}
 	list := func(b *Broker) view {
