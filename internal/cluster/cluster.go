@@ -94,7 +94,7 @@ type Node struct {
 	nc       atomic.Pointer[nats.Conn]
 	failures atomic.Int32
 	lastErr  atomic.Pointer[string]
-	handlers map[string]Handler
+	handlers map[string]handler
 
 	mu    sync.Mutex
 	peers map[string]*peer
@@ -119,7 +119,7 @@ func New(o Options) (*Node, error) {
 	n := &Node{
 		id: o.BrokerID, prefix: k.SubjectPrefix, advertise: o.Advertise, secret: []byte(secret),
 		every: k.HeartbeatInterval.D(), log: o.Log, urls: strings.Join(k.URLs, ","),
-		handlers: map[string]Handler{}, peers: map[string]*peer{}, ctx: ctx, cancel: cancel,
+		handlers: map[string]handler{}, peers: map[string]*peer{}, ctx: ctx, cancel: cancel,
 	}
 	if n.opts, err = n.natsOptions(k); err != nil {
 		cancel()
@@ -131,8 +131,19 @@ func New(o Options) (*Node, error) {
 // ID is this broker's id.
 func (n *Node) ID() string { return n.id }
 
-// Handle registers h for op; call before Start.
-func (n *Node) Handle(op string, h Handler) { n.handlers[op] = h }
+type handler struct {
+	h       Handler
+	timeout time.Duration
+}
+
+// Handle registers h for op, answered within CallTimeout; call before Start.
+func (n *Node) Handle(op string, h Handler) { n.HandleFor(op, CallTimeout, h) }
+
+// HandleFor registers h for op, answered within timeout (a claim waits for
+// its instance to boot).
+func (n *Node) HandleFor(op string, timeout time.Duration, h Handler) {
+	n.handlers[op] = handler{h: h, timeout: timeout}
+}
 
 // Start connects to NATS. An authentication or configuration error is
 // returned (the boot is refused); a transient one is retried in the
@@ -469,13 +480,13 @@ func (n *Node) serve(msg *nats.Msg) {
 			n.log.Warn("cluster: request refused", "subject", msg.Subject, "error", err)
 			return // no answer: an unsigned caller learns nothing
 		}
-		h := n.handlers[op]
+		h, ok := n.handlers[op]
 		var out any
-		if h == nil {
+		if !ok {
 			err = fmt.Errorf("unknown op %q", op)
 		} else {
-			ctx, cancel := context.WithTimeout(n.ctx, CallTimeout)
-			out, err = h(ctx, from, body)
+			ctx, cancel := context.WithTimeout(n.ctx, h.timeout)
+			out, err = h.h(ctx, from, body)
 			cancel()
 		}
 		e := envelope{From: n.id, At: time.Now().UnixNano()}
@@ -493,9 +504,14 @@ func (n *Node) serve(msg *nats.Msg) {
 }
 
 // Call sends body to broker to's op and decodes the answer into out. A
-// peer that does not answer (down, partitioned, NATS lost) is
-// ErrUnavailable; a handler's error is a *RemoteError.
+// peer that does not answer within CallTimeout (down, partitioned, NATS
+// lost) is ErrUnavailable; a handler's error is a *RemoteError.
 func (n *Node) Call(ctx context.Context, to, op string, body, out any) error {
+	return n.CallFor(ctx, CallTimeout, to, op, body, out)
+}
+
+// CallFor is Call with its own deadline.
+func (n *Node) CallFor(ctx context.Context, timeout time.Duration, to, op string, body, out any) error {
 	nc := n.nc.Load()
 	if nc == nil || !nc.IsConnected() {
 		return ErrUnavailable
@@ -507,7 +523,7 @@ func (n *Node) Call(ctx context.Context, to, op string, body, out any) error {
 	msg := nats.NewMsg(n.subject(to, op))
 	msg.Data = data
 	n.sign(msg)
-	ctx, cancel := context.WithTimeout(ctx, CallTimeout)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	resp, err := nc.RequestMsgWithContext(ctx, msg)
 	if err != nil {

@@ -405,3 +405,35 @@ func TestClusterAuthErrorRefusesTheBoot(t *testing.T) {
 		t.Fatalf("the port opened before the refusal:\n%s", out)
 	}
 }
+
+// TestClusterClaimSpillsToAPeerWithAFreeSlot: with A full, a claim on A is
+// spawned by exactly one of B and C and answers through A; with every
+// broker full it waits in A's own queue and times out there.
+func TestClusterClaimSpillsToAPeerWithAFreeSlot(t *testing.T) {
+	_, bs := startCluster(t, "max_concurrent: 1\nqueue_wait_timeout: 1s\n", "", "a", "b", "c")
+	a := bs["a"]
+	a.claim(brokerclient.ClaimRequest{})
+	spilled := a.claim(brokerclient.ClaimRequest{})
+	owner := spilled.LeaseID[strings.LastIndexByte(spilled.LeaseID, '-')+1:]
+	if owner != "b" && owner != "c" {
+		t.Fatalf("the claim on a full A is owned by %q, want b or c", owner)
+	}
+	if n := len(bs["b"].Instances()) + len(bs["c"].Instances()); n != 1 || len(bs[owner].Instances()) != 1 {
+		t.Fatalf("B and C run %d instances (%s: %d), want exactly one, on %s", n, owner, len(bs[owner].Instances()), owner)
+	}
+	conn := dialVia(t, a, spilled.LeaseID, brokerclient.DialOptions{})
+	if got := say(t, conn, "spilled"); got != "echo #1: spilled" {
+		t.Fatalf("the spilled lease through A answered %q", got)
+	}
+	a.claim(brokerclient.ClaimRequest{}) // the last free slot, wherever it is
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err := a.Client.Claim(ctx, brokerclient.ClaimRequest{Config: "engine:\n  name: example\n"})
+	var api *brokerclient.APIError
+	if !errors.As(err, &api) || api.Status != 503 || api.Message != "capacity wait timed out" {
+		t.Fatalf("a claim with the whole cluster full: %v, want 503 capacity wait timed out", err)
+	}
+	if n := len(a.Instances()) + len(bs["b"].Instances()) + len(bs["c"].Instances()); n != 3 {
+		t.Fatalf("%d instances run across the cluster, want 3", n)
+	}
+}

@@ -356,7 +356,7 @@ func (in *ingress) leaseFor(c *conv) (*lease, string) {
 	if cerr != nil {
 		return nil, cerr.text
 	}
-	l, cerr := in.g.spawnLease(in.g.ctx, c.key.principal, entry, p.config, session)
+	l, cerr := in.g.spawnLease(in.g.ctx, c.key.principal, entry, p.config, session, slotAcquire)
 	if cerr != nil {
 		return nil, cerr.text
 	}

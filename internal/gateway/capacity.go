@@ -15,6 +15,8 @@ var (
 	errQueueTimeout = errors.New("capacity wait timed out")
 	// errPrincipalQueue is a quota answer about the caller, not the broker.
 	errPrincipalQueue = errors.New("queued claim limit reached for this principal")
+	// errDeclined is an offered claim that found no free slot here.
+	errDeclined = errors.New("no free slot for an offered claim")
 )
 
 // queueQuota bounds how many queued claims one principal may hold; a zero
@@ -99,6 +101,25 @@ func (c *capacity) acquire(ctx context.Context, q queueQuota) error {
 	w.done = true
 	c.queue.Remove(el)
 	return err
+}
+
+// tryAcquire takes a slot only if one is free now and nobody queues for
+// it: a claim another broker offers never overtakes this broker's queue.
+func (c *capacity) tryAcquire(context.Context, queueQuota) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.max <= 0 || (c.inUse < c.max && c.queue.Len() == 0) {
+		c.inUse++
+		return nil
+	}
+	return errDeclined
+}
+
+// full reports whether a claim arriving now would queue.
+func (c *capacity) full() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.max > 0 && (c.inUse >= c.max || c.queue.Len() > 0)
 }
 
 func (c *capacity) unqueue(principal string) {

@@ -101,6 +101,13 @@ func (g *Gateway) claim(r *http.Request, p auth.Principal) (*claimResponse, *cla
 		}
 		return nil, refuse(http.StatusBadRequest, "rejected", "invalid claim body")
 	}
+	return g.claimBody(r, p, body, slotAcquire)
+}
+
+// claimBody is a claim whose body has been read: one that arrived here
+// (slotAcquire), or one a full peer offered (slotOffered: taken only if a
+// slot is free now, never queued, never offered on).
+func (g *Gateway) claimBody(r *http.Request, p auth.Principal, body []byte, slot slotMode) (*claimResponse, *claimError) {
 	var req claimRequest
 	if json.Unmarshal(body, &req) != nil {
 		return nil, refuse(http.StatusBadRequest, "rejected", "invalid claim body")
@@ -123,11 +130,16 @@ func (g *Gateway) claim(r *http.Request, p auth.Principal) (*claimResponse, *cla
 	if cerr := g.spawnerUnavailable(); cerr != nil {
 		return nil, cerr
 	}
+	if slot == slotAcquire && g.node != nil && g.cap.full() {
+		if resp, cerr, ok := g.offerClaim(r.Context(), p, body); ok {
+			return resp, cerr
+		}
+	}
 	entry, cerr := g.resumeEntry(r.Context(), session, requested)
 	if cerr != nil {
 		return nil, cerr
 	}
-	l, cerr := g.spawnLease(r.Context(), p.ID, entry, []byte(req.Config), session)
+	l, cerr := g.spawnLease(r.Context(), p.ID, entry, []byte(req.Config), session, slot)
 	if cerr != nil {
 		return nil, cerr
 	}
@@ -146,7 +158,7 @@ func (g *Gateway) claim(r *http.Request, p auth.Principal) (*claimResponse, *cla
 // a new session, its id. ctx is the claimant: when it ends while queued or
 // booting the claim is abandoned. It is POST /claim's spine and the A2A
 // ingress's, so an A2A lease is admitted and counted like any other.
-func (g *Gateway) spawnLease(ctx context.Context, principal, entry string, cfgData []byte, session string) (*lease, *claimError) {
+func (g *Gateway) spawnLease(ctx context.Context, principal, entry string, cfgData []byte, session string, slot slotMode) (*lease, *claimError) {
 	cfg := g.cfg.Load()
 	if !g.admitPrincipal(principal) {
 		return nil, refuse(http.StatusTooManyRequests, "principal_lease_limit", "lease limit reached for this principal")
@@ -157,8 +169,14 @@ func (g *Gateway) spawnLease(ctx context.Context, principal, entry string, cfgDa
 			g.unadmitPrincipal(principal)
 		}
 	}()
-	if err := g.cap.acquire(ctx, g.queueQuota(principal)); err != nil {
+	acquire := g.cap.acquire
+	if slot == slotOffered {
+		acquire = g.cap.tryAcquire
+	}
+	if err := acquire(ctx, g.queueQuota(principal)); err != nil {
 		switch {
+		case errors.Is(err, errDeclined):
+			return nil, refuse(http.StatusServiceUnavailable, outcomeDeclined, "no capacity")
 		case errors.Is(err, errNoCapacity):
 			return nil, refuse(http.StatusServiceUnavailable, "no_capacity", "no capacity")
 		case errors.Is(err, errQueueFull):

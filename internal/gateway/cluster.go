@@ -2,9 +2,13 @@ package gateway
 
 import (
 	"context"
+	"encoding/json"
+	"math/rand/v2"
+	"net/http"
 	"slices"
 	"sort"
 	"sync"
+	"time"
 
 	"github.com/nexus-broker/nexus-broker/internal/auth"
 	"github.com/nexus-broker/nexus-broker/internal/cluster"
@@ -72,4 +76,90 @@ func sortLeases(ls []leaseJSON) {
 		}
 		return ls[i].LeaseID < ls[j].LeaseID
 	})
+}
+
+// outcomeDeclined is an offered claim a peer had no free slot for.
+const outcomeDeclined = "declined"
+
+// slotMode says how a claim gets its capacity slot.
+type slotMode int
+
+const (
+	slotAcquire slotMode = iota // take one, queueing under queue_wait_timeout
+	slotOffered                 // a peer's offer: a free slot now, or decline
+)
+
+// offerCall is a claim a full broker offers a peer: the caller's principal
+// and the claim body as the caller sent it.
+type offerCall struct {
+	Principal auth.Principal  `json:"principal"`
+	Claim     json.RawMessage `json:"claim"`
+}
+
+type offerAnswer struct {
+	Declined bool            `json:"declined,omitempty"`
+	Status   int             `json:"status,omitempty"`
+	Error    string          `json:"error,omitempty"`
+	Outcome  string          `json:"outcome,omitempty"`
+	Claim    json.RawMessage `json:"claim,omitempty"`
+}
+
+// offerTimeout bounds an offered claim: a spawn, the instance's boot and
+// its session report.
+func (g *Gateway) offerTimeout() time.Duration {
+	cfg := g.cfg.Load()
+	return cfg.ReadyTimeout.D() + cfg.SessionReportGrace.D() + 30*time.Second
+}
+
+// offerClaim offers a claim this full broker would queue to its reachable
+// peers, one at a time in random order, until one with a free slot spawns
+// it: each takes a slot only if one is free at that moment, so exactly one
+// broker spawns. ok is false when every peer declined (or none answered,
+// or the body is too large for one NATS message): the claim then queues
+// here as in single-broker mode.
+func (g *Gateway) offerClaim(ctx context.Context, p auth.Principal, body []byte) (*claimResponse, *claimError, bool) {
+	if len(body)+payloadOverhead > int(g.node.MaxPayload()) {
+		return nil, nil, false
+	}
+	peers := slices.DeleteFunc(g.node.Peers(), func(p cluster.Peer) bool { return !p.Reachable })
+	rand.Shuffle(len(peers), func(i, j int) { peers[i], peers[j] = peers[j], peers[i] })
+	for _, peer := range peers {
+		var a offerAnswer
+		if err := g.node.CallFor(ctx, g.offerTimeout(), peer.ID, opClaim, offerCall{Principal: p, Claim: body}, &a); err != nil {
+			g.log.Warn("cluster: offering a claim to a peer failed", "peer", peer.ID, "error", err)
+			continue
+		}
+		if a.Declined {
+			continue
+		}
+		if a.Status != http.StatusOK {
+			return nil, &claimError{status: a.Status, text: a.Error, outcome: a.Outcome}, true
+		}
+		var resp claimResponse
+		if err := json.Unmarshal(a.Claim, &resp); err != nil {
+			return nil, refuse(http.StatusBadGateway, "spawn_failed", "a peer's claim answer was unreadable"), true
+		}
+		g.log.Info("claim spawned by a peer: this broker is full", "peer", peer.ID, "lease_id", resp.LeaseID)
+		return &resp, nil, true
+	}
+	return nil, nil, false
+}
+
+// takeOffer is the peer's side of offerClaim.
+func (g *Gateway) takeOffer(ctx context.Context, from string, body json.RawMessage) (any, error) {
+	var o offerCall
+	if err := json.Unmarshal(body, &o); err != nil {
+		return nil, err
+	}
+	r := forwarded(http.MethodPost, "/claim", from).WithContext(ctx)
+	resp, cerr := g.claimBody(r, o.Principal, o.Claim, slotOffered)
+	switch {
+	case cerr != nil && cerr.outcome == outcomeDeclined:
+		return offerAnswer{Declined: true}, nil
+	case cerr != nil:
+		return offerAnswer{Status: cerr.status, Error: cerr.text, Outcome: cerr.outcome}, nil
+	}
+	g.log.Info("claim accepted for a peer", "peer", from, "lease_id", resp.LeaseID, "principal_id", o.Principal.ID)
+	raw, err := json.Marshal(resp)
+	return offerAnswer{Status: http.StatusOK, Claim: raw}, err
 }

@@ -28,6 +28,7 @@ const (
 	opSend    = "send"
 	opDetach  = "detach"
 	opLeases  = "leases"
+	opClaim   = "claim"
 )
 
 // Owner loss, as the HTTP routes and relayed sockets say it.
@@ -147,6 +148,7 @@ func (g *Gateway) registerClusterOps(n *cluster.Node) {
 		}
 		return g.localLeases(c.Principal), nil
 	})
+	n.HandleFor(opClaim, g.offerTimeout(), g.takeOffer)
 	n.Handle(opAttach, g.relayAttach)
 	n.Handle(opRead, g.relayRead)
 	n.Handle(opSend, g.relaySend)
