@@ -5,7 +5,7 @@ BIN     := bin
 TOOLS   := $(BIN)/tools
 PKGS    := ./...
 
-.PHONY: build run stop test lint bench fuzz proto clean
+.PHONY: build run stop cluster test lint bench fuzz proto clean
 
 build:
 	$(GO) build -o $(BIN)/ ./cmd/...
@@ -21,6 +21,12 @@ run: build
 # later. Nothing running is not an error.
 stop: build
 	$(BIN)/nexus-broker -stop
+
+# Three brokers in cluster mode on loopback, with an embedded nats-server;
+# prints each broker's URL and what to try. Ctrl-C releases every lease and
+# stops all of it.
+cluster: build
+	$(BIN)/nexus-cluster
 
 test: lint
 	$(GO) test -race -count=1 -timeout 12m $(PKGS)
@@ -45,6 +51,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz 'FuzzPayloadType$$' -fuzztime $(FUZZTIME) ./internal/echo
 	$(GO) test -run '^$$' -fuzz 'FuzzValidate$$' -fuzztime $(FUZZTIME) ./pkg/sessionid
 	$(GO) test -run '^$$' -fuzz 'FuzzDecodeRecord$$' -fuzztime $(FUZZTIME) ./internal/a2a
+	$(GO) test -run '^$$' -fuzz 'FuzzOwner$$' -fuzztime $(FUZZTIME) ./internal/cluster
 
 # Regenerates pkg/spawnrpc/spawnpb from spawn.proto with Debian's
 # protobuf-compiler (apt-get install protobuf-compiler) and the plugin
