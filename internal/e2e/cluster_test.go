@@ -21,6 +21,10 @@ import (
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc"
 )
 
+// clusterAuthYAML: alice is an operator (the harness reads /metrics as
+// her), bob is not.
+const clusterAuthYAML = "auth:\n  validators:\n    - type: static\n      tokens:\n        - {token: alice-token, principal: alice, scopes: nexus.broker.admin}\n        - {token: bob-token, principal: bob}\n"
+
 const (
 	clusterSecretEnv = "NEXUS_CLUSTER_SECRET"
 	clusterSecret    = "e2e-cluster-secret-0123456789abcdef"
@@ -56,7 +60,7 @@ func clusterYAML(id, natsURL string) string {
 
 // startCluster runs an embedded nats-server and one broker pair per id,
 // and waits until every broker hears every other.
-func startCluster(t *testing.T, extraYAML string, token string, ids ...string) (*natsserver.Server, map[string]*Broker) {
+func startCluster(t testing.TB, extraYAML string, token string, ids ...string) (*natsserver.Server, map[string]*Broker) {
 	t.Helper()
 	ns := startNATS(t, 0, nil)
 	bs := map[string]*Broker{}
@@ -283,8 +287,7 @@ func TestClusterLeasesOwnerLossAndReturn(t *testing.T) {
 // broker opens the lease through another, and a newer connection through
 // any broker displaces the older one with 4501.
 func TestClusterOwnershipThroughAnyBroker(t *testing.T) {
-	authYAML := "auth:\n  validators:\n    - type: static\n      tokens:\n        - {token: alice-token, principal: alice, scopes: nexus.broker.admin}\n        - {token: bob-token, principal: bob}\n"
-	_, bs := startCluster(t, authYAML, "alice-token", "a", "b", "c")
+	_, bs := startCluster(t, clusterAuthYAML, "alice-token", "a", "b", "c")
 	a, b, c := bs["a"], bs["b"], bs["c"]
 	id := a.claim(brokerclient.ClaimRequest{}).LeaseID
 	for _, route := range []string{"/release/", "/ticket/"} {
@@ -435,5 +438,23 @@ func TestClusterClaimSpillsToAPeerWithAFreeSlot(t *testing.T) {
 	}
 	if n := len(a.Instances()) + len(bs["b"].Instances()) + len(bs["c"].Instances()); n != 3 {
 		t.Fatalf("%d instances run across the cluster, want 3", n)
+	}
+}
+
+// TestClusterPrincipalCapCountsEveryBroker: max_leases_per_principal counts
+// the principal's leases on every broker.
+func TestClusterPrincipalCapCountsEveryBroker(t *testing.T) {
+	_, bs := startCluster(t, clusterAuthYAML+"max_leases_per_principal: 2\n", "alice-token", "a", "b", "c")
+	bs["a"].claim(brokerclient.ClaimRequest{})
+	bs["b"].claim(brokerclient.ClaimRequest{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err := bs["c"].Client.Claim(ctx, brokerclient.ClaimRequest{Config: "engine:\n  name: example\n"})
+	var api *brokerclient.APIError
+	if !errors.As(err, &api) || api.Status != 429 || api.Message != "lease limit reached for this principal" {
+		t.Fatalf("alice's third claim, on C, with one lease on A and one on B: %v, want 429", err)
+	}
+	if _, err := bs["c"].Client.Claim(ctx, brokerclient.ClaimRequest{Config: "engine:\n  name: example\n"}); err == nil {
+		t.Fatal("a fourth claim was admitted")
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nexus-broker/nexus-broker/internal/auth"
@@ -162,4 +163,78 @@ func (g *Gateway) takeOffer(ctx context.Context, from string, body json.RawMessa
 	g.log.Info("claim accepted for a peer", "peer", from, "lease_id", resp.LeaseID, "principal_id", o.Principal.ID)
 	raw, err := json.Marshal(resp)
 	return offerAnswer{Status: http.StatusOK, Claim: raw}, err
+}
+
+// capCacheFor is how long another broker's count of a principal's leases
+// is reused for max_leases_per_principal.
+const capCacheFor = time.Second
+
+type countCall struct {
+	Principal string `json:"principal"`
+}
+
+type countAnswer struct {
+	Leases int `json:"leases"`
+}
+
+type peerCount struct {
+	n  int
+	at time.Time
+}
+
+// localCount is principal's live leases here plus its claims in flight.
+func (g *Gateway) localCount(principal string) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.localCountLocked(principal)
+}
+
+func (g *Gateway) localCountLocked(principal string) int {
+	n := g.claiming[principal]
+	for _, l := range g.leases {
+		if l.principal == principal {
+			n++
+		}
+	}
+	return n
+}
+
+// peerLeaseCount is principal's leases on every other broker that answers,
+// for max_leases_per_principal to count cluster-wide; a count is reused for
+// at most capCacheFor. A peer that does not answer counts nothing: its
+// leases cannot be seen, and refusing every claim while it is away would
+// make its outage everyone's.
+func (g *Gateway) peerLeaseCount(principal string) int {
+	g.capMu.Lock()
+	if c, ok := g.capCache[principal]; ok && time.Since(c.at) < capCacheFor {
+		g.capMu.Unlock()
+		return c.n
+	}
+	g.capMu.Unlock()
+	var total atomic.Int64
+	var wg sync.WaitGroup
+	for _, peer := range g.node.Peers() {
+		if !peer.Reachable {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var a countAnswer
+			if g.node.Call(g.ctx, peer.ID, opCount, countCall{Principal: principal}, &a) == nil {
+				total.Add(int64(a.Leases))
+			}
+		}()
+	}
+	wg.Wait()
+	n := int(total.Load())
+	g.capMu.Lock()
+	for p, c := range g.capCache { // keep the cache from growing with every principal ever seen
+		if time.Since(c.at) >= capCacheFor {
+			delete(g.capCache, p)
+		}
+	}
+	g.capCache[principal] = peerCount{n: n, at: time.Now()}
+	g.capMu.Unlock()
+	return n
 }

@@ -65,6 +65,9 @@ type Gateway struct {
 	a2a *ingress
 	// node is cluster mode's NATS membership; nil in single-broker mode.
 	node *cluster.Node
+	// capCache holds other brokers' lease counts per principal, briefly.
+	capMu    sync.Mutex
+	capCache map[string]peerCount
 
 	mu     sync.Mutex
 	leases map[string]*lease
@@ -97,6 +100,7 @@ func New(o Options) *Gateway {
 		leases:     map[string]*lease{},
 		claiming:   map[string]int{},
 		relays:     map[string]*relayConn{},
+		capCache:   map[string]peerCount{},
 		ctx:        ctx,
 		cancel:     cancel,
 	}

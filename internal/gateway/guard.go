@@ -107,22 +107,21 @@ func (g *Gateway) capped(principal string) bool {
 }
 
 // admitPrincipal books one claim against max_leases_per_principal, counting
-// the principal's live leases and its claims still in flight; false is the
-// 429. Undo with unadmitPrincipal unless the claim's lease was inserted.
+// the principal's live leases and its claims still in flight (in cluster
+// mode on every broker, peerLeaseCount); false is the 429. Undo with
+// unadmitPrincipal unless the claim's lease was inserted.
 func (g *Gateway) admitPrincipal(principal string) bool {
 	max := g.boot.MaxLeasesPerPrincipal
 	if max <= 0 || !g.capped(principal) {
 		return true
 	}
+	elsewhere := 0
+	if g.node != nil {
+		elsewhere = g.peerLeaseCount(principal)
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	n := g.claiming[principal]
-	for _, l := range g.leases {
-		if l.principal == principal {
-			n++
-		}
-	}
-	if n >= max {
+	if elsewhere+g.localCountLocked(principal) >= max {
 		return false
 	}
 	g.claiming[principal]++

@@ -29,6 +29,7 @@ const (
 	opDetach  = "detach"
 	opLeases  = "leases"
 	opClaim   = "claim"
+	opCount   = "count"
 )
 
 // Owner loss, as the HTTP routes and relayed sockets say it.
@@ -149,6 +150,11 @@ func (g *Gateway) registerClusterOps(n *cluster.Node) {
 		return g.localLeases(c.Principal), nil
 	})
 	n.HandleFor(opClaim, g.offerTimeout(), g.takeOffer)
+	n.Handle(opCount, func(_ context.Context, _ string, body json.RawMessage) (any, error) {
+		var c countCall
+		err := json.Unmarshal(body, &c)
+		return countAnswer{Leases: g.localCount(c.Principal)}, err
+	})
 	n.Handle(opAttach, g.relayAttach)
 	n.Handle(opRead, g.relayRead)
 	n.Handle(opSend, g.relaySend)
