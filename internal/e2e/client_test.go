@@ -9,13 +9,16 @@ import (
 	"time"
 )
 
-// runClient runs nexus-client with input piped in and returns its output.
+// runClient runs nexus-client with input piped in (stdin /dev/null when
+// input is empty) and returns its output.
 func runClient(t *testing.T, input string, args ...string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin("nexus-client"), args...)
-	cmd.Stdin = strings.NewReader(input)
+	if input != "" {
+		cmd.Stdin = strings.NewReader(input)
+	}
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("nexus-client %v: %v\n%s", args, err, out)
@@ -37,6 +40,10 @@ func TestClientPipedKeepAndAttach(t *testing.T) {
 	}
 	if n := len(b.leases().Leases); n != 0 {
 		t.Errorf("%d leases left after a piped session", n)
+	}
+	// </dev/null is no terminal either: no prompt, and the release.
+	if out := runClient(t, "", "-broker", b.Base); strings.Contains(out, "type a line") || !strings.Contains(out, "released ") {
+		t.Errorf("nexus-client </dev/null output:\n%s", out)
 	}
 
 	out = runClient(t, "kept\n", "-broker", b.Base, "-keep")
