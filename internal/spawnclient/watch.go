@@ -1,11 +1,11 @@
 package spawnclient
 
 import (
-	"bytes"
 	"os"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nexus-broker/nexus-broker/internal/inotify"
 )
 
 // fileWatcher signals on C whenever one file name in a directory is
@@ -35,11 +35,11 @@ func watchFile(dir, name string) *fileWatcher {
 	ch := make(chan struct{}, 1)
 	w.C = ch
 	w.done = make(chan struct{})
-	go w.read(ch, []byte(name))
+	go w.read(ch, name)
 	return w
 }
 
-func (w *fileWatcher) read(ch chan<- struct{}, name []byte) {
+func (w *fileWatcher) read(ch chan<- struct{}, name string) {
 	defer close(w.done)
 	buf := make([]byte, 16*(unix.SizeofInotifyEvent+unix.NAME_MAX+1))
 	for {
@@ -47,20 +47,13 @@ func (w *fileWatcher) read(ch chan<- struct{}, name []byte) {
 		if err != nil {
 			return
 		}
-		for off := 0; off+unix.SizeofInotifyEvent <= n; {
-			ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
-			end := off + unix.SizeofInotifyEvent + int(ev.Len)
-			if end > n {
-				break
-			}
-			evName := bytes.TrimRight(buf[off+unix.SizeofInotifyEvent:end], "\x00")
-			if bytes.Equal(evName, name) || ev.Mask&unix.IN_Q_OVERFLOW != 0 {
+		for evName, mask := range inotify.Events(buf[:n]) {
+			if evName == name || mask&unix.IN_Q_OVERFLOW != 0 {
 				select {
 				case ch <- struct{}{}:
 				default:
 				}
 			}
-			off = end
 		}
 	}
 }

@@ -1,16 +1,16 @@
 package spawnd
 
 import (
-	"bytes"
 	"errors"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nexus-broker/nexus-broker/internal/inotify"
 )
 
 // Instance output goes to one file per lease in logDir, which the instance
@@ -36,13 +36,13 @@ const (
 )
 
 // watchLogs caps the logs in d.logDir until Close. It runs on d.wg.
-func (d *Daemon) watchLogs(inotify int) {
+func (d *Daemon) watchLogs(watch int) {
 	defer d.wg.Done()
-	defer unix.Close(inotify)
+	defer unix.Close(watch)
 	warned := map[string]bool{} // one WARN per log, however often it fills
 	created := 0
 	buf := make([]byte, 64<<10)
-	fds := []unix.PollFd{{Fd: int32(inotify), Events: unix.POLLIN}, {Fd: int32(d.stopR), Events: unix.POLLIN}}
+	fds := []unix.PollFd{{Fd: int32(watch), Events: unix.POLLIN}, {Fd: int32(d.stopR), Events: unix.POLLIN}}
 	for {
 		if _, err := unix.Poll(fds, -1); err != nil && err != unix.EINTR {
 			d.log.Error("watching instance logs failed; they are no longer capped", "dir", d.logDir, "error", err)
@@ -51,11 +51,11 @@ func (d *Daemon) watchLogs(inotify int) {
 		if fds[1].Revents != 0 {
 			return
 		}
-		n, err := unix.Read(inotify, buf)
+		n, err := unix.Read(watch, buf)
 		if err != nil {
 			continue // EAGAIN: nothing after all
 		}
-		for name, mask := range inotifyEvents(buf[:n]) {
+		for name, mask := range inotify.Events(buf[:n]) {
 			switch {
 			case mask&unix.IN_Q_OVERFLOW != 0:
 				d.capAllLogs(warned) // events were lost: look at every log
@@ -66,24 +66,6 @@ func (d *Daemon) watchLogs(inotify int) {
 			case strings.HasSuffix(name, ".log"):
 				d.capLog(name, warned)
 			}
-		}
-	}
-}
-
-// inotifyEvents yields the name and mask of each event in buf.
-func inotifyEvents(buf []byte) func(yield func(string, uint32) bool) {
-	return func(yield func(string, uint32) bool) {
-		for off := 0; off+unix.SizeofInotifyEvent <= len(buf); {
-			ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
-			end := off + unix.SizeofInotifyEvent + int(ev.Len)
-			if end > len(buf) {
-				return
-			}
-			name := string(bytes.TrimRight(buf[off+unix.SizeofInotifyEvent:end], "\x00"))
-			if !yield(name, ev.Mask) {
-				return
-			}
-			off = end
 		}
 	}
 }

@@ -1,0 +1,30 @@
+// Package inotify reads the events of an inotify descriptor, for the two
+// places that wait on a directory: spawnd capping instance logs, and the
+// gateway waiting for spawnd to publish spawnd.json.
+package inotify
+
+import (
+	"bytes"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Events yields the name and mask of each whole event in buf, as read(2)
+// returned them from an inotify descriptor.
+func Events(buf []byte) func(yield func(string, uint32) bool) {
+	return func(yield func(string, uint32) bool) {
+		for off := 0; off+unix.SizeofInotifyEvent <= len(buf); {
+			ev := (*unix.InotifyEvent)(unsafe.Pointer(&buf[off]))
+			end := off + unix.SizeofInotifyEvent + int(ev.Len)
+			if end > len(buf) {
+				return
+			}
+			name := string(bytes.TrimRight(buf[off+unix.SizeofInotifyEvent:end], "\x00"))
+			if !yield(name, ev.Mask) {
+				return
+			}
+			off = end
+		}
+	}
+}
