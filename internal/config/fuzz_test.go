@@ -11,8 +11,8 @@ import (
 // FuzzParse holds Parse to its contract on any input: no panic; every
 // error starts "broker config: "; every success has the reserved entry, a
 // positive ready_timeout and reattach_window, and a path on every entry;
-// and nexus-spawnd's loader (core.Parse) reads every file the gateway
-// accepts, to the same values of its own keys.
+// and nexus-spawnd's loader (core.Parse) holds to the same contract and
+// reads every file the gateway accepts, to the same values of its keys.
 func FuzzParse(f *testing.F) {
 	for _, s := range []string{"", specExample, specRegistryExample, specRunAsExample, specEnvExample, specAuthExample, specProxyExample} {
 		f.Add(s)
@@ -30,6 +30,10 @@ func FuzzParse(f *testing.F) {
 		f.Add(k.changed)
 	}
 	f.Fuzz(func(t *testing.T, data string) {
+		own, ownErr := core.Parse([]byte(data))
+		if ownErr != nil && (own != nil || !strings.HasPrefix(ownErr.Error(), "broker config: ")) {
+			t.Errorf("nexus-spawnd's loader: %v (and %v)", ownErr, own)
+		}
 		c, err := Parse([]byte(data))
 		if err != nil {
 			if c != nil {
@@ -54,9 +58,8 @@ func FuzzParse(f *testing.F) {
 		if c.ReattachWindow <= 0 {
 			t.Errorf("reattach_window %s", c.ReattachWindow.D())
 		}
-		own, err := core.Parse([]byte(data))
-		if err != nil {
-			t.Fatalf("the gateway accepts the file, nexus-spawnd refuses it: %v", err)
+		if ownErr != nil {
+			t.Fatalf("the gateway accepts the file, nexus-spawnd refuses it: %v", ownErr)
 		}
 		if !reflect.DeepEqual(*own, c.Config) {
 			t.Errorf("nexus-spawnd reads\n%+v\nthe gateway\n%+v", *own, c.Config)
