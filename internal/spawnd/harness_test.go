@@ -445,9 +445,12 @@ func (h *harness) start() {
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	h.srv = grpc.NewServer()
-	spawnpb.RegisterSpawnerServer(h.srv, h.d)
-	go func() { _ = h.srv.Serve(rpcLn) }()
+	// The goroutine gets its own server: h.srv is replaced by the next
+	// start, which may come before a slow goroutine first runs.
+	srv := grpc.NewServer()
+	spawnpb.RegisterSpawnerServer(srv, h.d)
+	h.srv = srv
+	go func() { _ = srv.Serve(rpcLn) }()
 	h.conn, err = grpc.NewClient("unix://"+sockPath, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		h.t.Fatal(err)
