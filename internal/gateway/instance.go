@@ -117,7 +117,15 @@ func (g *Gateway) serveInstance(conn *websocket.Conn, remote string) {
 		g.log.Info("restored lease reattached by its instance", "lease_id", l.id)
 	}
 	g.log.Info("instance registered", "lease_id", l.id)
+	// The read pump, which lives as long as the lease, gets a goroutine of
+	// its own: the stack this one grew for the handshake's RPC would stay
+	// with an idle lease until the collector next ran.
+	go ic.serve(l)
+}
 
+// serve runs the read pump until the socket ends, then detaches it.
+func (ic *instanceConn) serve(l *lease) {
+	g, ws := l.g, ic.ws
 	ws.flushBeforeRead(ic.flushToClient)
 	ic.readPump(l)
 	ic.flushToClient()
