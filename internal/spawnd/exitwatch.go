@@ -1,6 +1,7 @@
 package spawnd
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 
@@ -9,13 +10,18 @@ import (
 
 // exitWatch waits for the exits of every supervised instance on one epoll
 // over their pidfds. A blocking poll per lease would pin an OS thread, and
-// its stacks, for each lease's whole life; here one thread waits for all,
-// and each supervisor is a goroutine parked on a channel.
+// its stacks, for each lease's whole life, and even a goroutine parked per
+// lease keeps a stack; here one thread waits for all, and a lease's
+// supervision costs a goroutine only once its instance has exited.
 type exitWatch struct {
 	epfd, stop int
 	mu         sync.Mutex
-	waiting    map[int32]chan struct{} // by pidfd
+	waiting    map[int32]func(exited bool, err error) // by pidfd
+	stopped    error                                  // set once run has returned
 }
+
+// errWatchStopped is an add after the watch has stopped.
+var errWatchStopped = errors.New("the exit watch has stopped")
 
 // newExitWatch opens the epoll; stop is the read end of the stop pipe,
 // whose closing ends run.
@@ -24,7 +30,7 @@ func newExitWatch(stop int) (*exitWatch, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating the exit watch epoll: %w", err)
 	}
-	w := &exitWatch{epfd: epfd, stop: stop, waiting: map[int32]chan struct{}{}}
+	w := &exitWatch{epfd: epfd, stop: stop, waiting: map[int32]func(bool, error){}}
 	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, stop, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(stop)}); err != nil {
 		_ = unix.Close(epfd)
 		return nil, fmt.Errorf("watching the supervisor stop pipe: %w", err)
@@ -32,29 +38,46 @@ func newExitWatch(stop int) (*exitWatch, error) {
 	return w, nil
 }
 
-// add returns a channel closed once the process behind pidfd has exited.
-// Polling a pidfd does not reap, which is what lets supervise kill the
-// group while the leader still pins its id. The caller keeps pidfd open
-// until the channel is closed or the watch has stopped.
-func (w *exitWatch) add(pidfd int) (<-chan struct{}, error) {
-	ch := make(chan struct{})
+// add has done called once, from the watch's goroutine (so it must not
+// block), with true when the process behind pidfd has exited, or with
+// false once the watch stops first (with the error that stopped it, nil on
+// the stop pipe). Polling a pidfd does not reap, which is what lets the
+// supervisor kill the group while the leader still pins its id. The caller
+// keeps pidfd open until done has run; done is not called when add fails.
+func (w *exitWatch) add(pidfd int, done func(exited bool, err error)) error {
 	w.mu.Lock()
-	w.waiting[int32(pidfd)] = ch
-	w.mu.Unlock()
+	defer w.mu.Unlock()
+	if w.stopped != nil {
+		return w.stopped
+	}
 	// One-shot: the pidfd stays readable once the process has exited.
 	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLONESHOT, Fd: int32(pidfd)}
 	if err := unix.EpollCtl(w.epfd, unix.EPOLL_CTL_ADD, pidfd, &ev); err != nil {
-		w.mu.Lock()
-		delete(w.waiting, int32(pidfd))
-		w.mu.Unlock()
-		return nil, fmt.Errorf("watching pidfd %d: %w", pidfd, err)
+		return fmt.Errorf("watching pidfd %d: %w", pidfd, err)
 	}
-	return ch, nil
+	w.waiting[int32(pidfd)] = done
+	return nil
 }
 
-// run delivers exits until the stop pipe closes or the epoll fails (its
-// error is returned).
+// run delivers exits until the stop pipe closes or the epoll fails, then
+// tells every remaining waiter the watch has stopped.
 func (w *exitWatch) run() error {
+	err := w.deliver()
+	w.mu.Lock()
+	w.stopped = errWatchStopped
+	waiting := w.waiting
+	w.waiting = nil
+	w.mu.Unlock()
+	for pidfd, done := range waiting {
+		// An exit that came with the stop is still an exit.
+		pfd := []unix.PollFd{{Fd: pidfd, Events: unix.POLLIN}}
+		n, _ := unix.Poll(pfd, 0)
+		done(n == 1 && pfd[0].Revents != 0, err)
+	}
+	return err
+}
+
+func (w *exitWatch) deliver() error {
 	events := make([]unix.EpollEvent, 64)
 	for {
 		n, err := unix.EpollWait(w.epfd, events, -1)
@@ -68,15 +91,15 @@ func (w *exitWatch) run() error {
 			if ev.Fd == int32(w.stop) {
 				return nil
 			}
+			w.mu.Lock()
 			// Removed before its owner can close the pidfd and the number
 			// be reused.
 			_ = unix.EpollCtl(w.epfd, unix.EPOLL_CTL_DEL, int(ev.Fd), nil)
-			w.mu.Lock()
-			ch := w.waiting[ev.Fd]
+			done := w.waiting[ev.Fd]
 			delete(w.waiting, ev.Fd)
 			w.mu.Unlock()
-			if ch != nil {
-				close(ch)
+			if done != nil {
+				done(true, nil)
 			}
 		}
 	}

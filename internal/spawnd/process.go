@@ -222,13 +222,23 @@ func workingDir(home string) string {
 	return "/"
 }
 
-// supervise waits for the instance's leader to exit, then kills whatever is
-// left of its group, reaps it (when spawnd is its parent), and publishes its
-// exit. It runs once per lease, from Spawn or adoption until the exit or
-// until Close.
+// supervise has the exit watch tell it when the instance's leader exits,
+// then kills whatever is left of its group, reaps it (when spawnd is its
+// parent), and publishes its exit. It runs once per lease, from Spawn or
+// adoption, until the exit or until Close, and holds one count of d.wg
+// for that whole time; no goroutine runs for it until then.
 func (d *Daemon) supervise(l *lease) {
+	err := d.exits.add(l.pidfd, func(exited bool, err error) { go d.supervised(l, exited, err) })
+	if err != nil {
+		d.supervised(l, false, err)
+	}
+}
+
+// supervised is the end of a lease's supervision: its instance exited, or
+// spawnd is closing (or the watch failed, err).
+func (d *Daemon) supervised(l *lease, exited bool, err error) {
 	defer d.wg.Done()
-	if exited, err := d.awaitExit(l.pidfd); !exited {
+	if !exited {
 		if err != nil {
 			d.log.Error("supervising instance failed; its exit will not be reported", "lease_id", l.rec.LeaseID, "pid", l.rec.PID, "error", err)
 		}
@@ -335,25 +345,6 @@ func (d *Daemon) removeCgroup(id string) {
 		}
 		d.log.Info("lease cgroup removed after all", "lease_id", id)
 	}()
-}
-
-// awaitExit blocks until the process behind pidfd exits (true) or spawnd
-// closes (false).
-func (d *Daemon) awaitExit(pidfd int) (bool, error) {
-	exited, err := d.exits.add(pidfd)
-	if err != nil {
-		return false, err
-	}
-	select {
-	case <-exited:
-		return true, nil
-	case <-d.closing:
-		// The watch has stopped: it may not have delivered an exit that
-		// came with the close.
-		var pfd = []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
-		n, _ := unix.Poll(pfd, 0)
-		return n == 1 && pfd[0].Revents != 0, nil
-	}
 }
 
 func reap(pid int) (unix.WaitStatus, error) {

@@ -288,7 +288,7 @@ func New(cfgPath string, cfg *core.Config, log *slog.Logger) (_ *Daemon, err err
 	d.describe(s)
 	for _, l := range adopted {
 		d.wg.Add(1)
-		go d.supervise(l)
+		d.supervise(l)
 	}
 	return d, nil
 }
@@ -559,7 +559,7 @@ func (d *Daemon) Spawn(_ context.Context, req *spawnpb.SpawnRequest) (*spawnpb.S
 	d.journal.append(kindStarted, rec)
 	// Bound only once the instance runs: a failed exec replayed nothing.
 	d.index.bind(recall, e.name)
-	go d.supervise(l)
+	d.supervise(l)
 
 	attrs := []any{"lease_id", id, "entry", e.name, "pid", p.pid, "log", p.logPath}
 	if e.runAs != nil {
