@@ -33,7 +33,6 @@ func threads(t *testing.T) int {
 func TestSupervisorsPinNoThreadPerLease(t *testing.T) {
 	const leases = 40
 	h := newHarness(t, defaultYAML)
-	stream := h.watch()
 	before := threads(t)
 	var m0, m1 runtime.MemStats
 	runtime.GC()
@@ -50,6 +49,7 @@ func TestSupervisorsPinNoThreadPerLease(t *testing.T) {
 	if grown := threads(t) - before; grown >= leases/2 {
 		t.Fatalf("%d leases grew the process by %d OS threads; a supervisor must not pin one", leases, grown)
 	}
+	stream := h.watch()
 	for i := range leases {
 		if _, err := h.client.Terminate(h.ctx(), &spawnpb.TerminateRequest{LeaseId: fmt.Sprintf("%032x", i+1), SkipGrace: true}); err != nil {
 			t.Fatal(err)
