@@ -268,7 +268,16 @@ func (s *Store) inflate(t *Task) error {
 
 // Put stores r's current state, persisted before it returns: the ingress
 // publishes a change only after Put.
-func (s *Store) Put(r *Record) {
+func (s *Store) Put(r *Record) { s.put(r, true) }
+
+// Update stores r's current state in memory only, for a change that moves
+// a task between states short of terminal and touches nothing else (its
+// history, its artifacts). A reopen settles such a task FAILED whatever
+// its line says, so writing the change would alter nothing that can ever
+// read back from the file, and a turn's path is one write shorter.
+func (s *Store) Update(r *Record) { s.put(r, false) }
+
+func (s *Store) put(r *Record, write bool) {
 	c := *r
 	c.Task = r.Task.Clone()
 	s.mu.Lock()
@@ -276,7 +285,9 @@ func (s *Store) Put(r *Record) {
 	now := time.Now()
 	c.Updated = now
 	e := s.putLocked(&c)
-	s.appendLocked(&c)
+	if write {
+		s.appendLocked(&c)
+	}
 	s.trimConvLocked(e.convOf)
 	s.expireLocked(now)
 }

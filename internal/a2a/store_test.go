@@ -88,6 +88,35 @@ func TestStoreSettlesInflightOnReopen(t *testing.T) {
 	}
 }
 
+// TestStoreUpdate: a move between live states reads back at once but is
+// not written (a reopen settles the task FAILED either way); a terminal
+// state is.
+func TestStoreUpdate(t *testing.T) {
+	dir := t.TempDir()
+	var logs bytes.Buffer
+	s := OpenStore(dir, testPolicy(), quietLog(&logs))
+	r := record("p", "x", "c1", "t1", StateSubmitted)
+	s.Put(r)
+	r.Task.Status.State = StateWorking
+	s.Update(r)
+	if got, ok := s.Get("p", "x", "t1"); !ok || got.Task.Status.State != StateWorking {
+		t.Fatalf("an updated task reads back %+v", got)
+	}
+	lines := func() int {
+		data, _ := os.ReadFile(filepath.Join(dir, TasksFile))
+		return bytes.Count(data, []byte("\n"))
+	}
+	if n := lines(); n != 1 {
+		t.Errorf("the task file has %d lines after a Put and an Update, want 1", n)
+	}
+	r.Task.Status.State = StateCompleted
+	s.Put(r)
+	if n := lines(); n != 2 {
+		t.Errorf("the task file has %d lines after the terminal Put, want 2", n)
+	}
+	s.Close()
+}
+
 // TestStoreScope: another caller, or the same caller on another profile,
 // sees nothing, exactly like an unknown id.
 func TestStoreScope(t *testing.T) {

@@ -44,8 +44,10 @@ func wsTurn(c *brokerclient.Conn, text string) (first, whole time.Duration, err 
 // state_dir (every change written before it is streamed), next to the same
 // turn over the plain WebSocket path in the same run. Targets: the round
 // trip and the first WORKING each within 1.5× of their WebSocket
-// counterpart at p50. The A2A client skips the tests' openapi.json check,
-// which would be timed with it.
+// counterpart at p50. A GetTask round trip is reported beside them: the
+// cost of one A2A HTTP exchange, which is what the A2A turn adds to the
+// WebSocket one. The A2A client skips the tests' openapi.json check, which
+// would be timed with it.
 func BenchmarkA2ATurn(b *testing.B) {
 	benchPreflight(b)
 	br := a2aBroker(b, "idle_timeout: 0s\n", Options{StateDir: true})
@@ -64,7 +66,7 @@ func BenchmarkA2ATurn(b *testing.B) {
 	if _, err := c.SendMessage(ctx, userMsg("bench", "warm")); err != nil {
 		b.Fatal(err)
 	}
-	var send, stream, streamSnap, streamFirst, wsWhole, wsFirst []time.Duration
+	var send, get, stream, streamSnap, streamFirst, wsWhole, wsFirst []time.Duration
 	for b.Loop() {
 		start := time.Now()
 		res, err := c.SendMessage(ctx, userMsg("bench", "hello there"))
@@ -75,6 +77,12 @@ func BenchmarkA2ATurn(b *testing.B) {
 			b.Fatalf("SendMessage answered %+v", res)
 		}
 		send = append(send, time.Since(start))
+
+		start = time.Now()
+		if _, err := c.GetTask(ctx, &a2a.GetTaskRequest{ID: res.(*a2a.Task).ID}); err != nil {
+			b.Fatal(err)
+		}
+		get = append(get, time.Since(start))
 
 		start = time.Now()
 		var snap, first time.Duration
@@ -101,6 +109,7 @@ func BenchmarkA2ATurn(b *testing.B) {
 	s50, w50, f50, wf50 := pct(send, 50), pct(wsWhole, 50), pct(streamFirst, 50), pct(wsFirst, 50)
 	b.ReportMetric(ms(s50), "send-p50-ms")
 	b.ReportMetric(ms(pct(send, 99)), "send-p99-ms")
+	b.ReportMetric(ms(pct(get, 50)), "gettask-p50-ms")
 	b.ReportMetric(ms(pct(stream, 50)), "stream-p50-ms")
 	b.ReportMetric(ms(pct(streamSnap, 50)), "first-event-p50-ms")
 	b.ReportMetric(ms(f50), "first-working-p50-ms")
@@ -109,7 +118,8 @@ func BenchmarkA2ATurn(b *testing.B) {
 	b.ReportMetric(float64(s50)/float64(w50), "ratio-p50")
 	b.ReportMetric(float64(f50)/float64(wf50), "first-ratio-p50")
 	verdict(b, "blocking SendMessage within 1.5× of the WebSocket turn at p50", float64(s50) <= 1.5*float64(w50),
-		"send p50 %.3f ms vs WebSocket %.3f ms = %.2f×; %d samples each", ms(s50), ms(w50), float64(s50)/float64(w50), len(send))
+		"send p50 %.3f ms vs WebSocket %.3f ms = %.2f×; one GetTask exchange %.3f ms; %d samples each",
+		ms(s50), ms(w50), float64(s50)/float64(w50), ms(pct(get, 50)), len(send))
 	verdict(b, "first streamed WORKING within 1.5× of the first WebSocket frame at p50", float64(f50) <= 1.5*float64(wf50),
 		"first WORKING %.3f ms vs first WebSocket frame %.3f ms = %.2f×; first event (the snapshot) %.3f ms",
 		ms(f50), ms(wf50), float64(f50)/float64(wf50), ms(pct(streamSnap, 50)))

@@ -199,9 +199,15 @@ func (in *ingress) unsubscribe(t *liveTask, ch chan a2a.Event) {
 }
 
 // publishLocked stores t and then hands evs to every stream. A stream too
-// far behind is closed rather than allowed to stall the instance.
+// far behind is closed rather than allowed to stall the instance. A
+// terminal state is written to the file; a move between live states is
+// kept in memory (see a2a.Store.Update).
 func (in *ingress) publishLocked(t *liveTask, evs ...a2a.Event) {
-	in.store.Put(t.rec)
+	if a2a.Terminal(t.rec.Task.Status.State) {
+		in.store.Put(t.rec)
+	} else {
+		in.store.Update(t.rec)
+	}
 	for ch := range t.subs {
 		for _, ev := range evs {
 			select {
@@ -585,6 +591,7 @@ func (in *ingress) answer(principal, profile string, msg *a2a.Message, text stri
 		msg.ContextID = t.rec.Task.ContextID
 	}
 	t.rec.Task.History = append(t.rec.Task.History, *msg)
+	in.store.Put(t.rec) // the answer is history: written, unlike the state moves
 	if t.askTimer != nil {
 		t.askTimer.Stop()
 	}
