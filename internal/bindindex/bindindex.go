@@ -5,7 +5,8 @@
 // appends, capped with the binding written longest ago dropped first. A
 // torn line is skipped with a WARN and an index that cannot be opened turns
 // itself off with one WARN, never failing the boot: an unknown key always
-// means "no opinion", so losing the tail only degrades to forgetting.
+// means "no opinion", so losing the tail only degrades to forgetting. Without
+// a file (no state_dir) an index lives in memory, capped the same way.
 package bindindex
 
 import (
@@ -29,6 +30,7 @@ const CompactEvery = 256
 // (ok false for a line that is not a whole binding), and the words its
 // WARNs use.
 type Spec[B any] struct {
+	// Path is the file; "" keeps the index in memory only, capped alike.
 	Path  string
 	Limit int
 	Key   func(B) (key string, ok bool)
@@ -59,7 +61,8 @@ type Index[B any] struct {
 	log  *slog.Logger
 
 	mu      sync.Mutex
-	f       *os.File // nil once closed
+	f       *os.File // nil when memory-only or closed
+	closed  bool
 	appends int
 	order   *list.List
 	byKey   map[string]*list.Element
@@ -69,6 +72,9 @@ type Index[B any] struct {
 // the file cannot be read or rewritten.
 func Open[B any](spec Spec[B], log *slog.Logger) *Index[B] {
 	x := &Index[B]{spec: spec, log: log, order: list.New(), byKey: map[string]*list.Element{}}
+	if spec.Path == "" {
+		return x
+	}
 	atomicfile.RemoveTemps(spec.Path)
 	read := spec.Read
 	if read == nil {
@@ -130,10 +136,13 @@ func (x *Index[B]) Put(b B) {
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	if x.f == nil {
+	if x.closed {
 		return
 	}
 	x.remember(key, b)
+	if x.f == nil {
+		return // memory-only
+	}
 	if _, err := x.f.Write(append(line, '\n')); err != nil {
 		x.log.Warn("appending to the "+x.spec.What+" failed; this binding is kept in memory only",
 			"path", x.spec.Path, "error", err)
@@ -203,6 +212,7 @@ func (x *Index[B]) Close() {
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	x.closed = true
 	if x.f != nil {
 		_ = x.f.Close()
 		x.f = nil

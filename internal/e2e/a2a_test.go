@@ -327,17 +327,22 @@ func TestA2AQueue(t *testing.T) {
 
 // TestA2AIdleReleaseContinues: after idle_timeout released the instance, the
 // next message on the context re-spawns with -recall: same session, its
-// transcript visible.
+// transcript visible. Without a state_dir too, for as long as the gateway
+// runs (the gateway forgets a quiet conversation; its binding is kept).
 func TestA2AIdleReleaseContinues(t *testing.T) {
-	b := a2aBroker(t, "idle_timeout: 1s\n", Options{StateDir: true})
-	c := a2aClient(t, b, "support", a2a.TransportProtocolHTTPJSON)
-	answerOf(t, sendTask(t, c, userMsg("idle", "remember me")))
-	eventually(t, 20*time.Second, func() string { return "the idle lease is still listed" }, func() bool {
-		return len(b.leases().Leases) == 0
-	})
-	got := answerOf(t, sendTask(t, c, userMsg("idle", "who?")))
-	if got != "echo #2: who? (earlier: remember me)" {
-		t.Errorf("after an idle release the conversation answered %q", got)
+	for _, durable := range []bool{true, false} {
+		t.Run(fmt.Sprintf("state_dir=%v", durable), func(t *testing.T) {
+			b := a2aBroker(t, "idle_timeout: 1s\n", Options{StateDir: durable})
+			c := a2aClient(t, b, "support", a2a.TransportProtocolHTTPJSON)
+			answerOf(t, sendTask(t, c, userMsg("idle", "remember me")))
+			eventually(t, 20*time.Second, func() string { return "the idle lease is still listed" }, func() bool {
+				return len(b.leases().Leases) == 0
+			})
+			got := answerOf(t, sendTask(t, c, userMsg("idle", "who?")))
+			if got != "echo #2: who? (earlier: remember me)" {
+				t.Errorf("after an idle release the conversation answered %q", got)
+			}
+		})
 	}
 }
 

@@ -63,11 +63,14 @@ func (k convKey) String() string { return k.principal + "\x00" + k.profile + "\x
 type ingress struct {
 	g        *Gateway
 	store    *a2a.Store
-	contexts *bindindex.Index[contextBinding] // nil without state_dir, or off
+	contexts *bindindex.Index[contextBinding] // in memory without state_dir, or when the file is off
 	policy   config.A2ATasks
 	profiles atomic.Pointer[profileSet]
 
-	mu      sync.Mutex
+	mu sync.Mutex
+	// convs are the conversations with something going on: a task, a
+	// lease, a spawn or a hold. A quiet one is forgotten (its session is in
+	// contexts) so that conversations cost memory only while they live.
 	convs   map[convKey]*conv
 	byLease map[*lease]*conv     // the conversation each A2A lease serves
 	live    map[string]*liveTask // tasks not yet terminal, by id
@@ -113,18 +116,25 @@ func newIngress(g *Gateway, cfg *config.Config, log *slog.Logger) *ingress {
 	in := &ingress{g: g, policy: cfg.A2A.Tasks, convs: map[convKey]*conv{}, byLease: map[*lease]*conv{}, live: map[string]*liveTask{}}
 	t := cfg.A2A.Tasks
 	in.store = a2a.OpenStore(cfg.StateDir, a2a.Policy{TTL: t.TTL.D(), MaxPerContext: t.MaxPerContext, MaxBytes: int64(t.MaxStoreBytes)}, log)
+	spec := bindindex.Spec[contextBinding]{
+		Limit: maxContexts,
+		Key: func(b contextBinding) (string, bool) {
+			k := convKey{b.Principal, b.Profile, b.ContextID}
+			return k.String(), b.ContextID != "" && b.SessionID != "" && b.Profile != ""
+		},
+		What: "A2A context → session index",
+		Off:  "conversation continuity lasts only as long as this process",
+		Torn: "torn by a crash mid-write, or edited",
+	}
 	if cfg.StateDir != "" {
-		in.contexts = bindindex.Open(bindindex.Spec[contextBinding]{
-			Path:  filepath.Join(cfg.StateDir, contextsFile),
-			Limit: maxContexts,
-			Key: func(b contextBinding) (string, bool) {
-				k := convKey{b.Principal, b.Profile, b.ContextID}
-				return k.String(), b.ContextID != "" && b.SessionID != "" && b.Profile != ""
-			},
-			What: "A2A context → session index",
-			Off:  "conversation continuity lasts only as long as this process",
-			Torn: "torn by a crash mid-write, or edited",
-		}, log)
+		spec.Path = filepath.Join(cfg.StateDir, contextsFile)
+		in.contexts = bindindex.Open(spec, log)
+	}
+	if in.contexts == nil {
+		// In memory: continuity lasts as long as this process, with the
+		// same cap, so a quiet conversation needs no memory of its own.
+		spec.Path = ""
+		in.contexts = bindindex.Open(spec, log)
 	}
 	return in
 }
@@ -288,9 +298,13 @@ func (in *ingress) advanceLocked(c *conv) (send func()) {
 }
 
 // kickLocked is advanceLocked from an event: the send goes on a goroutine.
+// A conversation left with nothing going on is forgotten.
 func (in *ingress) kickLocked(c *conv) {
 	if send := in.advanceLocked(c); send != nil {
 		go send()
+	}
+	if c.active == nil && len(c.queue) == 0 && c.lease == nil && !c.starting && !c.busy && in.convs[c.key] == c {
+		delete(in.convs, c.key)
 	}
 }
 
@@ -304,7 +318,7 @@ func (in *ingress) start(c *conv) {
 	t := c.active
 	switch {
 	case t == nil:
-		return // canceled while the instance was starting; it stays for the next message
+		in.kickLocked(c) // canceled while the instance was starting; it stays for the next message
 	case err != "":
 		in.setStateLocked(t, a2a.StateFailed, textSpawnFailed+err)
 	case l.currentState() == stateDraining:
@@ -555,7 +569,6 @@ func (in *ingress) leaseClosed(l *lease) {
 	in.unholdLocked(c)
 	if t := c.active; t != nil && c.sent {
 		in.setStateLocked(t, a2a.StateFailed, textInstanceGone)
-		return // which moved the conversation on
 	}
 	// An input not sent yet goes to the conversation's next instance.
 	in.kickLocked(c)
