@@ -36,9 +36,11 @@ lint:
 	$(GO) vet $(PKGS)
 	$(GO) run honnef.co/go/tools/cmd/staticcheck $(PKGS)
 
-# Benchmarks report ratios against baselines measured in the same run.
+# Benchmarks report ratios against baselines measured in the same run,
+# including a 60 s soak. NEXUS_BENCH_BASE_BIN=<dir of another build's
+# binaries> runs that build's broker beside this one (docs/performance.md).
 bench: build
-	E2E_NORACE=1 $(GO) test -run '^$$' -bench . -benchtime 2s -timeout 20m ./internal/e2e/ ./internal/gateway/ ./internal/spawnd/ ./internal/auth/
+	E2E_NORACE=1 $(GO) test -run '^$$' -bench . -benchtime 2s -timeout 45m ./internal/e2e/ ./internal/gateway/ ./internal/spawnd/ ./internal/auth/
 
 # Short fuzzing of every decoder and the config loader.
 FUZZTIME ?= 30s
