@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/a2aproject/a2a-go/v2/a2a"
 	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
@@ -238,9 +239,13 @@ func TestClusterLeasesOwnerLossAndReturn(t *testing.T) {
 		}
 	}
 
+	relayed := dialVia(t, bs["a"], claims["c"], brokerclient.DialOptions{})
 	c := bs["c"]
 	c.KillGateway(syscall.SIGKILL)
 	c.KillSpawnd(syscall.SIGKILL)
+	if code, text := closeCode(t, relayed); code != 1013 || text != "lease owner unavailable" {
+		t.Fatalf("a socket relayed through A to C's lease closed with %d %q when C died, want 1013 lease owner unavailable", code, text)
+	}
 	for _, id := range []string{"a", "b"} {
 		b := bs[id]
 		b.waitPeers(1)
@@ -456,5 +461,39 @@ func TestClusterPrincipalCapCountsEveryBroker(t *testing.T) {
 	}
 	if _, err := bs["c"].Client.Claim(ctx, brokerclient.ClaimRequest{Config: "engine:\n  name: example\n"}); err == nil {
 		t.Fatal("a fourth claim was admitted")
+	}
+}
+
+// TestClusterA2AContextContinuesOnAnotherBroker: a conversation started
+// through A continues through B, on A's session; a new one started
+// through B belongs to B.
+func TestClusterA2AContextContinuesOnAnotherBroker(t *testing.T) {
+	ns := startNATS(t, 0, nil)
+	bs := map[string]*Broker{}
+	for _, id := range []string{"a", "b"} {
+		bs[id] = a2aBroker(t, "", Options{YAML: clusterYAML(id, ns.ClientURL()), StateDir: true, Advertise: true,
+			GatewayEnv: []string{clusterSecretEnv + "=" + clusterSecret}})
+	}
+	bs["a"].waitPeers(1)
+	bs["b"].waitPeers(1)
+	for _, binding := range bindings {
+		t.Run(string(binding), func(t *testing.T) {
+			conv := "cluster-" + string(binding)
+			first := sendTask(t, a2aClient(t, bs["a"], "support", binding), userMsg(conv, "hello"))
+			if got := answerOf(t, first); got != "echo #1: hello" {
+				t.Fatalf("through A: %q", got)
+			}
+			second := sendTask(t, a2aClient(t, bs["b"], "support", binding), userMsg(conv, "again"))
+			if got := answerOf(t, second); got != "echo #2: again (earlier: hello)" {
+				t.Fatalf("through B the conversation answered %q, not on A's session", got)
+			}
+			if len(bs["b"].Instances()) != 0 {
+				t.Fatalf("B spawned an instance for A's conversation")
+			}
+		})
+	}
+	fresh := sendTask(t, a2aClient(t, bs["b"], "support", a2a.TransportProtocolJSONRPC), userMsg("born-on-b", "new"))
+	if got := answerOf(t, fresh); got != "echo #1: new" || len(bs["b"].Instances()) != 1 {
+		t.Fatalf("a new conversation through B answered %q with %d instances on B", got, len(bs["b"].Instances()))
 	}
 }

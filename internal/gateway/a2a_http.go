@@ -210,9 +210,9 @@ func a2aBase(cfg *config.Config) string {
 
 func (in *ingress) routes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /agents/{name}/.well-known/agent-card.json", in.handleCard)
-	mux.HandleFunc("POST /agents/{name}/a2a", in.handleJSONRPC)
-	mux.HandleFunc("POST /agents/{name}/a2a/v1/message:send", in.restSend)
-	mux.HandleFunc("POST /agents/{name}/a2a/v1/message:stream", in.restStream)
+	mux.HandleFunc("POST /agents/{name}/a2a", in.clustered(in.handleJSONRPC))
+	mux.HandleFunc("POST /agents/{name}/a2a/v1/message:send", in.clustered(in.restSend))
+	mux.HandleFunc("POST /agents/{name}/a2a/v1/message:stream", in.clustered(in.restStream))
 	mux.HandleFunc("GET /agents/{name}/a2a/v1/tasks", in.restList)
 	mux.HandleFunc("GET /agents/{name}/a2a/v1/tasks/{task}", in.restTask)
 	mux.HandleFunc("POST /agents/{name}/a2a/v1/tasks/{task}", in.restTask)

@@ -8,7 +8,6 @@ import (
 	"slices"
 	"sort"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/nexus-broker/nexus-broker/internal/auth"
@@ -177,11 +176,6 @@ type countAnswer struct {
 	Leases int `json:"leases"`
 }
 
-type peerCount struct {
-	n  int
-	at time.Time
-}
-
 // localCount is principal's live leases here plus its claims in flight.
 func (g *Gateway) localCount(principal string) int {
 	g.mu.Lock()
@@ -205,13 +199,19 @@ func (g *Gateway) localCountLocked(principal string) int {
 // leases cannot be seen, and refusing every claim while it is away would
 // make its outage everyone's.
 func (g *Gateway) peerLeaseCount(principal string) int {
-	g.capMu.Lock()
-	if c, ok := g.capCache[principal]; ok && time.Since(c.at) < capCacheFor {
-		g.capMu.Unlock()
-		return c.n
+	if n, ok := g.capCache.get(principal); ok {
+		return n
 	}
-	g.capMu.Unlock()
-	var total atomic.Int64
+	n := 0
+	askPeers(g, g.ctx, opCount, countCall{Principal: principal}, func(_ string, a countAnswer) { n += a.Leases })
+	g.capCache.put(principal, n)
+	return n
+}
+
+// askPeers sends op to every reachable peer at once and hands each answer
+// to got, one at a time; peers that do not answer are left out.
+func askPeers[A any](g *Gateway, ctx context.Context, op string, body any, got func(peer string, a A)) {
+	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for _, peer := range g.node.Peers() {
 		if !peer.Reachable {
@@ -220,21 +220,53 @@ func (g *Gateway) peerLeaseCount(principal string) int {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			var a countAnswer
-			if g.node.Call(g.ctx, peer.ID, opCount, countCall{Principal: principal}, &a) == nil {
-				total.Add(int64(a.Leases))
+			var a A
+			if g.node.Call(ctx, peer.ID, op, body, &a) == nil {
+				mu.Lock()
+				got(peer.ID, a)
+				mu.Unlock()
 			}
 		}()
 	}
 	wg.Wait()
-	n := int(total.Load())
-	g.capMu.Lock()
-	for p, c := range g.capCache { // keep the cache from growing with every principal ever seen
-		if time.Since(c.at) >= capCacheFor {
-			delete(g.capCache, p)
+}
+
+// briefCache keeps what peers answered for at most ttl.
+type briefCache[V any] struct {
+	ttl time.Duration
+	mu  sync.Mutex
+	m   map[string]briefEntry[V]
+}
+
+type briefEntry[V any] struct {
+	v  V
+	at time.Time
+}
+
+func newBriefCache[V any](ttl time.Duration) *briefCache[V] {
+	return &briefCache[V]{ttl: ttl, m: map[string]briefEntry[V]{}}
+}
+
+func (c *briefCache[V]) get(key string) (V, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.m[key]
+	if !ok || time.Since(e.at) >= c.ttl {
+		var zero V
+		return zero, false
+	}
+	return e.v, true
+}
+
+// put stores v, dropping what has expired so the cache does not grow with
+// every key ever asked about.
+func (c *briefCache[V]) put(key string, v V) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for k, e := range c.m {
+		if time.Since(e.at) >= c.ttl {
+			delete(c.m, k)
 		}
 	}
-	g.capCache[principal] = peerCount{n: n, at: time.Now()}
-	g.capMu.Unlock()
-	return n
+	c.m[key] = briefEntry[V]{v: v, at: time.Now()}
 }

@@ -66,8 +66,11 @@ type Gateway struct {
 	// node is cluster mode's NATS membership; nil in single-broker mode.
 	node *cluster.Node
 	// capCache holds other brokers' lease counts per principal, briefly.
-	capMu    sync.Mutex
-	capCache map[string]peerCount
+	capCache *briefCache[int]
+	// ctxCache holds which peer holds an A2A conversation, briefly.
+	ctxCache *briefCache[string]
+	// mux is Handler's, for requests other brokers carry here.
+	mux atomic.Pointer[http.ServeMux]
 
 	mu     sync.Mutex
 	leases map[string]*lease
@@ -100,7 +103,8 @@ func New(o Options) *Gateway {
 		leases:     map[string]*lease{},
 		claiming:   map[string]int{},
 		relays:     map[string]*relayConn{},
-		capCache:   map[string]peerCount{},
+		capCache:   newBriefCache[int](capCacheFor),
+		ctxCache:   newBriefCache[string](contextCacheFor),
 		ctx:        ctx,
 		cancel:     cancel,
 	}
@@ -391,5 +395,6 @@ func (g *Gateway) Handler() http.Handler {
 	if g.a2a != nil {
 		g.a2a.routes(mux)
 	}
+	g.mux.Store(mux)
 	return mux
 }

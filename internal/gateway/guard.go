@@ -18,6 +18,9 @@ const (
 // 503 with Retry-After) and written the audit line, and returns false.
 // Without an auth: block every caller is the anonymous principal.
 func (g *Gateway) Authenticate(w http.ResponseWriter, r *http.Request) (auth.Principal, bool) {
+	if p, ok := forwardedPrincipal(r.Context()); ok {
+		return p, true // another broker authenticated it (cluster mode)
+	}
 	p, ref := g.auth.Authenticate(r)
 	if ref != nil {
 		g.refuse(w, r, p, ref)

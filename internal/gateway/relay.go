@@ -30,6 +30,8 @@ const (
 	opLeases  = "leases"
 	opClaim   = "claim"
 	opCount   = "count"
+	opContext = "context"
+	opHTTP    = "http"
 )
 
 // Owner loss, as the HTTP routes and relayed sockets say it.
@@ -155,6 +157,9 @@ func (g *Gateway) registerClusterOps(n *cluster.Node) {
 		err := json.Unmarshal(body, &c)
 		return countAnswer{Leases: g.localCount(c.Principal)}, err
 	})
+	n.Handle(opContext, g.answerContext)
+	cfg := g.cfg.Load()
+	n.HandleFor(opHTTP, cfg.ReadyTimeout.D()+cfg.MaxTurnDuration.D()+30*time.Second, g.serveCarried)
 	n.Handle(opAttach, g.relayAttach)
 	n.Handle(opRead, g.relayRead)
 	n.Handle(opSend, g.relaySend)
