@@ -61,7 +61,7 @@ func BenchmarkClusterSpilledClaim(b *testing.B) {
 		if err := on.Client.Release(ctx, c.LeaseID); err != nil {
 			b.Fatal(err)
 		}
-		eventually(b, 30*time.Second, func() string { return "the released slot back" }, func() bool { return len(free.leaseStates()) == 0 })
+		eventually(b, 30*time.Second, func() string { return "the released slot back" }, func() bool { return free.metrics()["nexus_broker_slots_in_use"] == 0 })
 		return d
 	}
 	var local, spilled []time.Duration

@@ -497,3 +497,24 @@ func TestClusterA2AContextContinuesOnAnotherBroker(t *testing.T) {
 		t.Fatalf("a new conversation through B answered %q with %d instances on B", got, len(bs["b"].Instances()))
 	}
 }
+
+// TestClusterRelayChunksWhatExceedsMaxPayload: with a NATS max_payload of
+// 16 KiB, a 40 KB client message and the 40 KB answer it gets are carried
+// through a non-owner in chunks, whole.
+func TestClusterRelayChunksWhatExceedsMaxPayload(t *testing.T) {
+	ns := startNATS(t, 0, func(o *natsserver.Options) { o.MaxPayload = 16 << 10 })
+	bs := map[string]*Broker{}
+	for _, id := range []string{"a", "b"} {
+		bs[id] = startBroker(t, Options{YAML: clusterYAML(id, ns.ClientURL()), StateDir: true, Advertise: true,
+			GatewayEnv: []string{clusterSecretEnv + "=" + clusterSecret}})
+	}
+	bs["a"].waitPeers(1)
+	bs["b"].waitPeers(1)
+	bs["a"].GatewayLog.wait(t, regexp.MustCompile(`max_payload=16384`), 5*time.Second)
+	claim := bs["a"].claim(brokerclient.ClaimRequest{})
+	conn := dialVia(t, bs["b"], claim.LeaseID, brokerclient.DialOptions{})
+	big := strings.Repeat("0123456789", 4000)
+	if got := say(t, conn, big); got != "echo #1: "+big {
+		t.Fatalf("the 40 KB round trip through B came back %d bytes, want %d", len(got), len("echo #1: "+big))
+	}
+}

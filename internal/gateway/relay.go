@@ -48,6 +48,9 @@ const relayIdle = 10 * time.Second
 // the frames it carries.
 const payloadOverhead = 4 << 10
 
+// relayBatch bounds the client messages read ahead and sent in one request.
+const relayBatch = 64
+
 // leaseCall is every owner-addressed request: the lease, and the caller's
 // principal as the entry broker authenticated it.
 type leaseCall struct {
@@ -190,9 +193,11 @@ type relayCall struct {
 	// bytes of the next frame it already has, when that frame is chunked.
 	After  uint64 `json:"after,omitempty"`
 	Offset int    `json:"offset,omitempty"`
-	// Data and More (send) are one client message, or a chunk of one.
-	Data []byte `json:"data,omitempty"`
-	More bool   `json:"more,omitempty"`
+	// Msgs (send) are whole client messages, in order; Data and More a
+	// chunk of one too large for a NATS message.
+	Msgs [][]byte `json:"msgs,omitempty"`
+	Data []byte   `json:"data,omitempty"`
+	More bool     `json:"more,omitempty"`
 }
 
 type relayAnswer struct {
@@ -384,9 +389,10 @@ func (g *Gateway) relayRead(ctx context.Context, _ string, body json.RawMessage)
 	}
 }
 
-// relaySend delivers one client message (or a chunk of one) to the
-// instance. The entry broker sends the next only after this answer, which
-// keeps the client's frames in order and its socket under backpressure.
+// relaySend delivers client messages (or a chunk of one) to the instance,
+// in order. The entry broker sends the next request only after this
+// answer, which keeps the client's frames in order and its socket under
+// backpressure.
 func (g *Gateway) relaySend(_ context.Context, _ string, body json.RawMessage) (any, error) {
 	c, rc, err := g.relayFor(body)
 	if err != nil {
@@ -407,8 +413,20 @@ func (g *Gateway) relaySend(_ context.Context, _ string, body json.RawMessage) (
 	if closing != nil {
 		return relayAnswer{Close: closing}, nil
 	}
-	if !rc.More {
-		c.l.fromClient(data, false)
+	if rc.More {
+		return relayAnswer{}, nil
+	}
+	if len(data) > 0 {
+		rc.Msgs = append(rc.Msgs, data)
+	}
+	var held *instanceConn
+	for _, m := range rc.Msgs {
+		if ic := c.l.fromClient(m, true); ic != nil {
+			held = ic
+		}
+	}
+	if held != nil {
+		c.l.flushInstance(held)
 	}
 	return relayAnswer{}, nil
 }
@@ -488,29 +506,77 @@ func (g *Gateway) serveRelay(ws *wsConn, owner, id string, ans attachAnswer) {
 			end(codeTryAgainLater, errOwnerUnavailable, false)
 		}
 	}
+	// The client's messages are read ahead into a bounded queue (when it is
+	// full the client's socket is not read: backpressure) and sent in
+	// order, as many as one NATS message holds per request.
+	chunk := max(int(g.node.MaxPayload())-payloadOverhead, 1) * 3 / 4
+	msgs := make(chan []byte, relayBatch)
 	go func() {
-		defer cancel()
-		chunk := max(int(g.node.MaxPayload())-payloadOverhead, 1) * 3 / 4
+		defer close(msgs)
 		for {
 			data, err := ws.read()
 			if err != nil {
 				return
 			}
-			for off := 0; ; off += chunk {
-				end := min(len(data), off+chunk)
-				var out relayAnswer
-				call := relayCall{Lease: id, Conn: ans.Conn, Data: data[off:end], More: end < len(data)}
-				if err := g.node.Call(ctx, owner, opSend, call, &out); err != nil {
-					lost(opSend, err)
+			select {
+			case msgs <- data:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	go func() {
+		defer cancel()
+		send := func(call relayCall) bool {
+			var out relayAnswer
+			if err := g.node.Call(ctx, owner, opSend, call, &out); err != nil {
+				lost(opSend, err)
+				return false
+			}
+			if out.Close != nil {
+				g.endRelayed(ws, out.Close, &once, cancel)
+				return false
+			}
+			return true
+		}
+		var next []byte
+		for {
+			data := next
+			if data == nil {
+				var ok bool
+				if data, ok = <-msgs; !ok {
 					return
 				}
-				if out.Close != nil {
-					g.endRelayed(ws, out.Close, &once, cancel)
-					return
+			}
+			next = nil
+			if len(data) > chunk { // one message larger than a NATS message: in chunks
+				for off := 0; off < len(data); off += chunk {
+					end := min(len(data), off+chunk)
+					if !send(relayCall{Lease: id, Conn: ans.Conn, Data: data[off:end], More: end < len(data)}) {
+						return
+					}
 				}
-				if end == len(data) {
-					break
+				continue
+			}
+			batch, size := [][]byte{data}, len(data)
+		fill:
+			for len(batch) < relayBatch {
+				select {
+				case d, ok := <-msgs:
+					if !ok {
+						break fill
+					}
+					if size+len(d) > chunk {
+						next = d
+						break fill
+					}
+					batch, size = append(batch, d), size+len(d)
+				default:
+					break fill
 				}
+			}
+			if !send(relayCall{Lease: id, Conn: ans.Conn, Msgs: batch}) {
+				return
 			}
 		}
 	}()
