@@ -435,7 +435,13 @@ func (g *Gateway) release(r *http.Request, id string, p auth.Principal) (int, an
 	}
 	if g.spawnerDown() != nil {
 		// spawnd cannot confirm the exit now: answer at once, and leave the
-		// lease draining, holding its slot, until it does.
+		// lease draining, holding its slot, until it does. Draining before
+		// the answer, so GET /leases never shows the released lease active.
+		l.mu.Lock()
+		if l.state != stateDraining {
+			l.state, l.reason = stateDraining, reasonRelease
+		}
+		l.mu.Unlock()
 		go l.teardown(reasonRelease, teardownGraceful)
 	} else {
 		l.teardown(reasonRelease, teardownGraceful)
