@@ -183,13 +183,19 @@ func TestUnits(t *testing.T) {
 	if exe, args := gw.exec("ExecReload"); filepath.Base(exe) != "kill" || !slices.Equal(args, []string{"-HUP", "$MAINPID"}) {
 		t.Errorf("%s: ExecReload=%s %v, want kill -HUP $MAINPID", gatewayUnit, exe, args)
 	}
-	// systemd would chown these to the gateway's user, and spawnd refuses
-	// a run directory it does not own.
-	for _, k := range []string{"RuntimeDirectory", "StateDirectory"} {
-		if v := gw.values("Service", k); len(v) > 0 {
-			t.Errorf("%s: %s=%v belongs to %s only", gatewayUnit, k, v, spawndUnit)
-		}
+	// systemd would chown a shared one to the gateway's user, and spawnd
+	// refuses a run directory or state_dir it does not own. The gateway's
+	// one directory is a2a.state_dir, a StateDirectory= of its own.
+	if v := gw.values("Service", "RuntimeDirectory"); len(v) > 0 {
+		t.Errorf("%s: RuntimeDirectory=%v belongs to %s only", gatewayUnit, v, spawndUnit)
 	}
+	own := gw.values("Service", "StateDirectory")
+	if len(own) != 1 || slices.Contains(spawnd.values("Service", "StateDirectory"), own[0]) {
+		t.Errorf("%s: StateDirectory=%v, want one directory of the gateway's own, not %s's", gatewayUnit, own, spawndUnit)
+	} else if want := "/var/lib/" + own[0]; cfg.A2A.StateDir != want {
+		t.Errorf("a2a.state_dir is %q, but %s creates %s (StateDirectory=): the gateway cannot write state_dir", cfg.A2A.StateDir, gatewayUnit, want)
+	}
+	gw.want(t, "Service", "StateDirectoryMode", "0700")
 	gw.want(t, "Service", "CapabilityBoundingSet", "")
 	gw.want(t, "Service", "NoNewPrivileges", "yes")
 	gw.want(t, "Service", "ProtectSystem", "strict")

@@ -168,7 +168,7 @@ func OpenStore(dir string, p Policy, log *slog.Logger) *Store {
 }
 
 func (s *Store) off(err error) {
-	s.log.Warn("the A2A task store cannot be used; tasks are kept in memory only and will not read back after a restart",
+	s.log.Warn("the A2A task store cannot be used; tasks are kept in memory only and will not read back after a restart (a2a.state_dir names a directory the gateway can write)",
 		"path", s.path, "error", err)
 	if s.f != nil {
 		_ = s.f.Close()

@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"maps"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -53,7 +54,21 @@ type Skill struct {
 // A2A is the a2a: block: one retention policy for the broker's one task
 // store, deliberately not per profile.
 type A2A struct {
-	Tasks A2ATasks `yaml:"tasks"`
+	// StateDir is where the gateway keeps the task store and the context
+	// index (ours): state_dir when empty. In the production split
+	// state_dir is nexus-spawnd's, private to its uid, and the gateway
+	// cannot write there; it names a directory of the gateway's own.
+	StateDir string   `yaml:"state_dir"`
+	Tasks    A2ATasks `yaml:"tasks"`
+}
+
+// A2AStateDir is the directory of the A2A task store and context index:
+// a2a.state_dir, else state_dir; empty keeps both in memory.
+func (c *Config) A2AStateDir() string {
+	if c.A2A.StateDir != "" {
+		return c.A2A.StateDir
+	}
+	return c.StateDir
 }
 
 // A2ATasks are the task store's knobs.
@@ -121,6 +136,9 @@ func (c *Config) normalizeAgents() error {
 		if c.AdvertiseAddr == "" && c.ListenHost() == "" {
 			return fmt.Errorf("broker config: advertise_addr: required with agents: profiles when listen_addr %q binds every interface, because an Agent Card must carry absolute URLs a client can dial; set advertise_addr to the address clients use", c.ListenAddr)
 		}
+	}
+	if d := c.A2A.StateDir; d != "" && !filepath.IsAbs(d) {
+		return fmt.Errorf("broker config: a2a.state_dir: must be an absolute path, got %q", d)
 	}
 	t := &c.A2A.Tasks
 	switch {

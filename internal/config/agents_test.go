@@ -69,6 +69,15 @@ a2a: {tasks: {input_timeout: 0s, max_store_bytes: 1024}}
 	if c.A2A.Tasks.InputTimeout != 0 || c.A2A.Tasks.MaxStoreBytes != 1024 || c.A2A.Tasks.TTL.D() != 24*time.Hour {
 		t.Errorf("a2a.tasks = %+v", c.A2A.Tasks)
 	}
+	if c.A2AStateDir() != "" {
+		t.Errorf("with neither state_dir nor a2a.state_dir the store is on %q, want memory", c.A2AStateDir())
+	}
+	if d := mustParse(t, "state_dir: /var/lib/nb\n").A2AStateDir(); d != "/var/lib/nb" {
+		t.Errorf("without a2a.state_dir the store is in %q, want state_dir", d)
+	}
+	if d := mustParse(t, "state_dir: /var/lib/nb\na2a: {state_dir: /var/lib/gw}\n").A2AStateDir(); d != "/var/lib/gw" {
+		t.Errorf("a2a.state_dir set, the store is in %q", d)
+	}
 	if c := mustParse(t, "agents: {}\n"); c.Agents != nil {
 		t.Errorf("agents: {} parsed as %v, want no profiles", c.Agents)
 	}
@@ -95,7 +104,8 @@ var agentErrorCases = []struct{ name, yaml, key, want string }{
 	{"ttl zero", "a2a: {tasks: {ttl: 0s}}", "a2a.tasks.ttl", "must be positive"},
 	{"max_per_context zero", "a2a: {tasks: {max_per_context: 0}}", "a2a.tasks.max_per_context", "must be positive"},
 	{"input_timeout negative", "a2a: {tasks: {input_timeout: -1s}}", "a2a.tasks.input_timeout", "must not be negative"},
-	{"unknown a2a key", "a2a: {task: {ttl: 1h}}", "a2a.task", "unknown key; the keys allowed here are tasks"},
+	{"relative a2a.state_dir", "a2a: {state_dir: gw}", "a2a.state_dir", "must be an absolute path"},
+	{"unknown a2a key", "a2a: {task: {ttl: 1h}}", "a2a.task", "unknown key; the keys allowed here are state_dir, tasks"},
 }
 
 func TestAgentErrors(t *testing.T) {

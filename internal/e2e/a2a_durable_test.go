@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -341,5 +342,72 @@ func TestA2AAdoptsAnIdleInstanceAtOnce(t *testing.T) {
 	// The bound for an instance that never reports idle is 10 s.
 	if took >= 10*time.Second || strings.Contains(b.GatewayLog.String(), "holding the next message") {
 		t.Errorf("the message took %s after the restart: it was held for an idle report an idle instance never sends", took)
+	}
+}
+
+// TestA2AStateDirOfItsOwn: in the production split state_dir is
+// nexus-spawnd's (root, 0700) and the gateway cannot write there, so
+// a2a.state_dir gives the task store and the context index a directory of
+// the gateway's own: created 0700, nothing A2A in state_dir, and tasks read
+// back from it after a restart. One another user created first refuses
+// the boot, naming the key, and is left as it was.
+func TestA2AStateDirOfItsOwn(t *testing.T) {
+	own := filepath.Join(t.TempDir(), "gateway-state")
+	b := a2aBroker(t, fmt.Sprintf("a2a:\n  state_dir: %q\n", own), Options{StateDir: true})
+	c := a2aClient(t, b, "support", a2a.TransportProtocolJSONRPC)
+	task := sendTask(t, c, userMsg("own", "hello"))
+	if got := answerOf(t, task); got != "echo #1: hello" {
+		t.Fatalf("answer %q", got)
+	}
+	st, err := os.Lstat(own)
+	if err != nil || !st.IsDir() || st.Mode().Perm() != 0o700 {
+		t.Fatalf("a2a.state_dir %s: %v, %v; want a directory of mode 0700", own, st, err)
+	}
+	for _, name := range []string{"a2a-tasks.jsonl", "a2a-contexts.jsonl"} {
+		if _, err := os.Stat(filepath.Join(own, name)); err != nil {
+			t.Errorf("%s is not in a2a.state_dir: %v", name, err)
+		}
+		if _, err := os.Stat(filepath.Join(b.Dir, "state", name)); err == nil {
+			t.Errorf("%s was written to state_dir although a2a.state_dir is set", name)
+		}
+	}
+	b.KillGateway(syscall.SIGKILL)
+	b.StartGateway()
+	c = a2aClient(t, b, "support", a2a.TransportProtocolHTTPJSON)
+	read, err := c.GetTask(ctxT(t), &a2a.GetTaskRequest{ID: task.ID})
+	if err != nil || answerOf(t, read) != "echo #1: hello" {
+		t.Fatalf("after a restart the task reads back as %+v, %v", read, err)
+	}
+
+	b.KillGateway(syscall.SIGTERM)
+	planted := filepath.Join(b.Dir, "planted")
+	if err := os.Chmod(b.Dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "mkdir", "-m", "0777", planted).CombinedOutput(); err != nil {
+		t.Skipf("cannot act as uid 65534 here: %v %s", err, out)
+	}
+	text, err := os.ReadFile(b.ConfigPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	edited := strings.Replace(string(text), fmt.Sprintf("state_dir: %q", own), fmt.Sprintf("state_dir: %q", planted), 1)
+	if err := os.WriteFile(b.ConfigPath, []byte(edited), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out := runToExit(t, b.env, "nexus-broker", "-config", b.ConfigPath, "-launch-spawnd=false")
+	if code == 0 {
+		t.Fatalf("the gateway booted on an a2a.state_dir uid 65534 created:\n%s", out)
+	}
+	for _, want := range []string{"a2a.state_dir", planted, "owned by uid 65534"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the refusal does not say %q:\n%s", want, out)
+		}
+	}
+	if st, err := os.Lstat(planted); err != nil || st.Mode().Perm() != 0o777 || st.Sys().(*syscall.Stat_t).Uid != 65534 {
+		t.Errorf("the planted directory was touched: %v, %v", st, err)
+	}
+	if entries, _ := os.ReadDir(planted); len(entries) != 0 {
+		t.Errorf("the refused gateway wrote into the planted directory: %v", entries)
 	}
 }

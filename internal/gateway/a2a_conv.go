@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"path/filepath"
 	"sync"
@@ -12,6 +13,7 @@ import (
 	"github.com/nexus-broker/nexus-broker/internal/a2a"
 	"github.com/nexus-broker/nexus-broker/internal/bindindex"
 	"github.com/nexus-broker/nexus-broker/internal/config"
+	"github.com/nexus-broker/nexus-broker/internal/safedir"
 	"github.com/nexus-broker/nexus-broker/pkg/brokerframe"
 )
 
@@ -115,7 +117,8 @@ type liveTask struct {
 func newIngress(g *Gateway, cfg *config.Config, log *slog.Logger) *ingress {
 	in := &ingress{g: g, policy: cfg.A2A.Tasks, convs: map[convKey]*conv{}, byLease: map[*lease]*conv{}, live: map[string]*liveTask{}}
 	t := cfg.A2A.Tasks
-	in.store = a2a.OpenStore(cfg.StateDir, a2a.Policy{TTL: t.TTL.D(), MaxPerContext: t.MaxPerContext, MaxBytes: int64(t.MaxStoreBytes)}, log)
+	dir := cfg.A2AStateDir()
+	in.store = a2a.OpenStore(dir, a2a.Policy{TTL: t.TTL.D(), MaxPerContext: t.MaxPerContext, MaxBytes: int64(t.MaxStoreBytes)}, log)
 	spec := bindindex.Spec[contextBinding]{
 		Limit: maxContexts,
 		Key: func(b contextBinding) (string, bool) {
@@ -126,8 +129,8 @@ func newIngress(g *Gateway, cfg *config.Config, log *slog.Logger) *ingress {
 		Off:  "conversation continuity lasts only as long as this process",
 		Torn: "torn by a crash mid-write, or edited",
 	}
-	if cfg.StateDir != "" {
-		spec.Path = filepath.Join(cfg.StateDir, contextsFile)
+	if dir != "" {
+		spec.Path = filepath.Join(dir, contextsFile)
 		in.contexts = bindindex.Open(spec, log)
 	}
 	if in.contexts == nil {
@@ -137,6 +140,24 @@ func newIngress(g *Gateway, cfg *config.Config, log *slog.Logger) *ingress {
 		in.contexts = bindindex.Open(spec, log)
 	}
 	return in
+}
+
+// privateA2ADir creates a2a.state_dir 0700 or takes the one there, which
+// must be the gateway's own and not a symlink; one open to others is
+// tightened. Unset, the store shares state_dir, which spawnd keeps.
+func privateA2ADir(dir string, log *slog.Logger) error {
+	if dir == "" {
+		return nil
+	}
+	loose, err := safedir.Private(dir)
+	if err != nil {
+		return fmt.Errorf("broker config: a2a.state_dir: %w; create it (mode 0700, owned by the gateway's user) or point a2a.state_dir elsewhere", err)
+	}
+	if loose != 0 {
+		log.Warn("a2a.state_dir was open to other users; tightened to 0700 (it holds A2A tasks and answers)",
+			"a2a.state_dir", dir, "was", fmt.Sprintf("%04o", uint32(loose)))
+	}
+	return nil
 }
 
 func (in *ingress) close() {

@@ -136,6 +136,9 @@ func (g *Gateway) Start(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("broker config: %w", err)
 		}
+		if err := privateA2ADir(g.boot.A2A.StateDir, g.log); err != nil {
+			return err
+		}
 		g.a2a = newIngress(g, g.boot, g.log)
 		g.a2a.profiles.Store(ps)
 		g.log.Info("A2A ingress serving", "profiles", strings.Join(ps.names(), ","), "base", a2aBase(g.boot))
