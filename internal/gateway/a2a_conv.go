@@ -3,7 +3,6 @@ package gateway
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"log/slog"
 	"path/filepath"
 	"sync"
@@ -13,7 +12,6 @@ import (
 	"github.com/nexus-broker/nexus-broker/internal/a2a"
 	"github.com/nexus-broker/nexus-broker/internal/bindindex"
 	"github.com/nexus-broker/nexus-broker/internal/config"
-	"github.com/nexus-broker/nexus-broker/internal/safedir"
 	"github.com/nexus-broker/nexus-broker/pkg/brokerframe"
 )
 
@@ -140,24 +138,6 @@ func newIngress(g *Gateway, cfg *config.Config, log *slog.Logger) *ingress {
 		in.contexts = bindindex.Open(spec, log)
 	}
 	return in
-}
-
-// privateA2ADir creates a2a.state_dir 0700 or takes the one there, which
-// must be the gateway's own and not a symlink; one open to others is
-// tightened. Unset, the store shares state_dir, which spawnd keeps.
-func privateA2ADir(dir string, log *slog.Logger) error {
-	if dir == "" {
-		return nil
-	}
-	loose, err := safedir.Private(dir)
-	if err != nil {
-		return fmt.Errorf("broker config: a2a.state_dir: %w; create it (mode 0700, owned by the gateway's user) or point a2a.state_dir elsewhere", err)
-	}
-	if loose != 0 {
-		log.Warn("a2a.state_dir was open to other users; tightened to 0700 (it holds A2A tasks and answers)",
-			"a2a.state_dir", dir, "was", fmt.Sprintf("%04o", uint32(loose)))
-	}
-	return nil
 }
 
 func (in *ingress) close() {

@@ -23,6 +23,7 @@ import (
 	"github.com/nexus-broker/nexus-broker/internal/auth"
 	"github.com/nexus-broker/nexus-broker/internal/cluster"
 	"github.com/nexus-broker/nexus-broker/internal/config"
+	"github.com/nexus-broker/nexus-broker/internal/safedir"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
 )
 
@@ -136,8 +137,10 @@ func (g *Gateway) Start(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("broker config: %w", err)
 		}
-		if err := privateA2ADir(g.boot.A2A.StateDir, g.log); err != nil {
-			return err
+		if d := g.boot.A2A.StateDir; d != "" {
+			if err := safedir.PrivateKey(d, "a2a.state_dir", "the gateway's user", "A2A tasks and answers", g.log); err != nil {
+				return err
+			}
 		}
 		g.a2a = newIngress(g, g.boot, g.log)
 		g.a2a.profiles.Store(ps)

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"os"
 	"strconv"
 	"strings"
@@ -72,6 +73,21 @@ func Private(path string) (loose os.FileMode, err error) {
 		return 0, err
 	}
 	return os.FileMode(mode), nil
+}
+
+// PrivateKey is Private for the directory a config key names: a refusal
+// names the key and who must own the directory, and a mode it tightened
+// is logged with what the directory holds.
+func PrivateKey(path, key, owner, holds string, log *slog.Logger) error {
+	loose, err := Private(path)
+	if err != nil {
+		return fmt.Errorf("broker config: %s: %w; create it (mode 0700, owned by %s) or point %s elsewhere", key, err, owner, key)
+	}
+	if loose != 0 {
+		log.Warn(key+" was open to other users; tightened to 0700 (it holds "+holds+")",
+			key, path, "was", fmt.Sprintf("%04o", uint32(loose)))
+	}
+	return nil
 }
 
 func lstatDir(path string) (*unix.Stat_t, error) {

@@ -231,7 +231,7 @@ func New(cfgPath string, cfg *core.Config, log *slog.Logger) (_ *Daemon, err err
 			"is re-adopted or can prove its identity again, and resumes are not checked against the binary that created their session; " +
 			"set state_dir to keep them")
 	} else {
-		if err := privateStateDir(stateDir, log); err != nil {
+		if err := safedir.PrivateKey(stateDir, "state_dir", "nexus-spawnd's user", "the spawn-key, the lease journal and instance output", log); err != nil {
 			return nil, err
 		}
 		// Before anything else in state_dir is read: a second spawnd must
@@ -291,20 +291,6 @@ func New(cfgPath string, cfg *core.Config, log *slog.Logger) (_ *Daemon, err err
 		d.supervise(l)
 	}
 	return d, nil
-}
-
-// privateStateDir creates state_dir 0700 or takes the one there, which must
-// be spawnd's own and not a symlink; one open to others is tightened.
-func privateStateDir(stateDir string, log *slog.Logger) error {
-	loose, err := safedir.Private(stateDir)
-	if err != nil {
-		return fmt.Errorf("broker config: state_dir: %w; create it (mode 0700, owned by nexus-spawnd's user) or point state_dir elsewhere", err)
-	}
-	if loose != 0 {
-		log.Warn("state_dir was open to other users; tightened to 0700 (it holds the spawn-key, the lease journal and instance output)",
-			"state_dir", stateDir, "was", fmt.Sprintf("%04o", uint32(loose)))
-	}
-	return nil
 }
 
 // release frees what New acquired, for Close and for a New that fails.
