@@ -287,27 +287,10 @@ func TestA2AHangUpKeepsTheMessage(t *testing.T) {
 func TestA2AMissingProfileConfigRefusesTheBoot(t *testing.T) {
 	b := a2aBroker(t, "", Options{})
 	b.KillGateway(syscall.SIGTERM)
-	text, err := os.ReadFile(b.ConfigPath)
-	if err != nil {
-		t.Fatal(err)
-	}
 	missing := filepath.Join(b.Dir, "no-such-agent.yaml")
-	edited := regexp.MustCompile(`(?m)^(  support:\n    config: )"[^"]*"`).ReplaceAllString(string(text), fmt.Sprintf("${1}%q", missing))
-	if edited == string(text) {
-		t.Fatalf("found no support profile to edit in:\n%s", text)
-	}
-	if err := os.WriteFile(b.ConfigPath, []byte(edited), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	code, out := runToExit(t, b.env, "nexus-broker", "-config", b.ConfigPath, "-launch-spawnd=false")
-	if code == 0 {
-		t.Fatalf("the gateway booted with a missing agent config:\n%s", out)
-	}
-	for _, want := range []string{"agents.support.config", missing, "no such file or directory"} {
-		if !strings.Contains(out, want) {
-			t.Errorf("the refusal does not say %q:\n%s", want, out)
-		}
-	}
+	out := refusedBoot(t, b, "with a missing agent config", func(text string) string {
+		return regexp.MustCompile(`(?m)^(  support:\n    config: )"[^"]*"`).ReplaceAllString(text, fmt.Sprintf("${1}%q", missing))
+	}, "agents.support.config", missing, "no such file or directory")
 	if strings.Contains(out, "nexus-broker listening") {
 		t.Errorf("the gateway announced itself before refusing:\n%s", out)
 	}
@@ -315,6 +298,34 @@ func TestA2AMissingProfileConfigRefusesTheBoot(t *testing.T) {
 		c.Close()
 		t.Errorf("something listens on the refused gateway's port")
 	}
+}
+
+// refusedBoot rewrites b's stopped gateway's config with edit and starts
+// the gateway on it, which must exit non-zero saying each of wants; it
+// returns what the gateway said.
+func refusedBoot(t *testing.T, b *Broker, how string, edit func(string) string, wants ...string) string {
+	t.Helper()
+	text, err := os.ReadFile(b.ConfigPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	edited := edit(string(text))
+	if edited == string(text) {
+		t.Fatalf("the edit changed nothing in:\n%s", text)
+	}
+	if err := os.WriteFile(b.ConfigPath, []byte(edited), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out := runToExit(t, b.env, "nexus-broker", "-config", b.ConfigPath, "-launch-spawnd=false")
+	if code == 0 {
+		t.Fatalf("the gateway booted %s:\n%s", how, out)
+	}
+	for _, want := range wants {
+		if !strings.Contains(out, want) {
+			t.Errorf("the refusal does not say %q:\n%s", want, out)
+		}
+	}
+	return out
 }
 
 // TestA2AAdoptsAnIdleInstanceAtOnce: after a gateway restart the next
@@ -387,23 +398,9 @@ func TestA2AStateDirOfItsOwn(t *testing.T) {
 	if out, err := exec.Command("setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "mkdir", "-m", "0777", planted).CombinedOutput(); err != nil {
 		t.Skipf("cannot act as uid 65534 here: %v %s", err, out)
 	}
-	text, err := os.ReadFile(b.ConfigPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	edited := strings.Replace(string(text), fmt.Sprintf("state_dir: %q", own), fmt.Sprintf("state_dir: %q", planted), 1)
-	if err := os.WriteFile(b.ConfigPath, []byte(edited), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	code, out := runToExit(t, b.env, "nexus-broker", "-config", b.ConfigPath, "-launch-spawnd=false")
-	if code == 0 {
-		t.Fatalf("the gateway booted on an a2a.state_dir uid 65534 created:\n%s", out)
-	}
-	for _, want := range []string{"a2a.state_dir", planted, "owned by uid 65534"} {
-		if !strings.Contains(out, want) {
-			t.Errorf("the refusal does not say %q:\n%s", want, out)
-		}
-	}
+	refusedBoot(t, b, "on an a2a.state_dir uid 65534 created", func(text string) string {
+		return strings.Replace(text, fmt.Sprintf("state_dir: %q", own), fmt.Sprintf("state_dir: %q", planted), 1)
+	}, "a2a.state_dir", planted, "owned by uid 65534")
 	if st, err := os.Lstat(planted); err != nil || st.Mode().Perm() != 0o777 || st.Sys().(*syscall.Stat_t).Uid != 65534 {
 		t.Errorf("the planted directory was touched: %v, %v", st, err)
 	}
