@@ -56,21 +56,38 @@ func settledTask(t *testing.T, c *a2aclient.Client, id a2a.TaskID) *a2a.Task {
 // continues after a gateway restart: the new gateway has nothing of it in
 // memory, finds its session in a2a-contexts.jsonl and re-spawns with
 // -recall, so the instance runs the same session and sees its transcript.
+// The "lazy" profile's instance reports its session id only after its
+// first answer and after session_report_grace: the binding is written
+// when the report comes, however late.
 func TestA2AContinuityAfterRestart(t *testing.T) {
-	b := a2aBroker(t, "", Options{StateDir: true})
-	c := a2aClient(t, b, "support", a2a.TransportProtocolJSONRPC)
+	for _, profile := range []string{"support", "lazy"} {
+		t.Run(profile, func(t *testing.T) { continuityAfterRestart(t, profile) })
+	}
+}
+
+func continuityAfterRestart(t *testing.T, profile string) {
+	b := a2aBroker(t, "session_report_grace: 100ms\n", Options{StateDir: true})
+	c := a2aClient(t, b, profile, a2a.TransportProtocolJSONRPC)
 	if got := answerOf(t, sendTask(t, c, userMsg("keep", "first words"))); got != "echo #1: first words" {
 		t.Fatalf("first answer %q", got)
 	}
-	leases := b.leases().Leases
-	if len(leases) != 1 || leases[0].SessionID == "" {
-		t.Fatalf("want one A2A lease with a session, GET /leases has %+v", leases)
-	}
-	session := leases[0].SessionID
-	index, err := os.ReadFile(filepath.Join(b.Dir, "state", "a2a-contexts.jsonl"))
-	if err != nil || !strings.Contains(string(index), session) {
-		t.Fatalf("a2a-contexts.jsonl does not bind the context to session %s: %v\n%s", session, err, index)
-	}
+	var session string
+	eventually(t, 10*time.Second, func() string { return "the instance's session id never reached GET /leases" }, func() bool {
+		leases := b.leases().Leases
+		if len(leases) != 1 {
+			t.Fatalf("want one A2A lease, GET /leases has %+v", leases)
+		}
+		session = leases[0].SessionID
+		return session != ""
+	})
+	contexts := filepath.Join(b.Dir, "state", "a2a-contexts.jsonl")
+	var index []byte
+	eventually(t, 10*time.Second, func() string {
+		return fmt.Sprintf("a2a-contexts.jsonl does not bind the context to session %s:\n%s", session, index)
+	}, func() bool {
+		index, _ = os.ReadFile(contexts)
+		return strings.Contains(string(index), session)
+	})
 
 	// The gateway goes, and while it is away the instance goes too.
 	b.KillGateway(syscall.SIGKILL)
@@ -87,11 +104,11 @@ func TestA2AContinuityAfterRestart(t *testing.T) {
 		t.Fatalf("the restarted gateway restored %d leases of a dead instance", n)
 	}
 
-	c = a2aClient(t, b, "support", a2a.TransportProtocolHTTPJSON)
+	c = a2aClient(t, b, profile, a2a.TransportProtocolHTTPJSON)
 	if got := answerOf(t, sendTask(t, c, userMsg("keep", "second"))); got != "echo #2: second (earlier: first words)" {
 		t.Errorf("after a restart with the instance gone the conversation answered %q, want its transcript continued", got)
 	}
-	leases = b.leases().Leases
+	leases := b.leases().Leases
 	if len(leases) != 1 || leases[0].SessionID != session {
 		t.Errorf("the conversation runs on %+v, want one lease of session %s", leases, session)
 	}

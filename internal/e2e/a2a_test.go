@@ -39,6 +39,9 @@ func a2aBroker(t testing.TB, yaml string, o Options) *Broker {
   slow:
     path: %q
     env: {NEXUS_ECHO_SLOW_TURN: 300ms}
+  lazy:
+    path: %q
+    env: {NEXUS_ECHO_SESSION_REPORT_DELAY: 1s}
 agents:
   support:
     config: %q
@@ -50,7 +53,8 @@ agents:
   crashy: {binary: crashy, config: %q, card: {name: C, description: D, version: "1"}}
   late: {binary: late, config: %q, card: {name: L, description: D, version: "1"}}
   slow: {binary: slow, config: %q, card: {name: S, description: D, version: "1"}}
-`, bin("nexus-echo"), bin("nexus-echo"), bin("nexus-echo"), agentCfg, agentCfg, agentCfg, agentCfg) + yaml
+  lazy: {binary: lazy, config: %q, card: {name: Z, description: D, version: "1"}}
+`, bin("nexus-echo"), bin("nexus-echo"), bin("nexus-echo"), bin("nexus-echo"), agentCfg, agentCfg, agentCfg, agentCfg, agentCfg) + yaml
 	o.YAML = y + o.YAML
 	return startBroker(t, o)
 }

@@ -125,6 +125,7 @@ func Run(opts Options) int {
 		onIO:       ag.handle,
 		onShutdown: func() { stop(errStop) },
 	}
+	l.reportDue.Store(!k.NoSessionReport && k.ReportDelay == 0)
 	ag.drop = l.drop // before l.run: no input can reach the agent earlier
 	// The link's graceful close flushes whatever the agent sent before the
 	// stop; the agent then finishes before the transcript is closed.

@@ -553,6 +553,35 @@ func TestNoSessionReportKnob(t *testing.T) {
 	inst.expectExit(t, ExitOK)
 }
 
+// TestSessionReportDelayKnob: the first connection reports its session id
+// only after the delay, behind the turn the instance answered meanwhile;
+// a redial reports it in the handshake again.
+func TestSessionReportDelayKnob(t *testing.T) {
+	t.Parallel()
+	b := newFakeBroker(t)
+	inst := spawn{env: []string{EnvSessionReportDelay + "=400ms"}}.start(t, b)
+	c := b.accept(t)
+	c.expectSignal(t, brokerframe.SignalRegister)
+	c.expectSignal(t, brokerframe.SignalReady)
+	c.input(t, "x")
+	if m := c.nextIO(t); m.Type != brokerframe.IOStatus {
+		t.Fatalf("got %+v after ready, want the turn's status before any session-id report", m)
+	}
+	var late brokerframe.Frame
+	for late.Signal != brokerframe.SignalSessionIDReport {
+		if late = c.next(t); late.Signal != brokerframe.SignalIO && late.Signal != brokerframe.SignalSessionIDReport {
+			t.Fatalf("got a %s frame while waiting for the late report", late.Signal)
+		}
+	}
+	c.ws.NetConn().Close()
+	c2 := b.accept(t)
+	if again := c2.handshake(t); again != late.SessionID {
+		t.Errorf("the redial reported %q, the late report %q", again, late.SessionID)
+	}
+	c2.send(t, brokerframe.Frame{Signal: brokerframe.SignalShutdown})
+	inst.expectExit(t, ExitOK)
+}
+
 func TestCommandLine(t *testing.T) {
 	t.Parallel()
 	tests := []struct {

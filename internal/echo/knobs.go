@@ -33,6 +33,10 @@ const (
 	// EnvAllowRun enables the /run command, which runs what a client
 	// types: for containment tests only, never for a deployed entry.
 	EnvAllowRun = "NEXUS_ECHO_ALLOW_RUN"
+	// EnvSessionReportDelay holds the first connection's session-id report
+	// back this long after ready, as an engine that creates its session
+	// lazily would; redials report it in the handshake as usual.
+	EnvSessionReportDelay = "NEXUS_ECHO_SESSION_REPORT_DELAY"
 )
 
 // The values EnvCrash accepts.
@@ -61,6 +65,7 @@ type knobs struct {
 	RegisterVersion int           // version stamped on register frames
 	BootDelay       time.Duration // wait before the first dial
 	NoSessionReport bool          // never send session-id-report
+	ReportDelay     time.Duration // EnvSessionReportDelay
 	AllowRun        bool          // serve /run <argv…>
 	PingInterval    time.Duration
 	PeerTimeout     time.Duration
@@ -108,6 +113,7 @@ func loadKnobs(getenv func(string) string) (knobs, error) {
 	}{
 		{EnvSlowTurn, &k.SlowTurn, false},
 		{EnvBootDelay, &k.BootDelay, false},
+		{EnvSessionReportDelay, &k.ReportDelay, false},
 		{EnvPingInterval, &k.PingInterval, true},
 		{EnvPeerTimeout, &k.PeerTimeout, true},
 	}

@@ -44,6 +44,9 @@ type link struct {
 	sessionID string
 	knobs     knobs
 	flooded   bool // EnvReportFlood's reports went out; once is the attack
+	// reportDue is set once the session id may be reported: at once, or
+	// EnvSessionReportDelay after the first handshake.
+	reportDue atomic.Bool
 	out       *outbox
 	log       *slog.Logger
 
@@ -134,11 +137,14 @@ func (l *link) handshake(conn *websocket.Conn) error {
 		os.Exit(ExitBeforeReady)
 	}
 	frames := []brokerframe.Frame{{LeaseID: l.leaseID, Signal: brokerframe.SignalReady}}
-	if !l.knobs.NoSessionReport {
-		frames = append(frames, brokerframe.Frame{LeaseID: l.leaseID, Signal: brokerframe.SignalSessionIDReport, SessionID: l.sessionID})
+	if l.reportDue.Load() {
+		frames = append(frames, l.sessionReport())
 	}
 	if !l.flooded {
 		l.flooded = true
+		if !l.knobs.NoSessionReport && l.knobs.ReportDelay > 0 {
+			time.AfterFunc(l.knobs.ReportDelay, l.reportLate)
+		}
 		for i := range l.knobs.FloodReports {
 			id := strconv.Itoa(i)
 			id += strings.Repeat("f", max(l.knobs.FloodBytes-len(id), 0))
@@ -155,6 +161,23 @@ func (l *link) handshake(conn *websocket.Conn) error {
 		}
 	}
 	return nil
+}
+
+func (l *link) sessionReport() brokerframe.Frame {
+	return brokerframe.Frame{LeaseID: l.leaseID, Signal: brokerframe.SignalSessionIDReport, SessionID: l.sessionID}
+}
+
+// reportLate sends the session-id report EnvSessionReportDelay held back,
+// behind whatever the instance has written by then.
+func (l *link) reportLate() {
+	b, err := brokerframe.Encode(l.sessionReport())
+	if err != nil {
+		l.log.Error("encoding the session-id report", "error", err)
+		return
+	}
+	l.log.Info("reporting the session id late", "knob", EnvSessionReportDelay, "delay", l.knobs.ReportDelay)
+	l.reportDue.Store(true)
+	l.out.push(b)
 }
 
 // registerFrame encodes the register frame, bent by the secret and version

@@ -381,18 +381,19 @@ func (in *ingress) leaseFor(c *conv) (*lease, string) {
 	if cerr != nil {
 		return nil, cerr.text
 	}
+	// Bound under in.mu: a session id recorded from here on reaches the
+	// conversation through sessionRecorded, the one before is in sid.
+	in.mu.Lock()
 	l.mu.Lock()
 	l.a2a = in
 	sid := l.sessionID
 	l.mu.Unlock()
-	in.mu.Lock()
 	in.bindLocked(c, l)
 	in.unholdLocked(c)
-	if sid != "" && sid != c.session {
-		c.session = sid
-		in.contexts.Put(contextBinding{Principal: c.key.principal, Profile: c.key.profile, ContextID: c.key.context, SessionID: sid})
-	}
 	in.mu.Unlock()
+	if sid != "" {
+		in.sessionRecorded(l, sid)
+	}
 	in.g.log.Info("A2A conversation bound to a lease", "lease_id", l.id, "profile", c.key.profile, "session_id", sid)
 	return l, ""
 }
@@ -463,6 +464,18 @@ func (in *ingress) bindLocked(c *conv, l *lease) {
 	c.lease = l
 	if l != nil {
 		in.byLease[l] = c
+	}
+}
+
+// sessionRecorded binds the conversation on l to the session its instance
+// reported after the claim was answered (an engine that names its session
+// lazily), so that the context resumes it once the instance is gone.
+func (in *ingress) sessionRecorded(l *lease, id string) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if c := in.byLease[l]; c != nil && c.session != id {
+		c.session = id
+		in.contexts.Put(contextBinding{Principal: c.key.principal, Profile: c.key.profile, ContextID: c.key.context, SessionID: id})
 	}
 }
 

@@ -56,6 +56,9 @@ type leaseObserver interface {
 	// leaseClosed is called once by the teardown, after the instance's
 	// socket drained and before the lease is gone.
 	leaseClosed(l *lease)
+	// sessionRecorded is called when spawnd recorded a session id the
+	// instance reported, however late after the claim.
+	sessionRecorded(l *lease, id string)
 }
 
 // lease is the gateway's view of one claimed instance.
@@ -188,7 +191,11 @@ func (l *lease) markSession(id string) {
 		if l.g.record(l.id, id) {
 			l.mu.Lock()
 			l.sessionID = id
+			obs := l.a2a
 			l.mu.Unlock()
+			if obs != nil {
+				obs.sessionRecorded(l, id)
+			}
 		}
 		l.settleSession()
 	}()
