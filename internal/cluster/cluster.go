@@ -11,15 +11,13 @@ package cluster
 
 import (
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -51,6 +49,9 @@ const (
 	backoffMin  = 50 * time.Millisecond
 	sigHeader   = "Nexus-Sig"
 	opHeartbeat = "hb"
+	// noResponders is the status NATS answers a request with when nobody
+	// subscribes to its subject.
+	noResponders = "503"
 )
 
 // ErrUnavailable is a peer (or NATS itself) that did not answer.
@@ -96,8 +97,16 @@ type Node struct {
 	lastErr  atomic.Pointer[string]
 	handlers map[string]handler
 
-	mu    sync.Mutex
-	peers map[string]*peer
+	// inbox is this broker's reply subject prefix: a request's answer
+	// comes to inbox.<n>, fresh for each request.
+	inbox   string
+	asked   atomic.Uint64
+	seen    *replayGuard
+	refused map[string]*atomic.Uint64 // by RefusedReasons
+
+	mu      sync.Mutex
+	peers   map[string]*peer
+	waiting map[string]chan *nats.Msg // by reply subject
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -120,6 +129,11 @@ func New(o Options) (*Node, error) {
 		id: o.BrokerID, prefix: k.SubjectPrefix, advertise: o.Advertise, secret: []byte(secret),
 		every: k.HeartbeatInterval.D(), log: o.Log, urls: strings.Join(k.URLs, ","),
 		handlers: map[string]handler{}, peers: map[string]*peer{}, ctx: ctx, cancel: cancel,
+		inbox: nats.NewInbox(), seen: newReplayGuard(time.Now()), waiting: map[string]chan *nats.Msg{},
+		refused: map[string]*atomic.Uint64{},
+	}
+	for _, r := range RefusedReasons {
+		n.refused[r] = new(atomic.Uint64)
 	}
 	if n.opts, err = n.natsOptions(k); err != nil {
 		cancel()
@@ -189,6 +203,10 @@ func (n *Node) connect() error {
 		return err
 	}
 	if _, err := nc.Subscribe(n.prefix+"."+opHeartbeat, n.heard); err != nil {
+		nc.Close()
+		return err
+	}
+	if _, err := nc.Subscribe(n.inbox+".*", n.answered); err != nil {
 		nc.Close()
 		return err
 	}
@@ -410,64 +428,16 @@ func (n *Node) Peers() []Peer {
 
 // --- signed request/reply -----------------------------------------------------
 
-// envelope is every message's body: who sent it, when, and what. The
-// signature over subject and envelope travels in the Nexus-Sig header.
-type envelope struct {
-	From  string          `json:"from"`
-	At    int64           `json:"at"`
-	Body  json.RawMessage `json:"body,omitempty"`
-	Error string          `json:"error,omitempty"`
-}
-
-func (n *Node) seal(body any) ([]byte, error) {
-	raw, err := json.Marshal(body)
-	if err != nil {
-		return nil, err
-	}
-	return json.Marshal(envelope{From: n.id, At: time.Now().UnixNano(), Body: raw})
-}
-
-func (n *Node) mac(subject string, data []byte) string {
-	h := hmac.New(sha256.New, n.secret)
-	h.Write([]byte(subject))
-	h.Write([]byte{0})
-	h.Write(data)
-	return hex.EncodeToString(h.Sum(nil))
-}
-
-func (n *Node) sign(msg *nats.Msg) {
-	if msg.Header == nil {
-		msg.Header = nats.Header{}
-	}
-	msg.Header.Set(sigHeader, n.mac(msg.Subject, msg.Data))
-}
-
-// errBadSignature is a message not signed with the cluster secret.
-var errBadSignature = errors.New("unsigned or badly signed")
-
-// open verifies msg's signature and freshness and returns its envelope.
-func (n *Node) open(msg *nats.Msg) (from string, body json.RawMessage, err error) {
-	sig := msg.Header.Get(sigHeader)
-	if sig == "" || !hmac.Equal([]byte(sig), []byte(n.mac(msg.Subject, msg.Data))) {
-		return "", nil, errBadSignature
-	}
-	var e envelope
-	if err := json.Unmarshal(msg.Data, &e); err != nil {
-		return "", nil, err
-	}
-	if d := time.Since(time.Unix(0, e.At)); d > maxSkew || d < -maxSkew {
-		return "", nil, fmt.Errorf("signed %s away from this broker's clock", d)
-	}
-	if e.Error != "" {
-		return e.From, nil, &RemoteError{Text: e.Error}
-	}
-	return e.From, e.Body, nil
-}
-
 // RemoteError is a handler's error, as the peer said it.
 type RemoteError struct{ Text string }
 
 func (e *RemoteError) Error() string { return e.Text }
+
+// Refused is how many signed-message checks refused a message for reason
+// (one of RefusedReasons) since the start.
+func (n *Node) Refused(reason string) uint64 {
+	return n.refused[reason].Load()
+}
 
 // serve answers one request on its own goroutine: a stream read may wait
 // up to ReadWait, and must not hold up the requests behind it. Requests
@@ -477,8 +447,10 @@ func (n *Node) serve(msg *nats.Msg) {
 		op := msg.Subject[strings.LastIndexByte(msg.Subject, '.')+1:]
 		from, body, err := n.open(msg)
 		if err != nil {
+			// No answer: an unsigned caller learns nothing, and a replay
+			// is not done twice. The subject only: never the data.
 			n.log.Warn("cluster: request refused", "subject", msg.Subject, "error", err)
-			return // no answer: an unsigned caller learns nothing
+			return
 		}
 		h, ok := n.handlers[op]
 		var out any
@@ -489,18 +461,33 @@ func (n *Node) serve(msg *nats.Msg) {
 			out, err = h.h(ctx, from, body)
 			cancel()
 		}
-		e := envelope{From: n.id, At: time.Now().UnixNano()}
+		var e envelope
 		if err != nil {
 			e.Error = err.Error()
 		} else if e.Body, err = json.Marshal(out); err != nil {
 			e.Error = err.Error()
 		}
-		data, _ := json.Marshal(e)
+		data, err := n.sealEnvelope(e)
+		if err != nil || msg.Reply == "" {
+			return
+		}
 		reply := nats.NewMsg(msg.Reply)
 		reply.Data = data
 		n.sign(reply)
 		_ = msg.RespondMsg(reply)
 	}()
+}
+
+// answered hands an answer to the request waiting on its reply subject;
+// one nobody waits for (late, or sent again) is dropped.
+func (n *Node) answered(msg *nats.Msg) {
+	n.mu.Lock()
+	ch := n.waiting[msg.Subject]
+	delete(n.waiting, msg.Subject)
+	n.mu.Unlock()
+	if ch != nil {
+		ch <- msg
+	}
 }
 
 // Call sends body to broker to's op and decodes the answer into out. A
@@ -510,7 +497,9 @@ func (n *Node) Call(ctx context.Context, to, op string, body, out any) error {
 	return n.CallFor(ctx, CallTimeout, to, op, body, out)
 }
 
-// CallFor is Call with its own deadline.
+// CallFor is Call with its own deadline. The reply subject is this
+// broker's own, fresh for the request and signed with it, so neither the
+// request nor where its answer goes can be re-used.
 func (n *Node) CallFor(ctx context.Context, timeout time.Duration, to, op string, body, out any) error {
 	nc := n.nc.Load()
 	if nc == nil || !nc.IsConnected() {
@@ -521,17 +510,34 @@ func (n *Node) CallFor(ctx context.Context, timeout time.Duration, to, op string
 		return err
 	}
 	msg := nats.NewMsg(n.subject(to, op))
+	msg.Reply = n.inbox + "." + strconv.FormatUint(n.asked.Add(1), 10)
 	msg.Data = data
 	n.sign(msg)
+	ch := make(chan *nats.Msg, 1)
+	n.mu.Lock()
+	n.waiting[msg.Reply] = ch
+	n.mu.Unlock()
+	defer func() {
+		n.mu.Lock()
+		delete(n.waiting, msg.Reply)
+		n.mu.Unlock()
+	}()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	resp, err := nc.RequestMsgWithContext(ctx, msg)
-	if err != nil {
-		if errors.Is(err, nats.ErrNoResponders) || errors.Is(err, context.DeadlineExceeded) ||
-			errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrConnectionClosed) {
+	if err := nc.PublishMsg(msg); err != nil {
+		if errors.Is(err, nats.ErrConnectionClosed) || errors.Is(err, nats.ErrConnectionReconnecting) {
 			return ErrUnavailable
 		}
 		return err
+	}
+	var resp *nats.Msg
+	select {
+	case resp = <-ch:
+	case <-ctx.Done():
+		return ErrUnavailable
+	}
+	if len(resp.Data) == 0 && resp.Header.Get("Status") == noResponders {
+		return ErrUnavailable
 	}
 	_, raw, err := n.open(resp)
 	if err != nil {

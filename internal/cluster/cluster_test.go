@@ -1,6 +1,9 @@
 package cluster
 
 import (
+	"encoding/binary"
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -47,4 +50,50 @@ func FuzzOwner(f *testing.F) {
 			t.Fatalf("Owner(%q) = %q, not the id's suffix", id, o)
 		}
 	})
+}
+
+// TestReplayGuardRefusesASeenNonce: a nonce is admitted once; one signed
+// before the guard started is stale; a full guard forgets its oldest
+// second and refuses what was signed in it rather than let it through.
+func TestReplayGuardRefusesASeenNonce(t *testing.T) {
+	start := time.Now()
+	g := newReplayGuard(start)
+	reason := func(err error) string {
+		var r *refusal
+		if errors.As(err, &r) {
+			return r.reason
+		}
+		return fmt.Sprint(err)
+	}
+	nonce := [nonceLen]byte{1}
+	at := start.Add(time.Millisecond).UnixNano()
+	if err := g.admit(at, nonce, start); err != nil {
+		t.Fatalf("first admit: %v", err)
+	}
+	if got := reason(g.admit(at, nonce, start)); got != RefusedReplay {
+		t.Fatalf("the same nonce again: %s, want %s", got, RefusedReplay)
+	}
+	if got := reason(g.admit(start.Add(-time.Second).UnixNano(), [nonceLen]byte{2}, start)); got != RefusedStale {
+		t.Fatalf("signed before the guard started: %s, want %s", got, RefusedStale)
+	}
+	// Fill the guard past its bound with later seconds: the first second
+	// is forgotten, and its nonce refused as stale, never admitted again.
+	later := start.Add(2 * time.Second)
+	for i := range maxNonces {
+		var n [nonceLen]byte
+		binary.BigEndian.PutUint64(n[:], uint64(i)+100)
+		if err := g.admit(later.UnixNano(), n, later); err != nil {
+			t.Fatalf("admit %d: %v", i, err)
+		}
+	}
+	if g.n > maxNonces {
+		t.Fatalf("the guard holds %d nonces, bound %d", g.n, maxNonces)
+	}
+	if got := reason(g.admit(at, nonce, later)); got != RefusedStale {
+		t.Fatalf("a forgotten nonce again: %s, want %s", got, RefusedStale)
+	}
+	// A second gone out of the skew window is swept.
+	if err := g.admit(later.Add(maxSkew+2*time.Second).UnixNano(), [nonceLen]byte{3}, later.Add(maxSkew+2*time.Second)); err != nil || g.n != 1 {
+		t.Fatalf("after the window: %v, %d nonces kept, want 1", err, g.n)
+	}
 }

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/nexus-broker/nexus-broker/internal/cluster"
 )
 
 // Label values of the wire contract's fixed sets. A series exists for every
@@ -117,6 +119,9 @@ type gauges struct {
 
 type clusterGauges struct {
 	peersReachable, natsFailures int
+	// refused counts the cluster messages refused, by reason (a counter,
+	// though read at scrape time like the gauges).
+	refused map[string]uint64
 }
 
 const ns = "nexus_broker_"
@@ -168,6 +173,11 @@ func (m *metrics) write(w io.Writer, g gauges) {
 	if c := g.cluster; c != nil {
 		gauge("cluster_peers_reachable", "Other brokers whose heartbeat is current.", c.peersReachable)
 		gauge("cluster_nats_failures", "Consecutive failed NATS connection attempts (3 or more: GET /readyz is 503).", c.natsFailures)
+		name := "cluster_messages_refused_total"
+		fmt.Fprintf(w, "# HELP %s%s Cluster messages refused: unsigned or badly signed, stale, or replayed.\n# TYPE %s%s counter\n", ns, name, ns, name)
+		for _, r := range cluster.RefusedReasons {
+			fmt.Fprintf(w, "%s%s{reason=%q} %d\n", ns, name, r, c.refused[r])
+		}
 	}
 }
 

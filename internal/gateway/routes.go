@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nexus-broker/nexus-broker/internal/auth"
+	"github.com/nexus-broker/nexus-broker/internal/cluster"
 )
 
 const errUnknownLease = "unknown lease"
@@ -177,7 +178,10 @@ func (g *Gateway) handleMetrics(w http.ResponseWriter, r *http.Request, p auth.P
 		gg.leases[l.State]++
 	}
 	if g.node != nil {
-		gg.cluster = &clusterGauges{natsFailures: g.node.Failures()}
+		gg.cluster = &clusterGauges{natsFailures: g.node.Failures(), refused: map[string]uint64{}}
+		for _, r := range cluster.RefusedReasons {
+			gg.cluster.refused[r] = g.node.Refused(r)
+		}
 		for _, p := range g.node.Peers() {
 			if p.Reachable {
 				gg.cluster.peersReachable++
