@@ -130,6 +130,11 @@ func (g *Gateway) claimBody(r *http.Request, p auth.Principal, body []byte, slot
 	if cerr := g.spawnerUnavailable(); cerr != nil {
 		return nil, cerr
 	}
+	if slot == slotAcquire && g.node != nil && session != "" {
+		if resp, cerr, ok := g.routeResume(r.Context(), p, session, body); ok {
+			return resp, cerr
+		}
+	}
 	if slot == slotAcquire && g.node != nil && g.cap.full() {
 		if resp, cerr, ok := g.offerClaim(r.Context(), p, body); ok {
 			return resp, cerr

@@ -87,6 +87,7 @@ type slotMode int
 const (
 	slotAcquire slotMode = iota // take one, queueing under queue_wait_timeout
 	slotOffered                 // a peer's offer: a free slot now, or decline
+	slotRouted                  // a resume routed here, where its session is: as slotAcquire, never sent on
 )
 
 // offerCall is a claim a full broker offers a peer: the caller's principal
@@ -132,27 +133,41 @@ func (g *Gateway) offerClaim(ctx context.Context, p auth.Principal, body []byte)
 		if a.Declined {
 			continue
 		}
-		if a.Status != http.StatusOK {
-			return nil, &claimError{status: a.Status, text: a.Error, outcome: a.Outcome}, true
+		resp, cerr := g.peerClaimed(peer.ID, a)
+		if resp != nil {
+			g.log.Info("claim spawned by a peer: this broker is full", "peer", peer.ID, "lease_id", resp.LeaseID)
 		}
-		var resp claimResponse
-		if err := json.Unmarshal(a.Claim, &resp); err != nil {
-			return nil, refuse(http.StatusBadGateway, "spawn_failed", "a peer's claim answer was unreadable"), true
-		}
-		g.log.Info("claim spawned by a peer: this broker is full", "peer", peer.ID, "lease_id", resp.LeaseID)
-		return &resp, nil, true
+		return resp, cerr, true
 	}
 	return nil, nil, false
 }
 
+// peerClaimed is the claim answer a peer gave: its lease, or its refusal.
+func (g *Gateway) peerClaimed(peer string, a offerAnswer) (*claimResponse, *claimError) {
+	if a.Status != http.StatusOK {
+		return nil, &claimError{status: a.Status, text: a.Error, outcome: a.Outcome}
+	}
+	var resp claimResponse
+	if err := json.Unmarshal(a.Claim, &resp); err != nil {
+		g.log.Warn("cluster: a peer's claim answer was unreadable", "peer", peer, "error", err)
+		return nil, refuse(http.StatusBadGateway, "spawn_failed", "a peer's claim answer was unreadable")
+	}
+	return &resp, nil
+}
+
 // takeOffer is the peer's side of offerClaim.
 func (g *Gateway) takeOffer(ctx context.Context, from string, body json.RawMessage) (any, error) {
+	return g.takeClaim(ctx, from, body, slotOffered)
+}
+
+// takeClaim serves a claim another broker sent here, as slot says.
+func (g *Gateway) takeClaim(ctx context.Context, from string, body json.RawMessage, slot slotMode) (any, error) {
 	var o offerCall
 	if err := json.Unmarshal(body, &o); err != nil {
 		return nil, err
 	}
 	r := forwarded(http.MethodPost, "/claim", from).WithContext(ctx)
-	resp, cerr := g.claimBody(r, o.Principal, o.Claim, slotOffered)
+	resp, cerr := g.claimBody(r, o.Principal, o.Claim, slot)
 	switch {
 	case cerr != nil && cerr.outcome == outcomeDeclined:
 		return offerAnswer{Declined: true}, nil

@@ -32,6 +32,8 @@ const (
 	opCount   = "count"
 	opContext = "context"
 	opHTTP    = "http"
+	opSession = "session"
+	opResume  = "resume"
 )
 
 // Owner loss, as the HTTP routes and relayed sockets say it.
@@ -155,6 +157,8 @@ func (g *Gateway) registerClusterOps(n *cluster.Node) {
 		return g.localLeases(c.Principal), nil
 	})
 	n.HandleFor(opClaim, g.offerTimeout(), g.takeOffer)
+	n.HandleFor(opResume, g.offerTimeout()+g.cfg.Load().QueueWaitTimeout.D(), g.takeResume)
+	n.Handle(opSession, g.answerSession)
 	n.Handle(opCount, func(_ context.Context, _ string, body json.RawMessage) (any, error) {
 		var c countCall
 		err := json.Unmarshal(body, &c)

@@ -1,0 +1,80 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+
+	"github.com/nexus-broker/nexus-broker/internal/auth"
+	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
+)
+
+// A session lives on the host that ran it (its transcript is under that
+// host's instance home), so in cluster mode a resume goes to the broker
+// whose spawnd's session index holds it: asked of every peer when this
+// broker does not hold it. No holder: this broker decides as for any claim.
+
+// errSessionBrokerUnavailable is the 503 of a resume whose session's broker
+// was found but did not take the claim.
+const errSessionBrokerUnavailable = "the broker holding this session is unavailable"
+
+type sessionCall struct {
+	Session string `json:"session"`
+}
+
+// holdsSession reports whether this host's session index (or a live lease)
+// has the session. A spawnd that cannot be asked holds nothing.
+func (g *Gateway) holdsSession(ctx context.Context, session string) bool {
+	res, err := g.sp.Binding(ctx, &spawnpb.BindingRequest{SessionId: session})
+	return err == nil && res.Entry != ""
+}
+
+// answerSession is a peer's side of sessionHolder.
+func (g *Gateway) answerSession(ctx context.Context, _ string, body json.RawMessage) (any, error) {
+	var c sessionCall
+	if err := json.Unmarshal(body, &c); err != nil {
+		return nil, err
+	}
+	return contextAnswer{Mine: g.holdsSession(ctx, c.Session)}, nil
+}
+
+// sessionHolder is the peer whose host holds session, "" when this broker
+// does or no peer that answers does.
+func (g *Gateway) sessionHolder(ctx context.Context, session string) string {
+	if g.holdsSession(ctx, session) {
+		return ""
+	}
+	holder := ""
+	askPeers(g, ctx, opSession, sessionCall{Session: session}, func(peer string, a contextAnswer) {
+		if a.Mine {
+			holder = peer
+		}
+	})
+	return holder
+}
+
+// routeResume sends a resume to the broker holding its session, which
+// serves it as a claim that arrived there: a free slot or its own queue,
+// never offered on. ok is false when this broker should serve it.
+func (g *Gateway) routeResume(ctx context.Context, p auth.Principal, session string, body []byte) (*claimResponse, *claimError, bool) {
+	holder := g.sessionHolder(ctx, session)
+	if holder == "" {
+		return nil, nil, false
+	}
+	var a offerAnswer
+	timeout := g.offerTimeout() + g.cfg.Load().QueueWaitTimeout.D()
+	if err := g.node.CallFor(ctx, timeout, holder, opResume, offerCall{Principal: p, Claim: body}, &a); err != nil {
+		g.log.Warn("cluster: the broker holding a resumed session did not take the claim", "peer", holder, "session_id", session, "error", err)
+		return nil, refuse(http.StatusServiceUnavailable, "spawn_failed", errSessionBrokerUnavailable), true
+	}
+	resp, cerr := g.peerClaimed(holder, a)
+	if resp != nil {
+		g.log.Info("resume routed to the broker holding its session", "peer", holder, "session_id", session, "lease_id", resp.LeaseID)
+	}
+	return resp, cerr, true
+}
+
+// takeResume is the holder's side of routeResume.
+func (g *Gateway) takeResume(ctx context.Context, from string, body json.RawMessage) (any, error) {
+	return g.takeClaim(ctx, from, body, slotRouted)
+}
