@@ -49,7 +49,7 @@ func (l combineListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &bufConn{Conn: c}, nil
+	return &bufConn{Conn: newRawConn(c)}, nil
 }
 
 // bufConn is an accepted connection whose data frames can wait for a flush.

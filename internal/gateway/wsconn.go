@@ -205,8 +205,8 @@ func (w *wsConn) roomFor(n int) bool {
 	}
 	w.room = 0
 	_ = rc.Control(func(fd uintptr) {
-		queued, err1 := unix.IoctlGetInt(int(fd), unix.SIOCOUTQ)
-		size, err2 := unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUF)
+		queued, err1 := rawIntIoctl(fd, unix.SIOCOUTQ)
+		size, err2 := rawSockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUF)
 		if err1 == nil && err2 == nil {
 			w.room = size/2 - queued
 		}

@@ -1,0 +1,162 @@
+package gateway
+
+import (
+	"io"
+	"net"
+	"os"
+	"sync"
+	"syscall"
+	"unsafe"
+)
+
+// rawConn is an accepted socket whose reads and writes are made as raw
+// system calls. The descriptor is non-blocking, so neither can block; the
+// runtime's poller still waits for readiness and enforces deadlines and
+// Close (syscall.RawConn). What the raw call leaves out is the runtime's
+// entry into a blocking system call, and that is the point: every such
+// entry made while the process was idle wakes the runtime's monitor thread,
+// which then polls on a 20 µs sleep for a millisecond. A relayed frame
+// arrives at an idle gateway, so each one paid that: most of the gateway's
+// CPU per sequential echo, stolen from the instance and the client on a
+// small machine.
+type rawConn struct {
+	net.Conn
+	rc syscall.RawConn
+
+	// The state of the one read and the one write in flight: the callbacks
+	// are bound once (readFn, writeFn) so a call allocates nothing.
+	rmu     sync.Mutex
+	rbuf    []byte
+	rn      int
+	rerr    error
+	readFn  func(fd uintptr) bool
+	wmu     sync.Mutex
+	wbuf    []byte
+	wn      int
+	werr    error
+	writeFn func(fd uintptr) bool
+}
+
+// newRawConn wraps c when it is a socket, else returns c as it was.
+func newRawConn(c net.Conn) net.Conn {
+	sc, ok := c.(*net.TCPConn)
+	if !ok {
+		return c
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return c
+	}
+	r := &rawConn{Conn: c, rc: rc}
+	r.readFn, r.writeFn = r.readOnce, r.writeSome
+	return r
+}
+
+// SyscallConn is the socket's, for roomFor's queue checks.
+func (c *rawConn) SyscallConn() (syscall.RawConn, error) { return c.rc, nil }
+
+func (c *rawConn) Read(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	c.rmu.Lock()
+	defer c.rmu.Unlock()
+	c.rbuf, c.rn, c.rerr = p, 0, nil
+	err := c.rc.Read(c.readFn)
+	n, rerr := c.rn, c.rerr
+	c.rbuf, c.rerr = nil, nil
+	switch {
+	case err != nil: // deadline or Close, as the poller reports them
+		return 0, err
+	case rerr == io.EOF:
+		return 0, io.EOF
+	case rerr != nil:
+		return n, c.opError("read", rerr)
+	}
+	return n, nil
+}
+
+// readOnce is one read(2); false asks the poller to wait for readability.
+func (c *rawConn) readOnce(fd uintptr) bool {
+	for {
+		n, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&c.rbuf[0])), uintptr(len(c.rbuf)))
+		switch e {
+		case 0:
+			c.rn = int(n)
+			if n == 0 {
+				c.rerr = io.EOF
+			}
+			return true
+		case syscall.EINTR:
+			continue
+		case syscall.EAGAIN:
+			return false
+		default:
+			c.rerr = os.NewSyscallError("read", e)
+			return true
+		}
+	}
+}
+
+func (c *rawConn) Write(p []byte) (int, error) {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	c.wbuf, c.wn, c.werr = p, 0, nil
+	var err error
+	if len(p) > 0 {
+		err = c.rc.Write(c.writeFn)
+	}
+	n, werr := c.wn, c.werr
+	c.wbuf, c.werr = nil, nil
+	switch {
+	case err != nil:
+		return n, err
+	case werr != nil:
+		return n, c.opError("write", werr)
+	}
+	return n, nil
+}
+
+// writeSome writes what is left of wbuf; false asks the poller to wait for
+// room.
+func (c *rawConn) writeSome(fd uintptr) bool {
+	for c.wn < len(c.wbuf) {
+		rest := c.wbuf[c.wn:]
+		n, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&rest[0])), uintptr(len(rest)))
+		switch e {
+		case 0:
+			c.wn += int(n)
+		case syscall.EINTR:
+		case syscall.EAGAIN:
+			return false
+		default:
+			c.werr = os.NewSyscallError("write", e)
+			return true
+		}
+	}
+	return true
+}
+
+// opError wraps err as the net package does its own socket errors.
+func (c *rawConn) opError(op string, err error) error {
+	return &net.OpError{Op: op, Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
+}
+
+// rawIntIoctl and rawSockoptInt read an int from the socket without the
+// runtime's blocking-call bookkeeping, as rawConn's reads and writes do.
+func rawIntIoctl(fd uintptr, req uint) (int, error) {
+	var v int32
+	if _, _, e := syscall.RawSyscall(syscall.SYS_IOCTL, fd, uintptr(req), uintptr(unsafe.Pointer(&v))); e != 0 {
+		return 0, e
+	}
+	return int(v), nil
+}
+
+func rawSockoptInt(fd uintptr, level, opt int) (int, error) {
+	var v int32
+	size := uint32(unsafe.Sizeof(v))
+	if _, _, e := syscall.RawSyscall6(syscall.SYS_GETSOCKOPT, fd, uintptr(level), uintptr(opt), uintptr(unsafe.Pointer(&v)), uintptr(unsafe.Pointer(&size)), 0); e != 0 {
+		return 0, e
+	}
+	return int(v), nil
+}
