@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
+
+	"github.com/nexus-broker/nexus-broker/internal/rawsock"
 )
 
 // Write-combining. Every connection the gateway accepts is a bufConn. For
@@ -49,7 +51,7 @@ func (l combineListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &bufConn{Conn: newRawConn(c)}, nil
+	return &bufConn{Conn: rawsock.Wrap(c)}, nil
 }
 
 // bufConn is an accepted connection whose data frames can wait for a flush.

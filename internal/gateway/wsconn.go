@@ -13,6 +13,8 @@ import (
 
 	"github.com/gorilla/websocket"
 	"golang.org/x/sys/unix"
+
+	"github.com/nexus-broker/nexus-broker/internal/rawsock"
 )
 
 // Liveness: ping every pingInterval, give up after peerTimeout of silence
@@ -205,8 +207,8 @@ func (w *wsConn) roomFor(n int) bool {
 	}
 	w.room = 0
 	_ = rc.Control(func(fd uintptr) {
-		queued, err1 := rawIntIoctl(fd, unix.SIOCOUTQ)
-		size, err2 := rawSockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUF)
+		queued, err1 := rawsock.IoctlInt(fd, unix.SIOCOUTQ)
+		size, err2 := rawsock.SockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUF)
 		if err1 == nil && err2 == nil {
 			w.room = size/2 - queued
 		}

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/nexus-broker/nexus-broker/internal/rawsock"
 	"github.com/nexus-broker/nexus-broker/internal/safedir"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc"
 )
@@ -31,7 +32,8 @@ func (c *clientCreds) ClientHandshake(ctx context.Context, _ string, conn net.Co
 	if err != nil {
 		return nil, nil, err
 	}
-	return conn, pc, nil
+	// Raw reads and writes, as spawnd's side (spawnrpc's server handshake).
+	return rawsock.Wrap(conn), pc, nil
 }
 
 func (c *clientCreds) ServerHandshake(net.Conn) (net.Conn, credentials.AuthInfo, error) {

@@ -1,4 +1,15 @@
-package gateway
+// Package rawsock makes a socket's reads and writes raw system calls.
+//
+// The descriptor is non-blocking, so neither can block; the runtime's
+// poller still waits for readiness and enforces deadlines and Close
+// (syscall.RawConn). What the raw call leaves out is the runtime's entry
+// into a blocking system call, and that is the point: every such entry made
+// while the process was idle wakes the runtime's monitor thread (sysmon),
+// which then polls on a 20 µs sleep for about a millisecond. A relayed frame
+// arrives at an idle gateway, and an RPC at an idle spawnd, so each paid
+// that: most of the gateway's CPU per sequential echo, taken from the
+// instance and the client on a small machine.
+package rawsock
 
 import (
 	"io"
@@ -9,16 +20,7 @@ import (
 	"unsafe"
 )
 
-// rawConn is an accepted socket whose reads and writes are made as raw
-// system calls. The descriptor is non-blocking, so neither can block; the
-// runtime's poller still waits for readiness and enforces deadlines and
-// Close (syscall.RawConn). What the raw call leaves out is the runtime's
-// entry into a blocking system call, and that is the point: every such
-// entry made while the process was idle wakes the runtime's monitor thread,
-// which then polls on a 20 µs sleep for a millisecond. A relayed frame
-// arrives at an idle gateway, so each one paid that: most of the gateway's
-// CPU per sequential echo, stolen from the instance and the client on a
-// small machine.
+// rawConn is a socket whose reads and writes are raw system calls.
 type rawConn struct {
 	net.Conn
 	rc syscall.RawConn
@@ -37,10 +39,16 @@ type rawConn struct {
 	writeFn func(fd uintptr) bool
 }
 
-// newRawConn wraps c when it is a socket, else returns c as it was.
-func newRawConn(c net.Conn) net.Conn {
-	sc, ok := c.(*net.TCPConn)
-	if !ok {
+// Wrap returns c reading and writing with raw system calls when it is a TCP
+// or unix socket, else c as it was.
+func Wrap(c net.Conn) net.Conn {
+	var sc syscall.Conn
+	switch s := c.(type) {
+	case *net.TCPConn:
+		sc = s
+	case *net.UnixConn:
+		sc = s
+	default:
 		return c
 	}
 	rc, err := sc.SyscallConn()
@@ -52,7 +60,7 @@ func newRawConn(c net.Conn) net.Conn {
 	return r
 }
 
-// SyscallConn is the socket's, for roomFor's queue checks.
+// SyscallConn is the socket's.
 func (c *rawConn) SyscallConn() (syscall.RawConn, error) { return c.rc, nil }
 
 func (c *rawConn) Read(p []byte) (int, error) {
@@ -139,12 +147,12 @@ func (c *rawConn) writeSome(fd uintptr) bool {
 
 // opError wraps err as the net package does its own socket errors.
 func (c *rawConn) opError(op string, err error) error {
-	return &net.OpError{Op: op, Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
+	return &net.OpError{Op: op, Net: c.LocalAddr().Network(), Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
 }
 
-// rawIntIoctl and rawSockoptInt read an int from the socket without the
-// runtime's blocking-call bookkeeping, as rawConn's reads and writes do.
-func rawIntIoctl(fd uintptr, req uint) (int, error) {
+// IoctlInt and SockoptInt read an int from a socket the way Wrap's reads
+// and writes are made, for callers inside syscall.RawConn.Control.
+func IoctlInt(fd uintptr, req uint) (int, error) {
 	var v int32
 	if _, _, e := syscall.RawSyscall(syscall.SYS_IOCTL, fd, uintptr(req), uintptr(unsafe.Pointer(&v))); e != 0 {
 		return 0, e
@@ -152,7 +160,7 @@ func rawIntIoctl(fd uintptr, req uint) (int, error) {
 	return int(v), nil
 }
 
-func rawSockoptInt(fd uintptr, level, opt int) (int, error) {
+func SockoptInt(fd uintptr, level, opt int) (int, error) {
 	var v int32
 	size := uint32(unsafe.Sizeof(v))
 	if _, _, e := syscall.RawSyscall6(syscall.SYS_GETSOCKOPT, fd, uintptr(level), uintptr(opt), uintptr(unsafe.Pointer(&v)), uintptr(unsafe.Pointer(&size)), 0); e != 0 {

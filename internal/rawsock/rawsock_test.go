@@ -1,4 +1,4 @@
-package gateway
+package rawsock
 
 import (
 	"bytes"
@@ -6,32 +6,40 @@ import (
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/nexus-broker/nexus-broker/internal/sockdir"
 )
 
-// rawPair is an accepted connection as the gateway's listener hands it out,
-// and the plain TCP client on the other end.
+// rawPair is an accepted TCP connection, wrapped, and the plain client on
+// the other end.
 func rawPair(t *testing.T) (*rawConn, net.Conn) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	return rawPairOn(t, "tcp", "127.0.0.1:0")
+}
+
+func rawPairOn(t *testing.T, network, addr string) (*rawConn, net.Conn) {
+	t.Helper()
+	ln, err := net.Listen(network, addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	client, err := net.Dial("tcp", ln.Addr().String())
+	client, err := net.Dial(network, ln.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = client.Close() })
-	c, err := Listener(ln).Accept()
+	c, err := ln.Accept()
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Close() })
-	rc, ok := c.(*bufConn).Conn.(*rawConn)
+	rc, ok := Wrap(c).(*rawConn)
 	if !ok {
-		t.Fatalf("an accepted TCP connection is %T, not a rawConn", c.(*bufConn).Conn)
+		t.Fatalf("a wrapped %s connection is %T, not a rawConn", network, Wrap(c))
 	}
 	return rc, client
 }
@@ -65,6 +73,30 @@ func TestRawConnCarriesBytesBothWays(t *testing.T) {
 	}
 	if !bytes.Equal(back, big) {
 		t.Fatal("the large write arrived altered")
+	}
+}
+
+func TestRawConnOnAUnixSocket(t *testing.T) {
+	c, client := rawPairOn(t, "unix", filepath.Join(sockdir.New(t, "rs"), "s"))
+	if _, err := c.Write([]byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 4)
+	if _, err := io.ReadFull(client, got); err != nil || string(got) != "ping" {
+		t.Fatalf("read %q, %v", got, err)
+	}
+	_ = client.Close()
+	if _, err := c.Read(got); err != io.EOF {
+		t.Fatalf("read after the peer closed: %v, want EOF", err)
+	}
+}
+
+func TestOtherConnectionsAreLeftAlone(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	if Wrap(a) != a {
+		t.Fatal("Wrap changed a connection that is not a socket")
 	}
 }
 
