@@ -106,7 +106,7 @@ const directMax = 8
 // when it left them for a drain goroutine.
 func (c *clientConn) writeDirect() bool {
 	var arr [directMax]logEntry
-	batch, missFrom, _, _ := c.l.log.readBatch(c.cur, arr[:0], directMax)
+	batch, missFrom, _, _ := c.l.log.readBatch(c.cur, arr[:0], directMax, false)
 	if missFrom > 0 || len(batch) == directMax {
 		return false
 	}
@@ -181,7 +181,7 @@ func (c *clientConn) writeAll() bool {
 	// the last once the stream has nothing more for this client.
 	buf := make([]logEntry, 0, 64)
 	for {
-		batch, missFrom, missThrough, _ := l.log.readBatch(c.cur, buf[:0], cap(buf))
+		batch, missFrom, missThrough, _ := l.log.readBatch(c.cur, buf[:0], cap(buf), false)
 		if missFrom > 0 {
 			// This reader fell more than client_replay_buffer_bytes behind.
 			if c.resumed {

@@ -347,7 +347,7 @@ func (g *Gateway) relayRead(ctx context.Context, _ string, body json.RawMessage)
 	c.mu.Unlock()
 	buf := make([]logEntry, 0, 64)
 	for {
-		batch, missFrom, missThrough, wake := l.log.readBatch(c.cur, buf[:0], cap(buf))
+		batch, missFrom, missThrough, wake := l.log.readBatch(c.cur, buf[:0], cap(buf), true)
 		if missFrom > 0 {
 			if c.resumed {
 				f := g.evictedGap(l.id, missFrom, missThrough)

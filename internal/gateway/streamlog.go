@@ -31,8 +31,11 @@ type streamLog struct {
 	bytes   int64
 	// pin is the attached client's cursor; frames after it are kept up to
 	// sendWindow even past the byte bound.
-	pin  *cursor
-	wake chan struct{} // closed and replaced on every append
+	pin *cursor
+	// wake is closed by the next append; made only when a reader waits
+	// (readBatch found nothing), so an append nobody waits on allocates
+	// no channel.
+	wake chan struct{}
 }
 
 // cursor is one client connection's position: the last seq written to it.
@@ -45,7 +48,7 @@ type logEntry struct {
 }
 
 func newStreamLog(leaseID string, bound int64) *streamLog {
-	return &streamLog{leaseID: leaseID, bound: bound, first: 1, next: 1, wake: make(chan struct{})}
+	return &streamLog{leaseID: leaseID, bound: bound, first: 1, next: 1}
 }
 
 // append sequences f, stores it and wakes readers. It returns the number of
@@ -64,8 +67,10 @@ func (s *streamLog) append(f brokerframe.Frame) (lostByClient int, err error) {
 	s.entries = append(s.entries, logEntry{seq: f.Seq, data: data})
 	s.bytes += int64(len(data))
 	lostByClient = s.trimLocked()
-	close(s.wake)
-	s.wake = make(chan struct{})
+	if s.wake != nil {
+		close(s.wake)
+		s.wake = nil
+	}
 	return lostByClient, nil
 }
 
@@ -141,9 +146,9 @@ func (s *streamLog) detach(c *cursor) {
 
 // readBatch appends to buf up to max frames after c. When frames right after
 // c were evicted it reports the missing range instead (missFrom > 0) and
-// moves c past it. With nothing to read it returns the channel the next
-// append closes.
-func (s *streamLog) readBatch(c *cursor, buf []logEntry, max int) (out []logEntry, missFrom, missThrough uint64, wake <-chan struct{}) {
+// moves c past it. With nothing to read and wait set it returns the
+// channel the next append closes.
+func (s *streamLog) readBatch(c *cursor, buf []logEntry, max int, wait bool) (out []logEntry, missFrom, missThrough uint64, wake <-chan struct{}) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if c.seq+1 < s.first {
@@ -154,7 +159,10 @@ func (s *streamLog) readBatch(c *cursor, buf []logEntry, max int) (out []logEntr
 	for i := int(c.seq + 1 - s.first); i < len(s.entries) && len(buf) < max; i++ {
 		buf = append(buf, s.entries[i])
 	}
-	if len(buf) == 0 {
+	if len(buf) == 0 && wait {
+		if s.wake == nil {
+			s.wake = make(chan struct{})
+		}
 		return buf, 0, 0, s.wake
 	}
 	return buf, 0, 0, nil

@@ -34,7 +34,7 @@ func TestStreamLogSequencesFromOneWithoutHoles(t *testing.T) {
 	}
 	var got []uint64
 	for {
-		batch, miss, _, wake := s.readBatch(c, nil, 64)
+		batch, miss, _, wake := s.readBatch(c, nil, 64, true)
 		if miss != 0 {
 			t.Fatalf("miss at %d", miss)
 		}
@@ -93,7 +93,7 @@ func TestStreamLogPinsTheAttachedClientsSendWindow(t *testing.T) {
 	s := newStreamLog("L", 0) // retain nothing for replay
 	c, _ := s.attach(-1)
 	appendN(t, s, sendWindow)
-	batch, miss, _, _ := s.readBatch(c, nil, 1000)
+	batch, miss, _, _ := s.readBatch(c, nil, 1000, false)
 	if miss != 0 || len(batch) != sendWindow {
 		t.Fatalf("a live client lost frames within the send window: miss %d, got %d", miss, len(batch))
 	}
@@ -101,7 +101,7 @@ func TestStreamLogPinsTheAttachedClientsSendWindow(t *testing.T) {
 	if lost != 1 {
 		t.Fatalf("past the send window the oldest undelivered frame is lost: lost = %d", lost)
 	}
-	_, miss, through, _ := s.readBatch(c, nil, 1000)
+	_, miss, through, _ := s.readBatch(c, nil, 1000, false)
 	if miss != 1 || through != 1 {
 		t.Fatalf("the reader must be told frame 1 is gone: %d..%d", miss, through)
 	}
@@ -121,7 +121,36 @@ func TestStreamLogDisplacedCursorDoesNotUnpinSuccessor(t *testing.T) {
 	next, _ := s.attach(-1)
 	s.detach(old)
 	appendN(t, s, 5)
-	if batch, _, _, _ := s.readBatch(next, nil, 10); len(batch) != 5 {
+	if batch, _, _, _ := s.readBatch(next, nil, 10, false); len(batch) != 5 {
 		t.Fatalf("successor lost its pin: got %d frames", len(batch))
+	}
+}
+
+func TestStreamLogWakesAWaitingReaderOnly(t *testing.T) {
+	s := newStreamLog("L", 1<<20)
+	c, _ := s.attach(-1)
+	if _, _, _, wake := s.readBatch(c, nil, 8, false); wake != nil {
+		t.Fatal("a reader that does not wait was handed a wake channel")
+	}
+	appendN(t, s, 3)
+	if s.wake != nil {
+		t.Fatal("appends nobody waited on made a wake channel")
+	}
+	batch, _, _, _ := s.readBatch(c, nil, 8, true)
+	s.advance(c, batch[len(batch)-1].seq)
+	_, _, _, wake := s.readBatch(c, nil, 8, true)
+	if wake == nil {
+		t.Fatal("a waiting reader with nothing to read got no wake channel")
+	}
+	select {
+	case <-wake:
+		t.Fatal("woken before any append")
+	default:
+	}
+	appendN(t, s, 1)
+	select {
+	case <-wake:
+	default:
+		t.Fatal("the append did not wake the waiting reader")
 	}
 }
