@@ -106,7 +106,8 @@ type Node struct {
 
 	mu      sync.Mutex
 	peers   map[string]*peer
-	waiting map[string]chan *nats.Msg // by reply subject
+	waiting map[string]chan result // by reply subject
+	parts   assembler
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -129,7 +130,7 @@ func New(o Options) (*Node, error) {
 		id: o.BrokerID, prefix: k.SubjectPrefix, advertise: o.Advertise, secret: []byte(secret),
 		every: k.HeartbeatInterval.D(), log: o.Log, urls: strings.Join(k.URLs, ","),
 		handlers: map[string]handler{}, peers: map[string]*peer{}, ctx: ctx, cancel: cancel,
-		inbox: nats.NewInbox(), seen: newReplayGuard(time.Now()), waiting: map[string]chan *nats.Msg{},
+		inbox: nats.NewInbox(), seen: newReplayGuard(time.Now()), waiting: map[string]chan result{}, parts: assembler{parts: map[string]*assembly{}},
 		refused: map[string]*atomic.Uint64{},
 	}
 	for _, r := range RefusedReasons {
@@ -213,6 +214,10 @@ func (n *Node) connect() error {
 	if err := nc.Flush(); err != nil {
 		nc.Close()
 		return err
+	}
+	if nc.MaxPayload() < MinPayload {
+		nc.Close()
+		return fmt.Errorf("the NATS server's max_payload is %d bytes; cluster mode needs at least %d", nc.MaxPayload(), MinPayload)
 	}
 	n.nc.Store(nc)
 	n.recovered()
@@ -356,10 +361,7 @@ func (n *Node) beat(nc *nats.Conn) {
 	defer t.Stop()
 	for {
 		if data, err := n.seal(heartbeat{Advertise: n.advertise}); err == nil {
-			msg := nats.NewMsg(n.prefix + "." + opHeartbeat)
-			msg.Data = data
-			n.sign(msg)
-			_ = nc.PublishMsg(msg) // buffered while reconnecting; failures count in ReconnectErrHandler
+			_ = n.publish(nc, n.prefix+"."+opHeartbeat, "", data) // buffered while reconnecting; failures count in ReconnectErrHandler
 		}
 		select {
 		case <-n.ctx.Done():
@@ -373,7 +375,11 @@ func (n *Node) beat(nc *nats.Conn) {
 }
 
 func (n *Node) heard(msg *nats.Msg) {
-	from, body, err := n.open(msg)
+	data, done, err := n.receive(msg)
+	if err != nil || !done {
+		return
+	}
+	from, body, err := n.open(data)
 	if err != nil || from == n.id {
 		return
 	}
@@ -439,19 +445,33 @@ func (n *Node) Refused(reason string) uint64 {
 	return n.refused[reason].Load()
 }
 
-// serve answers one request on its own goroutine: a stream read may wait
-// up to ReadWait, and must not hold up the requests behind it. Requests
-// that must stay in order (a client's frames) are sent one at a time.
+// serve takes one request (or one chunk of it: chunks are reassembled
+// here, in the order they arrive) and answers it on its own goroutine: a
+// stream read may wait up to ReadWait, and must not hold up the requests
+// behind it. Requests that must stay in order (a client's frames) are sent
+// one at a time.
 func (n *Node) serve(msg *nats.Msg) {
+	data, done, err := n.receive(msg)
+	switch {
+	case errors.Is(err, ErrIncomplete):
+		n.incomplete(msg.Subject, msg.Reply, err)
+		return
+	case err != nil:
+		// No answer: an unsigned caller learns nothing. The subject only:
+		// never the data.
+		n.log.Warn("cluster: request refused", "subject", msg.Subject, "error", err)
+		return
+	case !done:
+		return
+	}
 	go func() {
-		op := msg.Subject[strings.LastIndexByte(msg.Subject, '.')+1:]
-		from, body, err := n.open(msg)
+		from, body, err := n.open(data)
 		if err != nil {
-			// No answer: an unsigned caller learns nothing, and a replay
-			// is not done twice. The subject only: never the data.
+			// No answer either: a replay is not done twice.
 			n.log.Warn("cluster: request refused", "subject", msg.Subject, "error", err)
 			return
 		}
+		op := msg.Subject[strings.LastIndexByte(msg.Subject, '.')+1:]
 		h, ok := n.handlers[op]
 		var out any
 		if !ok {
@@ -467,26 +487,56 @@ func (n *Node) serve(msg *nats.Msg) {
 		} else if e.Body, err = json.Marshal(out); err != nil {
 			e.Error = err.Error()
 		}
-		data, err := n.sealEnvelope(e)
-		if err != nil || msg.Reply == "" {
-			return
-		}
-		reply := nats.NewMsg(msg.Reply)
-		reply.Data = data
-		n.sign(reply)
-		_ = msg.RespondMsg(reply)
+		n.respond(msg.Reply, e)
 	}()
 }
 
-// answered hands an answer to the request waiting on its reply subject;
-// one nobody waits for (late, or sent again) is dropped.
+// respond sends e, signed, to a request's reply subject.
+func (n *Node) respond(reply string, e envelope) {
+	nc := n.nc.Load()
+	if reply == "" || nc == nil {
+		return
+	}
+	data, err := n.sealEnvelope(e)
+	if err == nil {
+		err = n.publish(nc, reply, "", data)
+	}
+	if err != nil {
+		n.log.Warn("cluster: answering a request failed", "subject", reply, "error", err)
+	}
+}
+
+// result is what a request of ours got: an answer's data, or why none.
+type result struct {
+	data []byte
+	err  error
+}
+
+// answered takes an answer (or a chunk of one) to a request of ours. One
+// that is not signed is ignored (the real answer may still come); one
+// nobody waits for (late, or sent again) is dropped.
 func (n *Node) answered(msg *nats.Msg) {
+	if len(msg.Data) == 0 && msg.Header.Get("Status") == noResponders {
+		n.deliver(msg.Subject, result{err: ErrUnavailable})
+		return
+	}
+	data, done, err := n.receive(msg)
+	switch {
+	case errors.Is(err, ErrIncomplete):
+		n.deliver(msg.Subject, result{err: err})
+	case err == nil && done:
+		n.deliver(msg.Subject, result{data: data})
+	}
+}
+
+// deliver hands r to the request waiting on reply subject, once.
+func (n *Node) deliver(subject string, r result) {
 	n.mu.Lock()
-	ch := n.waiting[msg.Subject]
-	delete(n.waiting, msg.Subject)
+	ch := n.waiting[subject]
+	delete(n.waiting, subject)
 	n.mu.Unlock()
 	if ch != nil {
-		ch <- msg
+		ch <- r
 	}
 }
 
@@ -509,37 +559,34 @@ func (n *Node) CallFor(ctx context.Context, timeout time.Duration, to, op string
 	if err != nil {
 		return err
 	}
-	msg := nats.NewMsg(n.subject(to, op))
-	msg.Reply = n.inbox + "." + strconv.FormatUint(n.asked.Add(1), 10)
-	msg.Data = data
-	n.sign(msg)
-	ch := make(chan *nats.Msg, 1)
+	reply := n.inbox + "." + strconv.FormatUint(n.asked.Add(1), 10)
+	ch := make(chan result, 1)
 	n.mu.Lock()
-	n.waiting[msg.Reply] = ch
+	n.waiting[reply] = ch
 	n.mu.Unlock()
 	defer func() {
 		n.mu.Lock()
-		delete(n.waiting, msg.Reply)
+		delete(n.waiting, reply)
 		n.mu.Unlock()
 	}()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	if err := nc.PublishMsg(msg); err != nil {
+	if err := n.publish(nc, n.subject(to, op), reply, data); err != nil {
 		if errors.Is(err, nats.ErrConnectionClosed) || errors.Is(err, nats.ErrConnectionReconnecting) {
 			return ErrUnavailable
 		}
 		return err
 	}
-	var resp *nats.Msg
+	var r result
 	select {
-	case resp = <-ch:
+	case r = <-ch:
 	case <-ctx.Done():
 		return ErrUnavailable
 	}
-	if len(resp.Data) == 0 && resp.Header.Get("Status") == noResponders {
-		return ErrUnavailable
+	if r.err != nil {
+		return r.err
 	}
-	_, raw, err := n.open(resp)
+	_, raw, err := n.open(r.data)
 	if err != nil {
 		return err
 	}

@@ -77,43 +77,52 @@ func (n *Node) sealEnvelope(e envelope) ([]byte, error) {
 	return json.Marshal(e)
 }
 
-// mac signs what a message is: where it goes, where its answer goes, and
-// its data.
-func (n *Node) mac(subject, reply string, data []byte) string {
+// mac signs what a message is: where it goes, where its answer goes,
+// which chunk of a larger message it is ("" for a whole one), and its data.
+func (n *Node) mac(subject, reply, part string, data []byte) string {
 	h := hmac.New(sha256.New, n.secret)
-	h.Write([]byte(subject))
-	h.Write([]byte{0})
-	h.Write([]byte(reply))
-	h.Write([]byte{0})
+	for _, s := range []string{subject, reply, part} {
+		h.Write([]byte(s))
+		h.Write([]byte{0})
+	}
 	h.Write(data)
 	return hex.EncodeToString(h.Sum(nil))
 }
 
-func (n *Node) sign(msg *nats.Msg) {
+func (n *Node) sign(msg *nats.Msg, part string) {
 	if msg.Header == nil {
 		msg.Header = nats.Header{}
 	}
-	msg.Header.Set(sigHeader, n.mac(msg.Subject, msg.Reply, msg.Data))
+	msg.Header.Set(sigHeader, n.mac(msg.Subject, msg.Reply, part, msg.Data))
 }
 
-// open verifies msg's signature, freshness and nonce and returns its
-// envelope. A refusal is counted by reason.
-func (n *Node) open(msg *nats.Msg) (from string, body json.RawMessage, err error) {
-	from, body, err = n.check(msg)
+func (n *Node) verify(msg *nats.Msg, part string) error {
+	sig := msg.Header.Get(sigHeader)
+	if sig == "" || !hmac.Equal([]byte(sig), []byte(n.mac(msg.Subject, msg.Reply, part, msg.Data))) {
+		return &refusal{RefusedSignature, errBadSignature}
+	}
+	return nil
+}
+
+// count counts err when it is a refusal, and returns it.
+func (n *Node) count(err error) error {
 	var r *refusal
 	if errors.As(err, &r) {
 		n.refused[r.reason].Add(1)
 	}
-	return from, body, err
+	return err
 }
 
-func (n *Node) check(msg *nats.Msg) (string, json.RawMessage, error) {
-	sig := msg.Header.Get(sigHeader)
-	if sig == "" || !hmac.Equal([]byte(sig), []byte(n.mac(msg.Subject, msg.Reply, msg.Data))) {
-		return "", nil, &refusal{RefusedSignature, errBadSignature}
-	}
+// open checks a received message's envelope, once its signature (or every
+// chunk's) has been verified: its freshness and its nonce.
+func (n *Node) open(data []byte) (from string, body json.RawMessage, err error) {
+	from, body, err = n.unseal(data)
+	return from, body, n.count(err)
+}
+
+func (n *Node) unseal(data []byte) (string, json.RawMessage, error) {
 	var e envelope
-	if err := json.Unmarshal(msg.Data, &e); err != nil {
+	if err := json.Unmarshal(data, &e); err != nil {
 		return "", nil, err
 	}
 	now := time.Now()

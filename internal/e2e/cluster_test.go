@@ -64,6 +64,12 @@ func clusterYAML(id, natsURL string) string {
 func startCluster(t testing.TB, extraYAML string, token string, ids ...string) (*natsserver.Server, map[string]*Broker) {
 	t.Helper()
 	ns := startNATS(t, 0, nil)
+	return ns, startClusterOn(t, ns, extraYAML, token, ids...)
+}
+
+// startClusterOn is startCluster on a nats-server of the test's own.
+func startClusterOn(t testing.TB, ns *natsserver.Server, extraYAML string, token string, ids ...string) map[string]*Broker {
+	t.Helper()
 	bs := map[string]*Broker{}
 	for _, id := range ids {
 		bs[id] = startBroker(t, Options{YAML: clusterYAML(id, ns.ClientURL()) + extraYAML, StateDir: true, Advertise: true, Token: token,
@@ -72,7 +78,7 @@ func startCluster(t testing.TB, extraYAML string, token string, ids ...string) (
 	for _, b := range bs {
 		b.waitPeers(len(ids) - 1)
 	}
-	return ns, bs
+	return bs
 }
 
 // waitPeers waits for GET /metrics to count n reachable peers.
@@ -498,23 +504,36 @@ func TestClusterA2AContextContinuesOnAnotherBroker(t *testing.T) {
 	}
 }
 
-// TestClusterRelayChunksWhatExceedsMaxPayload: with a NATS max_payload of
-// 16 KiB, a 40 KB client message and the 40 KB answer it gets are carried
-// through a non-owner in chunks, whole.
-func TestClusterRelayChunksWhatExceedsMaxPayload(t *testing.T) {
-	ns := startNATS(t, 0, func(o *natsserver.Options) { o.MaxPayload = 16 << 10 })
-	bs := map[string]*Broker{}
-	for _, id := range []string{"a", "b"} {
-		bs[id] = startBroker(t, Options{YAML: clusterYAML(id, ns.ClientURL()), StateDir: true, Advertise: true,
-			GatewayEnv: []string{clusterSecretEnv + "=" + clusterSecret}})
+// TestClusterChunksWhatExceedsMaxPayload: with a NATS max_payload of
+// 4 KiB, a claim body larger than that still spills from a full broker to
+// a peer, and 64 KiB messages pass both ways through a non-owner, in
+// order, none lost.
+func TestClusterChunksWhatExceedsMaxPayload(t *testing.T) {
+	ns := startNATS(t, 0, func(o *natsserver.Options) { o.MaxPayload = 4 << 10 })
+	bs := startClusterOn(t, ns, "max_concurrent: 1\nqueue_wait_timeout: 1s\n", "", "a", "b")
+	a, b := bs["a"], bs["b"]
+	a.GatewayLog.wait(t, regexp.MustCompile(`max_payload=4096`), 5*time.Second)
+	first := a.claim(brokerclient.ClaimRequest{})
+	big := "engine:\n  name: example\n" + strings.Repeat("# padding the claim past one NATS message\n", 400)
+	spilled := a.claim(brokerclient.ClaimRequest{Config: big})
+	if !strings.HasSuffix(spilled.LeaseID, "-b") {
+		t.Fatalf("a %d-byte claim on a full A went to %q, want b", len(big), spilled.LeaseID)
 	}
-	bs["a"].waitPeers(1)
-	bs["b"].waitPeers(1)
-	bs["a"].GatewayLog.wait(t, regexp.MustCompile(`max_payload=16384`), 5*time.Second)
-	claim := bs["a"].claim(brokerclient.ClaimRequest{})
-	conn := dialVia(t, bs["b"], claim.LeaseID, brokerclient.DialOptions{})
-	big := strings.Repeat("0123456789", 4000)
-	if got := say(t, conn, big); got != "echo #1: "+big {
-		t.Fatalf("the 40 KB round trip through B came back %d bytes, want %d", len(got), len("echo #1: "+big))
+
+	conn := dialVia(t, b, first.LeaseID, brokerclient.DialOptions{})
+	var texts []string
+	for i := range 3 {
+		text := strings.Repeat(fmt.Sprintf("%d123456789", i), 64<<10/10)
+		texts = append(texts, text)
+		if err := conn.Send(brokerframe.IO{Type: brokerframe.IOInput, Content: text}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = conn.Underlying().SetReadDeadline(time.Now().Add(60 * time.Second))
+	for i, text := range texts {
+		got, err := conn.Answer()
+		if want := fmt.Sprintf("echo #%d: %s", i+1, text); err != nil || !strings.HasPrefix(got, want) {
+			t.Fatalf("answer %d through B: %d bytes starting %.40q, %v; want %d bytes starting %.40q", i+1, len(got), got, err, len(want), want)
+		}
 	}
 }

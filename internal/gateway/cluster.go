@@ -116,10 +116,10 @@ func (g *Gateway) offerTimeout() time.Duration {
 // peers, one at a time in random order, until one with a free slot spawns
 // it: each takes a slot only if one is free at that moment, so exactly one
 // broker spawns. ok is false when every peer declined (or none answered,
-// or the body is too large for one NATS message): the claim then queues
+// or the body is too large for one cluster message): the claim then queues
 // here as in single-broker mode.
 func (g *Gateway) offerClaim(ctx context.Context, p auth.Principal, body []byte) (*claimResponse, *claimError, bool) {
-	if len(body)+payloadOverhead > int(g.node.MaxPayload()) {
+	if len(body)+payloadOverhead > cluster.MaxMessage {
 		return nil, nil, false
 	}
 	peers := slices.DeleteFunc(g.node.Peers(), func(p cluster.Peer) bool { return !p.Reachable })

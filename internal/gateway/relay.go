@@ -50,6 +50,18 @@ const relayIdle = 10 * time.Second
 // the frames it carries.
 const payloadOverhead = 4 << 10
 
+// minRelayBatch is the fewest bytes of frames a relay request or answer
+// gathers, however small the NATS server's max_payload: the transport
+// chunks what one NATS message cannot hold.
+const minRelayBatch = 64 << 10
+
+// relayBudget is how many bytes of frames one relay request or answer
+// gathers: what one NATS message holds, or minRelayBatch. A single frame
+// larger than it goes alone.
+func (g *Gateway) relayBudget() int {
+	return max(int(g.node.MaxPayload())-payloadOverhead, minRelayBatch)
+}
+
 // relayBatch bounds the client messages read ahead and sent in one request.
 const relayBatch = 64
 
@@ -193,25 +205,16 @@ type attachAnswer struct {
 type relayCall struct {
 	Lease string `json:"lease"`
 	Conn  string `json:"conn"`
-	// After (read) is the last seq the client was written; Offset the
-	// bytes of the next frame it already has, when that frame is chunked.
-	After  uint64 `json:"after,omitempty"`
-	Offset int    `json:"offset,omitempty"`
-	// Msgs (send) are whole client messages, in order; Data and More a
-	// chunk of one too large for a NATS message.
+	// After (read) is the last seq the client was written.
+	After uint64 `json:"after,omitempty"`
+	// Msgs (send) are whole client messages, in order.
 	Msgs [][]byte `json:"msgs,omitempty"`
-	Data []byte   `json:"data,omitempty"`
-	More bool     `json:"more,omitempty"`
 }
 
 type relayAnswer struct {
 	Frames []json.RawMessage `json:"frames,omitempty"`
-	// Last is the seq of the last frame in Frames (or of Part).
-	Last uint64 `json:"last,omitempty"`
-	// Part is a chunk of a frame too large for one NATS message; More says
-	// another follows.
-	Part  []byte    `json:"part,omitempty"`
-	More  bool      `json:"more,omitempty"`
+	// Last is the seq of the last frame in Frames.
+	Last  uint64    `json:"last,omitempty"`
 	Close *closeReq `json:"close,omitempty"`
 }
 
@@ -229,7 +232,6 @@ type relayConn struct {
 	closing  *closeReq
 	flushBy  time.Time
 	closed   chan struct{} // closed once closing is set
-	partial  []byte        // a chunked client message being received
 	idle     *time.Timer
 	detached bool
 }
@@ -331,7 +333,7 @@ func (g *Gateway) relayRead(ctx context.Context, _ string, body json.RawMessage)
 		return relayAnswer{Close: &closeReq{Code: websocket.CloseGoingAway, Reason: closeLeaseClosed}}, nil
 	}
 	l := c.l
-	budget := int(g.node.MaxPayload()) - payloadOverhead
+	budget := g.relayBudget()
 	wait := time.NewTimer(cluster.ReadWait)
 	defer wait.Stop()
 	l.log.advance(c.cur, rc.After)
@@ -357,12 +359,7 @@ func (g *Gateway) relayRead(ctx context.Context, _ string, body json.RawMessage)
 			continue
 		}
 		for _, e := range batch {
-			if size+len(e.data) > budget {
-				if len(out.Frames) == 0 {
-					// One frame larger than a NATS message: sent in chunks.
-					end := min(len(e.data), rc.Offset+budget*3/4) // base64 in the JSON
-					out.Part, out.More, out.Last = e.data[rc.Offset:end], end < len(e.data), e.seq
-				}
+			if size+len(e.data) > budget && len(out.Frames) > 0 {
 				return out, nil
 			}
 			out.Frames, size, out.Last = append(out.Frames, e.data), size+len(e.data), e.seq
@@ -393,10 +390,9 @@ func (g *Gateway) relayRead(ctx context.Context, _ string, body json.RawMessage)
 	}
 }
 
-// relaySend delivers client messages (or a chunk of one) to the instance,
-// in order. The entry broker sends the next request only after this
-// answer, which keeps the client's frames in order and its socket under
-// backpressure.
+// relaySend delivers client messages to the instance, in order. The entry
+// broker sends the next request only after this answer, which keeps the
+// client's frames in order and its socket under backpressure.
 func (g *Gateway) relaySend(_ context.Context, _ string, body json.RawMessage) (any, error) {
 	c, rc, err := g.relayFor(body)
 	if err != nil {
@@ -404,24 +400,9 @@ func (g *Gateway) relaySend(_ context.Context, _ string, body json.RawMessage) (
 	}
 	c.mu.Lock()
 	closing := c.closing
-	data := append(c.partial, rc.Data...)
-	c.partial = nil
-	if rc.More {
-		if len(data) > maxMessage {
-			closing = &closeReq{Code: websocket.CloseMessageTooBig, Reason: "message too big"}
-		} else {
-			c.partial = data
-		}
-	}
 	c.mu.Unlock()
 	if closing != nil {
 		return relayAnswer{Close: closing}, nil
-	}
-	if rc.More {
-		return relayAnswer{}, nil
-	}
-	if len(data) > 0 {
-		rc.Msgs = append(rc.Msgs, data)
 	}
 	var held *instanceConn
 	for _, m := range rc.Msgs {
@@ -512,8 +493,9 @@ func (g *Gateway) serveRelay(ws *wsConn, owner, id string, ans attachAnswer) {
 	}
 	// The client's messages are read ahead into a bounded queue (when it is
 	// full the client's socket is not read: backpressure) and sent in
-	// order, as many as one NATS message holds per request.
-	chunk := max(int(g.node.MaxPayload())-payloadOverhead, 1) * 3 / 4
+	// order, as many as one NATS message holds per request (base64 in its
+	// JSON); one larger than that goes alone, chunked by the transport.
+	budget := g.relayBudget() * 3 / 4
 	msgs := make(chan []byte, relayBatch)
 	go func() {
 		defer close(msgs)
@@ -553,15 +535,6 @@ func (g *Gateway) serveRelay(ws *wsConn, owner, id string, ans attachAnswer) {
 				}
 			}
 			next = nil
-			if len(data) > chunk { // one message larger than a NATS message: in chunks
-				for off := 0; off < len(data); off += chunk {
-					end := min(len(data), off+chunk)
-					if !send(relayCall{Lease: id, Conn: ans.Conn, Data: data[off:end], More: end < len(data)}) {
-						return
-					}
-				}
-				continue
-			}
 			batch, size := [][]byte{data}, len(data)
 		fill:
 			for len(batch) < relayBatch {
@@ -570,7 +543,7 @@ func (g *Gateway) serveRelay(ws *wsConn, owner, id string, ans attachAnswer) {
 					if !ok {
 						break fill
 					}
-					if size+len(d) > chunk {
+					if size+len(d) > budget {
 						next = d
 						break fill
 					}
@@ -584,11 +557,10 @@ func (g *Gateway) serveRelay(ws *wsConn, owner, id string, ans attachAnswer) {
 			}
 		}
 	}()
-	after, offset := ans.After, 0
-	var part []byte
+	after := ans.After
 	for ctx.Err() == nil {
 		var out relayAnswer
-		if err := g.node.Call(ctx, owner, opRead, relayCall{Lease: id, Conn: ans.Conn, After: after, Offset: offset}, &out); err != nil {
+		if err := g.node.Call(ctx, owner, opRead, relayCall{Lease: id, Conn: ans.Conn, After: after}, &out); err != nil {
 			lost(opRead, err)
 			break
 		}
@@ -599,16 +571,6 @@ func (g *Gateway) serveRelay(ws *wsConn, owner, id string, ans attachAnswer) {
 		}
 		if len(out.Frames) > 0 {
 			after = out.Last
-		}
-		if out.Part != nil {
-			part = append(part, out.Part...)
-			offset += len(out.Part)
-			if !out.More {
-				if ws.write(part) != nil {
-					cancel()
-				}
-				after, offset, part = out.Last, 0, nil
-			}
 		}
 		if out.Close != nil {
 			g.endRelayed(ws, out.Close, &once, cancel)
