@@ -79,3 +79,32 @@ func TestChunksReassembleInOrderOrFail(t *testing.T) {
 		t.Fatalf("%d assemblies, %d bytes pending after every message ended", len(n.parts.parts), n.parts.pending)
 	}
 }
+
+// FuzzReceive: any chunk header, signed, is reassembled or refused without
+// panicking, and the assembler's bookkeeping stays within its bounds.
+func FuzzReceive(f *testing.F) {
+	f.Add("abc 0 2", "abc 1 2", "xy")
+	f.Add("abc 1 2", "abc 0 2", "")
+	f.Add("a -1 3", "a 99999999999999999999 3", "z")
+	f.Add("a 0 2 extra", " ", "z")
+	f.Fuzz(func(t *testing.T, first, second, data string) {
+		n := bareNode()
+		for _, part := range []string{first, second} {
+			m := &nats.Msg{Subject: "nexus.broker.b.a.send", Reply: "_INBOX.peer.1", Data: []byte(data), Header: nats.Header{}}
+			m.Header.Set(partHeader, part)
+			n.sign(m, part)
+			got, done, err := n.receive(m)
+			if done && err != nil || done && len(got) > 2*len(data) {
+				t.Fatalf("part %q: %d bytes, done %v, %v", part, len(got), done, err)
+			}
+		}
+		n.parts.mu.Lock()
+		defer n.parts.mu.Unlock()
+		if n.parts.pending < 0 || n.parts.pending > maxPending || len(n.parts.parts) > 2 {
+			t.Fatalf("pending %d bytes in %d assemblies", n.parts.pending, len(n.parts.parts))
+		}
+		for k, p := range n.parts.parts {
+			n.parts.drop(k, p)
+		}
+	})
+}
