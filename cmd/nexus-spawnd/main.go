@@ -66,11 +66,11 @@ func run(cfgPath, runDir string, idleExit time.Duration, log *slog.Logger) error
 	}
 
 	// Refuse to be a second spawnd before reading any shared state.
-	release, err := spawnrpc.ClaimRunDir(runDir, socketGID)
+	lock, err := spawnrpc.ClaimRunDir(runDir, socketGID)
 	if err != nil {
 		return err
 	}
-	defer release()
+	defer lock.Close()
 
 	d, err := spawnd.New(cfgPath, cfg, log)
 	if err != nil {

@@ -1,14 +1,18 @@
 package spawnclient
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/credentials"
@@ -17,6 +21,14 @@ import (
 	"github.com/nexus-broker/nexus-broker/internal/safedir"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc"
 )
+
+// ErrStale is wrapped by the error of an attach to a spawnd that
+// spawnd.json names but that is not there any more.
+var ErrStale = errors.New("spawnd.json is stale")
+
+// ErrRefused is wrapped by every error that reports spawnd refusing this
+// process's uid. Retrying does not help; running as the right user does.
+var ErrRefused = errors.New("nexus-spawnd refused this connection")
 
 // clientCreds is the gateway's side: read spawnd's verdict, and check that
 // the socket is served by the spawnd that spawnd.json names (pid) running
@@ -56,12 +68,12 @@ func checkServer(ctx context.Context, conn net.Conn, pid, uid int) (spawnrpc.Pee
 		return spawnrpc.PeerCred{}, err
 	}
 	if pid >= 0 && pc.PID != pid {
-		return spawnrpc.PeerCred{}, fmt.Errorf("%w: the socket is served by pid %d, not by spawnd pid %d of %s", spawnrpc.ErrStale, pc.PID, pid, spawnrpc.EndpointFile)
+		return spawnrpc.PeerCred{}, fmt.Errorf("%w: the socket is served by pid %d, not by spawnd pid %d of %s", ErrStale, pc.PID, pid, spawnrpc.EndpointFile)
 	}
 	if uid >= 0 && pc.UID != uid {
 		return spawnrpc.PeerCred{}, fmt.Errorf("the socket is served by uid %d, but the run directory belongs to uid %d: refusing to talk to it", pc.UID, uid)
 	}
-	if err := spawnrpc.ReadVerdict(ctx, conn); err != nil {
+	if err := readVerdict(ctx, conn); err != nil {
 		return spawnrpc.PeerCred{}, err
 	}
 	return pc, nil
@@ -117,4 +129,41 @@ func serveLockHolder(runDir string) (held bool, pid int) {
 	defer f.Close()
 	pid, _ = strconv.Atoi(safedir.ReadPid(f))
 	return true, pid
+}
+
+// readVerdict reads spawnd's verdict byte by byte: the server's HTTP/2
+// preface follows it on the same connection and must stay unread.
+func readVerdict(ctx context.Context, conn net.Conn) error {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(10 * time.Second)
+	}
+	if err := conn.SetReadDeadline(deadline); err != nil {
+		return err
+	}
+	defer conn.SetReadDeadline(time.Time{})
+	var line []byte
+	b := make([]byte, 1)
+	for len(line) < spawnrpc.MaxVerdictLen {
+		if _, err := conn.Read(b); err != nil {
+			if len(line) == 0 && errors.Is(err, io.EOF) {
+				return fmt.Errorf("%w: spawnd closed the connection without a verdict", ErrStale)
+			}
+			return fmt.Errorf("read spawnd's handshake: %w", err)
+		}
+		if b[0] == '\n' {
+			line = append(line, '\n')
+			break
+		}
+		line = append(line, b[0])
+	}
+	s := string(line)
+	switch {
+	case s == spawnrpc.VerdictOK:
+		return nil
+	case strings.HasPrefix(s, spawnrpc.VerdictDeny):
+		return fmt.Errorf("%w: %s", ErrRefused, strings.TrimSpace(strings.TrimPrefix(s, spawnrpc.VerdictDeny)))
+	default:
+		return fmt.Errorf("the socket's server is not nexus-spawnd (handshake %q)", bytes.TrimSpace(line))
+	}
 }

@@ -144,7 +144,7 @@ func Dial(ctx context.Context, opts DialOptions) (*Client, error) {
 	c := &Client{
 		opts:        opts,
 		log:         log,
-		hclog:       spawnrpc.NewHCLog(log),
+		hclog:       spawnrpc.PluginLogger(log, func() bool { return false }),
 		supervised:  make(chan struct{}),
 		poke:        make(chan struct{}, 1),
 		reconnected: make(chan struct{}, 1),
@@ -389,7 +389,7 @@ func (c *Client) firstAttach(ctx context.Context) (*conn, error) {
 // one when there is none to attach to.
 func (c *Client) attachOrLaunch(ctx context.Context) (*conn, error) {
 	cn, err := c.attachPublished(ctx)
-	if err == nil || !c.opts.Launch || errors.Is(err, spawnrpc.ErrRefused) || errors.Is(err, ErrOtherConfig) || ctx.Err() != nil {
+	if err == nil || !c.opts.Launch || errors.Is(err, ErrRefused) || errors.Is(err, ErrOtherConfig) || ctx.Err() != nil {
 		return cn, err
 	}
 	return c.launchAndAttach(ctx, err)
@@ -403,14 +403,14 @@ func (c *Client) attachPublished(ctx context.Context) (*conn, error) {
 	case errors.Is(err, fs.ErrNotExist):
 		err = fmt.Errorf("%w for run directory %s (no %s)", ErrNotRunning, c.opts.RunDir, spawnrpc.EndpointFile)
 	case err != nil:
-		err = fmt.Errorf("%w (%w: %v)", ErrNotRunning, spawnrpc.ErrStale, err)
+		err = fmt.Errorf("%w (%w: %v)", ErrNotRunning, ErrStale, err)
 	default:
 		var cn *conn
 		cn, err = c.attach(ctx, ep)
 		if err == nil {
 			return cn, nil
 		}
-		if errors.Is(err, spawnrpc.ErrStale) {
+		if errors.Is(err, ErrStale) {
 			err = fmt.Errorf("%w (%w)", ErrNotRunning, err)
 		}
 	}
@@ -660,7 +660,7 @@ func probe(ctx context.Context, ep spawnrpc.Endpoint, owner int) error {
 	nc, err := d.DialContext(ctx, ep.Network, ep.Addr)
 	switch {
 	case errors.Is(err, unix.ECONNREFUSED) || errors.Is(err, unix.ENOENT):
-		return fmt.Errorf("%w: nobody accepts on %s: %v", spawnrpc.ErrStale, ep.Addr, err)
+		return fmt.Errorf("%w: nobody accepts on %s: %v", ErrStale, ep.Addr, err)
 	case errors.Is(err, unix.EACCES):
 		return fmt.Errorf("connect to nexus-spawnd at %s: %w; run the gateway as a member of group spawnd.socket_gid", ep.Addr, err)
 	case err != nil:
@@ -683,7 +683,7 @@ func (c *Client) launchAndAttach(ctx context.Context, why error) (*conn, error) 
 	defer lock.Close()
 	// Whoever held the lock before us may have launched one.
 	cn, err := c.attachPublished(ctx)
-	if err == nil || errors.Is(err, spawnrpc.ErrRefused) || errors.Is(err, ErrOtherConfig) {
+	if err == nil || errors.Is(err, ErrRefused) || errors.Is(err, ErrOtherConfig) {
 		return cn, err
 	}
 	if held, pid := serveLockHolder(c.opts.RunDir); held {

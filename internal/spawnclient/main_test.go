@@ -68,7 +68,11 @@ func fakeSpawndMain() int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	err := spawnrpc.Serve(ctx, spawnrpc.ServeOptions{RunDir: *runDir, AllowedUID: allowed, SocketGID: -1, Impl: &fakeSpawner{log: log}, Logger: log})
+	lock, err := spawnrpc.ClaimRunDir(*runDir, -1)
+	if err == nil {
+		defer lock.Close()
+		err = spawnrpc.Serve(ctx, spawnrpc.ServeOptions{RunDir: *runDir, AllowedUID: allowed, SocketGID: -1, Impl: &fakeSpawner{log: log}, Logger: log})
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "nexus-spawnd:", err)
 		return 1

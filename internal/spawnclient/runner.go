@@ -9,8 +9,6 @@ import (
 
 	"github.com/hashicorp/go-plugin/runner"
 	"golang.org/x/sys/unix"
-
-	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc"
 )
 
 // pidfdRunner is the go-plugin AttachedRunner for an attached spawnd. It
@@ -34,13 +32,13 @@ type pidfdRunner struct {
 var _ runner.AttachedRunner = (*pidfdRunner)(nil)
 
 // openPidfdRunner opens a pidfd for pid. A pid that does not exist is
-// spawnrpc.ErrStale. Open it before checking the socket: a pidfd pins the
+// ErrStale. Open it before checking the socket: a pidfd pins the
 // process it was opened for, so a later check cannot be fooled by pid
 // reuse.
 func openPidfdRunner(pid int) (*pidfdRunner, error) {
 	pidfd, err := unix.PidfdOpen(pid, 0)
 	if errors.Is(err, unix.ESRCH) {
-		return nil, fmt.Errorf("%w: spawnd pid %d is gone", spawnrpc.ErrStale, pid)
+		return nil, fmt.Errorf("%w: spawnd pid %d is gone", ErrStale, pid)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("pidfd_open(%d): %w", pid, err)

@@ -133,8 +133,8 @@ func TestRefusesOtherUID(t *testing.T) {
 
 	_, log := newLogSink(t)
 	_, err := Dial(ctxT(t, waitLong), DialOptions{RunDir: runDir, Logger: log})
-	if !errors.Is(err, spawnrpc.ErrRefused) || !strings.Contains(err.Error(), wantMsg) {
-		t.Fatalf("Dial: %v; want spawnrpc.ErrRefused saying %q", err, wantMsg)
+	if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), wantMsg) {
+		t.Fatalf("Dial: %v; want ErrRefused saying %q", err, wantMsg)
 	}
 
 	// A client that skips Dial's probe sees the same reason on its call.

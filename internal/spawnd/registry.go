@@ -97,9 +97,9 @@ func resolve(cfg *core.Config) (*settings, error) {
 			}
 		}
 		if r := cfg.EntryRunAs(name); r != nil {
-			if e.runAs, err = newCredential(name, r); err != nil {
-				return nil, err
-			}
+			// core.Validate keeps both ids in 0..2³²-2: 2³²-1 would mean
+			// "leave unchanged" to setresuid.
+			e.runAs = &credential{uid: uint32(*r.UID), gid: uint32(*r.GID)}
 			if err := checkRunAsIsNotTheGateway(name, e.runAs, cfg.Spawnd); err != nil {
 				return nil, err
 			}
@@ -184,17 +184,6 @@ func checkRunAsIsNotTheGateway(name string, c *credential, sp core.Spawnd) error
 			"so its instances could connect to nexus-spawnd; give the entry a group of its own", name, c.gid)
 	}
 	return nil
-}
-
-// newCredential converts a validated run_as block. 2³²-1 is refused too:
-// to setuid(2) it means "leave unchanged".
-func newCredential(name string, r *core.RunAs) (*credential, error) {
-	for _, id := range []int{*r.UID, *r.GID} {
-		if id < 0 || id >= 1<<32-1 {
-			return nil, fmt.Errorf("broker config: binaries: %s: run_as %s: %d is not a usable uid or gid", name, r, id)
-		}
-	}
-	return &credential{uid: uint32(*r.UID), gid: uint32(*r.GID)}, nil
 }
 
 // passwdHome is the home the passwd database records for a run_as uid: HOME

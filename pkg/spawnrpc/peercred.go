@@ -1,7 +1,6 @@
 package spawnrpc
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,9 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"strings"
 	"syscall"
-	"time"
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/credentials"
@@ -25,22 +22,14 @@ import (
 // preface: EOF"; the line lets it say what is wrong and what to change.
 // Both ends are ours, so the extra line costs no compatibility.
 const (
-	verdictPrefix = "nexus-spawnd "
-	verdictOK     = verdictPrefix + "OK\n"
-	verdictDeny   = verdictPrefix + "DENY "
-	maxVerdictLen = 512
+	VerdictPrefix = "nexus-spawnd "
+	VerdictOK     = VerdictPrefix + "OK\n"
+	VerdictDeny   = VerdictPrefix + "DENY "
+	MaxVerdictLen = 512
 )
 
 // SecurityProtocol names the handshake in gRPC's ProtocolInfo.
 const SecurityProtocol = "nexus-peercred"
-
-// ErrStale is wrapped by the error of an attach to a spawnd that
-// spawnd.json names but that is not there any more.
-var ErrStale = errors.New("spawnd.json is stale")
-
-// ErrRefused is wrapped by every error that reports spawnd refusing this
-// process's uid. Retrying does not help; running as the right user does.
-var ErrRefused = errors.New("nexus-spawnd refused this connection")
 
 // PeerCred is the kernel's account (SO_PEERCRED) of the process on the
 // other end of a unix socket, taken at connect (or listen) time. On the
@@ -103,10 +92,10 @@ func (c *serverCreds) ServerHandshake(conn net.Conn) (net.Conn, credentials.Auth
 		if pc.PID != os.Getpid() {
 			c.log.Warn("refused spawnrpc connection", "peer_uid", pc.UID, "peer_pid", pc.PID, "allowed_uid", c.allowedUID)
 		}
-		_, _ = io.WriteString(conn, verdictDeny+reason+"\n")
+		_, _ = io.WriteString(conn, VerdictDeny+reason+"\n")
 		return nil, nil, fmt.Errorf("peer uid %d pid %d refused", pc.UID, pc.PID)
 	}
-	if _, err := io.WriteString(conn, verdictOK); err != nil {
+	if _, err := io.WriteString(conn, VerdictOK); err != nil {
 		return nil, nil, err
 	}
 	// An RPC reaches a spawnd that is idle between claims: raw reads and
@@ -125,40 +114,3 @@ func (c *serverCreds) Info() credentials.ProtocolInfo {
 func (c *serverCreds) Clone() credentials.TransportCredentials { cp := *c; return &cp }
 
 func (c *serverCreds) OverrideServerName(string) error { return nil }
-
-// ReadVerdict reads spawnd's verdict byte by byte: the server's HTTP/2
-// preface follows it on the same connection and must stay unread.
-func ReadVerdict(ctx context.Context, conn net.Conn) error {
-	deadline, ok := ctx.Deadline()
-	if !ok {
-		deadline = time.Now().Add(10 * time.Second)
-	}
-	if err := conn.SetReadDeadline(deadline); err != nil {
-		return err
-	}
-	defer conn.SetReadDeadline(time.Time{})
-	var line []byte
-	b := make([]byte, 1)
-	for len(line) < maxVerdictLen {
-		if _, err := conn.Read(b); err != nil {
-			if len(line) == 0 && errors.Is(err, io.EOF) {
-				return fmt.Errorf("%w: spawnd closed the connection without a verdict", ErrStale)
-			}
-			return fmt.Errorf("read spawnd's handshake: %w", err)
-		}
-		if b[0] == '\n' {
-			line = append(line, '\n')
-			break
-		}
-		line = append(line, b[0])
-	}
-	s := string(line)
-	switch {
-	case s == verdictOK:
-		return nil
-	case strings.HasPrefix(s, verdictDeny):
-		return fmt.Errorf("%w: %s", ErrRefused, strings.TrimSpace(strings.TrimPrefix(s, verdictDeny)))
-	default:
-		return fmt.Errorf("the socket's server is not nexus-spawnd (handshake %q)", bytes.TrimSpace(line))
-	}
-}

@@ -1,16 +1,18 @@
 package spawnrpc
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-plugin"
@@ -24,8 +26,8 @@ import (
 
 // ServeOptions configures Serve.
 type ServeOptions struct {
-	// RunDir receives the socket, spawnd.json and spawnd.lock. It is created
-	// 0750 if missing, and must be owned by this process's uid.
+	// RunDir receives the socket and spawnd.json. The caller holds its
+	// ClaimRunDir lock.
 	RunDir string
 	// AllowedUID is the only peer uid accepted on the socket
 	// (spawnd.gateway_uid, or spawnd's own uid in development).
@@ -44,8 +46,8 @@ type ServeOptions struct {
 const probeTimeout = 5 * time.Second
 
 // Serve runs the spawnrpc server until ctx is done, then stops it and
-// withdraws spawnd.json. It returns an error if serving cannot start (the
-// run directory is unusable, another spawnd holds it) or stops on its own.
+// withdraws spawnd.json. It returns an error if serving cannot start or
+// stops on its own.
 //
 // go-plugin's server normally belongs to a host that launched it and reads
 // its address from stdout. Its test mode (ServeConfig.Test) instead hands
@@ -64,18 +66,12 @@ func Serve(ctx context.Context, opts ServeOptions) error {
 		log = slog.Default()
 	}
 	runDir := opts.RunDir
-	release, err := ClaimRunDir(runDir, opts.SocketGID)
-	if err != nil {
-		return err
-	}
-	defer release()
-
 	// go-plugin takes its socket placement from the environment only.
 	if err := pluginEnv(runDir, opts.SocketGID); err != nil {
 		return err
 	}
 
-	hlog := newHCLog(log)
+	var stopping atomic.Bool // marks a shutdown as ours for PluginLogger
 	creds := &serverCreds{allowedUID: opts.AllowedUID, log: log}
 	// go-plugin stops on its own context, which only shutdown cancels, so
 	// that the shutdown is marked as ours before go-plugin acts on it.
@@ -93,7 +89,7 @@ func Serve(ctx context.Context, opts ServeOptions) error {
 				grpc.ChainStreamInterceptor(onlyOurStreams))
 			return grpc.NewServer(o...)
 		},
-		Logger: hlog,
+		Logger: PluginLogger(log, stopping.Load),
 		Test: &plugin.ServeTestConfig{
 			Context:          serveCtx,
 			ReattachConfigCh: reattachCh,
@@ -115,7 +111,7 @@ func Serve(ctx context.Context, opts ServeOptions) error {
 		Pid:             rc.Pid,
 	}
 	shutdown := func() {
-		hlog.stopping.Store(true)
+		stopping.Store(true)
 		stop()
 		<-closed
 	}
@@ -153,45 +149,21 @@ func Serve(ctx context.Context, opts ServeOptions) error {
 	return runErr
 }
 
-// claims are the run directories this process holds the serve lock of.
-var claims = struct {
-	sync.Mutex
-	m map[string]bool
-}{m: map[string]bool{}}
-
-// ClaimRunDir prepares runDir as Serve does and makes this process its only
-// spawnd, until release is called. Serve claims by itself; a main calls
-// ClaimRunDir first when it must be sure it is the only spawnd before it
-// touches shared state (the lease journal), and releases after Serve
-// returns. Claiming a directory this process already holds succeeds with a
-// release that does nothing.
-func ClaimRunDir(runDir string, socketGID int) (release func(), err error) {
-	key := filepath.Clean(runDir)
-	claims.Lock()
-	defer claims.Unlock()
-	if claims.m[key] {
-		return func() {}, nil
-	}
+// ClaimRunDir prepares runDir as Serve needs it and makes this process its
+// only spawnd for as long as the returned lock stays open. A main claims
+// before it touches shared state (the lease journal), and Serve must be
+// called with the claim held.
+func ClaimRunDir(runDir string, socketGID int) (lock *os.File, err error) {
 	if err := PrepareRunDir(runDir, socketGID); err != nil {
 		return nil, err
 	}
-	lock, err := takeServeLock(runDir, socketGID)
-	if err != nil {
+	if lock, err = takeServeLock(runDir, socketGID); err != nil {
 		return nil, err
 	}
 	// Holding the lock, every go-plugin socket in the directory is a dead
 	// spawnd's.
 	removeStaleSockets(runDir)
-	claims.m[key] = true
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			claims.Lock()
-			delete(claims.m, key)
-			claims.Unlock()
-			lock.Close()
-		})
-	}, nil
+	return lock, nil
 }
 
 // takeServeLock makes this process the only spawnd of runDir and records
@@ -253,10 +225,15 @@ func probeAccepting(ctx context.Context, ep Endpoint) error {
 		return err
 	}
 	defer conn.Close()
-	if err := ReadVerdict(ctx, conn); err != nil && !errors.Is(err, ErrRefused) {
+	deadline, _ := ctx.Deadline()
+	if err := conn.SetReadDeadline(deadline); err != nil {
 		return err
 	}
-	return nil
+	line, err := bufio.NewReader(io.LimitReader(conn, MaxVerdictLen)).ReadString('\n')
+	if err == nil && !strings.HasPrefix(line, VerdictPrefix) {
+		err = fmt.Errorf("the socket's server is not nexus-spawnd (handshake %q)", line)
+	}
+	return err
 }
 
 // The methods a gateway may call: the Spawner verbs, plus the two go-plugin
