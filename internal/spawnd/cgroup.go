@@ -312,7 +312,7 @@ func (t *cgroupTree) remove(leaseID string, within time.Duration) error {
 		}
 		left := time.Until(deadline)
 		if left <= 0 {
-			return fmt.Errorf("cgroup %s still has members %v %s after SIGKILL: a process in uninterruptible sleep (D state) holds it; its removal is retried", dir, procsOrNone(dir), within)
+			return fmt.Errorf("cgroup %s still holds %s %s after SIGKILL: a process in uninterruptible sleep (state D) dies only once its kernel call returns", dir, members(dir), within)
 		}
 		// The kernel flags cgroup.events with POLLPRI when it changes.
 		fds := []unix.PollFd{{Fd: int32(events.Fd()), Events: unix.POLLPRI}}
@@ -360,6 +360,20 @@ func cgroupProcs(dir string) ([]int, error) {
 		}
 	}
 	return pids, nil
+}
+
+// members names each process left in a cgroup with its state (D is
+// uninterruptible sleep), for the error of one that will not empty.
+func members(dir string) string {
+	var out []string
+	for _, pid := range procsOrNone(dir) {
+		state := "gone"
+		if st, err := readProcStat(pid); err == nil {
+			state = string(st.state)
+		}
+		out = append(out, fmt.Sprintf("pid %d (state %s)", pid, state))
+	}
+	return strings.Join(out, ", ")
 }
 
 func procsOrNone(dir string) []int {

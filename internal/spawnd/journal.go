@@ -88,6 +88,10 @@ type leaseRecord struct {
 	ConfigPath string `json:"config_path,omitempty"`
 	// Reason is why the lease ended (kindEnded only).
 	Reason string `json:"reason,omitempty"`
+	// CgroupLeft is why the lease's cgroup was still there when it ended
+	// (kindEnded only): its members, and their state. spawnd retries the
+	// removal, and a later boot's sweep finishes it.
+	CgroupLeft string `json:"cgroup_left,omitempty"`
 
 	// seq orders snapshots of one lease (lease.snapshot). Verbs append
 	// after releasing Daemon.mu, so two snapshots may reach the journal in

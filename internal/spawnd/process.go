@@ -291,7 +291,9 @@ func (d *Daemon) supervised(l *lease, exited bool, err error) {
 	}
 	_ = unix.Close(pidfd)
 	if l.inCgroup {
-		d.removeCgroup(rec.LeaseID)
+		if err := d.removeCgroup(rec.LeaseID); err != nil {
+			rec.CgroupLeft = err.Error()
+		}
 	}
 	d.removeConfig(l.configPath)
 	ev := &spawnpb.ExitEvent{LeaseId: rec.LeaseID, Pid: int64(rec.PID), ExitCode: -1, Terminated: terminated}
@@ -324,13 +326,15 @@ func (d *Daemon) supervised(l *lease, exited bool, err error) {
 
 // removeCgroup removes a lease's cgroup once it is empty. A cgroup that does
 // not empty within cgroupDrainLimit (a member stuck in uninterruptible
-// sleep) is logged as an ERROR and its removal retried until it succeeds or
-// spawnd closes; the next boot's sweep removes it otherwise.
-func (d *Daemon) removeCgroup(id string) {
+// sleep) is logged as an ERROR, its removal retried until it succeeds or
+// spawnd closes (the next boot's sweep removes it otherwise), and the
+// reason returned, for the lease's ended record.
+func (d *Daemon) removeCgroup(id string) error {
 	err := d.cgroups.remove(id, cgroupDrainLimit)
 	if err == nil {
-		return
+		return nil
 	}
+	first := err
 	d.log.Error("lease cgroup did not empty; the lease is closed and the cgroup's removal is retried", "lease_id", id, "error", err)
 	d.wg.Add(1)
 	go func() {
@@ -345,6 +349,7 @@ func (d *Daemon) removeCgroup(id string) {
 		}
 		d.log.Info("lease cgroup removed after all", "lease_id", id)
 	}()
+	return first
 }
 
 func reap(pid int) (unix.WaitStatus, error) {
