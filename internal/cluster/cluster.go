@@ -65,6 +65,12 @@ type Options struct {
 	// Advertise is this broker's advertise_addr, sent with each heartbeat.
 	Advertise string
 	Log       *slog.Logger
+	// Free, when set, is how many claims this broker would take now without
+	// queueing, sent with each heartbeat.
+	Free func() int
+	// PeerFree, when set, is told of each heartbeat of a peer that has a
+	// free slot. It must not block.
+	PeerFree func(peer string)
 }
 
 // Handler answers one request addressed to this broker. from is the
@@ -91,6 +97,10 @@ type Node struct {
 	log                   *slog.Logger
 	opts                  []nats.Option
 	urls                  string
+	free                  func() int
+	peerFree              func(string)
+	// beatNow asks for a heartbeat before the next tick.
+	beatNow chan struct{}
 
 	nc       atomic.Pointer[nats.Conn]
 	failures atomic.Int32
@@ -131,7 +141,7 @@ func New(o Options) (*Node, error) {
 		every: k.HeartbeatInterval.D(), log: o.Log, urls: strings.Join(k.URLs, ","),
 		handlers: map[string]handler{}, peers: map[string]*peer{}, ctx: ctx, cancel: cancel,
 		inbox: nats.NewInbox(), seen: newReplayGuard(time.Now()), waiting: map[string]chan result{}, parts: assembler{parts: map[string]*assembly{}},
-		refused: map[string]*atomic.Uint64{},
+		refused: map[string]*atomic.Uint64{}, free: o.Free, peerFree: o.PeerFree, beatNow: make(chan struct{}, 1),
 	}
 	for _, r := range RefusedReasons {
 		n.refused[r] = new(atomic.Uint64)
@@ -353,6 +363,17 @@ func (n *Node) subject(broker, op string) string { return n.prefix + ".b." + bro
 
 type heartbeat struct {
 	Advertise string `json:"advertise"`
+	// Free is how many claims the broker would take now without queueing.
+	Free int `json:"free,omitempty"`
+}
+
+// BeatNow sends a heartbeat at once (without waiting for the next tick):
+// a slot just became free, and brokers with claims queued should hear it.
+func (n *Node) BeatNow() {
+	select {
+	case n.beatNow <- struct{}{}:
+	default: // one is pending already
+	}
 }
 
 func (n *Node) beat(nc *nats.Conn) {
@@ -360,13 +381,18 @@ func (n *Node) beat(nc *nats.Conn) {
 	t := time.NewTicker(n.every)
 	defer t.Stop()
 	for {
-		if data, err := n.seal(heartbeat{Advertise: n.advertise}); err == nil {
+		hb := heartbeat{Advertise: n.advertise}
+		if n.free != nil {
+			hb.Free = n.free()
+		}
+		if data, err := n.seal(hb); err == nil {
 			_ = n.publish(nc, n.prefix+"."+opHeartbeat, "", data) // buffered while reconnecting; failures count in ReconnectErrHandler
 		}
 		select {
 		case <-n.ctx.Done():
 			return
 		case <-t.C:
+		case <-n.beatNow:
 		}
 		if nc.IsClosed() {
 			return
@@ -396,6 +422,9 @@ func (n *Node) heard(msg *nats.Msg) {
 	}
 	p.advertise, p.lastSeen = hb.Advertise, time.Now()
 	n.mu.Unlock()
+	if hb.Free > 0 && n.peerFree != nil {
+		n.peerFree(from)
+	}
 }
 
 // Known reports whether id is this broker or a broker that has been heard.

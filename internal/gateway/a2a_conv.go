@@ -377,7 +377,7 @@ func (in *ingress) leaseFor(c *conv) (*lease, string) {
 	if cerr != nil {
 		return nil, cerr.text
 	}
-	l, cerr := in.g.spawnLease(in.g.ctx, c.key.principal, entry, p.config, session, slotAcquire)
+	l, cerr := in.g.spawnLease(in.g.ctx, c.key.principal, entry, p.config, session, slotAcquire, nil)
 	if cerr != nil {
 		return nil, cerr.text
 	}

@@ -4,6 +4,7 @@ import (
 	"container/list"
 	"context"
 	"errors"
+	"math"
 	"sync"
 	"time"
 )
@@ -17,13 +18,17 @@ var (
 	errPrincipalQueue = errors.New("queued claim limit reached for this principal")
 	// errDeclined is an offered claim that found no free slot here.
 	errDeclined = errors.New("no free slot for an offered claim")
+	// errServedAway is a queued claim a peer with a free slot served.
+	errServedAway = errors.New("served by a peer")
 )
 
 // queueQuota bounds how many queued claims one principal may hold; a zero
-// quota (max <= 0) bounds nothing.
+// quota (max <= 0) bounds nothing. offer, when set, lets a peer with a
+// free slot serve the claim while it waits here (cluster mode).
 type queueQuota struct {
 	principal string
 	max       int
+	offer     *queuedOffer
 }
 
 // capacity is max_concurrent slots plus the FIFO queue of claims waiting for
@@ -38,22 +43,37 @@ type capacity struct {
 	wait     time.Duration
 	// queued counts parked claims per principal under a quota.
 	queued map[string]int
+	// offerEnd is signalled when a claim out on offer to a peer comes back.
+	offerEnd *sync.Cond
+	// onFree, when set, is told (under mu, so it must not block) that a
+	// slot became free with nobody waiting for it.
+	onFree func()
 }
 
+// waiter is one parked claim. Its fields are guarded by capacity.mu.
 type waiter struct {
 	granted chan struct{}
-	done    bool      // granted or withdrawn; guarded by capacity.mu
+	el      *list.Element
+	done    bool      // granted, served by a peer, or withdrawn
 	since   time.Time // when the claim was parked
+	offer   *queuedOffer
+	// offering: out on offer to a peer now, keeping its place. reserved: a
+	// slot here freed for it meanwhile, held until the peer answers, so
+	// exactly one broker spawns it. away: the peer served it.
+	offering, reserved, away bool
 }
 
 func newCapacity(max, maxDepth int, wait time.Duration) *capacity {
-	return &capacity{max: max, maxDepth: maxDepth, wait: wait, queued: map[string]int{}}
+	c := &capacity{max: max, maxDepth: maxDepth, wait: wait, queued: map[string]int{}}
+	c.offerEnd = sync.NewCond(&c.mu)
+	return c
 }
 
 // acquire takes a slot, waiting in the queue when none is free. It fails with
 // errNoCapacity (waiting disabled), errQueueFull, errPrincipalQueue (q's
 // principal already holds its quota of the queue), errQueueTimeout, or
-// ctx's error when the claimant went away.
+// ctx's error when the claimant went away; errServedAway means a peer
+// served q.offer meanwhile, and no slot was taken here.
 func (c *capacity) acquire(ctx context.Context, q queueQuota) error {
 	c.mu.Lock()
 	if c.max <= 0 || (c.inUse < c.max && c.queue.Len() == 0) {
@@ -73,8 +93,8 @@ func (c *capacity) acquire(ctx context.Context, q queueQuota) error {
 		c.mu.Unlock()
 		return errQueueFull
 	}
-	w := &waiter{granted: make(chan struct{}), since: time.Now()}
-	el := c.queue.PushBack(w)
+	w := &waiter{granted: make(chan struct{}), since: time.Now(), offer: q.offer}
+	w.el = c.queue.PushBack(w)
 	if q.max > 0 {
 		c.queued[q.principal]++
 		defer c.unqueue(q.principal)
@@ -86,6 +106,9 @@ func (c *capacity) acquire(ctx context.Context, q queueQuota) error {
 	var err error
 	select {
 	case <-w.granted:
+		if w.away { // written before granted was closed
+			return errServedAway
+		}
 		return nil
 	case <-timer.C:
 		err = errQueueTimeout
@@ -94,13 +117,57 @@ func (c *capacity) acquire(ctx context.Context, q queueQuota) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if w.done { // granted while we were giving up: keep the slot's books right
+	for w.offering { // a peer may be spawning it: its answer decides
+		c.offerEnd.Wait()
+	}
+	switch {
+	case w.away:
+		return errServedAway
+	case w.done: // granted while we were giving up: keep the slot's books right
 		c.releaseLocked()
 		return err
 	}
 	w.done = true
-	c.queue.Remove(el)
+	c.queue.Remove(w.el)
 	return err
+}
+
+// nextOffer marks the oldest parked claim a peer may serve as out on offer
+// and returns it; nil when there is none.
+func (c *capacity) nextOffer() *waiter {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for e := c.queue.Front(); e != nil; e = e.Next() {
+		if w := e.Value.(*waiter); w.offer != nil && !w.offering {
+			w.offering = true
+			return w
+		}
+	}
+	return nil
+}
+
+// offerEnded takes back a claim that was out on offer: served by the peer,
+// it leaves the queue (and a slot held for it here goes to the next
+// waiter); declined, it waits on in its place, or takes the slot held for
+// it.
+func (c *capacity) offerEnded(w *waiter, served bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	w.offering = false
+	switch {
+	case served:
+		c.queue.Remove(w.el)
+		w.done, w.away = true, true
+		close(w.granted)
+		if w.reserved {
+			c.releaseLocked()
+		}
+	case w.reserved:
+		c.queue.Remove(w.el)
+		w.done = true
+		close(w.granted)
+	}
+	c.offerEnd.Broadcast()
 }
 
 // tryAcquire takes a slot only if one is free now and nobody queues for
@@ -138,15 +205,66 @@ func (c *capacity) release() {
 }
 
 func (c *capacity) releaseLocked() {
-	if c.max <= 0 || c.inUse <= c.max {
-		if front := c.queue.Front(); front != nil {
-			w := c.queue.Remove(front).(*waiter)
-			w.done = true
-			close(w.granted)
-			return
-		}
+	if (c.max <= 0 || c.inUse <= c.max) && c.grantLocked() {
+		return
 	}
 	c.inUse--
+	c.freedLocked()
+}
+
+// grantLocked hands a slot to the oldest waiter that can take it (one out
+// on offer has it held until its peer answers), and reports whether one
+// did.
+func (c *capacity) grantLocked() bool {
+	for e := c.queue.Front(); e != nil; e = e.Next() {
+		w := e.Value.(*waiter)
+		switch {
+		case w.offering && w.reserved:
+			continue
+		case w.offering:
+			w.reserved = true
+		default:
+			c.queue.Remove(e)
+			w.done = true
+			close(w.granted)
+		}
+		return true
+	}
+	return false
+}
+
+// freedLocked tells onFree that a claim arriving now would not queue.
+func (c *capacity) freedLocked() {
+	if c.onFree != nil && c.freeLocked() > 0 {
+		c.onFree()
+	}
+}
+
+// setOnFree installs the free-slot hook (cluster mode).
+func (c *capacity) setOnFree(f func()) {
+	c.mu.Lock()
+	c.onFree = f
+	c.mu.Unlock()
+}
+
+// unlimitedFree is what free reports without a max_concurrent.
+const unlimitedFree = math.MaxInt32
+
+// free is how many claims this broker would take now without queueing.
+func (c *capacity) free() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.freeLocked()
+}
+
+func (c *capacity) freeLocked() int {
+	switch {
+	case c.max <= 0:
+		return unlimitedFree
+	case c.queue.Len() > 0:
+		return 0
+	}
+	return max(0, c.max-c.inUse)
 }
 
 // take books a slot unconditionally: a restored lease's process is already
@@ -163,12 +281,10 @@ func (c *capacity) setMax(max int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.max = max
-	for c.queue.Len() > 0 && (c.max <= 0 || c.inUse < c.max) {
-		w := c.queue.Remove(c.queue.Front()).(*waiter)
-		w.done = true
-		close(w.granted)
+	for (c.max <= 0 || c.inUse < c.max) && c.grantLocked() {
 		c.inUse++
 	}
+	c.freedLocked()
 }
 
 // snapshot returns the gauges GET /leases and /metrics report.

@@ -47,6 +47,9 @@ func refuse(status int, outcome, format string, args ...any) *claimError {
 	return &claimError{status: status, text: fmt.Sprintf(format, args...), outcome: outcome}
 }
 
+// errServedAwayClaim is spawnLease's word that a peer served the claim.
+var errServedAwayClaim = &claimError{outcome: "served_away"}
+
 // errSpawnerUnavailable is the 503 body of a claim spawnd cannot serve now.
 const errSpawnerUnavailable = "spawner unavailable"
 
@@ -135,16 +138,25 @@ func (g *Gateway) claimBody(r *http.Request, p auth.Principal, body []byte, slot
 			return resp, cerr
 		}
 	}
-	if slot == slotAcquire && g.node != nil && g.cap.full() {
-		if resp, cerr, ok := g.offerClaim(r.Context(), p, body); ok {
-			return resp, cerr
+	var away *queuedOffer
+	if slot == slotAcquire && g.node != nil {
+		if g.cap.full() {
+			if resp, cerr, ok := g.offerClaim(r.Context(), p, body); ok {
+				return resp, cerr
+			}
+		}
+		if g.offerable(body) {
+			away = &queuedOffer{ctx: r.Context(), principal: p, body: body}
 		}
 	}
 	entry, cerr := g.resumeEntry(r.Context(), session, requested)
 	if cerr != nil {
 		return nil, cerr
 	}
-	l, cerr := g.spawnLease(r.Context(), p.ID, entry, []byte(req.Config), session, slot)
+	l, cerr := g.spawnLease(r.Context(), p.ID, entry, []byte(req.Config), session, slot, away)
+	if cerr == errServedAwayClaim {
+		return away.resp, away.cerr
+	}
 	if cerr != nil {
 		return nil, cerr
 	}
@@ -163,7 +175,9 @@ func (g *Gateway) claimBody(r *http.Request, p auth.Principal, body []byte, slot
 // a new session, its id. ctx is the claimant: when it ends while queued or
 // booting the claim is abandoned. It is POST /claim's spine and the A2A
 // ingress's, so an A2A lease is admitted and counted like any other.
-func (g *Gateway) spawnLease(ctx context.Context, principal, entry string, cfgData []byte, session string, slot slotMode) (*lease, *claimError) {
+// away, when set, lets a peer serve the claim while it queues: then
+// spawnLease answers errServedAwayClaim, and away holds the answer.
+func (g *Gateway) spawnLease(ctx context.Context, principal, entry string, cfgData []byte, session string, slot slotMode, away *queuedOffer) (*lease, *claimError) {
 	cfg := g.cfg.Load()
 	if !g.admitPrincipal(principal) {
 		return nil, refuse(http.StatusTooManyRequests, "principal_lease_limit", "lease limit reached for this principal")
@@ -178,8 +192,12 @@ func (g *Gateway) spawnLease(ctx context.Context, principal, entry string, cfgDa
 	if slot == slotOffered {
 		acquire = g.cap.tryAcquire
 	}
-	if err := acquire(ctx, g.queueQuota(principal)); err != nil {
+	quota := g.queueQuota(principal)
+	quota.offer = away
+	if err := acquire(ctx, quota); err != nil {
 		switch {
+		case errors.Is(err, errServedAway):
+			return nil, errServedAwayClaim
 		case errors.Is(err, errDeclined):
 			return nil, refuse(http.StatusServiceUnavailable, outcomeDeclined, "no capacity")
 		case errors.Is(err, errNoCapacity):

@@ -18,13 +18,17 @@ import (
 // An authentication or configuration error refuses the boot; an
 // unreachable NATS is retried while the broker serves its own leases.
 func (g *Gateway) joinCluster(brokerID string) error {
-	n, err := cluster.New(cluster.Options{Config: g.boot.Cluster, BrokerID: brokerID, Advertise: g.boot.AdvertiseAddr, Log: g.log})
+	n, err := cluster.New(cluster.Options{Config: g.boot.Cluster, BrokerID: brokerID, Advertise: g.boot.AdvertiseAddr, Log: g.log,
+		Free: g.cap.free, PeerFree: g.peerHasFree})
 	if err != nil {
 		return err
 	}
 	g.registerClusterOps(n)
 	// Set before the first request can arrive: the ops read it.
 	g.node = n
+	g.cap.setOnFree(n.BeatNow)
+	g.wg.Add(1)
+	go g.reofferQueued()
 	return n.Start()
 }
 
@@ -119,25 +123,15 @@ func (g *Gateway) offerTimeout() time.Duration {
 // or the body is too large for one cluster message): the claim then queues
 // here as in single-broker mode.
 func (g *Gateway) offerClaim(ctx context.Context, p auth.Principal, body []byte) (*claimResponse, *claimError, bool) {
-	if len(body)+payloadOverhead > cluster.MaxMessage {
+	if !g.offerable(body) {
 		return nil, nil, false
 	}
 	peers := slices.DeleteFunc(g.node.Peers(), func(p cluster.Peer) bool { return !p.Reachable })
 	rand.Shuffle(len(peers), func(i, j int) { peers[i], peers[j] = peers[j], peers[i] })
 	for _, peer := range peers {
-		var a offerAnswer
-		if err := g.node.CallFor(ctx, g.offerTimeout(), peer.ID, opClaim, offerCall{Principal: p, Claim: body}, &a); err != nil {
-			g.log.Warn("cluster: offering a claim to a peer failed", "peer", peer.ID, "error", err)
-			continue
+		if resp, cerr, ok := g.offerTo(ctx, peer.ID, p, body); ok {
+			return resp, cerr, true
 		}
-		if a.Declined {
-			continue
-		}
-		resp, cerr := g.peerClaimed(peer.ID, a)
-		if resp != nil {
-			g.log.Info("claim spawned by a peer: this broker is full", "peer", peer.ID, "lease_id", resp.LeaseID)
-		}
-		return resp, cerr, true
 	}
 	return nil, nil, false
 }
@@ -153,6 +147,30 @@ func (g *Gateway) peerClaimed(peer string, a offerAnswer) (*claimResponse, *clai
 		return nil, refuse(http.StatusBadGateway, "spawn_failed", "a peer's claim answer was unreadable")
 	}
 	return &resp, nil
+}
+
+// offerTo offers a claim to one peer; ok is false when the peer declined
+// it (no free slot, or no spawner: 503) or did not answer.
+func (g *Gateway) offerTo(ctx context.Context, peer string, p auth.Principal, body []byte) (*claimResponse, *claimError, bool) {
+	var a offerAnswer
+	if err := g.node.CallFor(ctx, g.offerTimeout(), peer, opClaim, offerCall{Principal: p, Claim: body}, &a); err != nil {
+		g.log.Warn("cluster: offering a claim to a peer failed", "peer", peer, "error", err)
+		return nil, nil, false
+	}
+	if a.Declined || a.Status == http.StatusServiceUnavailable {
+		return nil, nil, false
+	}
+	resp, cerr := g.peerClaimed(peer, a)
+	if resp != nil {
+		g.log.Info("claim spawned by a peer: this broker is full", "peer", peer, "lease_id", resp.LeaseID)
+	}
+	return resp, cerr, true
+}
+
+// offerable reports whether a claim body fits the largest message the
+// transport carries (in chunks).
+func (g *Gateway) offerable(body []byte) bool {
+	return len(body)+payloadOverhead <= cluster.MaxMessage
 }
 
 // takeOffer is the peer's side of offerClaim.

@@ -70,6 +70,8 @@ type Gateway struct {
 	capCache *briefCache[int]
 	// ctxCache holds which peer holds an A2A conversation, briefly.
 	ctxCache *briefCache[string]
+	// peerFree carries peers that announced a free slot to reofferQueued.
+	peerFree chan string
 	// mux is Handler's, for requests other brokers carry here.
 	mux atomic.Pointer[http.ServeMux]
 
@@ -106,6 +108,7 @@ func New(o Options) *Gateway {
 		relays:     map[string]*relayConn{},
 		capCache:   newBriefCache[int](capCacheFor),
 		ctxCache:   newBriefCache[string](contextCacheFor),
+		peerFree:   make(chan string, peerFreeBacklog),
 		ctx:        ctx,
 		cancel:     cancel,
 	}
