@@ -117,6 +117,15 @@ func sendTask(t *testing.T, c *a2aclient.Client, req *a2a.SendMessageRequest) *a
 	return task
 }
 
+// sendNow sends text on conversation conv with returnImmediately: the
+// task as it stands, running or queued.
+func sendNow(t *testing.T, c *a2aclient.Client, conv, text string) *a2a.Task {
+	t.Helper()
+	req := userMsg(conv, text)
+	req.Config = &a2a.SendMessageConfig{ReturnImmediately: true}
+	return sendTask(t, c, req)
+}
+
 func answerOf(t *testing.T, task *a2a.Task) string {
 	t.Helper()
 	if task.Status.State != a2a.TaskStateCompleted || len(task.Artifacts) != 1 || len(task.Artifacts[0].Parts) != 1 {
@@ -303,11 +312,7 @@ func TestA2ASubscribeAndCancel(t *testing.T) {
 func TestA2AQueue(t *testing.T) {
 	b := a2aBroker(t, "", Options{})
 	c := a2aClient(t, b, "slow", a2a.TransportProtocolJSONRPC)
-	imm := func(text string) *a2a.Task {
-		req := userMsg("q", text)
-		req.Config = &a2a.SendMessageConfig{ReturnImmediately: true}
-		return sendTask(t, c, req)
-	}
+	imm := func(text string) *a2a.Task { return sendNow(t, c, "q", text) }
 	first := imm("first message here")
 	second := imm("second")
 	third := imm("third")

@@ -7,23 +7,40 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"slices"
+	"strings"
 	"time"
 
+	"github.com/nexus-broker/nexus-broker/internal/a2a"
 	"github.com/nexus-broker/nexus-broker/internal/auth"
 )
 
 // An A2A conversation lives on the broker whose context index holds it:
-// its session is on that broker's host. A message for a conversation this
-// broker does not hold is answered by the broker that does, found by
-// asking the peers (answers reused for at most contextCacheFor); one no
-// broker holds starts here, and so belongs to this broker.
+// its session is on that broker's host, and its tasks are in that
+// broker's store. A request about a conversation or a task this broker
+// does not hold is answered by the broker that does, found by asking the
+// peers (answers reused for at most contextCacheFor): a stream event by
+// event (a2a_stream.go), anything else whole. A conversation no broker
+// holds starts here, and so belongs to this broker; a task no broker holds
+// is the uniform not-found, answered here. ListTasks gathers every
+// broker's.
 
 const contextCacheFor = time.Second
 
+// contextCall asks a peer whether it holds a conversation (Context) or a
+// task (Task), in the caller's scope.
 type contextCall struct {
 	Principal string `json:"principal"`
 	Profile   string `json:"profile"`
-	Context   string `json:"context"`
+	Context   string `json:"context,omitempty"`
+	Task      string `json:"task,omitempty"`
+}
+
+func (c contextCall) key() string {
+	if c.Task != "" {
+		return convKey{c.Principal, c.Profile, "task\x00" + c.Task}.String()
+	}
+	return convKey{c.Principal, c.Profile, c.Context}.String()
 }
 
 type contextAnswer struct {
@@ -72,29 +89,59 @@ func (in *ingress) holds(principal, profile, context string) bool {
 	return ok
 }
 
-// messageContext is the contextId of a JSON-RPC or REST message request.
-func messageContext(body []byte) string {
-	var m struct {
-		Params struct {
-			Message struct {
-				ContextID string `json:"contextId"`
-			} `json:"message"`
-		} `json:"params"`
-		Message struct {
-			ContextID string `json:"contextId"`
-		} `json:"message"`
+// holdsCall reports whether this broker holds what c asks about.
+func (in *ingress) holdsCall(c contextCall) bool {
+	if c.Task != "" {
+		_, ok := in.store.Get(c.Principal, c.Profile, c.Task)
+		return ok
 	}
-	if json.Unmarshal(body, &m) != nil {
-		return ""
-	}
-	if m.Params.Message.ContextID != "" {
-		return m.Params.Message.ContextID
-	}
-	return m.Message.ContextID
+	return in.holds(c.Principal, c.Profile, c.Context)
 }
 
-// clustered serves an A2A message route here unless (cluster mode) its
-// contextId names a conversation another broker holds.
+// a2aTarget is what an A2A request is about, as far as finding the broker
+// that answers it goes.
+type a2aTarget struct {
+	context, task string // the conversation, else the task, it names
+	stream        bool   // answered as a stream of events
+}
+
+// targetOf reads an A2A request's target: from the JSON-RPC method and
+// params, the HTTP+JSON path, or a message's contextId (else taskId).
+func targetOf(r *http.Request, body []byte) a2aTarget {
+	if seg := r.PathValue("task"); seg != "" {
+		id, verb, _ := strings.Cut(seg, ":")
+		return a2aTarget{task: id, stream: verb == "subscribe"}
+	}
+	params, stream := json.RawMessage(body), strings.HasSuffix(r.URL.Path, ":stream")
+	if strings.HasSuffix(r.URL.Path, "/a2a") {
+		var req rpcRequest
+		if json.Unmarshal(body, &req) != nil {
+			return a2aTarget{}
+		}
+		switch req.Method {
+		case "GetTask", "CancelTask", "SubscribeToTask":
+			var tr a2a.TaskRequest
+			_ = json.Unmarshal(req.Params, &tr)
+			return a2aTarget{task: tr.ID, stream: req.Method == "SubscribeToTask"}
+		case "SendMessage", "SendStreamingMessage":
+			params, stream = req.Params, req.Method == "SendStreamingMessage"
+		default:
+			return a2aTarget{}
+		}
+	}
+	var sr a2a.SendRequest
+	if json.Unmarshal(params, &sr) != nil || sr.Message == nil {
+		return a2aTarget{}
+	}
+	if sr.Message.ContextID != "" {
+		return a2aTarget{context: sr.Message.ContextID, stream: stream}
+	}
+	return a2aTarget{task: sr.Message.TaskID, stream: stream}
+}
+
+// clustered serves an A2A route here unless (cluster mode) it is about a
+// conversation or a task another broker holds: then that broker answers
+// it, as the caller's principal.
 func (in *ingress) clustered(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		g := in.g
@@ -104,18 +151,18 @@ func (in *ingress) clustered(h http.HandlerFunc) http.HandlerFunc {
 		}
 		body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, maxA2ABody))
 		r.Body = io.NopCloser(io.MultiReader(bytes.NewReader(body), r.Body))
-		ctxID := messageContext(body)
-		if err != nil || ctxID == "" {
+		target := targetOf(r, body)
+		if err != nil || target.context == "" && target.task == "" {
 			h(w, r)
 			return
 		}
 		who, ref := g.auth.Authenticate(r)
-		profile := r.PathValue("name")
-		if ref != nil || in.holds(who.ID, profile, ctxID) {
+		c := contextCall{Principal: who.ID, Profile: r.PathValue("name"), Context: target.context, Task: target.task}
+		if ref != nil || in.holdsCall(c) {
 			h(w, r) // a refusal is answered (and audited) by the handler
 			return
 		}
-		owner := g.contextOwner(r.Context(), contextCall{Principal: who.ID, Profile: profile, Context: ctxID})
+		owner := g.contextOwner(r.Context(), c)
 		if owner == "" {
 			h(w, r)
 			return
@@ -126,9 +173,12 @@ func (in *ingress) clustered(h http.HandlerFunc) http.HandlerFunc {
 				call.Header[k] = v
 			}
 		}
-		cfg := g.cfg.Load()
+		if target.stream {
+			g.carryStream(w, r, owner, call)
+			return
+		}
 		var rep httpReply
-		if err := g.node.CallFor(r.Context(), cfg.ReadyTimeout.D()+cfg.MaxTurnDuration.D()+30*time.Second, owner, opHTTP, call, &rep); err != nil {
+		if err := g.node.CallFor(r.Context(), g.carriedTimeout(), owner, opHTTP, call, &rep); err != nil {
 			g.log.Warn("cluster: the conversation's broker did not answer", "owner", owner, "error", err)
 			writeError(w, http.StatusServiceUnavailable, errOwnerUnavailable)
 			return
@@ -141,9 +191,16 @@ func (in *ingress) clustered(h http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-// contextOwner is the peer holding the conversation, "" for none.
+// carriedTimeout bounds an A2A request carried whole to another broker: a
+// SendMessage may wait for its instance to boot and its turn to end.
+func (g *Gateway) carriedTimeout() time.Duration {
+	cfg := g.cfg.Load()
+	return cfg.ReadyTimeout.D() + cfg.MaxTurnDuration.D() + 30*time.Second
+}
+
+// contextOwner is the peer holding the conversation or task, "" for none.
 func (g *Gateway) contextOwner(ctx context.Context, c contextCall) string {
-	key := convKey{c.Principal, c.Profile, c.Context}.String()
+	key := c.key()
 	if owner, ok := g.ctxCache.get(key); ok {
 		return owner
 	}
@@ -163,23 +220,16 @@ func (g *Gateway) answerContext(_ context.Context, _ string, body json.RawMessag
 	if err := json.Unmarshal(body, &c); err != nil {
 		return nil, err
 	}
-	return contextAnswer{Mine: g.a2a != nil && g.a2a.holds(c.Principal, c.Profile, c.Context)}, nil
+	return contextAnswer{Mine: g.a2a != nil && g.a2a.holdsCall(c)}, nil
 }
 
 // serveCarried answers an HTTP request another broker carried, through this
 // broker's own routes, as its principal.
 func (g *Gateway) serveCarried(ctx context.Context, from string, body json.RawMessage) (any, error) {
-	var c httpCall
-	if err := json.Unmarshal(body, &c); err != nil {
-		return nil, err
-	}
-	req, err := http.NewRequestWithContext(context.WithValue(ctx, forwardedKey{}, c.Principal), c.Method, c.Path, bytes.NewReader(c.Body))
+	req, err := g.carriedRequest(ctx, from, body)
 	if err != nil {
 		return nil, err
 	}
-	req.URL.RawQuery = c.Query
-	req.Header = c.Header
-	req.RemoteAddr = "broker " + from
 	mux := g.mux.Load()
 	if mux == nil {
 		return nil, errors.New("not serving yet")
@@ -192,8 +242,25 @@ func (g *Gateway) serveCarried(ctx context.Context, from string, body json.RawMe
 	return httpReply{Status: rec.status, Header: rec.header, Body: rec.body.Bytes()}, nil
 }
 
+// carriedRequest rebuilds an HTTP request another broker carried here, as
+// the principal it authenticated.
+func (g *Gateway) carriedRequest(ctx context.Context, from string, body json.RawMessage) (*http.Request, error) {
+	var c httpCall
+	if err := json.Unmarshal(body, &c); err != nil {
+		return nil, err
+	}
+	req, err := http.NewRequestWithContext(context.WithValue(ctx, forwardedKey{}, c.Principal), c.Method, c.Path, bytes.NewReader(c.Body))
+	if err != nil {
+		return nil, err
+	}
+	req.URL.RawQuery = c.Query
+	req.Header = c.Header
+	req.RemoteAddr = "broker " + from
+	return req, nil
+}
+
 // bufferedResponse keeps a response whole for the broker that carried the
-// request (a stream arrives there at once, when it ends).
+// request.
 type bufferedResponse struct {
 	header http.Header
 	status int
@@ -211,3 +278,76 @@ func (b *bufferedResponse) Write(p []byte) (int, error) {
 	return b.body.Write(p)
 }
 func (b *bufferedResponse) Flush() {}
+
+// --- ListTasks over every broker ----------------------------------------
+
+const opTasks = "tasks"
+
+// headerUnanswered names the brokers a ListTasks answer could not include:
+// a header, since the A2A list's shape has no room for it.
+const headerUnanswered = "Nexus-Unreachable-Brokers"
+
+type tasksCall struct {
+	Principal string          `json:"principal"`
+	Profile   string          `json:"profile"`
+	Req       a2a.ListRequest `json:"req"`
+	Limit     int             `json:"limit"`
+}
+
+type tasksAnswer struct {
+	Tasks []a2a.Task `json:"tasks"`
+	Total int        `json:"total"`
+}
+
+// gatherTasks adds every peer's share of a ListTasks to this broker's
+// (mine, of total), newest change first, and names the peers that did not
+// answer. A page of off..off+size needs no more than each broker's first
+// off+size (c.Limit).
+func (in *ingress) gatherTasks(ctx context.Context, c tasksCall, mine []a2a.Task, total int) ([]a2a.Task, int, []string) {
+	local := len(mine)
+	missing := askPeers(in.g, ctx, opTasks, c, func(_ string, a tasksAnswer) {
+		mine, total = append(mine, a.Tasks...), total+a.Total
+	})
+	if len(mine) > local {
+		slices.SortStableFunc(mine, func(a, b a2a.Task) int {
+			return -compareTime(a.Status.Timestamp, b.Status.Timestamp)
+		})
+	}
+	if len(missing) > 0 {
+		in.g.log.Warn("ListTasks answered without the brokers that did not answer", "unreachable_brokers", strings.Join(missing, ","))
+	}
+	return mine, total, missing
+}
+
+// compareTime orders timestamps, a missing one first.
+func compareTime(a, b *time.Time) int {
+	switch {
+	case a == nil && b == nil:
+		return 0
+	case a == nil:
+		return -1
+	case b == nil:
+		return 1
+	}
+	return a.Compare(*b)
+}
+
+// answerTasks is a peer's side of gatherTasks.
+func (g *Gateway) answerTasks(_ context.Context, _ string, body json.RawMessage) (any, error) {
+	var c tasksCall
+	if err := json.Unmarshal(body, &c); err != nil {
+		return nil, err
+	}
+	if g.a2a == nil {
+		return tasksAnswer{Tasks: []a2a.Task{}}, nil
+	}
+	ts, total := g.a2a.matching(c.Principal, c.Profile, &c.Req, c.Limit)
+	return tasksAnswer{Tasks: ts, Total: total}, nil
+}
+
+// unanswered names, in a ListTasks answer, the brokers it lacks.
+func unanswered(w http.ResponseWriter, missing []string) {
+	if len(missing) > 0 {
+		w.Header().Set(headerUnanswered, strings.Join(missing, ","))
+	}
+}

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -214,8 +215,8 @@ func (in *ingress) routes(mux *http.ServeMux) {
 	mux.HandleFunc("POST /agents/{name}/a2a/v1/message:send", in.clustered(in.restSend))
 	mux.HandleFunc("POST /agents/{name}/a2a/v1/message:stream", in.clustered(in.restStream))
 	mux.HandleFunc("GET /agents/{name}/a2a/v1/tasks", in.restList)
-	mux.HandleFunc("GET /agents/{name}/a2a/v1/tasks/{task}", in.restTask)
-	mux.HandleFunc("POST /agents/{name}/a2a/v1/tasks/{task}", in.restTask)
+	mux.HandleFunc("GET /agents/{name}/a2a/v1/tasks/{task}", in.clustered(in.restTask))
+	mux.HandleFunc("POST /agents/{name}/a2a/v1/tasks/{task}", in.clustered(in.restTask))
 	mux.HandleFunc("GET /agents/{name}/a2a/v1/tasks/{task}/pushNotificationConfigs", in.restPush)
 	mux.HandleFunc("POST /agents/{name}/a2a/v1/tasks/{task}/pushNotificationConfigs", in.restPush)
 	mux.HandleFunc("GET /agents/{name}/a2a/v1/tasks/{task}/pushNotificationConfigs/{config}", in.restPush)
@@ -333,39 +334,56 @@ func trimTask(t *a2a.Task, historyLength *int, artifacts bool) {
 	}
 }
 
-// list is ListTasks: newest change first, paged by offset.
-func (in *ingress) list(principal string, p *profile, req *a2a.ListRequest) (*a2a.ListResponse, *a2a.Error) {
+// list is ListTasks: newest change first, paged by offset. In cluster
+// mode it is every broker's that answered; the others are returned.
+func (in *ingress) list(ctx context.Context, principal string, p *profile, req *a2a.ListRequest) (*a2a.ListResponse, []string, *a2a.Error) {
 	size := req.PageSize
 	switch {
 	case size == 0:
 		size = defaultPageSize
 	case size < 0 || size > maxPageSize:
-		return nil, a2a.ErrInvalidParams.With("pageSize must be between 1 and %d, got %d", maxPageSize, size)
+		return nil, nil, a2a.ErrInvalidParams.With("pageSize must be between 1 and %d, got %d", maxPageSize, size)
 	}
 	off := 0
 	if req.PageToken != "" {
 		n, err := strconv.Atoi(req.PageToken)
 		if err != nil || n < 0 {
-			return nil, a2a.ErrInvalidParams.With("pageToken %q is not one this agent issued", req.PageToken)
+			return nil, nil, a2a.ErrInvalidParams.With("pageToken %q is not one this agent issued", req.PageToken)
 		}
 		off = n
 	}
-	rs := in.store.List(principal, p.name, func(r *a2a.Record) bool {
+	ts, total := in.matching(principal, p.name, req, off+size)
+	var missing []string
+	if in.g.node != nil {
+		ts, total, missing = in.gatherTasks(ctx, tasksCall{Principal: principal, Profile: p.name, Req: *req, Limit: off + size}, ts, total)
+	}
+	out := &a2a.ListResponse{Tasks: []a2a.Task{}, TotalSize: total, PageSize: size}
+	for i := off; i < len(ts) && i < off+size; i++ {
+		out.Tasks = append(out.Tasks, ts[i])
+	}
+	if off+size < total {
+		out.NextPageToken = strconv.Itoa(off + size)
+	}
+	return out, missing, nil
+}
+
+// matching is the first limit of principal's tasks on profile that req
+// selects, newest change first, trimmed as req asks, and how many it
+// selects in all.
+func (in *ingress) matching(principal, profile string, req *a2a.ListRequest, limit int) ([]a2a.Task, int) {
+	rs := in.store.List(principal, profile, func(r *a2a.Record) bool {
 		t := r.Task
 		return (req.ContextID == "" || t.ContextID == req.ContextID) &&
 			(req.Status == "" || t.Status.State == req.Status) &&
 			(req.StatusTimestampAfter == nil || t.Status.Timestamp == nil || t.Status.Timestamp.After(*req.StatusTimestampAfter))
 	})
-	out := &a2a.ListResponse{Tasks: []a2a.Task{}, TotalSize: len(rs), PageSize: size}
-	for i := off; i < len(rs) && i < off+size; i++ {
-		t := rs[i].Task
+	out := make([]a2a.Task, 0, min(len(rs), limit))
+	for _, r := range rs[:min(len(rs), limit)] {
+		t := r.Task
 		trimTask(&t, req.HistoryLength, req.IncludeArtifacts)
-		out.Tasks = append(out.Tasks, t)
+		out = append(out, t)
 	}
-	if off+size < len(rs) {
-		out.NextPageToken = strconv.Itoa(off + size)
-	}
-	return out, nil
+	return out, len(rs)
 }
 
 // get is GetTask, from the record.

@@ -150,11 +150,12 @@ func (in *ingress) handleJSONRPC(w http.ResponseWriter, r *http.Request) {
 		if len(req.Params) > 0 && !params(&lr) {
 			return
 		}
-		out, aerr := in.list(principal, p, &lr)
+		out, missing, aerr := in.list(r.Context(), principal, p, &lr)
 		if aerr != nil {
 			fail(aerr, false)
 			return
 		}
+		unanswered(w, missing)
 		writeJSON(w, http.StatusOK, rpcOK(req.ID, out))
 	case "CancelTask":
 		var tr a2a.TaskRequest
@@ -327,11 +328,12 @@ func (in *ingress) restList(w http.ResponseWriter, r *http.Request) {
 		writeRESTError(w, bad, false)
 		return
 	}
-	out, aerr := in.list(principal, p, &lr)
+	out, missing, aerr := in.list(r.Context(), principal, p, &lr)
 	if aerr != nil {
 		writeRESTError(w, aerr, false)
 		return
 	}
+	unanswered(w, missing)
 	writeJSON(w, http.StatusOK, out)
 }
 

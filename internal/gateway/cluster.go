@@ -37,37 +37,16 @@ func (g *Gateway) joinCluster(brokerID string) error {
 // summed, and the others named.
 func (g *Gateway) clusterLeases(ctx context.Context, p auth.Principal) leasesJSON {
 	out := g.localLeases(p)
-	unreachable := []string{}
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for _, peer := range g.node.Peers() {
-		if !peer.Reachable {
-			unreachable = append(unreachable, peer.ID)
-			continue
+	unreachable := askPeers(g, ctx, opLeases, leaseCall{Principal: p}, func(_ string, theirs leasesJSON) {
+		out.Leases = append(out.Leases, theirs.Leases...)
+		for _, sum := range [][2]*int{{out.MaxConcurrent, theirs.MaxConcurrent}, {out.SlotsInUse, theirs.SlotsInUse},
+			{out.QueueDepth, theirs.QueueDepth}, {out.MaxQueueDepth, theirs.MaxQueueDepth}} {
+			if sum[0] != nil && sum[1] != nil {
+				*sum[0] += *sum[1]
+			}
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			var theirs leasesJSON
-			err := g.node.Call(ctx, peer.ID, opLeases, leaseCall{Principal: p}, &theirs)
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				unreachable = append(unreachable, peer.ID)
-				return
-			}
-			out.Leases = append(out.Leases, theirs.Leases...)
-			for _, sum := range [][2]*int{{out.MaxConcurrent, theirs.MaxConcurrent}, {out.SlotsInUse, theirs.SlotsInUse},
-				{out.QueueDepth, theirs.QueueDepth}, {out.MaxQueueDepth, theirs.MaxQueueDepth}} {
-				if sum[0] != nil && sum[1] != nil {
-					*sum[0] += *sum[1]
-				}
-			}
-		}()
-	}
-	wg.Wait()
+	})
 	sortLeases(out.Leases)
-	slices.Sort(unreachable)
 	out.UnreachableBrokers = &unreachable
 	return out
 }
@@ -242,26 +221,34 @@ func (g *Gateway) peerLeaseCount(principal string) int {
 }
 
 // askPeers sends op to every reachable peer at once and hands each answer
-// to got, one at a time; peers that do not answer are left out.
-func askPeers[A any](g *Gateway, ctx context.Context, op string, body any, got func(peer string, a A)) {
+// to got, one at a time. It returns the peers that did not answer (the
+// unreachable ones included), sorted, never nil.
+func askPeers[A any](g *Gateway, ctx context.Context, op string, body any, got func(peer string, a A)) []string {
+	missing := []string{}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for _, peer := range g.node.Peers() {
 		if !peer.Reachable {
+			missing = append(missing, peer.ID)
 			continue
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			var a A
-			if g.node.Call(ctx, peer.ID, op, body, &a) == nil {
-				mu.Lock()
-				got(peer.ID, a)
-				mu.Unlock()
+			err := g.node.Call(ctx, peer.ID, op, body, &a)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				missing = append(missing, peer.ID)
+				return
 			}
+			got(peer.ID, a)
 		}()
 	}
 	wg.Wait()
+	slices.Sort(missing)
+	return missing
 }
 
 // briefCache keeps what peers answered for at most ttl.

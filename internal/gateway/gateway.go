@@ -80,6 +80,8 @@ type Gateway struct {
 	// relays are the client connections other brokers carry to leases
 	// here, by connection id.
 	relays map[string]*relayConn
+	// streams are the A2A streams other brokers carry from here, by id.
+	streams map[string]*carriedStream
 	// claiming counts each principal's claims admitted under
 	// max_leases_per_principal that hold no lease yet.
 	claiming map[string]int
@@ -106,6 +108,7 @@ func New(o Options) *Gateway {
 		leases:     map[string]*lease{},
 		claiming:   map[string]int{},
 		relays:     map[string]*relayConn{},
+		streams:    map[string]*carriedStream{},
 		capCache:   newBriefCache[int](capCacheFor),
 		ctxCache:   newBriefCache[string](contextCacheFor),
 		peerFree:   make(chan string, peerFreeBacklog),

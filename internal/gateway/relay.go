@@ -177,8 +177,11 @@ func (g *Gateway) registerClusterOps(n *cluster.Node) {
 		return countAnswer{Leases: g.localCount(c.Principal)}, err
 	})
 	n.Handle(opContext, g.answerContext)
-	cfg := g.cfg.Load()
-	n.HandleFor(opHTTP, cfg.ReadyTimeout.D()+cfg.MaxTurnDuration.D()+30*time.Second, g.serveCarried)
+	n.HandleFor(opHTTP, g.carriedTimeout(), g.serveCarried)
+	n.Handle(opStreamOpen, g.openStream)
+	n.Handle(opStreamRead, g.readStream)
+	n.Handle(opStreamClose, g.closeStream)
+	n.Handle(opTasks, g.answerTasks)
 	n.Handle(opAttach, g.relayAttach)
 	n.Handle(opRead, g.relayRead)
 	n.Handle(opSend, g.relaySend)

@@ -1,0 +1,243 @@
+package gateway
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/nexus-broker/nexus-broker/internal/cluster"
+)
+
+// An A2A stream (SendStreamingMessage, SubscribeToTask and their HTTP+JSON
+// routes) about a conversation another broker holds is answered there and
+// carried back event by event: the owner runs the request into a buffer,
+// and the entry broker reads it as it fills. A read waits at most
+// cluster.ReadWait for bytes (woken by the handler's writes, never
+// polled), then answers "pending"; each read takes what it answers. An
+// owner that hears no read for relayIdle ends the stream (the entry
+// broker, or its client, is gone).
+
+const (
+	opStreamOpen  = "sopen"
+	opStreamRead  = "sread"
+	opStreamClose = "sclose"
+)
+
+type streamCall struct {
+	Stream string `json:"stream"`
+}
+
+type streamAnswer struct {
+	// Status and Header come with the first answer after the handler
+	// wrote its header.
+	Status int         `json:"status,omitempty"`
+	Header http.Header `json:"header,omitempty"`
+	Data   []byte      `json:"data,omitempty"`
+	// Done: the handler returned and everything it wrote has been read.
+	Done bool `json:"done,omitempty"`
+}
+
+// carriedStream is the owner's side of one carried stream: an
+// http.ResponseWriter whose bytes wait for the entry broker's reads.
+type carriedStream struct {
+	id     string
+	header http.Header // the handler's, until it writes its header
+	cancel context.CancelFunc
+	idle   *time.Timer
+
+	mu         sync.Mutex
+	status     int
+	sent       http.Header // the header as written
+	headerRead bool
+	data       []byte
+	done       bool
+	wake       chan struct{} // closed (and replaced) on every write and at the end
+}
+
+func (s *carriedStream) Header() http.Header { return s.header }
+
+func (s *carriedStream) WriteHeader(status int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.status == 0 {
+		s.status, s.sent = status, s.header.Clone()
+		s.wakeLocked()
+	}
+}
+
+func (s *carriedStream) Write(p []byte) (int, error) {
+	s.WriteHeader(http.StatusOK)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.data = append(s.data, p...)
+	s.wakeLocked()
+	return len(p), nil
+}
+
+// Flush is a no-op: every write is readable at once.
+func (s *carriedStream) Flush() {}
+
+func (s *carriedStream) finish() {
+	s.WriteHeader(http.StatusOK)
+	s.mu.Lock()
+	s.done = true
+	s.wakeLocked()
+	s.mu.Unlock()
+}
+
+func (s *carriedStream) wakeLocked() {
+	close(s.wake)
+	s.wake = make(chan struct{})
+}
+
+// openStream starts a carried stream request through this broker's own
+// routes, as its principal, and names it for the reads.
+func (g *Gateway) openStream(_ context.Context, from string, body json.RawMessage) (any, error) {
+	req, err := g.carriedRequest(g.ctx, from, body)
+	if err != nil {
+		return nil, err
+	}
+	mux := g.mux.Load()
+	if mux == nil {
+		return nil, errors.New("not serving yet")
+	}
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	ctx, cancel := context.WithCancel(req.Context())
+	s := &carriedStream{id: hex.EncodeToString(b[:]), header: http.Header{}, cancel: cancel, wake: make(chan struct{})}
+	s.idle = time.AfterFunc(relayIdle, func() { g.endStream(s) })
+	g.mu.Lock()
+	g.streams[s.id] = s
+	g.mu.Unlock()
+	go func() {
+		mux.ServeHTTP(s, req.WithContext(ctx))
+		s.finish()
+	}()
+	return streamCall{Stream: s.id}, nil
+}
+
+// endStream stops a carried stream's handler and forgets it.
+func (g *Gateway) endStream(s *carriedStream) {
+	s.idle.Stop()
+	s.cancel()
+	g.mu.Lock()
+	delete(g.streams, s.id)
+	g.mu.Unlock()
+}
+
+func (g *Gateway) streamFor(body json.RawMessage) (*carriedStream, error) {
+	var c streamCall
+	if err := json.Unmarshal(body, &c); err != nil {
+		return nil, err
+	}
+	g.mu.Lock()
+	s := g.streams[c.Stream]
+	g.mu.Unlock()
+	if s == nil {
+		return nil, errors.New("no such stream")
+	}
+	return s, nil
+}
+
+// readStream answers what the handler wrote since the last read, waiting
+// at most cluster.ReadWait for something.
+func (g *Gateway) readStream(ctx context.Context, _ string, body json.RawMessage) (any, error) {
+	s, err := g.streamFor(body)
+	if err != nil {
+		return nil, err
+	}
+	s.idle.Reset(relayIdle)
+	budget := max(int(g.node.MaxPayload())-payloadOverhead, 1) * 3 / 4 // base64 in the JSON
+	wait := time.NewTimer(cluster.ReadWait)
+	defer wait.Stop()
+	for {
+		s.mu.Lock()
+		var a streamAnswer
+		if s.status != 0 && !s.headerRead {
+			a.Status, a.Header, s.headerRead = s.status, s.sent, true
+		}
+		n := min(len(s.data), budget)
+		a.Data = s.data[:n:n]
+		s.data = s.data[n:]
+		a.Done = s.done && len(s.data) == 0
+		wake := s.wake
+		s.mu.Unlock()
+		if a.Done {
+			g.endStream(s)
+		}
+		if a.Status != 0 || len(a.Data) > 0 || a.Done {
+			return a, nil
+		}
+		select {
+		case <-wake:
+		case <-wait.C:
+			return a, nil
+		case <-ctx.Done():
+			return a, nil
+		}
+	}
+}
+
+func (g *Gateway) closeStream(_ context.Context, _ string, body json.RawMessage) (any, error) {
+	if s, err := g.streamFor(body); err == nil {
+		g.endStream(s)
+	}
+	return struct{}{}, nil
+}
+
+// carryStream is the entry broker's side: the owner's stream copied to
+// the client as it comes, until it ends, the client leaves, or the owner
+// stops answering (then the client's stream just ends: a client that
+// reads no final event knows it was cut).
+func (g *Gateway) carryStream(w http.ResponseWriter, r *http.Request, owner string, call httpCall) {
+	var open streamCall
+	if err := g.node.Call(r.Context(), owner, opStreamOpen, call, &open); err != nil {
+		g.log.Warn("cluster: the conversation's broker did not answer", "owner", owner, "error", err)
+		writeError(w, http.StatusServiceUnavailable, errOwnerUnavailable)
+		return
+	}
+	fl, _ := w.(http.Flusher)
+	wrote, done := false, false
+	defer func() {
+		if !done { // tell the owner at once rather than after relayIdle
+			ctx, cancel := context.WithTimeout(g.ctx, cluster.CallTimeout)
+			_ = g.node.Call(ctx, owner, opStreamClose, open, nil)
+			cancel()
+		}
+	}()
+	for {
+		var a streamAnswer
+		if err := g.node.Call(r.Context(), owner, opStreamRead, open, &a); err != nil {
+			if r.Context().Err() == nil {
+				g.log.Warn("cluster: a carried A2A stream broke off", "owner", owner, "error", err)
+			}
+			if !wrote {
+				writeError(w, http.StatusServiceUnavailable, errOwnerUnavailable)
+			}
+			return
+		}
+		if a.Status != 0 {
+			for k, v := range a.Header {
+				w.Header()[k] = v
+			}
+			w.WriteHeader(a.Status)
+			wrote = true
+		}
+		if len(a.Data) > 0 {
+			if _, err := w.Write(a.Data); err != nil {
+				return
+			}
+			if fl != nil {
+				fl.Flush()
+			}
+		}
+		if done = a.Done; done {
+			return
+		}
+	}
+}
