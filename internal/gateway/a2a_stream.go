@@ -152,7 +152,7 @@ func (g *Gateway) readStream(ctx context.Context, _ string, body json.RawMessage
 		return nil, err
 	}
 	s.idle.Reset(relayIdle)
-	budget := max(int(g.node.MaxPayload())-payloadOverhead, 1) * 3 / 4 // base64 in the JSON
+	budget := g.relayBudget() * 3 / 4 // base64 in the JSON
 	wait := time.NewTimer(cluster.ReadWait)
 	defer wait.Stop()
 	for {
