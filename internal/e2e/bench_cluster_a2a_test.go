@@ -35,14 +35,7 @@ func a2aTimes(b *testing.B, ctx context.Context, c *a2aclient.Client, conv strin
 // WORKING and the whole stream.
 func BenchmarkClusterA2A(b *testing.B) {
 	benchPreflight(b)
-	ns := startNATS(b, 0, nil)
-	bs := map[string]*Broker{}
-	for _, id := range []string{"a", "b"} {
-		bs[id] = a2aBroker(b, "idle_timeout: 0s\n", Options{YAML: clusterYAML(id, ns.ClientURL()), StateDir: true, Advertise: true,
-			GatewayEnv: []string{clusterSecretEnv + "=" + clusterSecret}})
-	}
-	bs["a"].waitPeers(1)
-	bs["b"].waitPeers(1)
+	bs := a2aCluster(b, "idle_timeout: 0s\n", "", "a", "b")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
 	defer cancel()
 	owner := a2aClientAs(b, bs["a"], "support", a2a.TransportProtocolJSONRPC, unchecked)

@@ -7,23 +7,23 @@ import (
 	"testing"
 
 	"github.com/a2aproject/a2a-go/v2/a2a"
-	natsserver "github.com/nats-io/nats-server/v2/server"
 )
 
-// a2aCluster runs an embedded nats-server and one A2A broker pair per id,
-// under the static tokens, and waits until every broker hears every other.
-func a2aCluster(t *testing.T, ids ...string) (*natsserver.Server, map[string]*Broker) {
+// a2aCluster runs an embedded nats-server and one A2A broker pair per id
+// with yaml added to each configuration (the harness calling as token),
+// and waits until every broker hears every other.
+func a2aCluster(t testing.TB, yaml, token string, ids ...string) map[string]*Broker {
 	t.Helper()
 	ns := startNATS(t, 0, nil)
 	bs := map[string]*Broker{}
 	for _, id := range ids {
-		bs[id] = a2aBroker(t, staticAuthYAML, Options{YAML: clusterYAML(id, ns.ClientURL()), StateDir: true, Advertise: true,
-			Token: tokOps, GatewayEnv: []string{clusterSecretEnv + "=" + clusterSecret}})
+		bs[id] = a2aBroker(t, yaml, Options{YAML: clusterYAML(id, ns.ClientURL()), StateDir: true, Advertise: true,
+			Token: token, GatewayEnv: []string{clusterSecretEnv + "=" + clusterSecret}})
 	}
 	for _, b := range bs {
 		b.waitPeers(len(ids) - 1)
 	}
-	return ns, bs
+	return bs
 }
 
 // TestClusterA2AThroughNonOwners: a conversation started through A is
@@ -33,7 +33,7 @@ func a2aCluster(t *testing.T, ids ...string) (*natsserver.Server, map[string]*Br
 // non-owner as on the owner; ListTasks through any broker gathers every
 // broker's, and names the ones that did not answer.
 func TestClusterA2AThroughNonOwners(t *testing.T) {
-	_, bs := a2aCluster(t, "a", "b", "c")
+	bs := a2aCluster(t, staticAuthYAML, tokOps, "a", "b", "c")
 	a, b, c := bs["a"], bs["b"], bs["c"]
 	var aliceTasks []a2a.TaskID
 	for _, binding := range bindings {

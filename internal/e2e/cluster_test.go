@@ -474,14 +474,7 @@ func TestClusterPrincipalCapCountsEveryBroker(t *testing.T) {
 // through A continues through B, on A's session; a new one started
 // through B belongs to B.
 func TestClusterA2AContextContinuesOnAnotherBroker(t *testing.T) {
-	ns := startNATS(t, 0, nil)
-	bs := map[string]*Broker{}
-	for _, id := range []string{"a", "b"} {
-		bs[id] = a2aBroker(t, "", Options{YAML: clusterYAML(id, ns.ClientURL()), StateDir: true, Advertise: true,
-			GatewayEnv: []string{clusterSecretEnv + "=" + clusterSecret}})
-	}
-	bs["a"].waitPeers(1)
-	bs["b"].waitPeers(1)
+	bs := a2aCluster(t, "", "", "a", "b")
 	for _, binding := range bindings {
 		t.Run(string(binding), func(t *testing.T) {
 			conv := "cluster-" + string(binding)
