@@ -227,7 +227,7 @@ func (n *Node) connect() error {
 	}
 	if nc.MaxPayload() < MinPayload {
 		nc.Close()
-		return fmt.Errorf("the NATS server's max_payload is %d bytes; cluster mode needs at least %d", nc.MaxPayload(), MinPayload)
+		return fmt.Errorf("the NATS server's max_payload is %d bytes; cluster mode needs at least %d (raise max_payload in the server's configuration)", nc.MaxPayload(), MinPayload)
 	}
 	n.nc.Store(nc)
 	n.recovered()

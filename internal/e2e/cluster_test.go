@@ -401,6 +401,29 @@ func TestClusterNATSLossIsVisibleAndRecovers(t *testing.T) {
 // credentials is fatal at boot, named, before the port opens.
 func TestClusterAuthErrorRefusesTheBoot(t *testing.T) {
 	ns := startNATS(t, 0, func(o *natsserver.Options) { o.Authorization = "nats-token" })
+	code, out := bootAgainst(t, ns)
+	if code == 0 || !strings.Contains(out, "cluster: connecting to NATS") || !strings.Contains(strings.ToLower(out), "authorization violation") {
+		t.Fatalf("nexus-broker against a NATS refusing it: exit %d, output:\n%s", code, out)
+	}
+	if strings.Contains(out, "nexus-broker listening") {
+		t.Fatalf("the port opened before the refusal:\n%s", out)
+	}
+}
+
+// TestClusterTinyMaxPayloadRefusesTheBoot: a NATS server whose max_payload
+// cannot hold a chunk is a configuration error, named at boot.
+func TestClusterTinyMaxPayloadRefusesTheBoot(t *testing.T) {
+	ns := startNATS(t, 0, func(o *natsserver.Options) { o.MaxPayload = 512 })
+	code, out := bootAgainst(t, ns)
+	if code == 0 || !strings.Contains(out, "max_payload is 512 bytes; cluster mode needs at least 1024") || strings.Contains(out, "nexus-broker listening") {
+		t.Fatalf("nexus-broker against a NATS with a 512-byte max_payload: exit %d, output:\n%s", code, out)
+	}
+}
+
+// bootAgainst runs a cluster-mode nexus-broker against ns until it exits
+// (it is expected to refuse the boot) and returns its exit code and output.
+func bootAgainst(t *testing.T, ns *natsserver.Server) (int, string) {
+	t.Helper()
 	dir := t.TempDir()
 	run := filepath.Join(sockdir.New(t, "nxc"), "run")
 	yaml := fmt.Sprintf("listen_addr: \"127.0.0.1:%d\"\nadvertise_addr: \"127.0.0.1:1\"\nstate_dir: %q\nspawnd:\n  run_dir: %q\nbinaries:\n  nexus:\n    path: %q\n",
@@ -411,13 +434,7 @@ func TestClusterAuthErrorRefusesTheBoot(t *testing.T) {
 			_ = syscall.Kill(ep.Pid, syscall.SIGKILL)
 		}
 	})
-	code, out := runToExit(t, []string{clusterSecretEnv + "=" + clusterSecret, "TMPDIR=" + privateTmp(t)}, "nexus-broker", "-config", cfg)
-	if code == 0 || !strings.Contains(out, "cluster: connecting to NATS") || !strings.Contains(strings.ToLower(out), "authorization violation") {
-		t.Fatalf("nexus-broker against a NATS refusing it: exit %d, output:\n%s", code, out)
-	}
-	if strings.Contains(out, "nexus-broker listening") {
-		t.Fatalf("the port opened before the refusal:\n%s", out)
-	}
+	return runToExit(t, []string{clusterSecretEnv + "=" + clusterSecret, "TMPDIR=" + privateTmp(t)}, "nexus-broker", "-config", cfg)
 }
 
 // TestClusterClaimSpillsToAPeerWithAFreeSlot: with A full, a claim on A is
