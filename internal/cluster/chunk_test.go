@@ -5,7 +5,6 @@ import (
 	"io"
 	"log/slog"
 	"strconv"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,13 +13,7 @@ import (
 
 // bareNode is a Node without a connection, enough to receive messages.
 func bareNode() *Node {
-	n := &Node{id: "a", secret: []byte("0123456789abcdef0123456789abcdef"), log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		inbox: "_INBOX.test", seen: newReplayGuard(time.Now()), waiting: map[string]chan result{},
-		parts: assembler{parts: map[string]*assembly{}}, refused: map[string]*atomic.Uint64{}}
-	for _, r := range RefusedReasons {
-		n.refused[r] = new(atomic.Uint64)
-	}
-	return n
+	return newNode("a", []byte("0123456789abcdef0123456789abcdef"), slog.New(slog.NewTextHandler(io.Discard, nil)))
 }
 
 // chunk is part i of count of message id, signed by n.
@@ -38,7 +31,7 @@ func (n *Node) chunk(subject, id string, i, count int, data string) *nats.Msg {
 // for it within partialFor, never hangs.
 func TestChunksReassembleInOrderOrFail(t *testing.T) {
 	n := bareNode()
-	const subj = "_INBOX.test.1"
+	subj := n.inbox + ".1"
 	for i, want := range []bool{false, false, true} {
 		data, done, err := n.receive(n.chunk(subj, "x", i, 3, strconv.Itoa(i)))
 		if err != nil || done != want || (done && string(data) != "012") {

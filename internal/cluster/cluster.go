@@ -135,22 +135,28 @@ func New(o Options) (*Node, error) {
 	if len(secret) < config.MinClusterSecret {
 		return nil, fmt.Errorf("broker config: cluster.secret_env: %s holds %d bytes, too short to sign with; use at least %d random bytes, the same on every broker", k.SecretEnv, len(secret), config.MinClusterSecret)
 	}
+	n := newNode(o.BrokerID, []byte(secret), o.Log)
+	n.prefix, n.advertise, n.every, n.urls = k.SubjectPrefix, o.Advertise, k.HeartbeatInterval.D(), strings.Join(k.URLs, ",")
+	n.free, n.peerFree = o.Free, o.PeerFree
+	if n.opts, err = n.natsOptions(k); err != nil {
+		n.cancel()
+		return nil, err
+	}
+	return n, nil
+}
+
+// newNode is a Node that signs with secret, not yet connected.
+func newNode(id string, secret []byte, log *slog.Logger) *Node {
 	ctx, cancel := context.WithCancel(context.Background())
 	n := &Node{
-		id: o.BrokerID, prefix: k.SubjectPrefix, advertise: o.Advertise, secret: []byte(secret),
-		every: k.HeartbeatInterval.D(), log: o.Log, urls: strings.Join(k.URLs, ","),
-		handlers: map[string]handler{}, peers: map[string]*peer{}, ctx: ctx, cancel: cancel,
-		inbox: nats.NewInbox(), seen: newReplayGuard(time.Now()), waiting: map[string]chan result{}, parts: assembler{parts: map[string]*assembly{}},
-		refused: map[string]*atomic.Uint64{}, free: o.Free, peerFree: o.PeerFree, beatNow: make(chan struct{}, 1),
+		id: id, secret: secret, log: log, handlers: map[string]handler{}, peers: map[string]*peer{}, ctx: ctx, cancel: cancel,
+		inbox: nats.NewInbox(), seen: newReplayGuard(time.Now()), waiting: map[string]chan result{},
+		parts: assembler{parts: map[string]*assembly{}}, refused: map[string]*atomic.Uint64{}, beatNow: make(chan struct{}, 1),
 	}
 	for _, r := range RefusedReasons {
 		n.refused[r] = new(atomic.Uint64)
 	}
-	if n.opts, err = n.natsOptions(k); err != nil {
-		cancel()
-		return nil, err
-	}
-	return n, nil
+	return n
 }
 
 // ID is this broker's id.
