@@ -83,3 +83,15 @@ const (
 		"ONLY if a TLS-terminating proxy fronts this broker; " +
 		"expected behind such a proxy, and a misconfiguration otherwise"
 )
+
+// ListenHost is listen_addr's host when it names one, "" for a wildcard bind
+// (":8080", "0.0.0.0:8080", "[::]:8080"). The gateway builds ws_url from the
+// request's Host exactly when this is "", which is the shape the boot WARN is
+// about, so both read it from here.
+func (c *Config) ListenHost() string {
+	host, _, err := net.SplitHostPort(c.ListenAddr)
+	if err != nil || core.IsWildcard(host) {
+		return ""
+	}
+	return host
+}

@@ -49,37 +49,41 @@ func Ensure(path string, perm os.FileMode) error {
 	return Check(path, os.Geteuid())
 }
 
-// Private creates path (and its parents) 0700, or takes the directory that
-// is there: it must be this process's euid's and not a symlink, and if its
-// mode lets anyone else in it is tightened to 0700. It returns the looser
-// mode it found, 0 when there was nothing to tighten.
-func Private(path string) (loose os.FileMode, err error) {
-	if err := os.MkdirAll(path, 0o700); err != nil {
+// Private creates path (and its parents) with mode perm, or takes the
+// directory that is there: it must be this process's euid's and not a
+// symlink, and its mode is set to perm. It returns the mode it found when
+// that let in more than perm does, 0 otherwise.
+func Private(path string, perm os.FileMode) (loose os.FileMode, err error) {
+	if err := os.MkdirAll(path, perm); err != nil {
 		return 0, err
 	}
 	st, err := lstatDir(path)
 	if err != nil {
 		return 0, err
 	}
-	mode := st.Mode & 0o7777
+	mode := os.FileMode(st.Mode & 0o7777)
 	if int(st.Uid) != os.Geteuid() {
 		return 0, fmt.Errorf("%s is owned by uid %d with mode %04o, not by this process's uid %d: refusing to use it (%w); "+
-			"remove it if you did not create it, or chown it", path, st.Uid, mode, os.Geteuid(), ErrNotOwned)
+			"remove it if you did not create it, or chown it", path, st.Uid, uint32(mode), os.Geteuid(), ErrNotOwned)
 	}
-	if mode&0o077 == 0 {
-		return 0, nil
+	// Set even when tighter: MkdirAll honours the umask, and a mode that
+	// grants a group what it needs is part of the access control.
+	if mode != perm {
+		if err := os.Chmod(path, perm); err != nil {
+			return 0, err
+		}
 	}
-	if err := os.Chmod(path, 0o700); err != nil {
-		return 0, err
+	if mode&^perm != 0 {
+		return mode, nil
 	}
-	return os.FileMode(mode), nil
+	return 0, nil
 }
 
 // PrivateKey is Private for the directory a config key names: a refusal
 // names the key and who must own the directory, and a mode it tightened
 // is logged with what the directory holds.
 func PrivateKey(path, key, owner, holds string, log *slog.Logger) error {
-	loose, err := Private(path)
+	loose, err := Private(path, 0o700)
 	if err != nil {
 		return fmt.Errorf("broker config: %s: %w; create it (mode 0700, owned by %s) or point %s elsewhere", key, err, owner, key)
 	}

@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 
 	"github.com/nexus-broker/nexus-broker/internal/atomicfile"
 	"github.com/nexus-broker/nexus-broker/internal/safedir"
@@ -164,24 +163,8 @@ func PrepareRunDir(runDir string, gid int) error {
 			return fmt.Errorf("run directory base: %w", err)
 		}
 	}
-	if err := os.MkdirAll(runDir, 0o750); err != nil {
-		return fmt.Errorf("create run directory: %w; set spawnd.run_dir to a directory this user can create", err)
-	}
-	st, err := os.Lstat(runDir)
-	if err != nil {
-		return err
-	}
-	sys, ok := st.Sys().(*syscall.Stat_t)
-	if !st.IsDir() || !ok {
-		return fmt.Errorf("run directory %s is not a directory; remove it or set spawnd.run_dir", runDir)
-	}
-	if int(sys.Uid) != os.Geteuid() {
-		return fmt.Errorf("run directory %s is owned by uid %d, not by this process (uid %d); remove it or set spawnd.run_dir", runDir, sys.Uid, os.Geteuid())
-	}
-	// MkdirAll honours the umask and leaves an existing directory's mode
-	// alone; the mode is part of the access control, so set it.
-	if err := os.Chmod(runDir, 0o750); err != nil {
-		return err
+	if _, err := safedir.Private(runDir, 0o750); err != nil {
+		return fmt.Errorf("run directory: %w; or set spawnd.run_dir", err)
 	}
 	if gid >= 0 {
 		if err := os.Chown(runDir, -1, gid); err != nil {

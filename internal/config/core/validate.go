@@ -167,18 +167,6 @@ func checkID(id *int, key, what string) error {
 	return nil
 }
 
-// ListenHost is listen_addr's host when it names one, "" for a wildcard bind
-// (":8080", "0.0.0.0:8080", "[::]:8080"). The gateway builds ws_url from the
-// request's Host exactly when this is "", which is the shape the boot WARN is
-// about, so both read it from here.
-func (c *Config) ListenHost() string {
-	host, _, err := net.SplitHostPort(c.ListenAddr)
-	if err != nil || IsWildcard(host) {
-		return ""
-	}
-	return host
-}
-
 // DialBack is NEXUS_BROKER_ADDR for the instances of a broker listening on
 // listenAddr: the gateway's /instance route, a wildcard bind dialed on
 // loopback (instances run on this host). bound is the port the gateway's
