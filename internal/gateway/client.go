@@ -257,12 +257,20 @@ func (g *Gateway) serveClient(l *lease, conn *websocket.Conn, principal, credent
 	}
 
 	c.notify(false) // the replay, if any, on a drain goroutine
+	// The read pump, which lives as long as the connection, gets a
+	// goroutine of its own: the stack this one grew attaching (the log
+	// lines) would stay with an idle client until the collector next ran.
+	go c.serve()
+}
+
+// serve runs the read pump until the socket ends, then detaches it.
+func (c *clientConn) serve() {
 	c.ws.flushBeforeRead(c.flushToInstance)
 	c.readPump()
 	c.flushToInstance()
 	c.markDead()
 
-	g.detachClient(l, c, c.cur)
+	c.l.g.detachClient(c.l, c, c.cur)
 	c.ws.finish()
 }
 
