@@ -35,6 +35,29 @@ const (
 // connection holds none.
 var combinePool = sync.Pool{New: func() any { b := make([]byte, 0, bufInitial); return &b }}
 
+// Reading. gorilla reads through a bufio.Reader it keeps for the
+// connection's life. Ours is small (readBufferSize): once the connection
+// is a WebSocket, a read takes a buffer from readPool only when the socket
+// has bytes (rawsock's ReadPooled), and gives it back as soon as gorilla
+// has taken them, so an idle socket holds no read buffer. Two of those per
+// lease were most of an idle lease's memory.
+const (
+	// readChunk is the most one read(2) asks for: what gorilla's buffer
+	// read at once before, so a pipelined stream costs no more reads.
+	readChunk = 4 << 10
+	// readBufferSize is gorilla's own buffer: a frame header and a control
+	// frame's payload fit in it.
+	readBufferSize = 256
+)
+
+var readPool = sync.Pool{New: func() any { b := make([]byte, readChunk); return &b }}
+
+// pooledReader is a socket that can read into a buffer it borrows only
+// once bytes have come (rawsock's connections).
+type pooledReader interface {
+	ReadPooled(pool *sync.Pool) (*[]byte, int, error)
+}
+
 // errCloseSent is a data frame written after the close frame went out, as
 // gorilla refuses one.
 var errCloseSent = websocket.ErrCloseSent
@@ -72,6 +95,24 @@ type bufConn struct {
 	// goroutine: the point where everything already received has been
 	// handled, and so where the output it produced is flushed.
 	beforeRead func()
+
+	// Only the reading goroutine touches these. rbuf holds what the last
+	// read brought and gorilla has not taken yet, rbuf[roff:rlen]; nil when
+	// nothing waits. pooled is the socket once it is a WebSocket's, nil
+	// before (or when it cannot lend: then reads go straight through).
+	rbuf       *[]byte
+	roff, rlen int
+	pooled     pooledReader
+}
+
+// startFraming makes the connection a WebSocket's: a close frame written
+// ends its data, and reads borrow their buffer only while bytes wait in
+// it. It runs before anything reads the WebSocket.
+func (c *bufConn) startFraming() {
+	c.mu.Lock()
+	c.framing = true
+	c.mu.Unlock()
+	c.pooled, _ = c.Conn.(pooledReader)
 }
 
 // SyscallConn exposes the socket for roomFor's queue checks.
@@ -84,10 +125,35 @@ func (c *bufConn) SyscallConn() (syscall.RawConn, error) {
 }
 
 func (c *bufConn) Read(p []byte) (int, error) {
+	if c.rbuf != nil {
+		return c.take(p), nil
+	}
 	if f := c.beforeRead; f != nil {
 		f()
 	}
-	return c.Conn.Read(p)
+	// Before the upgrade net/http reads through its own buffer, and a read
+	// as large as a chunk gains nothing from one.
+	if c.pooled == nil || len(p) >= readChunk {
+		return c.Conn.Read(p)
+	}
+	b, n, err := c.pooled.ReadPooled(&readPool)
+	if b == nil {
+		return 0, err
+	}
+	c.rbuf, c.roff, c.rlen = b, 0, n
+	return c.take(p), nil
+}
+
+// take copies what waits in rbuf into p, and puts rbuf back in the pool
+// once it is all taken.
+func (c *bufConn) take(p []byte) int {
+	n := copy(p, (*c.rbuf)[c.roff:c.rlen])
+	c.roff += n
+	if c.roff == c.rlen {
+		readPool.Put(c.rbuf)
+		c.rbuf = nil
+	}
+	return n
 }
 
 // Write is everything but data frames: it goes out at once, after the frames

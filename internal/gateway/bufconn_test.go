@@ -1,17 +1,22 @@
 package gateway
 
 import (
+	"encoding/binary"
 	"errors"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/gorilla/websocket"
+
+	"github.com/nexus-broker/nexus-broker/internal/rawsock"
 )
 
 // countingListener counts the write(2)s made on the connections it accepts.
@@ -22,7 +27,10 @@ type countingListener struct {
 
 func (l countingListener) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
-	return countingConn{c, l.writes}, err
+	if err != nil {
+		return nil, err
+	}
+	return countingConn{rawsock.Wrap(c), l.writes}, nil
 }
 
 type countingConn struct {
@@ -33,6 +41,16 @@ type countingConn struct {
 func (c countingConn) Write(p []byte) (int, error) {
 	c.writes.Add(1)
 	return c.Conn.Write(p)
+}
+
+// SyscallConn and ReadPooled are the socket's, as on the gateway's own
+// connections.
+func (c countingConn) SyscallConn() (syscall.RawConn, error) {
+	return c.Conn.(syscall.Conn).SyscallConn()
+}
+
+func (c countingConn) ReadPooled(pool *sync.Pool) (*[]byte, int, error) {
+	return c.Conn.(pooledReader).ReadPooled(pool)
 }
 
 // combinePair is a gateway-side wsConn behind Listener and the gorilla
@@ -140,6 +158,78 @@ func TestControlFramesAreNotHeld(t *testing.T) {
 	}
 	if _, err := ws.send([]byte("late"), false); !errors.Is(err, websocket.ErrCloseSent) {
 		t.Fatalf("a data frame after the close: %v, want ErrCloseSent", err)
+	}
+}
+
+// TestReadsLendTheirBuffer: frames of every header length, sent in one
+// burst so that reads split them anywhere, arrive whole and in order; once
+// every byte received has been read the connection holds no read buffer;
+// a read deadline still ends a read that waits, as a timeout; and the
+// peer's close ends the next one.
+func TestReadsLendTheirBuffer(t *testing.T) {
+	ws, client, _ := combinePair(t)
+	if ws.bc.pooled == nil {
+		t.Fatal("the connection does not borrow its read buffers")
+	}
+	var msgs []string
+	for i, n := range []int{1, 125, 126, readBufferSize, readChunk - 1, readChunk, 3 * readChunk, 70000} {
+		msgs = append(msgs, strings.Repeat(string(rune('a'+i)), n))
+	}
+	msgs = append(msgs, msgs...)
+	var burst []byte
+	for _, m := range msgs {
+		// Masked, as a client must; a zero key leaves the payload as is.
+		burst = append(burst, finalBit|websocket.TextMessage)
+		switch n := len(m); {
+		case n < 126:
+			burst = append(burst, 0x80|byte(n))
+		case n <= 0xffff:
+			burst = binary.BigEndian.AppendUint16(append(burst, 0x80|126), uint16(n))
+		default:
+			burst = binary.BigEndian.AppendUint64(append(burst, 0x80|127), uint64(n))
+		}
+		burst = append(append(burst, 0, 0, 0, 0), m...)
+	}
+	if _, err := client.UnderlyingConn().Write(burst); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range msgs {
+		_ = ws.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		got, err := ws.read()
+		if err != nil || string(got) != want {
+			t.Fatalf("message %d: %d bytes, %v; want %d bytes", i, len(got), err, len(want))
+		}
+	}
+	if ws.bc.rbuf != nil {
+		t.Fatalf("every byte is read, yet the connection holds a read buffer (%d bytes unread)", ws.bc.rlen-ws.bc.roff)
+	}
+	_ = ws.c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	_, _, err := ws.c.ReadMessage()
+	var ne net.Error
+	if !errors.As(err, &ne) || !ne.Timeout() {
+		t.Fatalf("a read past its deadline ended with %v, want a timeout", err)
+	}
+	if ws.bc.rbuf != nil {
+		t.Fatal("a read waiting for the socket held a read buffer")
+	}
+}
+
+// TestReadsSeeThePeerGo: a peer's close ends the read with it, and a peer
+// that drops the connection ends the read with an error.
+func TestReadsSeeThePeerGo(t *testing.T) {
+	ws, client, _ := combinePair(t)
+	_ = client.WriteMessage(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, "bye"))
+	_ = ws.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := ws.read(); !websocket.IsCloseError(err, websocket.CloseNormalClosure) {
+		t.Fatalf("read ended with %v, want the peer's close", err)
+	}
+	ws, client, _ = combinePair(t)
+	_ = client.UnderlyingConn().Close()
+	_ = ws.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := ws.read(); err == nil {
+		t.Fatal("a read from a dropped connection succeeded")
+	} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		t.Fatalf("a read from a dropped connection timed out (%v) rather than seeing it go", err)
 	}
 }
 

@@ -67,9 +67,11 @@ const (
 )
 
 var upgrader = websocket.Upgrader{
-	// An idle lease holds two sockets and its memory is mostly theirs: reuse
-	// the HTTP server's hijacked read buffer (ReadBufferSize 0) and take write
-	// buffers from a pool only while writing.
+	// An idle lease holds two sockets and its memory was mostly theirs:
+	// gorilla keeps only a small read buffer, the connection lends a larger
+	// one while bytes wait in it (see bufConn.Read), and write buffers come
+	// from a pool only while writing.
+	ReadBufferSize:  readBufferSize,
 	WriteBufferSize: 4 << 10,
 	WriteBufferPool: &sync.Pool{},
 	// Browsers are a supported client (the ticket flow exists for them) and
@@ -106,9 +108,7 @@ type wsConn struct {
 func newWSConn(c *websocket.Conn, log *slog.Logger, peer, leaseID string) *wsConn {
 	w := &wsConn{c: c, done: make(chan struct{}), log: log, peer: peer, leaseID: leaseID}
 	if bc, ok := c.UnderlyingConn().(*bufConn); ok {
-		bc.mu.Lock()
-		bc.framing = true
-		bc.mu.Unlock()
+		bc.startFraming()
 		w.bc = bc
 	}
 	c.SetReadLimit(maxMessage)

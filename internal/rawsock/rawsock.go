@@ -27,16 +27,21 @@ type rawConn struct {
 
 	// The state of the one read and the one write in flight: the callbacks
 	// are bound once (readFn, writeFn) so a call allocates nothing.
-	rmu     sync.Mutex
-	rbuf    []byte
-	rn      int
-	rerr    error
-	readFn  func(fd uintptr) bool
-	wmu     sync.Mutex
-	wbuf    []byte
-	wn      int
-	werr    error
-	writeFn func(fd uintptr) bool
+	rmu    sync.Mutex
+	rbuf   []byte
+	rn     int
+	rerr   error
+	readFn func(fd uintptr) bool
+	// ReadPooled's: the pool it borrows from, the buffer it kept, and its
+	// bound callback.
+	rpool        *sync.Pool
+	rlent        *[]byte
+	readPooledFn func(fd uintptr) bool
+	wmu          sync.Mutex
+	wbuf         []byte
+	wn           int
+	werr         error
+	writeFn      func(fd uintptr) bool
 }
 
 // Wrap returns c reading and writing with raw system calls when it is a TCP
@@ -56,7 +61,7 @@ func Wrap(c net.Conn) net.Conn {
 		return c
 	}
 	r := &rawConn{Conn: c, rc: rc}
-	r.readFn, r.writeFn = r.readOnce, r.writeSome
+	r.readFn, r.writeFn, r.readPooledFn = r.readOnce, r.writeSome, r.readPooledOnce
 	return r
 }
 
@@ -82,6 +87,44 @@ func (c *rawConn) Read(p []byte) (int, error) {
 		return n, c.opError("read", rerr)
 	}
 	return n, nil
+}
+
+// ReadPooled reads as Read does, into a buffer it takes from pool only once
+// the socket has bytes, and puts back while it waits: a reader parked on
+// an idle socket holds none. It returns the buffer and how much of it was
+// read; the caller puts the buffer back. With an error or at the end of
+// the stream the buffer is nil.
+func (c *rawConn) ReadPooled(pool *sync.Pool) (*[]byte, int, error) {
+	c.rmu.Lock()
+	defer c.rmu.Unlock()
+	c.rpool, c.rlent, c.rn, c.rerr = pool, nil, 0, nil
+	err := c.rc.Read(c.readPooledFn)
+	b, n, rerr := c.rlent, c.rn, c.rerr
+	c.rpool, c.rlent, c.rbuf, c.rerr = nil, nil, nil, nil
+	switch {
+	case err != nil:
+		return nil, 0, err
+	case rerr == io.EOF:
+		return nil, 0, io.EOF
+	case rerr != nil:
+		return nil, 0, c.opError("read", rerr)
+	}
+	return b, n, nil
+}
+
+// readPooledOnce is readOnce into a buffer from rpool, kept (rlent) only
+// when bytes came.
+func (c *rawConn) readPooledOnce(fd uintptr) bool {
+	b := c.rpool.Get().(*[]byte)
+	c.rbuf = *b
+	done := c.readOnce(fd)
+	if done && c.rerr == nil {
+		c.rlent = b
+	} else {
+		c.rpool.Put(b)
+	}
+	c.rbuf = nil
+	return done
 }
 
 // readOnce is one read(2); false asks the poller to wait for readability.
