@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/nexus-broker/nexus-broker/internal/config/core"
+	"github.com/nexus-broker/nexus-broker/internal/footprint"
 	"github.com/nexus-broker/nexus-broker/internal/spawnd"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc"
 )
@@ -48,6 +49,7 @@ func main() {
 }
 
 func run(cfgPath, runDir string, idleExit time.Duration, log *slog.Logger) error {
+	footprint.Tune()
 	cfgPath, err := core.Canonical(cfgPath)
 	if err != nil {
 		return err
@@ -91,5 +93,6 @@ func run(cfgPath, runDir string, idleExit time.Duration, log *slog.Logger) error
 		SocketGID:  socketGID,
 		Impl:       d,
 		Logger:     log,
+		Serving:    footprint.Booted,
 	})
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/nexus-broker/nexus-broker/internal/auth"
 	"github.com/nexus-broker/nexus-broker/internal/config"
 	"github.com/nexus-broker/nexus-broker/internal/config/core"
+	"github.com/nexus-broker/nexus-broker/internal/footprint"
 	"github.com/nexus-broker/nexus-broker/internal/gateway"
 	"github.com/nexus-broker/nexus-broker/internal/safedir"
 	"github.com/nexus-broker/nexus-broker/internal/spawnclient"
@@ -46,6 +47,7 @@ var devYAML string
 
 // Run serves until SIGTERM/SIGINT. Instances keep running when it returns.
 func Run(o Options) error {
+	footprint.Tune()
 	log := o.Logger
 	// Before anything can announce this process: a SIGHUP's default action
 	// is to terminate it.
@@ -92,6 +94,7 @@ func Run(o Options) error {
 	go func() { serveErr <- srv.Serve(gateway.Listener(ln)) }()
 	base := "http://" + ln.Addr().String()
 	log.Info("nexus-broker listening", append([]any{"addr", ln.Addr().String(), "config", path}, bootSummary(ctx, cfg, path, client)...)...)
+	footprint.Booted()
 	if dev {
 		go showDevClaim(ctx, base, log)
 	}

@@ -40,6 +40,9 @@ type ServeOptions struct {
 	Impl spawnpb.SpawnerServer
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// Serving, when set, runs once the socket answers and spawnd.json is
+	// published: the end of the boot.
+	Serving func()
 }
 
 // probeTimeout bounds Serve's check that its own socket accepts.
@@ -132,6 +135,9 @@ func Serve(ctx context.Context, opts ServeOptions) error {
 	if err := writeEndpoint(runDir, ep, opts.SocketGID); err != nil {
 		shutdown()
 		return fmt.Errorf("publish %s: %w", filepath.Join(runDir, EndpointFile), err)
+	}
+	if opts.Serving != nil {
+		opts.Serving()
 	}
 	log.Info("spawnrpc serving", "addr", ep.Addr, "pid", ep.Pid, "run_dir", runDir, "allowed_uid", opts.AllowedUID)
 
