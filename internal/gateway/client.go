@@ -237,20 +237,24 @@ func (g *Gateway) handleClient(w http.ResponseWriter, r *http.Request) {
 			fromSeq = int64(n)
 		}
 	}
+	// The turn is taken before the 101 goes out: a client that dials again
+	// once its first handshake is answered is the newer, however the two
+	// serving goroutines are scheduled.
+	turn := l.clientTicket()
 	conn, err := upgrader.Upgrade(w, r, nil)
 	if err != nil {
 		return
 	}
 	// As for instances: return, so net/http can drop its per-connection
 	// state, and serve the socket on its own goroutine.
-	go g.serveClient(l, conn, p.ID, credential, fromSeq)
+	go g.serveClient(l, conn, turn, p.ID, credential, fromSeq)
 }
 
 // serveClient runs one client socket of l until it ends.
-func (g *Gateway) serveClient(l *lease, conn *websocket.Conn, principal, credential string, fromSeq int64) {
+func (g *Gateway) serveClient(l *lease, conn *websocket.Conn, turn uint64, principal, credential string, fromSeq int64) {
 	c := &clientConn{l: l, ws: newWSConn(conn, g.log, "client", l.id), principal: principal, resumed: fromSeq >= 0}
 
-	if !g.attachClient(l, c, fromSeq, principal, credential) {
+	if !g.attachClient(l, c, turn, fromSeq, principal, credential) {
 		c.ws.closeGraceful(websocket.CloseGoingAway, closeLeaseClosed)
 		c.ws.discardUntilClosed()
 		return
@@ -274,34 +278,46 @@ func (c *clientConn) serve() {
 	c.ws.finish()
 }
 
-// attachClient makes c the lease's client, its cursor placed by fromSeq:
-// the newest connection wins, wherever it entered, and the one it displaces
-// is closed with 4501. It reports false for a draining lease.
-func (g *Gateway) attachClient(l *lease, c attachedClient, fromSeq int64, principal, credential string) bool {
+// clientTicket is the turn of a client connection accepted now: the
+// higher, the newer.
+func (l *lease) clientTicket() uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.clientTurns++
+	return l.clientTurns
+}
+
+// attachClient makes c, accepted at turn (clientTicket; 0 takes the next
+// turn now), the lease's client, its cursor placed by fromSeq: the newest connection wins,
+// wherever it entered, and the one it displaces is closed with 4501; a
+// connection that arrives after a newer one attached is itself the one
+// displaced. It reports false when c is not attached: a draining lease, or
+// c displaced on arrival.
+func (g *Gateway) attachClient(l *lease, c attachedClient, turn uint64, fromSeq int64, principal, credential string) bool {
 	l.mu.Lock()
 	if l.state == stateDraining {
 		l.mu.Unlock()
+		return false
+	}
+	if turn == 0 {
+		l.clientTurns++
+		turn = l.clientTurns
+	}
+	if l.client != nil && l.clientTurn > turn {
+		l.mu.Unlock()
+		g.displaced(l, c, principal, credential)
 		return false
 	}
 	cur, gap := l.log.attach(fromSeq)
 	c.place(cur, gap) // before it is the lease's client: the read pump may write to it at once
 	startSeq, lastSeq := cur.seq, l.log.lastSeq()
 	old := l.client
-	l.client = c
+	l.client, l.clientTurn = c, turn
 	l.mu.Unlock()
 	g.console.wake()
 	g.log.Info("client connected", "lease_id", l.id, "principal_id", principal, "credential", credential, "evicted_previous_client", old != nil)
 	if old != nil {
-		// The newest connection wins: a half-open socket must not lock its
-		// owner out of the reconnect the ticket flow exists for.
-		old.displace()
-		g.m.clientEvictions.Add(1)
-		g.console.record(eventEvicted, l, closeSuperseded)
-		g.log.Warn("this connection displaced the lease's previous client, which has been "+
-			"closed. A client must not keep two connections open to one lease — they will "+
-			"evict each other",
-			"lease_id", l.id, "principal_id", principal, "credential", credential,
-			"reason", closeSuperseded, "close_status", codeSuperseded)
+		g.displaced(l, old, principal, credential)
 	}
 	switch {
 	case gap != nil:
@@ -315,6 +331,20 @@ func (g *Gateway) attachClient(l *lease, c attachedClient, fromSeq int64, princi
 		g.log.Info("replaying buffered frames to a resuming client", "lease_id", l.id, "frames", lastSeq-startSeq, "last_seq", lastSeq)
 	}
 	return true
+}
+
+// displaced closes old with 4501: the newest connection wins, so that a
+// half-open socket cannot lock its owner out of the reconnect the ticket
+// flow exists for. principal and credential are the newer connection's.
+func (g *Gateway) displaced(l *lease, old attachedClient, principal, credential string) {
+	old.displace()
+	g.m.clientEvictions.Add(1)
+	g.console.record(eventEvicted, l, closeSuperseded)
+	g.log.Warn("this connection displaced the lease's previous client, which has been "+
+		"closed. A client must not keep two connections open to one lease — they will "+
+		"evict each other",
+		"lease_id", l.id, "principal_id", principal, "credential", credential,
+		"reason", closeSuperseded, "close_status", codeSuperseded)
 }
 
 // detachClient ends c's attachment when its connection goes away.

@@ -78,20 +78,23 @@ type lease struct {
 	held      [][]byte
 	heldBytes int
 
-	mu            sync.Mutex
-	state         string
-	reason        string
-	sessionID     string
-	pid           int64
-	spawned       bool
-	restored      bool
-	inst          *instanceConn
-	client        attachedClient
-	lastActivity  time.Time
-	turnStarted   time.Time // zero while settled
-	policyTimer   *time.Timer
-	policyAt      time.Time // when policyTimer fires; zero when not armed
-	reattachTimer *time.Timer
+	mu        sync.Mutex
+	state     string
+	reason    string
+	sessionID string
+	pid       int64
+	spawned   bool
+	restored  bool
+	inst      *instanceConn
+	client    attachedClient
+	// clientTurns counts client connections in the order they were
+	// accepted; clientTurn is the attached one's (see clientTicket).
+	clientTurns, clientTurn uint64
+	lastActivity            time.Time
+	turnStarted             time.Time // zero while settled
+	policyTimer             *time.Timer
+	policyAt                time.Time // when policyTimer fires; zero when not armed
+	reattachTimer           *time.Timer
 	// a2a is the A2A conversation driving this lease, nil for a lease a
 	// WebSocket client claimed. It sees every io payload, and the lease's
 	// end after its instance socket drained.

@@ -285,7 +285,7 @@ func (g *Gateway) relayAttach(_ context.Context, from string, body json.RawMessa
 	var b [16]byte
 	_, _ = rand.Read(b[:])
 	c := &relayConn{id: hex.EncodeToString(b[:]), l: l, resumed: a.FromSeq >= 0, closed: make(chan struct{})}
-	if !g.attachClient(l, c, a.FromSeq, p.ID, credential+" via broker "+from) {
+	if !g.attachClient(l, c, 0, a.FromSeq, p.ID, credential+" via broker "+from) {
 		return attachAnswer{Status: http.StatusNotFound, Error: errUnknownLease}, nil
 	}
 	c.idle = time.AfterFunc(relayIdle, func() { g.endRelay(c) })
