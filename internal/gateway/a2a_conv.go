@@ -74,6 +74,10 @@ type ingress struct {
 	convs   map[convKey]*conv
 	byLease map[*lease]*conv     // the conversation each A2A lease serves
 	live    map[string]*liveTask // tasks not yet terminal, by id
+	// direct is set while the read pump publishes (payload): the streams
+	// it queues events on go to written, for it to write.
+	direct  bool
+	written []*sseStream
 }
 
 // conv is one conversation. It moves on events only (a message arrives, a
@@ -105,7 +109,7 @@ type liveTask struct {
 	conv      *conv
 	input     string
 	turn      a2a.Turn
-	subs      map[chan a2a.Event]struct{}
+	subs      map[*sseStream]struct{}
 	settled   chan struct{} // closed at a terminal state
 	parked    chan struct{} // replaced each time the task reaches INPUT_REQUIRED or ends
 	askTimer  *time.Timer
@@ -149,16 +153,16 @@ func (in *ingress) close() {
 
 // submit accepts a new message on its conversation: the task is stored as
 // SUBMITTED and queued; it runs when the task ahead of it is terminal. A
-// subscriber channel is returned when stream is set, registered before the
-// task can change.
-func (in *ingress) submit(principal, profile string, msg *a2a.Message, text string, stream bool) (*liveTask, chan a2a.Event) {
+// stream is returned when stream is set, registered before the task can
+// change.
+func (in *ingress) submit(principal, profile string, msg *a2a.Message, text string, stream bool) (*liveTask, *sseStream) {
 	if msg.ContextID == "" {
 		msg.ContextID = a2a.NewID()
 	}
 	now := time.Now()
 	t := &liveTask{
 		input:   text,
-		subs:    map[chan a2a.Event]struct{}{},
+		subs:    map[*sseStream]struct{}{},
 		settled: make(chan struct{}),
 		parked:  make(chan struct{}),
 	}
@@ -178,9 +182,9 @@ func (in *ingress) submit(principal, profile string, msg *a2a.Message, text stri
 	t.conv = c
 	in.store.Put(t.rec)
 	in.live[id] = t
-	var ch chan a2a.Event
+	var s *sseStream
 	if stream {
-		ch = in.subscribeLocked(t)
+		s = in.subscribeLocked(t)
 	}
 	c.queue = append(c.queue, t)
 	send := in.advanceLocked(c)
@@ -188,52 +192,43 @@ func (in *ingress) submit(principal, profile string, msg *a2a.Message, text stri
 	if send != nil {
 		send() // on a warm conversation the input goes from here, with no hop
 	}
-	return t, ch
+	return t, s
 }
 
 // subscribeLocked attaches a stream to t; its first event is t's snapshot.
-func (in *ingress) subscribeLocked(t *liveTask) chan a2a.Event {
-	ch := make(chan a2a.Event, subscriberBuffer)
+func (in *ingress) subscribeLocked(t *liveTask) *sseStream {
 	snap := t.rec.Task.Clone()
-	ch <- a2a.Event{Task: &snap}
-	t.subs[ch] = struct{}{}
-	return ch
+	s := newStream(a2a.Event{Task: &snap})
+	t.subs[s] = struct{}{}
+	return s
 }
 
-func (in *ingress) unsubscribe(t *liveTask, ch chan a2a.Event) {
+func (in *ingress) unsubscribe(t *liveTask, s *sseStream) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	if _, ok := t.subs[ch]; ok {
-		delete(t.subs, ch)
-		close(ch)
-	}
+	delete(t.subs, s)
+	s.end()
 }
 
-// publishLocked stores t and then hands evs to every stream. A stream too
-// far behind is closed rather than allowed to stall the instance. A
-// terminal state is written to the file; a move between live states is
-// kept in memory (see a2a.Store.Update).
+// publishLocked stores t and then queues evs on every stream: written by
+// the read pump once in.mu is released when it is the publisher (see
+// payload), else by the stream's handler. A terminal state is written to
+// the file; a move between live states is kept in memory (see
+// a2a.Store.Update).
 func (in *ingress) publishLocked(t *liveTask, evs ...a2a.Event) {
 	if a2a.Terminal(t.rec.Task.Status.State) {
 		in.store.Put(t.rec)
 	} else {
 		in.store.Update(t.rec)
 	}
-	for ch := range t.subs {
-		for _, ev := range evs {
-			select {
-			case ch <- ev:
-			default:
-				delete(t.subs, ch)
-				close(ch)
-			}
-			if _, ok := t.subs[ch]; !ok {
-				break
-			}
+	for s := range t.subs {
+		if !s.push(evs) {
+			delete(t.subs, s)
 		}
-		if _, ok := t.subs[ch]; ok && len(evs) > 0 && evs[len(evs)-1].Final() {
-			delete(t.subs, ch)
-			close(ch)
+		if in.direct {
+			in.written = append(in.written, s)
+		} else {
+			s.signal()
 		}
 	}
 }
@@ -479,10 +474,30 @@ func (in *ingress) sessionRecorded(l *lease, id string) {
 	}
 }
 
-// payload is the instance's read pump handing over one io payload.
+// directStreams bounds how many streams one payload's read pump writes
+// itself; the rest are left to their handlers.
+const directStreams = 4
+
+// payload is the instance's read pump handing over one io payload. The
+// events it publishes are written from here, after in.mu is released.
 func (in *ingress) payload(l *lease, p json.RawMessage) {
+	var direct [directStreams]*sseStream
 	in.mu.Lock()
-	defer in.mu.Unlock()
+	in.direct = true
+	in.payloadLocked(l, p)
+	n := copy(direct[:], in.written)
+	for _, s := range in.written[n:] {
+		s.signal()
+	}
+	clear(in.written)
+	in.direct, in.written = false, in.written[:0]
+	in.mu.Unlock()
+	for _, s := range direct[:n] {
+		s.writeDirect()
+	}
+}
+
+func (in *ingress) payloadLocked(l *lease, p json.RawMessage) {
 	c := in.byLease[l]
 	if c == nil {
 		return
@@ -676,21 +691,20 @@ func (in *ingress) cancel(principal, profile, id string) (*a2a.Task, *a2a.Error)
 
 // subscribe is SubscribeToTask: a live task's stream opens on its snapshot;
 // a terminal one gets its snapshot and the end.
-func (in *ingress) subscribe(principal, profile, id string) (chan a2a.Event, func(), *a2a.Error) {
+func (in *ingress) subscribe(principal, profile, id string) (*sseStream, func(), *a2a.Error) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	if t := in.lookupLocked(principal, profile, id); t != nil {
-		ch := in.subscribeLocked(t)
-		return ch, func() { in.unsubscribe(t, ch) }, nil
+		s := in.subscribeLocked(t)
+		return s, func() { in.unsubscribe(t, s) }, nil
 	}
 	r, ok := in.store.Get(principal, profile, id)
 	if !ok {
 		return nil, nil, a2a.ErrTaskNotFound
 	}
-	ch := make(chan a2a.Event, 1)
-	ch <- a2a.Event{Task: &r.Task}
-	close(ch)
-	return ch, func() {}, nil
+	s := newStream(a2a.Event{Task: &r.Task})
+	s.end()
+	return s, func() {}, nil
 }
 
 // wait blocks until t is terminal or parked in INPUT_REQUIRED, or ctx ends,

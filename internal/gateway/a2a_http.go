@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -294,9 +293,9 @@ func checkSend(req *a2a.SendRequest) (string, *a2a.Error) {
 	return a2a.InputText(m)
 }
 
-// send starts (or answers) a task. With stream the returned channel carries
+// send starts (or answers) a task. With stream the returned stream carries
 // its events from its snapshot on.
-func (in *ingress) send(principal string, p *profile, req *a2a.SendRequest, stream bool) (*liveTask, chan a2a.Event, *a2a.Error) {
+func (in *ingress) send(principal string, p *profile, req *a2a.SendRequest, stream bool) (*liveTask, *sseStream, *a2a.Error) {
 	text, aerr := checkSend(req)
 	if aerr != nil {
 		return nil, nil, aerr
@@ -306,16 +305,16 @@ func (in *ingress) send(principal string, p *profile, req *a2a.SendRequest, stre
 		if aerr != nil {
 			return nil, nil, aerr
 		}
-		var ch chan a2a.Event
+		var s *sseStream
 		if stream {
 			in.mu.Lock()
-			ch = in.subscribeLocked(t)
+			s = in.subscribeLocked(t)
 			in.mu.Unlock()
 		}
-		return t, ch, nil
+		return t, s, nil
 	}
-	t, ch := in.submit(principal, p.name, req.Message, text, stream)
-	return t, ch, nil
+	t, s := in.submit(principal, p.name, req.Message, text, stream)
+	return t, s, nil
 }
 
 // trimTask applies historyLength and, for lists, includeArtifacts.
@@ -398,39 +397,11 @@ func (in *ingress) get(principal string, p *profile, req *a2a.TaskRequest) (*a2a
 
 // --- SSE ------------------------------------------------------------------
 
-// sse writes a text/event-stream of events until the task's stream ends or
-// the client goes away; frame renders one event's data line.
-func sse(w http.ResponseWriter, r *http.Request, ch chan a2a.Event, stop func(), frame func(a2a.Event) []byte) {
+// sse serves a task's stream (see sseStream) until it ends or the client
+// goes away, then stop detaches it; frame renders one event's data line.
+func sse(w http.ResponseWriter, r *http.Request, s *sseStream, stop func(), frame func(a2a.Event) []byte) {
 	defer stop()
-	fl, _ := w.(http.Flusher)
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-cache")
-	h.Set("X-Accel-Buffering", "no")
-	// Not flushed on its own: every stream opens on the task's snapshot,
-	// already queued, so the headers go out with it in one write.
-	w.WriteHeader(http.StatusOK)
-	var buf bytes.Buffer
-	for {
-		select {
-		case ev, ok := <-ch:
-			if !ok {
-				return
-			}
-			buf.Reset()
-			buf.WriteString("data: ")
-			buf.Write(frame(ev))
-			buf.WriteString("\n\n")
-			if _, err := w.Write(buf.Bytes()); err != nil {
-				return
-			}
-			if fl != nil {
-				fl.Flush()
-			}
-		case <-r.Context().Done():
-			return
-		}
-	}
+	s.serve(w, r, frame)
 }
 
 // sortedProfileNames is for logs.

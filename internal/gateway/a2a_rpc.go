@@ -120,13 +120,13 @@ func (in *ingress) handleJSONRPC(w http.ResponseWriter, r *http.Request) {
 		if !params(&sr) {
 			return
 		}
-		t, ch, aerr := in.send(principal, p, &sr, stream)
+		t, s, aerr := in.send(principal, p, &sr, stream)
 		if aerr != nil {
 			fail(aerr, false)
 			return
 		}
 		if stream {
-			sse(w, r, ch, func() { in.unsubscribe(t, ch) }, func(ev a2a.Event) []byte {
+			sse(w, r, s, func() { in.unsubscribe(t, s) }, func(ev a2a.Event) []byte {
 				data, _ := json.Marshal(rpcOK(req.ID, ev))
 				return data
 			})
@@ -173,12 +173,12 @@ func (in *ingress) handleJSONRPC(w http.ResponseWriter, r *http.Request) {
 		if !params(&tr) {
 			return
 		}
-		ch, stop, aerr := in.subscribe(principal, p.name, tr.ID)
+		s, stop, aerr := in.subscribe(principal, p.name, tr.ID)
 		if aerr != nil {
 			fail(aerr, false)
 			return
 		}
-		sse(w, r, ch, stop, func(ev a2a.Event) []byte {
+		sse(w, r, s, stop, func(ev a2a.Event) []byte {
 			data, _ := json.Marshal(rpcOK(req.ID, ev))
 			return data
 		})
@@ -296,12 +296,12 @@ func (in *ingress) restStream(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	t, ch, aerr := in.send(principal, p, sr, true)
+	t, s, aerr := in.send(principal, p, sr, true)
 	if aerr != nil {
 		writeRESTError(w, aerr, false)
 		return
 	}
-	sse(w, r, ch, func() { in.unsubscribe(t, ch) }, restFrame)
+	sse(w, r, s, func() { in.unsubscribe(t, s) }, restFrame)
 }
 
 func restFrame(ev a2a.Event) []byte {
@@ -382,12 +382,12 @@ func (in *ingress) restTask(w http.ResponseWriter, r *http.Request) {
 		}
 		writeJSON(w, http.StatusOK, task)
 	case verb == "subscribe":
-		ch, stop, aerr := in.subscribe(principal, p.name, id)
+		s, stop, aerr := in.subscribe(principal, p.name, id)
 		if aerr != nil {
 			writeRESTError(w, aerr, false)
 			return
 		}
-		sse(w, r, ch, stop, restFrame)
+		sse(w, r, s, stop, restFrame)
 	default:
 		writeRESTError(w, a2a.ErrMethodNotFound.With("%s %s is not an A2A 1.0 HTTP+JSON route", r.Method, r.URL.Path), false)
 	}

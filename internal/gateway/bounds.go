@@ -22,9 +22,11 @@ var (
 const TestHTTPTimeoutsEnv = "NEXUS_BROKER_TEST_HTTP_TIMEOUTS"
 
 // Server is the http.Server for h: headers within 10 s, bodies within
-// bodyReadTimeout, idle keep-alives closed after idleTimeout.
+// bodyReadTimeout, idle keep-alives closed after idleTimeout. A request's
+// context carries its connection (see sseStream.writeDirect).
 func Server(h http.Handler) *http.Server {
-	return &http.Server{Handler: boundBody(h), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: idleTimeout}
+	return &http.Server{Handler: boundBody(h), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: idleTimeout,
+		ConnContext: withConn}
 }
 
 // boundBody gives a request with a body bodyReadTimeout to deliver it. The

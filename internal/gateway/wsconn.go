@@ -187,40 +187,47 @@ func (w *wsConn) flushBeforeRead(f func()) {
 }
 
 // roomFor reports whether the socket's send buffer can take n more bytes
-// without the write blocking: what is queued (SIOCOUTQ) plus n fits in half
-// the buffer (SO_SNDBUF). Anything unexpected answers no. A check leaves a
-// byte budget that later calls spend before asking the kernel again: the
-// queue only drains meanwhile, so the budget never overstates the room.
-// Only the holder of the client's writing turn calls it.
+// without the write blocking (see sendRoom). A check leaves a byte budget
+// that later calls spend before asking the kernel again: the queue only
+// drains meanwhile, so the budget never overstates the room. Only the
+// holder of the client's writing turn calls it.
 func (w *wsConn) roomFor(n int) bool {
 	if n <= w.room {
 		w.room -= n
 		return true
 	}
-	sc, ok := w.c.UnderlyingConn().(syscall.Conn)
-	if !ok {
-		return false
-	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
-		return false
-	}
-	w.room = 0
-	_ = rc.Control(func(fd uintptr) {
-		queued, err1 := rawsock.IoctlInt(fd, unix.SIOCOUTQ)
-		size, err2 := rawsock.SockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUF)
-		if err1 == nil && err2 == nil {
-			w.room = size/2 - queued
-		}
-		if w.bc != nil {
-			w.room -= w.bc.pending()
-		}
-	})
+	w.room, _ = sendRoom(w.c.UnderlyingConn())
 	if n > w.room {
 		return false
 	}
 	w.room -= n
 	return true
+}
+
+// sendRoom is how many more bytes c's socket takes without a write
+// blocking: half its send buffer (SO_SNDBUF) less what is queued
+// (SIOCOUTQ) and what its bufConn holds. Anything unexpected answers 0.
+func sendRoom(c net.Conn) (int, bool) {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return 0, false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return 0, false
+	}
+	room, known := 0, false
+	_ = rc.Control(func(fd uintptr) {
+		queued, err1 := rawsock.IoctlInt(fd, unix.SIOCOUTQ)
+		size, err2 := rawsock.SockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUF)
+		if err1 == nil && err2 == nil {
+			room, known = size/2-queued, true
+		}
+	})
+	if bc, ok := c.(*bufConn); ok && known {
+		room -= bc.pending()
+	}
+	return room, known
 }
 
 // probe sends one ping and re-arms itself until the connection ends.
