@@ -53,7 +53,10 @@ type sseOut struct {
 	frame func(a2a.Event) []byte
 	buf   []byte
 	spare []a2a.Event
-	room  int // sendRoom budget left from the last check
+	// room is what the socket takes without blocking, as last measured
+	// (sendRoom) less what was written since: the queue only drains
+	// meanwhile, so it never overstates.
+	room int
 	// pending is rendered bytes a direct writer found no room for; the
 	// handler writes them first.
 	pending bool
@@ -136,15 +139,14 @@ func (s *sseStream) writeDirect() {
 	if len(o.buf) == 0 {
 		return
 	}
-	if n := len(o.buf) + chunkOverhead; n > o.room {
+	if len(o.buf)+chunkOverhead > o.room {
 		o.room, _ = sendRoom(o.conn)
-		if n > o.room {
+		if len(o.buf)+chunkOverhead > o.room {
 			o.pending = true
 			s.signal()
 			return
 		}
 	}
-	o.room -= len(o.buf) + chunkOverhead
 	o.flush(true)
 }
 
@@ -163,9 +165,10 @@ func (o *sseOut) render(evs []a2a.Event) {
 	o.spare = evs[:0]
 }
 
-// flush writes buf; with push the response is flushed to the socket. It
-// reports false when the client is gone.
+// flush writes buf, spending room; with push the response is flushed to
+// the socket. It reports false when the client is gone.
 func (o *sseOut) flush(push bool) bool {
+	o.room -= len(o.buf) + chunkOverhead
 	_, err := o.w.Write(o.buf)
 	o.buf, o.pending = o.buf[:0], false
 	if err != nil {
@@ -190,28 +193,38 @@ func (s *sseStream) serve(w http.ResponseWriter, r *http.Request, frame func(a2a
 	w.WriteHeader(http.StatusOK)
 	fl, _ := w.(http.Flusher)
 	conn, _ := r.Context().Value(connKey{}).(net.Conn)
+	o := &sseOut{w: w, fl: fl, conn: conn, frame: frame}
 	s.turn.Lock()
-	s.out = &sseOut{w: w, fl: fl, conn: conn, frame: frame}
-	s.turn.Unlock()
+	s.out = o
 	defer func() {
 		s.turn.Lock()
 		s.out = nil
 		s.turn.Unlock()
 	}()
-	for {
-		s.turn.Lock()
-		o := s.out
-		evs, ended := s.take(o.spare)
-		o.render(evs)
-		ok := len(o.buf) == 0 || o.flush(!ended)
-		s.turn.Unlock()
-		if ended || !ok {
-			return
-		}
+	ended, ok := s.writeQueued(o)
+	if conn != nil {
+		// Measured here, after the snapshot left and while the instance
+		// works, so that a direct write usually spends budget rather
+		// than asking the kernel.
+		o.room, _ = sendRoom(conn)
+	}
+	s.turn.Unlock()
+	for !ended && ok {
 		select {
 		case <-s.wake:
 		case <-r.Context().Done():
 			return
 		}
+		s.turn.Lock()
+		ended, ok = s.writeQueued(o)
+		s.turn.Unlock()
 	}
+}
+
+// writeQueued writes what is queued, under turn. The last event of an
+// ended stream is not flushed. ok is false when the client is gone.
+func (s *sseStream) writeQueued(o *sseOut) (ended, ok bool) {
+	evs, ended := s.take(o.spare)
+	o.render(evs)
+	return ended, len(o.buf) == 0 || o.flush(!ended)
 }
