@@ -126,6 +126,7 @@ type Store struct {
 	interrupted map[scope]bool
 	appends     int
 	line        bytes.Buffer
+	enc         *json.Encoder // writes into line
 	tasks       map[string]*entry
 	order       *list.List           // of *entry
 	convs       map[scope]*list.List // of *entry
@@ -266,27 +267,53 @@ func (s *Store) inflate(t *Task) error {
 	return err
 }
 
-// Put stores r's current state, persisted before it returns: the ingress
-// publishes a change only after Put.
-func (s *Store) Put(r *Record) { s.put(r, true) }
-
-// Update stores r's current state in memory only, for a change that moves
-// a task between states short of terminal and touches nothing else (its
-// history, its artifacts). A reopen settles such a task FAILED whatever
-// its line says, so writing the change would alter nothing that can ever
-// read back from the file, and a turn's path is one write shorter.
-func (s *Store) Update(r *Record) { s.put(r, false) }
-
-func (s *Store) put(r *Record, write bool) {
-	c := *r
-	c.Task = r.Task.Clone()
+// Update stores r's current status in memory only, for a change that
+// moves a task between states short of terminal and touches nothing else
+// (its history, its artifacts). A reopen settles such a task FAILED
+// whatever its line says, so writing the change would alter nothing that
+// can ever read back from the file, and a turn's path is one write
+// shorter. Only the status is copied: the rest of the stored task is
+// already r's.
+func (s *Store) Update(r *Record) {
+	st := r.Task.Status
+	st.Message = st.Message.clone()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	e := s.tasks[r.Task.ID]
+	if e == nil {
+		s.storeLocked(r.copy(), false) // evicted meanwhile: stored whole again
+		return
+	}
 	now := time.Now()
-	c.Updated = now
-	e := s.putLocked(&c)
+	e.rec.Task.Status, e.rec.Updated = st, now
+	s.touchLocked(e)
+	s.expireLocked(now)
+}
+
+// Put stores r's current state, persisted before it returns: the ingress
+// publishes a change only after Put.
+func (s *Store) Put(r *Record) {
+	c := r.copy()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.storeLocked(c, true)
+}
+
+// copy is r with a task of its own (see Task.Clone).
+func (r *Record) copy() *Record {
+	c := *r
+	c.Task = r.Task.Clone()
+	return &c
+}
+
+// storeLocked makes r (the store's own) its task's record, with write
+// appended to the file.
+func (s *Store) storeLocked(r *Record, write bool) {
+	now := time.Now()
+	r.Updated = now
+	e := s.putLocked(r)
 	if write {
-		s.appendLocked(&c)
+		s.appendLocked(r)
 	}
 	s.trimConvLocked(e.convOf)
 	s.expireLocked(now)
@@ -295,6 +322,11 @@ func (s *Store) put(r *Record, write bool) {
 // putLocked makes r its task's record, at the back of both orders.
 func (s *Store) putLocked(r *Record) *entry {
 	if old := s.tasks[r.Task.ID]; old != nil {
+		if old.scope() == (scope{r.Principal, r.Profile, r.Task.ContextID}) {
+			old.rec = r
+			s.touchLocked(old)
+			return old
+		}
 		s.dropLocked(old)
 	}
 	e := &entry{rec: r, size: r.bytes()}
@@ -307,6 +339,16 @@ func (s *Store) putLocked(r *Record) *entry {
 	s.tasks[r.Task.ID] = e
 	s.bytes += e.size
 	return e
+}
+
+// touchLocked recounts e's bytes after its record changed and moves it to
+// the back of both orders.
+func (s *Store) touchLocked(e *entry) {
+	s.bytes -= e.size
+	e.size = e.rec.bytes()
+	s.bytes += e.size
+	s.order.MoveToBack(e.all)
+	e.convOf.MoveToBack(e.conv)
 }
 
 func (s *Store) dropLocked(e *entry) {
@@ -350,8 +392,7 @@ func (s *Store) encodeLocked(r *Record) ([]byte, error) {
 	long := false
 	each(&r.Task, func(p *Part) { long = long || p.Text != nil && len(*p.Text) > FragmentSize })
 	if long {
-		c := *r
-		c.Task = r.Task.Clone()
+		c := r.copy()
 		var err error
 		each(&c.Task, func(p *Part) {
 			if err != nil || p.Text == nil || len(*p.Text) <= FragmentSize {
@@ -364,10 +405,13 @@ func (s *Store) encodeLocked(r *Record) ([]byte, error) {
 		if err != nil {
 			return nil, err
 		}
-		r = &c
+		r = c
 	}
 	s.line.Reset()
-	err := json.NewEncoder(&s.line).Encode(r) // one line, newline included
+	if s.enc == nil {
+		s.enc = json.NewEncoder(&s.line)
+	}
+	err := s.enc.Encode(r) // one line, newline included
 	return s.line.Bytes(), err
 }
 
@@ -491,10 +535,7 @@ func (s *Store) Get(principal, profile, id string) (*Record, bool) {
 	if e == nil || e.rec.Principal != principal || e.rec.Profile != profile {
 		return nil, false
 	}
-	r := e.rec
-	c := *r
-	c.Task = r.Task.Clone()
-	return &c, true
+	return e.rec.copy(), true
 }
 
 // List is the caller's tasks on profile matching f, newest change first.
@@ -506,9 +547,7 @@ func (s *Store) List(principal, profile string, f func(*Record) bool) []*Record 
 	for el := s.order.Back(); el != nil; el = el.Prev() {
 		r := el.Value.(*entry).rec
 		if r.Principal == principal && r.Profile == profile && f(r) {
-			c := *r
-			c.Task = r.Task.Clone()
-			out = append(out, &c)
+			out = append(out, r.copy())
 		}
 	}
 	return out

@@ -304,3 +304,40 @@ func FuzzDecodeRecord(f *testing.F) {
 		})
 	})
 }
+
+// turnRecord is a task as the ingress stores it on submit: one user
+// message in its history.
+func turnRecord(id string) *Record {
+	now := time.Now()
+	r := record("alice", "support", "ctx-1", id, StateSubmitted)
+	r.Task.Status.Timestamp = &now
+	r.Task.History = []Message{{MessageID: NewID(), ContextID: "ctx-1", TaskID: id, Role: RoleUser, Parts: []Part{TextPart("hello there")}}}
+	return r
+}
+
+// BenchmarkStorePut: one submitted task written to the file, as every
+// message's first step does before its input goes to the instance.
+func BenchmarkStorePut(b *testing.B) {
+	var logs bytes.Buffer
+	s := OpenStore(b.TempDir(), testPolicy(), quietLog(&logs))
+	defer s.Close()
+	r := turnRecord("t1")
+	b.ReportAllocs()
+	for b.Loop() {
+		s.Put(r)
+	}
+}
+
+// BenchmarkStoreUpdate: a move between live states, kept in memory.
+func BenchmarkStoreUpdate(b *testing.B) {
+	var logs bytes.Buffer
+	s := OpenStore(b.TempDir(), testPolicy(), quietLog(&logs))
+	defer s.Close()
+	r := turnRecord("t1")
+	s.Put(r)
+	r.Task.Status.State = StateWorking
+	b.ReportAllocs()
+	for b.Loop() {
+		s.Update(r)
+	}
+}

@@ -259,9 +259,18 @@ func versionOK(r *http.Request) *a2a.Error {
 	return a2a.ErrVersionUnsupported.With("A2A-Version %q is not supported; this agent speaks A2A %s", v, a2a.ProtocolVersion)
 }
 
-// readBody reads a bounded request body.
+// readBody reads a bounded request body, into a buffer of its announced
+// length when it has one.
 func readBody(r *http.Request) ([]byte, *a2a.Error, bool) {
-	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, maxA2ABody))
+	rd := http.MaxBytesReader(nil, r.Body, maxA2ABody)
+	var body []byte
+	var err error
+	if n := r.ContentLength; n > 0 && n <= maxA2ABody {
+		body = make([]byte, n)
+		_, err = io.ReadFull(rd, body)
+	} else {
+		body, err = io.ReadAll(rd)
+	}
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
