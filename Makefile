@@ -56,6 +56,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz 'FuzzOwner$$' -fuzztime $(FUZZTIME) ./internal/cluster
 	$(GO) test -run '^$$' -fuzz 'FuzzReceive$$' -fuzztime $(FUZZTIME) ./internal/cluster
 	$(GO) test -run '^$$' -fuzz 'FuzzReadOnlyImage$$' -fuzztime $(FUZZTIME) ./internal/footprint
+	$(GO) test -run '^$$' -fuzz 'FuzzTargetOf$$' -fuzztime $(FUZZTIME) ./internal/gateway
 
 # Regenerates pkg/spawnrpc/spawnpb from spawn.proto with Debian's
 # protobuf-compiler (apt-get install protobuf-compiler) and the plugin
