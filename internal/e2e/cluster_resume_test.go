@@ -39,3 +39,52 @@ func TestClusterResumeGoesToTheSessionsBroker(t *testing.T) {
 		t.Fatalf("a new session through A went to %q", fresh.LeaseID)
 	}
 }
+
+// TestClusterResumeOfALocalSessionWaitsForALocalSlot: a session A holds,
+// resumed through a full A while B has room, waits in A's queue and is
+// spawned on A when a slot frees there: B's host has no transcript of it.
+func TestClusterResumeOfALocalSessionWaitsForALocalSlot(t *testing.T) {
+	_, bs := startCluster(t, "max_concurrent: 1\n", "", "a", "b")
+	a := bs["a"]
+	first := a.claim(brokerclient.ClaimRequest{})
+	if got := say(t, a.dial(first, brokerclient.DialOptions{}), "hello"); got != "echo #1: hello" {
+		t.Fatalf("on A: %q", got)
+	}
+	if st, body := a.do("POST", "/release/"+first.LeaseID, ""); st != 200 {
+		t.Fatalf("release = %d %s", st, body)
+	}
+	eventually(t, 20*time.Second, func() string { return "the released instance is still there" }, func() bool { return len(a.Instances()) == 0 })
+	filler := a.claim(brokerclient.ClaimRequest{})
+
+	type answer struct {
+		claim *brokerclient.Claim
+		err   error
+	}
+	resumed := make(chan answer, 1)
+	go func() {
+		c, err := a.Client.Claim(ctxT(t), brokerclient.ClaimRequest{SessionID: first.SessionID, Config: "engine:\n  name: example\n"})
+		resumed <- answer{c, err}
+	}()
+	eventually(t, 20*time.Second, func() string { return "the resume never queued on A" }, func() bool {
+		return a.metrics()["nexus_broker_queue_depth"] == 1
+	})
+	if st, body := a.do("POST", "/release/"+filler.LeaseID, ""); st != 200 {
+		t.Fatalf("release = %d %s", st, body)
+	}
+	var got *brokerclient.Claim
+	select {
+	case ans := <-resumed:
+		if ans.err != nil {
+			t.Fatalf("the queued resume: %v", ans.err)
+		}
+		got = ans.claim
+	case <-time.After(30 * time.Second):
+		t.Fatal("the queued resume was not served after A freed its slot")
+	}
+	if !strings.HasSuffix(got.LeaseID, "-a") || got.SessionID != first.SessionID {
+		t.Fatalf("the resume got lease %q session %q; want a lease of a, session %q", got.LeaseID, got.SessionID, first.SessionID)
+	}
+	if got := say(t, a.dial(got, brokerclient.DialOptions{}), "again"); got != "echo #2: again (earlier: hello)" {
+		t.Fatalf("the resumed session answered %q, want its transcript continued", got)
+	}
+}

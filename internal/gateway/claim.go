@@ -133,13 +133,16 @@ func (g *Gateway) claimBody(r *http.Request, p auth.Principal, body []byte, slot
 	if cerr := g.spawnerUnavailable(); cerr != nil {
 		return nil, cerr
 	}
-	if slot == slotAcquire && g.node != nil && session != "" {
-		if resp, cerr, ok := g.routeResume(r.Context(), p, session, body); ok {
+	offerAway := slot == slotAcquire && g.node != nil
+	if offerAway && session != "" {
+		resp, cerr, routed, mine := g.routeResume(r.Context(), p, session, body)
+		if routed {
 			return resp, cerr
 		}
+		offerAway = !mine
 	}
 	var away *queuedOffer
-	if slot == slotAcquire && g.node != nil {
+	if offerAway {
 		if g.cap.full() {
 			if resp, cerr, ok := g.offerClaim(r.Context(), p, body); ok {
 				return resp, cerr

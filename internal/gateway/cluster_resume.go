@@ -12,7 +12,9 @@ import (
 // A session lives on the host that ran it (its transcript is under that
 // host's instance home), so in cluster mode a resume goes to the broker
 // whose spawnd's session index holds it: asked of every peer when this
-// broker does not hold it. No holder: this broker decides as for any claim.
+// broker does not hold it. A session this broker holds is spawned here,
+// queued when full, never offered to a peer. No holder: this broker decides
+// as for any claim.
 
 // errSessionBrokerUnavailable is the 503 of a resume whose session's broker
 // was found but did not take the claim.
@@ -39,39 +41,39 @@ func (g *Gateway) answerSession(ctx context.Context, _ string, body json.RawMess
 }
 
 // sessionHolder is the peer whose host holds session, "" when this broker
-// does or no peer that answers does.
-func (g *Gateway) sessionHolder(ctx context.Context, session string) string {
+// does (mine) or no peer that answers does.
+func (g *Gateway) sessionHolder(ctx context.Context, session string) (holder string, mine bool) {
 	if g.holdsSession(ctx, session) {
-		return ""
+		return "", true
 	}
-	holder := ""
 	askPeers(g, ctx, opSession, sessionCall{Session: session}, func(peer string, a contextAnswer) {
 		if a.Mine {
 			holder = peer
 		}
 	})
-	return holder
+	return holder, false
 }
 
 // routeResume sends a resume to the broker holding its session, which
 // serves it as a claim that arrived there: a free slot or its own queue,
-// never offered on. ok is false when this broker should serve it.
-func (g *Gateway) routeResume(ctx context.Context, p auth.Principal, session string, body []byte) (*claimResponse, *claimError, bool) {
-	holder := g.sessionHolder(ctx, session)
+// never offered on. routed is false when this broker should serve it;
+// mine when it must, its host holding the session.
+func (g *Gateway) routeResume(ctx context.Context, p auth.Principal, session string, body []byte) (_ *claimResponse, _ *claimError, routed, mine bool) {
+	holder, mine := g.sessionHolder(ctx, session)
 	if holder == "" {
-		return nil, nil, false
+		return nil, nil, false, mine
 	}
 	var a offerAnswer
 	timeout := g.offerTimeout() + g.cfg.Load().QueueWaitTimeout.D()
 	if err := g.node.CallFor(ctx, timeout, holder, opResume, offerCall{Principal: p, Claim: body}, &a); err != nil {
 		g.log.Warn("cluster: the broker holding a resumed session did not take the claim", "peer", holder, "session_id", session, "error", err)
-		return nil, refuse(http.StatusServiceUnavailable, "spawn_failed", errSessionBrokerUnavailable), true
+		return nil, refuse(http.StatusServiceUnavailable, "spawn_failed", errSessionBrokerUnavailable), true, false
 	}
 	resp, cerr := g.peerClaimed(holder, a)
 	if resp != nil {
 		g.log.Info("resume routed to the broker holding its session", "peer", holder, "session_id", session, "lease_id", resp.LeaseID)
 	}
-	return resp, cerr, true
+	return resp, cerr, true, false
 }
 
 // takeResume is the holder's side of routeResume.
