@@ -20,11 +20,11 @@ import (
 	"github.com/nexus-broker/nexus-broker/pkg/brokerclient"
 )
 
-// endedReasons reads <state_dir>/leases.jsonl: lease id → the reason of its
-// ended record, for the leases that have one.
-func (b *Broker) endedReasons() map[string]string {
+// endedRecords reads <state_dir>/leases.jsonl: lease id → its ended
+// record as raw fields, for the leases that have one.
+func (b *Broker) endedRecords() map[string]map[string]any {
 	b.t.Helper()
-	out := map[string]string{}
+	out := map[string]map[string]any{}
 	f, err := os.Open(filepath.Join(b.Dir, "state", "leases.jsonl"))
 	if err != nil {
 		b.t.Fatalf("opening the lease journal: %v", err)
@@ -33,14 +33,21 @@ func (b *Broker) endedReasons() map[string]string {
 	sc := bufio.NewScanner(f)
 	sc.Buffer(nil, 1<<20)
 	for sc.Scan() {
-		var rec struct {
-			Kind    string `json:"kind"`
-			LeaseID string `json:"lease_id"`
-			Reason  string `json:"reason"`
+		var rec map[string]any
+		if json.Unmarshal(sc.Bytes(), &rec) == nil && rec["kind"] == "ended" {
+			id, _ := rec["lease_id"].(string)
+			out[id] = rec
 		}
-		if json.Unmarshal(sc.Bytes(), &rec) == nil && rec.Kind == "ended" {
-			out[rec.LeaseID] = rec.Reason
-		}
+	}
+	return out
+}
+
+// endedReasons is lease id → the reason of its ended record.
+func (b *Broker) endedReasons() map[string]string {
+	b.t.Helper()
+	out := map[string]string{}
+	for id, rec := range b.endedRecords() {
+		out[id], _ = rec["reason"].(string)
 	}
 	return out
 }

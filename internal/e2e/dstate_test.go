@@ -1,9 +1,7 @@
 package e2e
 
 import (
-	"bufio"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -120,26 +118,6 @@ func (f *stallingFUSE) reply(unique uint64, errno syscall.Errno, body []byte) er
 	return err
 }
 
-// endedRecord is the ended record of lease in <state_dir>/leases.jsonl, as
-// raw fields; nil without one.
-func (b *Broker) endedRecord(lease string) map[string]any {
-	b.t.Helper()
-	f, err := os.Open(filepath.Join(b.Dir, "state", "leases.jsonl"))
-	if err != nil {
-		b.t.Fatalf("opening the lease journal: %v", err)
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		var rec map[string]any
-		if json.Unmarshal(sc.Bytes(), &rec) == nil && rec["kind"] == "ended" && rec["lease_id"] == lease {
-			return rec
-		}
-	}
-	return nil
-}
-
 // TestCgroupStuckInDStateIsRecorded: an instance's child is killed while
 // the kernel waits on a FUSE request its server holds, so it sleeps
 // uninterruptibly (state D) and its lease cgroup cannot empty. The release
@@ -177,7 +155,7 @@ func TestCgroupStuckInDStateIsRecorded(t *testing.T) {
 	b.SpawndLog.wait(t, regexp.MustCompile(`level=ERROR msg="lease cgroup did not empty.*lease_id=`+claim.LeaseID), 30*time.Second)
 	var rec map[string]any
 	eventually(t, 5*time.Second, func() string { return "an ended record for " + claim.LeaseID }, func() bool {
-		rec = b.endedRecord(claim.LeaseID)
+		rec = b.endedRecords()[claim.LeaseID]
 		return rec != nil
 	})
 	want := fmt.Sprintf("pid %d (state D)", child)
