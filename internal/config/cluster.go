@@ -94,7 +94,7 @@ func (c *Config) validateCluster() error {
 	if c.StateDir == "" {
 		return fmt.Errorf("broker config: state_dir: required with cluster: (a broker's leases name it by broker_id, which must survive a restart, and a restarted broker recovers its leases from state_dir); set state_dir, or remove the cluster: block")
 	}
-	if c.BrokerID != "" && !validToken(c.BrokerID, MaxBrokerIDLen) {
+	if c.BrokerID != "" && !core.IsToken(c.BrokerID, MaxBrokerIDLen) {
 		return fmt.Errorf("broker config: broker_id: %q cannot name a broker in cluster mode: use 1 to %d letters, digits, - or _ (it is a NATS subject token and part of every lease id)", c.BrokerID, MaxBrokerIDLen)
 	}
 	if c.AdvertiseAddr == "" {
@@ -103,23 +103,9 @@ func (c *Config) validateCluster() error {
 	return nil
 }
 
-// validToken reports whether s is 1..max of [A-Za-z0-9_-]: a broker id, a
-// NATS subject token.
-func validToken(s string, max int) bool {
-	if s == "" || len(s) > max {
-		return false
-	}
-	for _, r := range s {
-		if !('a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9' || r == '-' || r == '_') {
-			return false
-		}
-	}
-	return true
-}
-
 func validSubject(s string) bool {
 	for _, tok := range strings.Split(s, ".") {
-		if !validToken(tok, len(tok)) {
+		if !core.IsToken(tok, len(tok)) {
 			return false
 		}
 	}

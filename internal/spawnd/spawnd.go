@@ -427,17 +427,7 @@ const (
 // directories, which is why their alphabet is narrow too.
 const maxLeaseIDLen = 128
 
-func validLeaseID(id string) bool {
-	if id == "" || len(id) > maxLeaseIDLen {
-		return false
-	}
-	for _, c := range id {
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_') {
-			return false
-		}
-	}
-	return true
-}
+func validLeaseID(id string) bool { return core.IsToken(id, maxLeaseIDLen) }
 
 // spawnFailed is Spawn's INTERNAL error, naming the failed step in a
 // SpawnFailure detail the gateway answers by.

@@ -128,6 +128,21 @@ func (e *Entry) validate(path string) error {
 	return checkRunAs(e.RunAs, path+".run_as")
 }
 
+// IsToken reports whether s is 1..max of [A-Za-z0-9_-]: a lease id, a
+// broker id, a NATS subject token — names that end up in file and cgroup
+// paths and subjects, hence the narrow alphabet.
+func IsToken(s string, max int) bool {
+	if s == "" || len(s) > max {
+		return false
+	}
+	for _, r := range s {
+		if !('a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9' || r == '-' || r == '_') {
+			return false
+		}
+	}
+	return true
+}
+
 // CheckEnvName refuses what cannot be an environment variable name.
 func CheckEnvName(key, n string) error {
 	if n == "" || strings.ContainsAny(n, "=\x00") || strings.ContainsFunc(n, unicode.IsSpace) {
