@@ -170,17 +170,24 @@ func (g *Gateway) readStream(ctx context.Context, _ string, body json.RawMessage
 		if a.Done {
 			g.endStream(s)
 		}
-		if a.Status != 0 || len(a.Data) > 0 || a.Done {
-			return a, nil
-		}
-		select {
-		case <-wake:
-		case <-wait.C:
-			return a, nil
-		case <-ctx.Done():
+		if a.Status != 0 || len(a.Data) > 0 || a.Done || !woken(ctx, wait, wake, nil) {
 			return a, nil
 		}
 	}
+}
+
+// woken waits for a relayed read's wake (or other) until the read's wait
+// or ctx ends; false when that ended it, and the read answers what it has.
+func woken(ctx context.Context, wait *time.Timer, wake, other <-chan struct{}) bool {
+	select {
+	case <-wake:
+	case <-other:
+	case <-wait.C:
+		return false
+	case <-ctx.Done():
+		return false
+	}
+	return true
 }
 
 func (g *Gateway) closeStream(_ context.Context, _ string, body json.RawMessage) (any, error) {

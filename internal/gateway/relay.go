@@ -382,12 +382,7 @@ func (g *Gateway) relayRead(ctx context.Context, _ string, body json.RawMessage)
 		if closing != nil {
 			closed = nil // flushing: wait for frames, not the close again
 		}
-		select {
-		case <-wake:
-		case <-closed:
-		case <-wait.C:
-			return out, nil
-		case <-ctx.Done():
+		if !woken(ctx, wait, wake, closed) {
 			return out, nil
 		}
 	}
