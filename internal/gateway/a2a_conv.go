@@ -385,10 +385,8 @@ func (in *ingress) leaseFor(c *conv) (*lease, string) {
 	l.mu.Unlock()
 	in.bindLocked(c, l)
 	in.unholdLocked(c)
+	in.bindSessionLocked(c, sid)
 	in.mu.Unlock()
-	if sid != "" {
-		in.sessionRecorded(l, sid)
-	}
 	in.g.log.Info("A2A conversation bound to a lease", "lease_id", l.id, "profile", c.key.profile, "session_id", sid)
 	return l, ""
 }
@@ -468,7 +466,15 @@ func (in *ingress) bindLocked(c *conv, l *lease) {
 func (in *ingress) sessionRecorded(l *lease, id string) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	if c := in.byLease[l]; c != nil && c.session != id {
+	if c := in.byLease[l]; c != nil {
+		in.bindSessionLocked(c, id)
+	}
+}
+
+// bindSessionLocked makes id the conversation's session, durably in
+// a2a-contexts.jsonl; "" (none reported yet) changes nothing.
+func (in *ingress) bindSessionLocked(c *conv, id string) {
+	if id != "" && c.session != id {
 		c.session = id
 		in.contexts.Put(contextBinding{Principal: c.key.principal, Profile: c.key.profile, ContextID: c.key.context, SessionID: id})
 	}
