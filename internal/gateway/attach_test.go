@@ -1,12 +1,9 @@
 package gateway
 
 import (
-	"io"
-	"log/slog"
 	"testing"
 	"time"
 
-	"github.com/nexus-broker/nexus-broker/internal/config"
 	"github.com/nexus-broker/nexus-broker/internal/config/core"
 )
 
@@ -15,7 +12,7 @@ import (
 // is served on its own goroutine after its handshake was answered); the one
 // accepted later stays attached and the earlier is closed with 4501.
 func TestTheLaterAcceptedClientWinsWhateverTheAttachOrder(t *testing.T) {
-	g := New(Options{Config: config.Default(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	g := bareGateway()
 	l := g.newLease("L", "", core.ReservedEntry, time.Now())
 	older, newer := &relayConn{l: l, closed: make(chan struct{})}, &relayConn{l: l, closed: make(chan struct{})}
 	first, second := l.clientTicket(), l.clientTicket()

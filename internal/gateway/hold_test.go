@@ -11,11 +11,17 @@ import (
 	"github.com/nexus-broker/nexus-broker/internal/config/core"
 )
 
+// bareGateway is a gateway with the default config and no spawnd, for tests
+// of its lease bookkeeping.
+func bareGateway() *Gateway {
+	return New(Options{Config: config.Default(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+}
+
 // TestHeldFramesAreBounded: while no instance is attached, client frames are
 // held up to holdFrames and holdBytes, and every frame past either bound is
 // counted as a no_instance drop, never lost silently.
 func TestHeldFramesAreBounded(t *testing.T) {
-	g := New(Options{Config: config.Default(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	g := bareGateway()
 	l := g.newLease("L", "", core.ReservedEntry, time.Now())
 
 	for i := 0; i < holdFrames+3; i++ {
