@@ -41,9 +41,6 @@ const (
 	DefaultHeartbeatInterval = time.Second
 	// MinClusterSecret is the shortest cluster secret accepted, in bytes.
 	MinClusterSecret = 32
-	// MaxBrokerIDLen bounds broker_id in cluster mode, where it is a NATS
-	// subject token and part of every lease id.
-	MaxBrokerIDLen = 64
 )
 
 // validateCluster checks the cluster: block and the keys cluster mode
@@ -94,8 +91,8 @@ func (c *Config) validateCluster() error {
 	if c.StateDir == "" {
 		return fmt.Errorf("broker config: state_dir: required with cluster: (a broker's leases name it by broker_id, which must survive a restart, and a restarted broker recovers its leases from state_dir); set state_dir, or remove the cluster: block")
 	}
-	if c.BrokerID != "" && !core.IsToken(c.BrokerID, MaxBrokerIDLen) {
-		return fmt.Errorf("broker config: broker_id: %q cannot name a broker in cluster mode: use 1 to %d letters, digits, - or _ (it is a NATS subject token and part of every lease id)", c.BrokerID, MaxBrokerIDLen)
+	if c.BrokerID != "" && !core.IsToken(c.BrokerID, core.MaxBrokerIDLen) {
+		return fmt.Errorf("broker config: broker_id: %q cannot name a broker in cluster mode: use 1 to %d letters, digits, - or _ (it is a NATS subject token and part of every lease id)", c.BrokerID, core.MaxBrokerIDLen)
 	}
 	if c.AdvertiseAddr == "" {
 		return fmt.Errorf("broker config: advertise_addr: required with cluster: (peers and clients are handed this broker's address); write the host:port clients use to reach this broker")

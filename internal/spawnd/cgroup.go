@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nexus-broker/nexus-broker/internal/config/core"
 )
 
 // Containment: one cgroup v2 per lease, <root>/<broker_id>/<lease_id>.
@@ -177,6 +179,11 @@ func delegated(dir string) bool {
 // openCgroupTree prepares root/<brokerID>, first moving spawnd into a leaf
 // of its own when root is spawnd's own cgroup.
 func openCgroupTree(root, brokerID string) (*cgroupTree, error) {
+	// broker_id is joined into the path, and everything under the result is
+	// this broker's to kill: ".." would make the root's siblings "ours".
+	if !core.IsToken(brokerID, core.MaxBrokerIDLen) {
+		return nil, fmt.Errorf("broker config: broker_id: %q cannot name this broker's cgroup under %s: with per-lease cgroups use 1 to %d letters, digits, - or _", brokerID, root, core.MaxBrokerIDLen)
+	}
 	self, _ := os.ReadFile(procSelfCgroup)
 	mounts, _ := os.ReadFile(procSelfMountinfo)
 	if own := ownCgroupDir(self, mounts); own == filepath.Clean(root) {

@@ -107,3 +107,19 @@ func TestWithoutCgroupsOneWarnNamesTheSetsidEscape(t *testing.T) {
 		t.Fatal("spawnd contains instances in cgroups without a cgroup v2 tree")
 	}
 }
+
+// TestABrokerIDThatIsNotATokenHasNoCgroup: broker_id is joined into the
+// cgroup path and everything under it is this broker's to kill, so ".."
+// would hand the root's siblings to the sweep.
+func TestABrokerIDThatIsNotATokenHasNoCgroup(t *testing.T) {
+	root := t.TempDir()
+	for _, id := range []string{"..", ".", "a/b", "../etc", "x y"} {
+		_, err := openCgroupTree(root, id)
+		if err == nil || !strings.Contains(err.Error(), "broker_id") {
+			t.Fatalf("openCgroupTree(%q) = %v; want a refusal naming broker_id", id, err)
+		}
+	}
+	if entries, _ := os.ReadDir(root); len(entries) != 0 {
+		t.Fatalf("a refused broker_id left %d entries under the root", len(entries))
+	}
+}

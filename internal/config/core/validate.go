@@ -128,6 +128,11 @@ func (e *Entry) validate(path string) error {
 	return checkRunAs(e.RunAs, path+".run_as")
 }
 
+// MaxBrokerIDLen bounds broker_id where it must be a token: in cluster mode
+// (a NATS subject token and part of every lease id) and with per-lease
+// cgroups (a directory name).
+const MaxBrokerIDLen = 64
+
 // IsToken reports whether s is 1..max of [A-Za-z0-9_-]: a lease id, a
 // broker id, a NATS subject token — names that end up in file and cgroup
 // paths and subjects, hence the narrow alphabet.
