@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nexus-broker/nexus-broker/internal/echo"
 	"github.com/nexus-broker/nexus-broker/internal/sockdir"
 )
 
@@ -215,5 +216,45 @@ func TestCgroupLimitWithoutItsControllerRefusesTheBoot(t *testing.T) {
 	want := fmt.Sprintf("binaries: nexus: pids_max needs the pids controller, which %s does not enable in cgroup.subtree_control", root)
 	if !strings.Contains(string(out), want) {
 		t.Fatalf("output does not say %q:\n%s", want, out)
+	}
+}
+
+// TestCgroupTeardownRemovesChildCgroupsAnInstanceMade: an instance running
+// as spawnd's own uid (root, no run_as) can create cgroups inside its
+// lease's and move a child there. Teardown reaches that child and removes
+// the whole subtree, where a plain rmdir of the lease cgroup would fail
+// with EBUSY for ever.
+func TestCgroupTeardownRemovesChildCgroupsAnInstanceMade(t *testing.T) {
+	root := cgroupRoot(t)
+	b := startBroker(t, Options{
+		NoNexusEntry: true,
+		SpawndYAML:   fmt.Sprintf("  cgroup_root: %q\n", root),
+		YAML: "release_grace: 1s\nbroker_id: " + cgroupBrokerID + "\nbinaries:\n" +
+			fmt.Sprintf("  nexus:\n    path: %q\n    env:\n      %s: \"1\"\n", bin("nexus-echo"), echo.EnvAllowRun),
+	})
+	claim, conn, pid := instancePid(t, b, "nexus")
+	lease := filepath.Join(root, cgroupBrokerID, claim.LeaseID)
+	sub := filepath.Join(lease, "made-by-the-instance", "deeper")
+	answer := say(t, conn, fmt.Sprintf("/run mkdir -p %q && (sleep 3600 >/dev/null 2>&1 & echo $! > %q; echo $!)", sub, filepath.Join(sub, "cgroup.procs")))
+	child, err := strconv.Atoi(answer)
+	if err != nil {
+		t.Fatalf("moving a child into a cgroup of the instance's own answered %q", answer)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(child, syscall.SIGKILL) })
+	if !inCgroup(sub, child) {
+		t.Fatalf("pid %d is not in %s", child, sub)
+	}
+	if status, _ := b.do("POST", "/release/"+claim.LeaseID, ""); status != 200 {
+		t.Fatalf("release = %d", status)
+	}
+	for _, p := range []int{pid, child} {
+		eventually(t, 15*time.Second, func() string { return fmt.Sprintf("pid %d gone after release", p) }, func() bool { return !alive(p) })
+	}
+	eventually(t, 15*time.Second, func() string { return "lease cgroup " + lease + " and its subtree removed" }, func() bool {
+		_, err := os.Stat(lease)
+		return errors.Is(err, fs.ErrNotExist)
+	})
+	if n := b.SpawndLog.count(regexp.MustCompile(`cgroup: removing`)); n != 0 {
+		t.Fatalf("spawnd logged %d failed removals:\n%s", n, b.SpawndLog)
 	}
 }

@@ -86,7 +86,7 @@ func (d *Daemon) sweepCgroups() {
 		return
 	}
 	for _, id := range d.cgroups.orphans(d.leases) {
-		pids := procsOrNone(filepath.Join(d.cgroups.dir, id))
+		pids, _ := subtreeProcs(filepath.Join(d.cgroups.dir, id))
 		if err := d.cgroups.remove(id, cgroupDrainLimit); err != nil {
 			d.log.Error("removing an orphaned lease cgroup failed", "lease_id", id, "pids", fmt.Sprint(pids), "error", err)
 			continue
@@ -272,7 +272,7 @@ func (t *cgroupTree) signal(leaseID string, sig unix.Signal) error {
 	if sig == unix.SIGKILL {
 		return writeCgroupFile(dir, "cgroup.kill", "1")
 	}
-	before, err := cgroupProcs(dir)
+	before, err := subtreeProcs(dir)
 	if err != nil {
 		return err
 	}
@@ -282,7 +282,7 @@ func (t *cgroupTree) signal(leaseID string, sig unix.Signal) error {
 			fds[pid] = fd
 		}
 	}
-	after, err := cgroupProcs(dir)
+	after, err := subtreeProcs(dir)
 	for pid, fd := range fds {
 		if err == nil && slices.Contains(after, pid) {
 			_ = unix.PidfdSendSignal(fd, sig, nil, 0)
@@ -327,10 +327,41 @@ func (t *cgroupTree) remove(leaseID string, within time.Duration) error {
 			return fmt.Errorf("cgroup: polling %s: %w", events.Name(), err)
 		}
 	}
-	if err := os.Remove(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("cgroup: removing %s: %w", dir, err)
+	// Children first: a cgroup with child cgroups cannot be removed.
+	dirs := subtree(dir)
+	for i := len(dirs) - 1; i >= 0; i-- {
+		if err := os.Remove(dirs[i]); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("cgroup: removing %s: %w", dirs[i], err)
+		}
 	}
 	return nil
+}
+
+// subtree lists dir and every cgroup below it, parents first: an instance
+// running as spawnd's own uid can create child cgroups inside its lease's
+// (cgroupfs holds no symlinks to lead the walk elsewhere).
+func subtree(dir string) []string {
+	var dirs []string
+	_ = filepath.WalkDir(dir, func(path string, e fs.DirEntry, err error) error {
+		if err == nil && e.IsDir() {
+			dirs = append(dirs, path)
+		}
+		return nil
+	})
+	return dirs
+}
+
+// subtreeProcs lists the members of dir and of every cgroup below it.
+func subtreeProcs(dir string) ([]int, error) {
+	var all []int
+	for _, d := range subtree(dir) {
+		pids, err := cgroupProcs(d)
+		if err != nil && d == dir {
+			return nil, err
+		}
+		all = append(all, pids...)
+	}
+	return all, nil
 }
 
 // holds reports whether a lease has a cgroup in this tree: an instance a
@@ -373,7 +404,8 @@ func cgroupProcs(dir string) ([]int, error) {
 // uninterruptible sleep), for the error of one that will not empty.
 func members(dir string) string {
 	var out []string
-	for _, pid := range procsOrNone(dir) {
+	pids, _ := subtreeProcs(dir)
+	for _, pid := range pids {
 		state := "gone"
 		if st, err := readProcStat(pid); err == nil {
 			state = string(st.state)
@@ -381,11 +413,6 @@ func members(dir string) string {
 		out = append(out, fmt.Sprintf("pid %d (state %s)", pid, state))
 	}
 	return strings.Join(out, ", ")
-}
-
-func procsOrNone(dir string) []int {
-	pids, _ := cgroupProcs(dir)
-	return pids
 }
 
 // writeCgroupFile writes one value to a cgroup interface file, which must
