@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nexus-broker/nexus-broker/internal/config/core"
 )
 
 func TestLeaseIDNamesItsOwner(t *testing.T) {
@@ -17,7 +19,8 @@ func TestLeaseIDNamesItsOwner(t *testing.T) {
 	if got := Owner(id); got != "broker-1" {
 		t.Fatalf("Owner(%q) = %q, want broker-1", id, got)
 	}
-	for _, single := range []string{"0123456789abcdef0123456789abcdef", "", "x", "0123456789abcdef0123456789abcdeX-b", "0123456789abcdef0123456789abcdef-"} {
+	for _, single := range []string{"0123456789abcdef0123456789abcdef", "", "x", "0123456789abcdef0123456789abcdeX-b", "0123456789abcdef0123456789abcdef-",
+		"0123456789abcdef0123456789abcdef-a b", "0123456789abcdef0123456789abcdef-" + strings.Repeat("b", 65)} {
 		if got := Owner(single); got != "" {
 			t.Errorf("Owner(%q) = %q, want none", single, got)
 		}
@@ -46,8 +49,8 @@ func FuzzOwner(f *testing.F) {
 	f.Add("0123456789abcdef0123456789abcdef-a")
 	f.Add(strings.Repeat("f", 40))
 	f.Fuzz(func(t *testing.T, id string) {
-		if o := Owner(id); o != "" && !strings.HasSuffix(id, "-"+o) {
-			t.Fatalf("Owner(%q) = %q, not the id's suffix", id, o)
+		if o := Owner(id); o != "" && (!strings.HasSuffix(id, "-"+o) || !core.IsToken(o, core.MaxBrokerIDLen)) {
+			t.Fatalf("Owner(%q) = %q, not the id's suffix or not a broker id", id, o)
 		}
 	})
 }

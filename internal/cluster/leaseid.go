@@ -8,6 +8,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
+
+	"github.com/nexus-broker/nexus-broker/internal/config/core"
 )
 
 // randomPart is the length of a lease id's random part: 128 bits in hex.
@@ -24,8 +26,9 @@ func NewLeaseID(broker string) (string, error) {
 	return hex.EncodeToString(b[:]) + "-" + broker, nil
 }
 
-// Owner is the broker id a lease id names, "" for an id minted in
-// single-broker mode (or not a lease id at all).
+// Owner is the broker id an id minted by NewLeaseID names, "" for an id
+// minted in single-broker mode (or not such an id at all: its suffix
+// cannot be a broker id).
 func Owner(leaseID string) string {
 	if len(leaseID) <= randomPart+1 || leaseID[randomPart] != '-' {
 		return ""
@@ -33,7 +36,10 @@ func Owner(leaseID string) string {
 	if strings.ContainsFunc(leaseID[:randomPart], func(r rune) bool { return !('0' <= r && r <= '9' || 'a' <= r && r <= 'f') }) {
 		return ""
 	}
-	return leaseID[randomPart+1:]
+	if o := leaseID[randomPart+1:]; core.IsToken(o, core.MaxBrokerIDLen) {
+		return o
+	}
+	return ""
 }
 
 // nkeyOption authenticates with an nkey user seed held in memory.

@@ -1,12 +1,23 @@
 package e2e
 
 import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
 	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/a2aproject/a2a-go/v2/a2a"
+
+	"github.com/nexus-broker/nexus-broker/internal/cluster"
 )
 
 // a2aCluster runs an embedded nats-server and one A2A broker pair per id
@@ -146,5 +157,131 @@ func TestClusterA2AThroughNonOwners(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 200 || resp.Header.Get("Nexus-Unreachable-Brokers") != "b" {
 		t.Fatalf("ListTasks through A with B down: %d, Nexus-Unreachable-Brokers %q; want 200 naming b", resp.StatusCode, resp.Header.Get("Nexus-Unreachable-Brokers"))
+	}
+}
+
+// TestClusterA2AOwnerLossIsExplicit: C's task and context ids name C; with
+// C's gateway and spawnd killed, its task read through A and a message on
+// either of its conversations (a context id C minted, one the client
+// chose) answer "lease owner unavailable" in each binding's shape (never
+// TASK_NOT_FOUND, never a new conversation on A), a task id naming a
+// broker never heard from is TASK_NOT_FOUND, and nothing of C's appears
+// on A or B; C restarted on its state_dir serves the task through A and
+// both conversations continue there, on their sessions.
+func TestClusterA2AOwnerLossIsExplicit(t *testing.T) {
+	bs := a2aCluster(t, "", "", "a", "b", "c")
+	a, b, c := bs["a"], bs["b"], bs["c"]
+	onC := a2aClient(t, c, "support", a2a.TransportProtocolJSONRPC)
+	minted := sendTask(t, onC, userMsg("", "hello"))
+	chosen := sendTask(t, onC, userMsg("chosen-on-c", "hi"))
+	for _, id := range []string{string(minted.ID), minted.ContextID, string(chosen.ID)} {
+		if cluster.Owner(id) != "c" || url.PathEscape(id) != id {
+			t.Fatalf("id %q minted by C does not name C as a URL-safe token", id)
+		}
+	}
+	sessions := map[string]string{} // lease → session, on C
+	eventually(t, 10*time.Second, func() string { return "C's two conversations have not both reported a session" }, func() bool {
+		for _, l := range c.leases().Leases {
+			sessions[l.LeaseID] = l.SessionID
+		}
+		return len(sessions) == 2 && !slices.Contains(slices.Collect(maps.Values(sessions)), "")
+	})
+	index := filepath.Join(c.Dir, "state", "a2a-contexts.jsonl")
+	eventually(t, 10*time.Second, func() string { return "a2a-contexts.jsonl lacks C's conversations" }, func() bool {
+		data, _ := os.ReadFile(index)
+		return strings.Contains(string(data), minted.ContextID) && strings.Contains(string(data), "chosen-on-c")
+	})
+
+	c.KillGateway(syscall.SIGKILL)
+	c.KillSpawnd(syscall.SIGKILL)
+	a.waitPeers(1)
+	b.waitPeers(1)
+	unavailable := func(what string, err error) {
+		t.Helper()
+		if !errors.Is(err, a2a.ErrServerError) || !strings.Contains(err.Error(), "lease owner unavailable") {
+			t.Fatalf("%s with C down: %v; want the server error \"lease owner unavailable\"", what, err)
+		}
+	}
+	for _, binding := range bindings {
+		for _, via := range []*Broker{a, b} {
+			cl := a2aClient(t, via, "support", binding)
+			_, err := cl.GetTask(ctxT(t), &a2a.GetTaskRequest{ID: minted.ID})
+			unavailable(fmt.Sprintf("GetTask of C's task through %s (%s)", via.Base, binding), err)
+			_, err = cl.CancelTask(ctxT(t), &a2a.CancelTaskRequest{ID: chosen.ID})
+			unavailable("CancelTask of C's task ("+string(binding)+")", err)
+			for _, conv := range []string{minted.ContextID, "chosen-on-c"} {
+				_, err = cl.SendMessage(ctxT(t), userMsg(conv, "while C is down"))
+				unavailable("SendMessage on C's conversation "+conv+" ("+string(binding)+")", err)
+				for _, err = range cl.SendStreamingMessage(ctxT(t), userMsg(conv, "streamed while C is down")) {
+					break
+				}
+				unavailable("SendStreamingMessage on C's conversation "+conv+" ("+string(binding)+")", err)
+			}
+			never := a2a.TaskID("0123456789abcdef0123456789abcdef-zz")
+			if _, err := cl.GetTask(ctxT(t), &a2a.GetTaskRequest{ID: never}); !errors.Is(err, a2a.ErrTaskNotFound) {
+				t.Fatalf("GetTask of a task naming a broker never heard from (%s): %v, want TASK_NOT_FOUND", binding, err)
+			}
+		}
+	}
+	// The shapes on the wire: JSON-RPC's -32000 server error, HTTP+JSON's 503.
+	get := `{"jsonrpc":"2.0","id":7,"method":"GetTask","params":{"id":"` + string(minted.ID) + `"}}`
+	if st, body := a.do("POST", "/agents/support/a2a", get); st != 200 || !strings.Contains(body, `"code":-32000,"message":"lease owner unavailable"`) || !strings.Contains(body, `"id":7`) {
+		t.Fatalf("JSON-RPC GetTask of C's task through A = %d %s", st, body)
+	}
+	st, body := a.get("/agents/support/a2a/v1/tasks/" + string(minted.ID))
+	var rest struct {
+		Error struct{ Status, Message string }
+	}
+	if st != 503 || json.Unmarshal([]byte(body), &rest) != nil || rest.Error.Status != "UNAVAILABLE" || rest.Error.Message != "lease owner unavailable" {
+		t.Fatalf("HTTP+JSON GetTask of C's task through A = %d %s", st, body)
+	}
+
+	// Nothing of C's, and nothing started for C's conversations, on A or B.
+	for _, via := range []*Broker{a, b} {
+		resp, err := http.Get(via.Base + "/agents/support/a2a/v1/tasks")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var list struct{ Tasks []json.RawMessage }
+		err = json.NewDecoder(resp.Body).Decode(&list)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != 200 || len(list.Tasks) != 0 || resp.Header.Get("Nexus-Unreachable-Brokers") != "c" {
+			t.Fatalf("ListTasks through %s with C down: %d, %d tasks (%v), unreachable %q; want none, naming c",
+				via.Base, resp.StatusCode, len(list.Tasks), err, resp.Header.Get("Nexus-Unreachable-Brokers"))
+		}
+		st, body := via.get("/leases")
+		var v struct {
+			Leases             []json.RawMessage `json:"leases"`
+			UnreachableBrokers []string          `json:"unreachable_brokers"`
+		}
+		if st != 200 || json.Unmarshal([]byte(body), &v) != nil || len(v.Leases) != 0 || fmt.Sprint(v.UnreachableBrokers) != "[c]" {
+			t.Fatalf("GET /leases through %s with C down = %d %s; want no lease, naming c", via.Base, st, body)
+		}
+	}
+	if n := len(a.Instances()) + len(b.Instances()); n != 0 {
+		t.Fatalf("A and B run %d instances while C is down", n)
+	}
+
+	c.StartSpawnd()
+	c.StartGateway(clusterSecretEnv + "=" + clusterSecret)
+	a.waitPeers(2)
+	viaA := a2aClient(t, a, "support", a2a.TransportProtocolHTTPJSON)
+	if got, err := viaA.GetTask(ctxT(t), &a2a.GetTaskRequest{ID: minted.ID}); err != nil || answerOf(t, got) != "echo #1: hello" {
+		t.Fatalf("GetTask of C's task through A after C's restart = %+v, %v", got, err)
+	}
+	again := sendTask(t, viaA, userMsg(minted.ContextID, "again"))
+	if got := answerOf(t, again); got != "echo #2: again (earlier: hello)" || cluster.Owner(string(again.ID)) != "c" {
+		t.Fatalf("C's minted conversation through A after C's restart answered %q in task %s; want it continued on C", got, again.ID)
+	}
+	if got := answerOf(t, sendTask(t, viaA, userMsg("chosen-on-c", "more"))); got != "echo #2: more (earlier: hi)" {
+		t.Fatalf("C's client-chosen conversation through A after C's restart answered %q; want it continued on C", got)
+	}
+	if n := len(a.Instances()) + len(b.Instances()); n != 0 {
+		t.Fatalf("A and B run %d instances for C's conversations", n)
+	}
+	for _, l := range c.leases().Leases {
+		if s, ok := sessions[l.LeaseID]; ok && s != l.SessionID || !slices.Contains(slices.Collect(maps.Values(sessions)), l.SessionID) {
+			t.Fatalf("after C's restart its lease %s runs session %s; want one of %v", l.LeaseID, l.SessionID, sessions)
+		}
 	}
 }

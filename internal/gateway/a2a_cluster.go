@@ -13,19 +13,43 @@ import (
 
 	"github.com/nexus-broker/nexus-broker/internal/a2a"
 	"github.com/nexus-broker/nexus-broker/internal/auth"
+	"github.com/nexus-broker/nexus-broker/internal/cluster"
 )
 
 // An A2A conversation lives on the broker whose context index holds it:
 // its session is on that broker's host, and its tasks are in that
-// broker's store. A request about a conversation or a task this broker
-// does not hold is answered by the broker that does, found by asking the
-// peers (answers reused for at most contextCacheFor): a stream event by
-// event (a2a_stream.go), anything else whole. A conversation no broker
-// holds starts here, and so belongs to this broker; a task no broker holds
-// is the uniform not-found, answered here. ListTasks gathers every
-// broker's.
+// broker's store. In cluster mode every task id, and every context id a
+// broker mints, names that broker the way a lease id does (newID), so a
+// request about one is sent to the broker it names without a lookup; any
+// other id (a contextId the client chose, an id minted before cluster
+// mode) is found by asking the peers (answers reused for at most
+// contextCacheFor). The owner answers a stream event by event
+// (a2a_stream.go), anything else whole. A conversation no broker holds
+// starts here, and so belongs to this broker, but only once every peer
+// has said it is not theirs: while one does not answer, or the broker an
+// id names does not, the request is refused with a2aOwnerUnavailable,
+// never started here as a second conversation. A task no broker holds is
+// the uniform not-found, answered here. ListTasks gathers every broker's.
 
 const contextCacheFor = time.Second
+
+// a2aOwnerUnavailable is owner loss as the A2A bindings say it, with the
+// lease routes' text: JSON-RPC's implementation-defined server error
+// (-32000, which a stock client reads as a server error) and, over
+// HTTP+JSON, 503 UNAVAILABLE with the same SERVER_ERROR reason.
+var a2aOwnerUnavailable = &a2a.Error{Code: -32000, HTTPStatus: http.StatusServiceUnavailable, Status: "UNAVAILABLE",
+	Reason: "SERVER_ERROR", Message: errOwnerUnavailable}
+
+// newID mints a task id, or a context id for a message without one: in
+// cluster mode it names this broker as a lease id does (crypto/rand does
+// not fail), else it is an A2A UUID as in single-broker mode.
+func (in *ingress) newID() string {
+	if n := in.g.node; n != nil {
+		id, _ := cluster.NewLeaseID(n.ID())
+		return id
+	}
+	return a2a.NewID()
+}
 
 // contextCall asks a peer whether it holds a conversation (Context) or a
 // task (Task), in the caller's scope.
@@ -103,6 +127,18 @@ func (in *ingress) holdsCall(c contextCall) bool {
 type a2aTarget struct {
 	context, task string // the conversation, else the task, it names
 	stream        bool   // answered as a stream of events
+	rpc           bool   // a JSON-RPC request, of id rpcID
+	rpcID         json.RawMessage
+}
+
+// refuse answers e as the request's binding does: a JSON-RPC error (a
+// stream's as its one event), else an HTTP+JSON one.
+func (t a2aTarget) refuse(w http.ResponseWriter, e *a2a.Error) {
+	if t.rpc {
+		writeRPCFail(w, t.rpcID, t.stream, e, false)
+		return
+	}
+	writeRESTError(w, e, false)
 }
 
 // targetOf reads an A2A request's target: from the JSON-RPC method and
@@ -118,25 +154,36 @@ func targetOf(r *http.Request, body []byte) a2aTarget {
 		if json.Unmarshal(body, &req) != nil {
 			return a2aTarget{}
 		}
+		rpc := a2aTarget{rpc: true, rpcID: req.ID}
 		switch req.Method {
 		case "GetTask", "CancelTask", "SubscribeToTask":
 			var tr a2a.TaskRequest
 			_ = json.Unmarshal(req.Params, &tr)
-			return a2aTarget{task: tr.ID, stream: req.Method == "SubscribeToTask"}
+			rpc.task, rpc.stream = tr.ID, req.Method == "SubscribeToTask"
+			return rpc
 		case "SendMessage", "SendStreamingMessage":
-			params, stream = req.Params, req.Method == "SendStreamingMessage"
+			return sendTarget(rpc, req.Params, req.Method == "SendStreamingMessage")
 		default:
 			return a2aTarget{}
 		}
 	}
+	return sendTarget(a2aTarget{}, params, stream)
+}
+
+// sendTarget completes t from a SendMessage request's params: its
+// message's contextId, else its taskId.
+func sendTarget(t a2aTarget, params json.RawMessage, stream bool) a2aTarget {
 	var sr a2a.SendRequest
 	if json.Unmarshal(params, &sr) != nil || sr.Message == nil {
 		return a2aTarget{}
 	}
+	t.stream = stream
 	if sr.Message.ContextID != "" {
-		return a2aTarget{context: sr.Message.ContextID, stream: stream}
+		t.context = sr.Message.ContextID
+	} else {
+		t.task = sr.Message.TaskID
 	}
-	return a2aTarget{task: sr.Message.TaskID, stream: stream}
+	return t
 }
 
 // clustered serves an A2A route here unless (cluster mode) it is about a
@@ -162,7 +209,11 @@ func (in *ingress) clustered(h http.HandlerFunc) http.HandlerFunc {
 			h(w, r) // a refusal is answered (and audited) by the handler
 			return
 		}
-		owner := g.contextOwner(r.Context(), c)
+		owner, aerr := in.ownerOf(r.Context(), c)
+		if aerr != nil {
+			target.refuse(w, aerr)
+			return
+		}
 		if owner == "" {
 			h(w, r)
 			return
@@ -174,13 +225,13 @@ func (in *ingress) clustered(h http.HandlerFunc) http.HandlerFunc {
 			}
 		}
 		if target.stream {
-			g.carryStream(w, r, owner, call)
+			g.carryStream(w, r, owner, call, target)
 			return
 		}
 		var rep httpReply
 		if err := g.node.CallFor(r.Context(), g.carriedTimeout(), owner, opHTTP, call, &rep); err != nil {
 			g.log.Warn("cluster: the conversation's broker did not answer", "owner", owner, "error", err)
-			writeError(w, http.StatusServiceUnavailable, errOwnerUnavailable)
+			target.refuse(w, a2aOwnerUnavailable)
 			return
 		}
 		for k, v := range rep.Header {
@@ -198,20 +249,53 @@ func (g *Gateway) carriedTimeout() time.Duration {
 	return cfg.ReadyTimeout.D() + cfg.MaxTurnDuration.D() + 30*time.Second
 }
 
-// contextOwner is the peer holding the conversation or task, "" for none.
-func (g *Gateway) contextOwner(ctx context.Context, c contextCall) string {
+// ownerOf is the broker that answers what c names when this one does not
+// hold it, "" for this one. An id a broker minted names it: that broker
+// answers, and while it cannot, nobody does; a task id naming a broker
+// never heard from is the uniform not-found, answered here (a context id
+// naming one is refused: the broker may be down since before this one
+// started). Any other id is looked up on the peers.
+func (in *ingress) ownerOf(ctx context.Context, c contextCall) (string, *a2a.Error) {
+	n := in.g.node
+	id := c.Context
+	if id == "" {
+		id = c.Task
+	}
+	switch o := cluster.Owner(id); {
+	case o == n.ID():
+		return "", nil
+	case o != "" && n.Reachable(o):
+		return o, nil
+	case o != "" && c.Task != "" && !n.Known(o):
+		return "", nil
+	case o != "":
+		return "", a2aOwnerUnavailable
+	}
+	owner, unsure := in.g.contextOwner(ctx, c)
+	if unsure {
+		return "", a2aOwnerUnavailable
+	}
+	return owner, nil
+}
+
+// contextOwner is the peer holding the conversation or task, "" for none;
+// unsure when no peer that answered holds it but some did not answer. Only
+// a sure answer is reused.
+func (g *Gateway) contextOwner(ctx context.Context, c contextCall) (owner string, unsure bool) {
 	key := c.key()
 	if owner, ok := g.ctxCache.get(key); ok {
-		return owner
+		return owner, false
 	}
-	owner := ""
-	askPeers(g, ctx, opContext, c, func(peer string, a contextAnswer) {
+	missing := askPeers(g, ctx, opContext, c, func(peer string, a contextAnswer) {
 		if a.Mine {
 			owner = peer
 		}
 	})
+	if owner == "" && len(missing) > 0 {
+		return "", true
+	}
 	g.ctxCache.put(key, owner)
-	return owner
+	return owner, false
 }
 
 // answerContext is the owner's side of contextOwner.

@@ -32,6 +32,9 @@ func FuzzTargetOf(f *testing.F) {
 		if got.stream && !strings.HasSuffix(path, ":stream") && !strings.HasSuffix(path, "/a2a") && !strings.HasSuffix(task, ":subscribe") {
 			t.Fatalf("%s %q %q: a stream, though neither the path nor the method says so", path, task, body)
 		}
+		if got.rpc && !strings.HasSuffix(path, "/a2a") {
+			t.Fatalf("%s %q: read as JSON-RPC off the JSON-RPC route", path, body)
+		}
 		var req rpcRequest
 		if task == "" && strings.HasSuffix(path, "/a2a") && json.Unmarshal([]byte(body), &req) == nil && req.Method == "GetTask" {
 			var p struct{ ID string }

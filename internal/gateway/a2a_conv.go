@@ -157,7 +157,7 @@ func (in *ingress) close() {
 // change.
 func (in *ingress) submit(principal, profile string, msg *a2a.Message, text string, stream bool) (*liveTask, *sseStream) {
 	if msg.ContextID == "" {
-		msg.ContextID = a2a.NewID()
+		msg.ContextID = in.newID()
 	}
 	now := time.Now()
 	t := &liveTask{
@@ -166,7 +166,7 @@ func (in *ingress) submit(principal, profile string, msg *a2a.Message, text stri
 		settled: make(chan struct{}),
 		parked:  make(chan struct{}),
 	}
-	id := a2a.NewID()
+	id := in.newID()
 	msg.TaskID = id
 	t.rec = &a2a.Record{Principal: principal, Profile: profile, Created: now, Task: a2a.Task{
 		ID: id, ContextID: msg.ContextID, Status: a2a.Status{State: a2a.StateSubmitted, Timestamp: &now},

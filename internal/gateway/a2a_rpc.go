@@ -63,6 +63,19 @@ func rpcFail(id json.RawMessage, e *a2a.Error, unimpl bool) rpcResponse {
 	return rpcResponse{JSONRPC: "2.0", ID: id, Error: &rpcError{Code: e.Code, Message: e.Message, Data: errorDetails(e, unimpl)}}
 }
 
+// writeRPCFail answers a JSON-RPC request of id with e: on a stream as its
+// one SSE event, since the client reads a stream's answer from SSE data
+// lines only.
+func writeRPCFail(w http.ResponseWriter, id json.RawMessage, stream bool, e *a2a.Error, unimpl bool) {
+	resp := rpcFail(id, e, unimpl)
+	if stream {
+		data, _ := json.Marshal(resp)
+		writeSSEOnce(w, data)
+		return
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
 func rpcOK(id json.RawMessage, v any) rpcResponse {
 	return rpcResponse{JSONRPC: "2.0", ID: id, Result: v}
 }
@@ -93,16 +106,7 @@ func (in *ingress) handleJSONRPC(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	stream := req.Method == "SendStreamingMessage" || req.Method == "SubscribeToTask"
-	fail := func(e *a2a.Error, unimpl bool) {
-		resp := rpcFail(req.ID, e, unimpl)
-		if stream {
-			// The client reads a stream's answer from SSE data lines only.
-			data, _ := json.Marshal(resp)
-			writeSSEOnce(w, data)
-			return
-		}
-		writeJSON(w, http.StatusOK, resp)
-	}
+	fail := func(e *a2a.Error, unimpl bool) { writeRPCFail(w, req.ID, stream, e, unimpl) }
 	if e := versionOK(r); e != nil {
 		fail(e, false)
 		return

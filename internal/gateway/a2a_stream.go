@@ -201,11 +201,11 @@ func (g *Gateway) closeStream(_ context.Context, _ string, body json.RawMessage)
 // the client as it comes, until it ends, the client leaves, or the owner
 // stops answering (then the client's stream just ends: a client that
 // reads no final event knows it was cut).
-func (g *Gateway) carryStream(w http.ResponseWriter, r *http.Request, owner string, call httpCall) {
+func (g *Gateway) carryStream(w http.ResponseWriter, r *http.Request, owner string, call httpCall, target a2aTarget) {
 	var open streamCall
 	if err := g.node.Call(r.Context(), owner, opStreamOpen, call, &open); err != nil {
 		g.log.Warn("cluster: the conversation's broker did not answer", "owner", owner, "error", err)
-		writeError(w, http.StatusServiceUnavailable, errOwnerUnavailable)
+		target.refuse(w, a2aOwnerUnavailable)
 		return
 	}
 	fl, _ := w.(http.Flusher)
@@ -224,7 +224,7 @@ func (g *Gateway) carryStream(w http.ResponseWriter, r *http.Request, owner stri
 				g.log.Warn("cluster: a carried A2A stream broke off", "owner", owner, "error", err)
 			}
 			if !wrote {
-				writeError(w, http.StatusServiceUnavailable, errOwnerUnavailable)
+				target.refuse(w, a2aOwnerUnavailable)
 			}
 			return
 		}
