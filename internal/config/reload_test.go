@@ -185,7 +185,7 @@ func TestReloadedTakesOnlyReloadableKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := core.Reloaded(boot, next)
+	got := Reloaded(boot, next)
 	if got.ListenAddr != "127.0.0.1:1" || got.QueueWaitTimeout != boot.QueueWaitTimeout {
 		t.Fatalf("a boot-only key changed: %+v", got)
 	}

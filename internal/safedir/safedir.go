@@ -153,31 +153,6 @@ func ReadOwned(path string) ([]byte, error) {
 	return io.ReadAll(f)
 }
 
-// Flock opens path as OpenFile does and takes an flock on it (how:
-// unix.LOCK_EX or unix.LOCK_SH, optionally | unix.LOCK_NB). Closing the
-// file releases it; the descriptor is close-on-exec, so no child ever
-// inherits the lock.
-func Flock(path string, flag int, perm os.FileMode, how int) (*os.File, error) {
-	f, err := OpenFile(path, flag, perm)
-	if err != nil {
-		return nil, err
-	}
-	if err := flock(f, how); err != nil {
-		f.Close()
-		return nil, err
-	}
-	return f, nil
-}
-
-func flock(f *os.File, how int) error {
-	for {
-		err := unix.Flock(int(f.Fd()), how)
-		if err != unix.EINTR {
-			return err
-		}
-	}
-}
-
 // HeldError is LockPid's error for a lock another process holds. Holder is
 // the pid it wrote there, "" before it wrote one.
 type HeldError struct{ Path, Holder string }
@@ -202,7 +177,8 @@ func LockPid(path string, perm os.FileMode, check func(*os.File) error) (*os.Fil
 		err = check(f)
 	}
 	if err == nil {
-		err = flock(f, unix.LOCK_EX|unix.LOCK_NB)
+		// Non-blocking, so it cannot be interrupted (EINTR).
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
 		if errors.Is(err, unix.EWOULDBLOCK) {
 			err = &HeldError{Path: path, Holder: ReadPid(f)}
 		}

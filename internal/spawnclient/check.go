@@ -114,7 +114,7 @@ func checkRunDir(runDir string) (owner int, err error) {
 // gateway can ask it about a root spawnd.
 func serveLockHolder(runDir string) (held bool, pid int) {
 	path := filepath.Join(runDir, spawnrpc.ServeLockFile)
-	f, err := safedir.Flock(path, os.O_RDONLY, 0, unix.LOCK_SH|unix.LOCK_NB)
+	f, err := flock(path, os.O_RDONLY, 0, unix.LOCK_SH|unix.LOCK_NB)
 	if err == nil {
 		f.Close()
 		return false, 0

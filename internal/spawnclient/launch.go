@@ -44,7 +44,7 @@ func lockLaunch(ctx context.Context, runDir string) (*os.File, error) {
 		return nil, err
 	}
 	path := filepath.Join(runDir, launchLockFile)
-	f, err := safedir.Flock(path, os.O_RDWR|os.O_CREATE, 0o640, unix.LOCK_EX|unix.LOCK_NB)
+	f, err := flock(path, os.O_RDWR|os.O_CREATE, 0o640, unix.LOCK_EX|unix.LOCK_NB)
 	if err == nil || !errors.Is(err, unix.EWOULDBLOCK) {
 		return f, err
 	}
@@ -54,7 +54,7 @@ func lockLaunch(ctx context.Context, runDir string) (*os.File, error) {
 	got := make(chan *os.File, 1)
 	failed := make(chan error, 1)
 	go func() {
-		f, err := safedir.Flock(path, os.O_RDWR|os.O_CREATE, 0o640, unix.LOCK_EX)
+		f, err := flock(path, os.O_RDWR|os.O_CREATE, 0o640, unix.LOCK_EX)
 		if err != nil {
 			failed <- err
 			return
@@ -228,4 +228,26 @@ func logTail(path string, start int64, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return "  " + string(bytes.Join(lines, []byte("\n  ")))
+}
+
+// flock opens path as safedir.OpenFile does and takes an flock on it (how:
+// unix.LOCK_EX or unix.LOCK_SH, optionally | unix.LOCK_NB). Closing the
+// file releases it; the descriptor is close-on-exec, so no child ever
+// inherits the lock.
+func flock(path string, flag int, perm os.FileMode, how int) (*os.File, error) {
+	f, err := safedir.OpenFile(path, flag, perm)
+	if err != nil {
+		return nil, err
+	}
+	for {
+		err = unix.Flock(int(f.Fd()), how)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
 }

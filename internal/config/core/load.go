@@ -238,7 +238,7 @@ func (w *checker) check(node *yaml.Node, t reflect.Type, path string) error {
 		if err := checkKeys(node, path); err != nil {
 			return err
 		}
-		fields := yamlFields(t)
+		fields := YAMLFields(t)
 		if n, ok := reflect.New(t).Interface().(Narrower); ok {
 			var err error
 			if fields, err = n.NarrowKeys(node, fields, path); err != nil {
@@ -341,14 +341,14 @@ func checkScalar(node *yaml.Node, t reflect.Type, path string) error {
 
 func isNull(n *yaml.Node) bool { return n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null" }
 
-// yamlFields maps each key of struct type t to its field, with the keys of
+// YAMLFields maps each key of struct type t to its field, with the keys of
 // an inline struct as its own (their Index is the path from t).
-func yamlFields(t reflect.Type) map[string]reflect.StructField {
+func YAMLFields(t reflect.Type) map[string]reflect.StructField {
 	m := map[string]reflect.StructField{}
 	for f := range t.Fields() {
 		name, opts, _ := strings.Cut(f.Tag.Get("yaml"), ",")
 		if opts == "inline" {
-			for k, sub := range yamlFields(f.Type) {
+			for k, sub := range YAMLFields(f.Type) {
 				sub.Index = slices.Concat(f.Index, sub.Index)
 				m[k] = sub
 			}

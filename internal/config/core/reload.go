@@ -17,7 +17,7 @@ import "reflect"
 // a change to it shows as binaries.
 func ReloadDiff[T any](cur, next *T) (reloadable, bootOnly []string) {
 	c, n := reflect.ValueOf(cur).Elem(), reflect.ValueOf(next).Elem()
-	fields := yamlFields(c.Type())
+	fields := YAMLFields(c.Type())
 	for _, key := range sortedKeys(fields) {
 		if key == "nexus_binary_path" {
 			continue
@@ -33,17 +33,4 @@ func ReloadDiff[T any](cur, next *T) (reloadable, bootOnly []string) {
 		}
 	}
 	return reloadable, bootOnly
-}
-
-// Reloaded is the configuration a SIGHUP puts in force: next's reloadable
-// keys over boot's boot-only ones, by the tags ReloadDiff reads.
-func Reloaded[T any](boot, next *T) *T {
-	out := *boot
-	dst, src := reflect.ValueOf(&out).Elem(), reflect.ValueOf(next).Elem()
-	for _, f := range yamlFields(dst.Type()) {
-		if f.Tag.Get("reload") == "sighup" {
-			dst.FieldByIndex(f.Index).Set(src.FieldByIndex(f.Index))
-		}
-	}
-	return &out
 }
