@@ -1,16 +1,22 @@
-// Package bindindex is the best-effort, capped key → binding file both
-// auxiliary indexes of a state_dir use: spawnd's session → binary index and
-// the gateway's A2A context → session index. One JSON line per binding,
-// appended and never fsynced, rewritten on open and every CompactEvery
-// appends, capped with the binding written longest ago dropped first. A
-// torn line is skipped with a WARN and an index that cannot be opened turns
-// itself off with one WARN, never failing the boot: an unknown key always
-// means "no opinion", so losing the tail only degrades to forgetting. Without
-// a file (no state_dir) an index lives in memory, capped the same way.
+// Package bindindex is the key → record file of a state_dir: spawnd's lease
+// journal and session → binary index, and the gateway's A2A context →
+// session index. One JSON line per record, appended, replayed at open so
+// that each key's last line is its record, and rewritten (a temp file
+// renamed over it) on open and every CompactEvery appends.
+//
+// An index is best-effort: never fsynced, capped with the record written
+// longest ago dropped first, and one that cannot be opened turns itself off
+// with one WARN rather than failing the boot, since an unknown key always
+// means "no opinion". A durable file (the journal) is fsynced on every
+// append, and one that cannot be read refuses the boot. Either way a torn
+// or invalid line is skipped with a WARN. Without a file (no state_dir) an
+// index lives in memory, capped the same way.
 package bindindex
 
 import (
 	"bytes"
+	"cmp"
+	"context"
 	"container/list"
 	"encoding/json"
 	"errors"
@@ -18,29 +24,44 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"slices"
 	"sync"
 
 	"github.com/nexus-broker/nexus-broker/internal/atomicfile"
 )
 
-// CompactEvery bounds the file to the cap plus this many lines.
+// CompactEvery is how many appends go by between rewrites, unless the spec
+// says otherwise.
 const CompactEvery = 256
 
-// Spec describes one index: its file, its cap, how a binding names its key
-// (ok false for a line that is not a whole binding), and the words its
-// WARNs use.
+// Spec describes one file: its path, its cap, how a record names its key
+// (ok false for a line that is not a whole record), and the words its log
+// lines use.
 type Spec[B any] struct {
 	// Path is the file; "" keeps the index in memory only, capped alike.
-	Path  string
+	Path string
+	// Limit caps the records kept; 0 keeps every one.
 	Limit int
 	Key   func(B) (key string, ok bool)
-	// What names the index in log lines ("session → binary index").
+	// Ends, when set, reports a record that ends its key: it is written,
+	// and its key forgotten.
+	Ends func(B) bool
+	// Accept, when set, decides under the index's lock whether b is
+	// written, given the key's record (had: whether it has one).
+	Accept func(old B, had bool, b B) bool
+	// Durable fsyncs every append and rewrite (OpenDurable's files).
+	Durable bool
+	// CompactEvery overrides the package's.
+	CompactEvery int
+	// What names the file in log lines ("session → binary index").
 	What string
 	// Off says what is lost while the index is off, and how to get it
 	// back.
 	Off string
-	// Torn says, in the skip WARN, why a line may not be a whole binding.
-	Torn string
+	// Skip is the WARN of a line that is not a whole record.
+	Skip string
+	// Lost says what a failed append costs.
+	Lost string
 	// Read reads the file; nil is os.ReadFile.
 	Read func(path string) ([]byte, error)
 	// SetAside, when set, is the WARN for a file Read refuses: it is
@@ -49,9 +70,12 @@ type Spec[B any] struct {
 	SetAside string
 }
 
+// entry is a record and its line as written or read: a compaction writes
+// the line back byte for byte (another writer's fields included).
 type entry[B any] struct {
-	key string
-	b   B
+	key  string
+	b    B
+	line []byte
 }
 
 // Index is the index in memory, oldest binding first, and the file it
@@ -60,9 +84,13 @@ type Index[B any] struct {
 	spec Spec[B]
 	log  *slog.Logger
 
-	mu      sync.Mutex
-	f       *os.File // nil when memory-only or closed
-	closed  bool
+	mu     sync.Mutex
+	f      *os.File // nil when memory-only or closed
+	closed bool
+	// torn is set when the file may not end in a newline (a failed
+	// write): the next append starts a new line rather than completing
+	// the broken one.
+	torn    bool
 	appends int
 	order   *list.List
 	byKey   map[string]*list.Element
@@ -71,9 +99,21 @@ type Index[B any] struct {
 // Open replays and compacts the file. It returns nil, after one WARN, when
 // the file cannot be read or rewritten.
 func Open[B any](spec Spec[B], log *slog.Logger) *Index[B] {
+	x, err := OpenDurable(spec, log)
+	if err != nil {
+		x.off(err)
+		return nil
+	}
+	return x
+}
+
+// OpenDurable replays and compacts the file, and returns an error when it
+// cannot be read. A durable file it cannot rewrite is appended to as it is,
+// after an ERROR: it still replays to the same records.
+func OpenDurable[B any](spec Spec[B], log *slog.Logger) (*Index[B], error) {
 	x := &Index[B]{spec: spec, log: log, order: list.New(), byKey: map[string]*list.Element{}}
 	if spec.Path == "" {
-		return x
+		return x, nil
 	}
 	atomicfile.RemoveTemps(spec.Path)
 	read := spec.Read
@@ -83,13 +123,11 @@ func Open[B any](spec Spec[B], log *slog.Logger) *Index[B] {
 	data, err := read(spec.Path)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		if spec.SetAside == "" {
-			x.off(err)
-			return nil
+			return x, err
 		}
 		aside := spec.Path + ".set-aside"
 		if rerr := os.Rename(spec.Path, aside); rerr != nil {
-			x.off(fmt.Errorf("%w; and setting it aside failed: %v", err, rerr))
-			return nil
+			return x, fmt.Errorf("%w; and setting it aside failed: %v", err, rerr)
 		}
 		log.Warn(spec.SetAside, "path", spec.Path, "set_aside", aside, "error", err)
 		data = nil
@@ -97,23 +135,27 @@ func Open[B any](spec Spec[B], log *slog.Logger) *Index[B] {
 	n := 0
 	for raw := range bytes.Lines(data) {
 		n++
+		if len(bytes.TrimSpace(raw)) == 0 {
+			continue // the newline an append after a torn line starts with
+		}
 		var b B
 		key, ok := "", json.Unmarshal(raw, &b) == nil
 		if ok {
 			key, ok = spec.Key(b)
 		}
 		if !ok {
-			log.Warn("skipping a "+spec.What+" line that is not a whole binding ("+spec.Torn+")",
-				"path", spec.Path, "line", n)
+			log.Warn(spec.Skip, "path", spec.Path, "line", n)
 			continue
 		}
-		x.remember(key, b)
+		x.remember(key, b, slices.Clone(bytes.TrimSuffix(raw, []byte("\n"))))
 	}
-	if err := x.compact(); err != nil {
-		x.off(err)
-		return nil
+	err = x.compact()
+	if err != nil && spec.Durable {
+		log.Error("compacting the "+spec.What+" at boot failed; appending to it uncompacted", "path", spec.Path, "error", err)
+		x.torn = len(data) > 0 && data[len(data)-1] != '\n'
+		x.f, err = os.OpenFile(spec.Path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	}
-	return x
+	return x, err
 }
 
 func (x *Index[B]) off(err error) {
@@ -121,7 +163,7 @@ func (x *Index[B]) off(err error) {
 		"path", x.spec.Path, "error", err)
 }
 
-// Put records b, the newest binding of its key.
+// Put records b, the newest record of its key, unless Accept refuses it.
 func (x *Index[B]) Put(b B) {
 	if x == nil {
 		return
@@ -139,16 +181,28 @@ func (x *Index[B]) Put(b B) {
 	if x.closed {
 		return
 	}
-	x.remember(key, b)
+	if accept := x.spec.Accept; accept != nil {
+		old, had := x.get(key)
+		if !accept(old, had, b) {
+			return
+		}
+	}
+	// The records in memory change even when the write fails, so the next
+	// compaction writes what the failed append could not.
+	x.remember(key, b, line)
 	if x.f == nil {
 		return // memory-only
 	}
-	if _, err := x.f.Write(append(line, '\n')); err != nil {
-		x.log.Warn("appending to the "+x.spec.What+" failed; this binding is kept in memory only",
-			"path", x.spec.Path, "error", err)
+	if err := x.write(line); err != nil {
+		lvl := slog.LevelWarn
+		if x.spec.Durable {
+			lvl = slog.LevelError
+		}
+		x.log.Log(context.Background(), lvl, "appending to the "+x.spec.What+" failed; "+x.spec.Lost,
+			"path", x.spec.Path, "key", key, "error", err)
 	}
 	x.appends++
-	if x.appends >= CompactEvery {
+	if x.appends >= cmp.Or(x.spec.CompactEvery, CompactEvery) {
 		x.appends = 0
 		if err := x.compact(); err != nil {
 			x.log.Warn("compacting the "+x.spec.What+" failed; appending to it uncompacted until the next try",
@@ -157,51 +211,83 @@ func (x *Index[B]) Put(b B) {
 	}
 }
 
-// remember makes b the newest binding, dropping the oldest beyond the cap.
-// Replaying the file through it rebuilds exactly the set it built live.
-func (x *Index[B]) remember(key string, b B) {
-	if e := x.byKey[key]; e != nil {
-		x.order.MoveToBack(e)
-		e.Value = entry[B]{key, b}
-	} else {
-		x.byKey[key] = x.order.PushBack(entry[B]{key, b})
+// write appends one line in a single write(2), fsynced when durable. The
+// caller holds x.mu.
+func (x *Index[B]) write(line []byte) error {
+	buf := make([]byte, 0, len(line)+2)
+	if x.torn {
+		buf = append(buf, '\n')
 	}
-	for x.order.Len() > x.spec.Limit {
+	buf = append(append(buf, line...), '\n')
+	_, err := x.f.Write(buf)
+	x.torn = err != nil
+	if err == nil && x.spec.Durable {
+		err = x.f.Sync()
+	}
+	return err
+}
+
+// remember makes b the newest record, forgetting its key when b ends it,
+// and drops the oldest beyond the cap. Replaying the file through it
+// rebuilds exactly the set it built live.
+func (x *Index[B]) remember(key string, b B, line []byte) {
+	if e := x.byKey[key]; e != nil {
+		x.order.Remove(e)
+		delete(x.byKey, key)
+	}
+	if x.spec.Ends != nil && x.spec.Ends(b) {
+		return
+	}
+	x.byKey[key] = x.order.PushBack(entry[B]{key, b, line})
+	for x.spec.Limit > 0 && x.order.Len() > x.spec.Limit {
 		oldest := x.order.Remove(x.order.Front()).(entry[B])
 		delete(x.byKey, oldest.key)
 	}
 }
 
-// Get is the binding of key; ok false means no opinion.
+// Get is the record of key; ok false means no opinion.
 func (x *Index[B]) Get(key string) (b B, ok bool) {
 	if x == nil {
 		return b, false
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	return x.get(key)
+}
+
+func (x *Index[B]) get(key string) (b B, ok bool) {
 	if e := x.byKey[key]; e != nil {
 		return e.Value.(entry[B]).b, true
 	}
 	return b, false
 }
 
-// compact rewrites the file as the bindings in memory, oldest first.
+// All is every record, oldest first.
+func (x *Index[B]) All() []B {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	out := make([]B, 0, x.order.Len())
+	for e := x.order.Front(); e != nil; e = e.Next() {
+		out = append(out, e.Value.(entry[B]).b)
+	}
+	return out
+}
+
+// compact rewrites the file as the records in memory, oldest first.
 func (x *Index[B]) compact() error {
 	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
 	for e := x.order.Front(); e != nil; e = e.Next() {
-		if err := enc.Encode(e.Value.(entry[B]).b); err != nil {
-			return err
-		}
+		buf.Write(e.Value.(entry[B]).line)
+		buf.WriteByte('\n')
 	}
-	f, err := atomicfile.Replace(x.spec.Path, buf.Bytes(), false, nil)
+	f, err := atomicfile.Replace(x.spec.Path, buf.Bytes(), x.spec.Durable, nil)
 	if err != nil {
 		return err
 	}
 	if x.f != nil {
 		_ = x.f.Close()
 	}
-	x.f = f
+	x.f, x.torn = f, false
 	return nil
 }
 
@@ -217,14 +303,4 @@ func (x *Index[B]) Close() {
 		_ = x.f.Close()
 		x.f = nil
 	}
-}
-
-// Len is how many bindings the index holds.
-func (x *Index[B]) Len() int {
-	if x == nil {
-		return 0
-	}
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	return x.order.Len()
 }

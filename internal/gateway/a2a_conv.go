@@ -129,7 +129,8 @@ func newIngress(g *Gateway, cfg *config.Config, log *slog.Logger) *ingress {
 		},
 		What: "A2A context → session index",
 		Off:  "conversation continuity lasts only as long as this process",
-		Torn: "torn by a crash mid-write, or edited",
+		Skip: "skipping a A2A context → session index line that is not a whole binding (torn by a crash mid-write, or edited)",
+		Lost: "this binding is kept in memory only",
 	}
 	if dir != "" {
 		spec.Path = filepath.Join(dir, contextsFile)

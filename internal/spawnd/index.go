@@ -52,7 +52,8 @@ func openSessionIndex(stateDir string, limit int, log *slog.Logger) *sessionInde
 		What: "session → binary index",
 		Off: "resumes are not checked against the binary that created their session; " +
 			"fix or remove the file and restart nexus-spawnd to turn the check back on",
-		Torn: "torn by a crash mid-write, edited, or written before session ids were checked",
+		Skip: "skipping a session → binary index line that is not a whole binding (torn by a crash mid-write, edited, or written before session ids were checked)",
+		Lost: "this binding is kept in memory only",
 		Read: safedir.ReadOwned,
 		SetAside: "the session → binary index is not nexus-spawnd's own, so it was set aside and a fresh one started; " +
 			"resumes of sessions it recorded are not checked against their binary",

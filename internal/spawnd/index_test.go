@@ -226,8 +226,8 @@ func TestIndexCapIs4096(t *testing.T) {
 	}
 	x.close()
 	y, _ := openTestIndex(t, dir, maxBindings)
-	if n := len(indexLines(t, filepath.Join(dir, indexFile))); n != maxBindings || y.idx.Len() != maxBindings {
-		t.Errorf("reopened index has %d lines, %d bindings; want %d", n, y.idx.Len(), maxBindings)
+	if n := len(indexLines(t, filepath.Join(dir, indexFile))); n != maxBindings || len(y.idx.All()) != maxBindings {
+		t.Errorf("reopened index has %d lines, %d bindings; want %d", n, len(y.idx.All()), maxBindings)
 	}
 	if y.lookup("sess-0") != "" || y.lookup("sess-1") != "nexus" {
 		t.Error("the reopened index does not hold the newest 4096")

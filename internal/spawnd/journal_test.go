@@ -7,10 +7,14 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/nexus-broker/nexus-broker/internal/bindindex"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
 )
 
@@ -231,30 +235,6 @@ func TestJournalSkipsCorruptLines(t *testing.T) {
 	}
 }
 
-// TestJournalAppendAfterATornTailStartsANewLine: when the rewrite at open
-// fails, appends go to the file as it is, and the first one must not
-// complete the torn line.
-func TestJournalAppendAfterATornTailStartsANewLine(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, journalFile)
-	if err := os.WriteFile(path, []byte(`{"kind":"minted","lease_id":"lease-t`), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	j := &leaseJournal{log: slog.New(slog.DiscardHandler), path: path, live: map[string]*liveLine{}, torn: true}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	j.f = f
-	appendLifecycle(j, testRecord("lease-after"), kindMinted)
-	j.close()
-	_, live, logs := openTestJournal(t, dir)
-	logs.await(t, "skipping a lease journal line that is not a whole record (torn by a crash mid-write, or edited)", "line", 1)
-	if len(live) != 1 || live[0].LeaseID != "lease-after" {
-		t.Errorf("replayed %+v, want lease-after", live)
-	}
-}
-
 // TestStateDirLockRefusesASecondDaemon: a second nexus-spawnd on a state_dir
 // in use is refused, naming the holder; once the first is gone it boots.
 func TestStateDirLockRefusesASecondDaemon(t *testing.T) {
@@ -283,8 +263,14 @@ func BenchmarkJournalAppend(b *testing.B) {
 			j.append([]recordKind{kindMinted, kindEnded}[i%2], rec)
 		}
 	}
-	baseline, _, _ := openTestJournal(b, b.TempDir())
-	baseline.skipSync = true
+	spec := journalSpec(b.TempDir(), "b-test")
+	spec.Durable = false
+	idx, err := bindindex.OpenDurable(spec, slog.New(slog.DiscardHandler))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer idx.Close()
+	baseline := &leaseJournal{idx}
 	const baseN = 100_000
 	began := time.Now()
 	churn(baseline, baseN)
@@ -301,21 +287,33 @@ func BenchmarkJournalAppend(b *testing.B) {
 }
 
 // TestJournalWriteFailuresNeverFailAVerb: a journal that cannot be written
-// (here: its descriptor swapped for a read-only one) is logged at ERROR, and
-// Spawn, Record and Terminate all still succeed.
+// (here: the descriptor it appends to replaced by a read-only one of the same
+// file) is logged at ERROR, and Spawn, Record and Terminate all still succeed.
 func TestJournalWriteFailuresNeverFailAVerb(t *testing.T) {
 	h := newHarness(t, defaultYAML)
-	ro, err := os.Open(filepath.Join(h.stateDir, journalFile))
+	path := filepath.Join(h.stateDir, journalFile)
+	ro, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.d.journal.mu.Lock()
-	_ = h.d.journal.f.Close()
-	h.d.journal.f = ro
-	h.d.journal.mu.Unlock()
+	defer ro.Close()
+	fds, _ := os.ReadDir("/proc/self/fd")
+	swapped := false
+	for _, de := range fds {
+		fd, _ := strconv.Atoi(de.Name())
+		if target, _ := os.Readlink("/proc/self/fd/" + de.Name()); target == path && fd != int(ro.Fd()) {
+			if err := unix.Dup3(int(ro.Fd()), fd, unix.O_CLOEXEC); err != nil {
+				t.Fatal(err)
+			}
+			swapped = true
+		}
+	}
+	if !swapped {
+		t.Fatalf("no descriptor of this process is open on %s", path)
+	}
 
 	h.spawn("lease-w", "nexus") // fails the test if Spawn fails
-	h.logs.await(t, "appending to the lease journal failed; the lease goes on, but a nexus-spawnd restart may not re-adopt its instance", "lease_id", "lease-w")
+	h.logs.await(t, "appending to the lease journal failed; the lease goes on, but a nexus-spawnd restart may not re-adopt its instance", "key", "lease-w")
 	if _, err := h.client.Record(h.ctx(), &spawnpb.RecordRequest{LeaseId: "lease-w", SessionId: "s"}); err != nil {
 		t.Fatalf("Record failed with the journal unwritable: %v", err)
 	}
