@@ -16,8 +16,8 @@ package bindindex
 import (
 	"bytes"
 	"cmp"
-	"context"
 	"container/list"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
