@@ -22,6 +22,7 @@ var gatewaySide = []string{
 	"github.com/nexus-broker/nexus-broker/internal/echo",
 	"github.com/nexus-broker/nexus-broker/internal/gateway",
 	"github.com/nexus-broker/nexus-broker/internal/nexusclient",
+	"github.com/nexus-broker/nexus-broker/internal/rawsock",
 	"github.com/nexus-broker/nexus-broker/internal/spawnclient",
 	"github.com/nexus-broker/nexus-broker/pkg/brokerclient",
 	"github.com/nexus-broker/nexus-broker/pkg/brokerframe",

@@ -38,7 +38,7 @@ var combinePool = sync.Pool{New: func() any { b := make([]byte, 0, bufInitial); 
 // Reading. gorilla reads through a bufio.Reader it keeps for the
 // connection's life. Ours is small (readBufferSize): once the connection
 // is a WebSocket, a read takes a buffer from readPool only when the socket
-// has bytes (pooledRead), and gives it back as soon as gorilla
+// has bytes (rawsock's ReadPooled), and gives it back as soon as gorilla
 // has taken them, so an idle socket holds no read buffer. Two of those per
 // lease were most of an idle lease's memory.
 const (
@@ -51,6 +51,12 @@ const (
 )
 
 var readPool = sync.Pool{New: func() any { b := make([]byte, readChunk); return &b }}
+
+// pooledReader is a socket that can read into a buffer it borrows only
+// once bytes have come (rawsock's connections).
+type pooledReader interface {
+	ReadPooled(pool *sync.Pool) (*[]byte, int, error)
+}
 
 // errCloseSent is a data frame written after the close frame went out, as
 // gorilla refuses one.
@@ -96,7 +102,7 @@ type bufConn struct {
 	// before (or when it cannot lend: then reads go straight through).
 	rbuf       *[]byte
 	roff, rlen int
-	pooled     *pooledRead
+	pooled     pooledReader
 }
 
 // startFraming makes the connection a WebSocket's: a close frame written
@@ -106,7 +112,7 @@ func (c *bufConn) startFraming() {
 	c.mu.Lock()
 	c.framing = true
 	c.mu.Unlock()
-	c.pooled = newPooledRead(c.Conn, &readPool)
+	c.pooled, _ = c.Conn.(pooledReader)
 }
 
 // SyscallConn exposes the socket for roomFor's queue checks.
@@ -130,7 +136,7 @@ func (c *bufConn) Read(p []byte) (int, error) {
 	if c.pooled == nil || len(p) >= readChunk {
 		return c.Conn.Read(p)
 	}
-	b, n, err := c.pooled.read()
+	b, n, err := c.pooled.ReadPooled(&readPool)
 	if b == nil {
 		return 0, err
 	}

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -42,10 +43,14 @@ func (c countingConn) Write(p []byte) (int, error) {
 	return c.Conn.Write(p)
 }
 
-// SyscallConn is the socket's, as on the gateway's own connections, so
-// reads borrow their buffer (pooledRead).
+// SyscallConn and ReadPooled are the socket's, as on the gateway's own
+// connections.
 func (c countingConn) SyscallConn() (syscall.RawConn, error) {
 	return c.Conn.(syscall.Conn).SyscallConn()
+}
+
+func (c countingConn) ReadPooled(pool *sync.Pool) (*[]byte, int, error) {
+	return c.Conn.(pooledReader).ReadPooled(pool)
 }
 
 // combinePair is a gateway-side wsConn behind Listener and the gorilla

@@ -13,6 +13,8 @@ import (
 
 	"github.com/gorilla/websocket"
 	"golang.org/x/sys/unix"
+
+	"github.com/nexus-broker/nexus-broker/internal/rawsock"
 )
 
 // Liveness: ping every pingInterval, give up after peerTimeout of silence
@@ -216,8 +218,8 @@ func sendRoom(c net.Conn) (int, bool) {
 	}
 	room, known := 0, false
 	_ = rc.Control(func(fd uintptr) {
-		queued, err1 := ioctlInt(fd, unix.SIOCOUTQ)
-		size, err2 := sockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUF)
+		queued, err1 := rawsock.IoctlInt(fd, unix.SIOCOUTQ)
+		size, err2 := rawsock.SockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUF)
 		if err1 == nil && err2 == nil {
 			room, known = size/2-queued, true
 		}

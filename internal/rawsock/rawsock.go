@@ -6,9 +6,9 @@
 // into a blocking system call, and that is the point: every such entry made
 // while the process was idle wakes the runtime's monitor thread (sysmon),
 // which then polls on a 20 µs sleep for about a millisecond. A relayed frame
-// arrives at an idle gateway, and an RPC at an idle spawnd, so each paid
-// that: most of the gateway's CPU per sequential echo, taken from the
-// instance and the client on a small machine.
+// arrives at an idle gateway, so each paid that: most of the gateway's CPU
+// per sequential echo, taken from the instance and the client on a small
+// machine. It is the gateway's: nexus-spawnd links none of it.
 package rawsock
 
 import (
@@ -27,16 +27,21 @@ type rawConn struct {
 
 	// The state of the one read and the one write in flight: the callbacks
 	// are bound once (readFn, writeFn) so a call allocates nothing.
-	rmu     sync.Mutex
-	rbuf    []byte
-	rn      int
-	rerr    error
-	readFn  func(fd uintptr) bool
-	wmu     sync.Mutex
-	wbuf    []byte
-	wn      int
-	werr    error
-	writeFn func(fd uintptr) bool
+	rmu    sync.Mutex
+	rbuf   []byte
+	rn     int
+	rerr   error
+	readFn func(fd uintptr) bool
+	// ReadPooled's: the pool it borrows from, the buffer it kept, and its
+	// bound callback.
+	rpool        *sync.Pool
+	rlent        *[]byte
+	readPooledFn func(fd uintptr) bool
+	wmu          sync.Mutex
+	wbuf         []byte
+	wn           int
+	werr         error
+	writeFn      func(fd uintptr) bool
 }
 
 // Wrap returns c reading and writing with raw system calls when it is a TCP
@@ -56,7 +61,7 @@ func Wrap(c net.Conn) net.Conn {
 		return c
 	}
 	r := &rawConn{Conn: c, rc: rc}
-	r.readFn, r.writeFn = r.readOnce, r.writeSome
+	r.readFn, r.writeFn, r.readPooledFn = r.readOnce, r.writeSome, r.readPooledOnce
 	return r
 }
 
@@ -84,32 +89,62 @@ func (c *rawConn) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// readOnce is one read(2) into rbuf; false asks the poller to wait for
-// readability.
-func (c *rawConn) readOnce(fd uintptr) bool {
-	var done bool
-	c.rn, done, c.rerr = ReadOnce(fd, c.rbuf)
+// ReadPooled reads as Read does, into a buffer it takes from pool only once
+// the socket has bytes, and puts back while it waits: a reader parked on
+// an idle socket holds none. It returns the buffer and how much of it was
+// read; the caller puts the buffer back. With an error or at the end of
+// the stream the buffer is nil.
+func (c *rawConn) ReadPooled(pool *sync.Pool) (*[]byte, int, error) {
+	c.rmu.Lock()
+	defer c.rmu.Unlock()
+	c.rpool, c.rlent, c.rn, c.rerr = pool, nil, 0, nil
+	err := c.rc.Read(c.readPooledFn)
+	b, n, rerr := c.rlent, c.rn, c.rerr
+	c.rpool, c.rlent, c.rbuf, c.rerr = nil, nil, nil, nil
+	switch {
+	case err != nil:
+		return nil, 0, err
+	case rerr == io.EOF:
+		return nil, 0, io.EOF
+	case rerr != nil:
+		return nil, 0, c.opError("read", rerr)
+	}
+	return b, n, nil
+}
+
+// readPooledOnce is readOnce into a buffer from rpool, kept (rlent) only
+// when bytes came.
+func (c *rawConn) readPooledOnce(fd uintptr) bool {
+	b := c.rpool.Get().(*[]byte)
+	c.rbuf = *b
+	done := c.readOnce(fd)
+	if done && c.rerr == nil {
+		c.rlent = b
+	} else {
+		c.rpool.Put(b)
+	}
+	c.rbuf = nil
 	return done
 }
 
-// ReadOnce is one read(2) of a non-blocking descriptor into p, for a
-// callback of syscall.RawConn.Read: done false asks the poller to wait for
-// readability; io.EOF is the end of the stream.
-func ReadOnce(fd uintptr, p []byte) (n int, done bool, err error) {
+// readOnce is one read(2); false asks the poller to wait for readability.
+func (c *rawConn) readOnce(fd uintptr) bool {
 	for {
-		r, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
+		n, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&c.rbuf[0])), uintptr(len(c.rbuf)))
 		switch e {
 		case 0:
-			if r == 0 {
-				return 0, true, io.EOF
+			c.rn = int(n)
+			if n == 0 {
+				c.rerr = io.EOF
 			}
-			return int(r), true, nil
+			return true
 		case syscall.EINTR:
 			continue
 		case syscall.EAGAIN:
-			return 0, false, nil
+			return false
 		default:
-			return 0, true, os.NewSyscallError("read", e)
+			c.rerr = os.NewSyscallError("read", e)
+			return true
 		}
 	}
 }
@@ -156,4 +191,23 @@ func (c *rawConn) writeSome(fd uintptr) bool {
 // opError wraps err as the net package does its own socket errors.
 func (c *rawConn) opError(op string, err error) error {
 	return &net.OpError{Op: op, Net: c.LocalAddr().Network(), Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
+}
+
+// IoctlInt and SockoptInt read an int from a socket the way Wrap's reads
+// and writes are made, for callers inside syscall.RawConn.Control.
+func IoctlInt(fd uintptr, req uint) (int, error) {
+	var v int32
+	if _, _, e := syscall.RawSyscall(syscall.SYS_IOCTL, fd, uintptr(req), uintptr(unsafe.Pointer(&v))); e != 0 {
+		return 0, e
+	}
+	return int(v), nil
+}
+
+func SockoptInt(fd uintptr, level, opt int) (int, error) {
+	var v int32
+	size := uint32(unsafe.Sizeof(v))
+	if _, _, e := syscall.RawSyscall6(syscall.SYS_GETSOCKOPT, fd, uintptr(level), uintptr(opt), uintptr(unsafe.Pointer(&v)), uintptr(unsafe.Pointer(&size)), 0); e != 0 {
+		return 0, e
+	}
+	return int(v), nil
 }

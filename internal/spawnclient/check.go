@@ -44,7 +44,7 @@ func (c *clientCreds) ClientHandshake(ctx context.Context, _ string, conn net.Co
 	if err != nil {
 		return nil, nil, err
 	}
-	// Raw reads and writes, as spawnd's side (spawnrpc's server handshake).
+	// Raw reads and writes, as on every other socket of the gateway.
 	return rawsock.Wrap(conn), pc, nil
 }
 

@@ -12,8 +12,6 @@ import (
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/credentials"
-
-	"github.com/nexus-broker/nexus-broker/internal/rawsock"
 )
 
 // Before any HTTP/2 byte, spawnd writes one verdict line on every accepted
@@ -98,9 +96,7 @@ func (c *serverCreds) ServerHandshake(conn net.Conn) (net.Conn, credentials.Auth
 	if _, err := io.WriteString(conn, VerdictOK); err != nil {
 		return nil, nil, err
 	}
-	// An RPC reaches a spawnd that is idle between claims: raw reads and
-	// writes keep it from waking the runtime's monitor thread each time.
-	return rawsock.Wrap(conn), pc, nil
+	return conn, pc, nil
 }
 
 func (c *serverCreds) ClientHandshake(context.Context, string, net.Conn) (net.Conn, credentials.AuthInfo, error) {
