@@ -285,7 +285,7 @@ func newBroker(t testing.TB, o Options) *Broker {
 		if err != nil {
 			t.Fatal(err)
 		}
-		b.RunDir = spawnrpc.DefaultRunDir(real)
+		b.RunDir = spawnrpc.RunDir("", real)
 	}
 	t.Cleanup(b.cleanup)
 	if !o.Launch {

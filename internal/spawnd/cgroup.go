@@ -120,19 +120,18 @@ func findCgroupRoot(configured string) (string, error) {
 		}
 		return configured, nil
 	}
-	self, err := os.ReadFile(procSelfCgroup)
-	if err != nil {
-		return "", nil
+	if own := ownCgroup(); own != "" && delegated(own) {
+		return own, nil
 	}
-	mounts, err := os.ReadFile(procSelfMountinfo)
-	if err != nil {
-		return "", nil
-	}
-	own := ownCgroupDir(self, mounts)
-	if own == "" || !delegated(own) {
-		return "", nil
-	}
-	return own, nil
+	return "", nil
+}
+
+// ownCgroup is the directory of spawnd's own cgroup v2; "" when /proc does
+// not tell.
+func ownCgroup() string {
+	self, _ := os.ReadFile(procSelfCgroup)
+	mounts, _ := os.ReadFile(procSelfMountinfo)
+	return ownCgroupDir(self, mounts)
 }
 
 // ownCgroupDir is the directory of the process's cgroup v2, from the "0::"
@@ -184,9 +183,7 @@ func openCgroupTree(root, brokerID string) (*cgroupTree, error) {
 	if !core.IsToken(brokerID, core.MaxBrokerIDLen) {
 		return nil, fmt.Errorf("broker config: broker_id: %q cannot name this broker's cgroup under %s: with per-lease cgroups use 1 to %d letters, digits, - or _", brokerID, root, core.MaxBrokerIDLen)
 	}
-	self, _ := os.ReadFile(procSelfCgroup)
-	mounts, _ := os.ReadFile(procSelfMountinfo)
-	if own := ownCgroupDir(self, mounts); own == filepath.Clean(root) {
+	if ownCgroup() == filepath.Clean(root) {
 		leaf := filepath.Join(root, cgroupSelfLeaf)
 		if err := os.Mkdir(leaf, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
 			return nil, fmt.Errorf("cgroup: creating %s for nexus-spawnd itself: %w", leaf, err)

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"syscall"
@@ -24,9 +23,8 @@ const termGrace = 2 * time.Second
 
 // started is a running, unreaped instance, as start hands it back.
 type started struct {
-	pid, pidfd          int
-	startTime           uint64
-	configPath, logPath string
+	pid, pidfd int
+	startTime  uint64
 }
 
 // start writes the lease's config and execs the entry, to dial back to
@@ -60,7 +58,7 @@ func (d *Daemon) start(id string, e *entry, inherit []string, req *spawnpb.Spawn
 // log file rather than a pipe: a pipe would die with spawnd, and the
 // instance with it on its next write (SIGPIPE).
 func (d *Daemon) exec(id string, e *entry, inherit []string, req *spawnpb.SpawnRequest, addr, configPath string, cred *syscall.Credential) (started, error) {
-	p := started{configPath: configPath, logPath: filepath.Join(d.logDir, id+".log"), pidfd: -1}
+	p := started{pidfd: -1}
 	argv := []string{e.resolved, "-config", configPath}
 	if s := req.GetRecallSessionId(); s != "" {
 		argv = append(argv, "-recall", s)
@@ -73,7 +71,7 @@ func (d *Daemon) exec(id string, e *entry, inherit []string, req *spawnpb.SpawnR
 	})
 	dir := workingDir(env.values["HOME"])
 
-	out, err := os.OpenFile(p.logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	out, err := os.OpenFile(d.logFor(id), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
 		return started{}, fmt.Errorf("opening the instance log: %w", err)
 	}
@@ -306,14 +304,14 @@ func (d *Daemon) supervised(l *lease, exited bool, err error) {
 	}
 	if !terminated {
 		rec.Reason = reasonCrashed
-		ev.LogPath = filepath.Join(d.logDir, rec.LeaseID+".log")
+		ev.LogPath = d.logFor(rec.LeaseID)
 		ev.OutputTail = outputTail(ev.LogPath)
 	}
 	if d.stateLock == nil {
 		// Without a state_dir the log lives in spawnd's temp directory,
 		// which must not fill up with the output of leases long gone: it
 		// goes with its lease (its tail went out with the exit event).
-		_ = os.Remove(filepath.Join(d.logDir, rec.LeaseID+".log"))
+		_ = os.Remove(d.logFor(rec.LeaseID))
 		ev.LogPath = ""
 	}
 	d.journal.append(kindEnded, rec)

@@ -193,9 +193,6 @@ var _ spawnpb.SpawnerServer = (*Daemon)(nil)
 // the registry and returns a Daemon that Reload will re-read cfgPath for.
 // Every error says what to change in broker.yaml or on the machine.
 func New(cfgPath string, cfg *core.Config, log *slog.Logger) (_ *Daemon, err error) {
-	if log == nil {
-		log = slog.Default()
-	}
 	if err := sealInheritedFDs(); err != nil {
 		return nil, err
 	}
@@ -341,10 +338,9 @@ func (d *Daemon) Close() error {
 	return nil
 }
 
-// configFor is where a lease's temp config is written.
-func (d *Daemon) configFor(id string) string {
-	return filepath.Join(d.configDir, id+".yaml")
-}
+// configFor and logFor are where a lease's temp config and output go.
+func (d *Daemon) configFor(id string) string { return filepath.Join(d.configDir, id+".yaml") }
+func (d *Daemon) logFor(id string) string    { return filepath.Join(d.logDir, id+".log") }
 
 // admit checks one request against the verb table. The caller holds d.mu.
 // It returns the named lease (nil for a verb that names none, and for Spawn)
@@ -475,7 +471,7 @@ func (d *Daemon) Spawn(_ context.Context, req *spawnpb.SpawnRequest) (*spawnpb.S
 			"lease_id", id, "entry", e.name, "run_as", e.runAs.String())
 		return nil, status.Errorf(codes.PermissionDenied, "Spawn: entry %q runs as %s, and nexus-spawnd lacks CAP_SETUID and CAP_SETGID", e.name, e.runAs)
 	}
-	if owner := d.resumeOwner(recall); owner != "" && owner != e.name {
+	if owner := d.sessionOwner(recall, nil); owner != "" && owner != e.name {
 		d.mu.Unlock()
 		d.log.Warn("spawning instance refused: the session it resumes belongs to another entry",
 			"lease_id", id, "entry", e.name, "session_id", recall, "bound_to", owner)
@@ -524,7 +520,7 @@ func (d *Daemon) Spawn(_ context.Context, req *spawnpb.SpawnRequest) (*spawnpb.S
 	l.state = stateRunning
 	l.pidfd = p.pidfd
 	l.inCgroup = d.cgroups != nil
-	l.configPath = p.configPath
+	l.configPath = l.rec.ConfigPath
 	l.rec.PID = p.pid
 	l.rec.StartTime = p.startTime
 	l.rec.BootID = d.bootID
@@ -537,7 +533,7 @@ func (d *Daemon) Spawn(_ context.Context, req *spawnpb.SpawnRequest) (*spawnpb.S
 	d.index.bind(recall, e.name)
 	d.supervise(l)
 
-	attrs := []any{"lease_id", id, "entry", e.name, "pid", p.pid, "log", p.logPath}
+	attrs := []any{"lease_id", id, "entry", e.name, "pid", p.pid, "log", d.logFor(id)}
 	if e.runAs != nil {
 		attrs = append(attrs, "run_as", e.runAs.String())
 	}
@@ -734,19 +730,14 @@ func (d *Daemon) bindLocked(l *lease, session string) error {
 	return nil
 }
 
-// resumeOwner is sessionOwner for a Spawn: a new session (recall "") has none.
-func (d *Daemon) resumeOwner(recall string) string {
-	if recall == "" {
-		return ""
-	}
-	return d.sessionOwner(recall, nil)
-}
-
 // sessionOwner is the entry a session belongs to: the newest live lease
 // other than self that holds it (its id came from the claim, or Record
 // accepted it), else the session → binary index; "" for no owner. The
 // caller holds d.mu.
 func (d *Daemon) sessionOwner(session string, self *lease) string {
+	if session == "" {
+		return "" // a new session
+	}
 	var newest *lease
 	for _, l := range d.leases {
 		if l != self && l.rec.SessionID == session && (newest == nil || l.rec.CreatedAt.After(newest.rec.CreatedAt)) {

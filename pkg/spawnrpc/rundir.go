@@ -44,23 +44,18 @@ func runDirBase() string {
 // default run directory: short, for the unix socket limit.
 const configKeyLen = 12
 
-// DefaultRunDir is the run directory of the config file at configPath (its
-// canonical absolute path, core.Canonical) when spawnd.run_dir is unset:
-// one per config file, so two brokers on one host never share a spawnd by
-// accident. It is keyed by the path, not the content, so editing the file
-// does not strand the spawnd already running for it.
-func DefaultRunDir(configPath string) string {
-	sum := sha256.Sum256([]byte(configPath))
-	return filepath.Join(runDirBase(), hex.EncodeToString(sum[:])[:configKeyLen])
-}
-
-// RunDir is runDir (spawnd.run_dir), or DefaultRunDir(configPath) when it
-// is empty. Both processes resolve it with this function so they agree.
+// RunDir is runDir (spawnd.run_dir), or, when that is empty, the default
+// run directory of the config file at configPath (its canonical absolute
+// path, core.Canonical): one per config file, so two brokers on one host
+// never share a spawnd by accident. It is keyed by the path, not the
+// content, so editing the file does not strand the spawnd already running
+// for it. Both processes resolve it with this function so they agree.
 func RunDir(runDir, configPath string) string {
 	if runDir != "" {
 		return runDir
 	}
-	return DefaultRunDir(configPath)
+	sum := sha256.Sum256([]byte(configPath))
+	return filepath.Join(runDirBase(), hex.EncodeToString(sum[:])[:configKeyLen])
 }
 
 // maxSocketPath is the longest path a unix socket can bind: sun_path holds

@@ -37,8 +37,7 @@ type ServeOptions struct {
 	// leaves this process's group.
 	SocketGID int
 	// Impl serves the verbs.
-	Impl spawnpb.SpawnerServer
-	// Logger defaults to slog.Default().
+	Impl   spawnpb.SpawnerServer
 	Logger *slog.Logger
 	// Serving, when set, runs once the socket answers and spawnd.json is
 	// published: the end of the boot.
@@ -58,17 +57,7 @@ const probeTimeout = 5 * time.Second
 // daemon that outlives every gateway needs; the cookie check it skips is
 // not a security measure anyway (SO_PEERCRED is).
 func Serve(ctx context.Context, opts ServeOptions) error {
-	if opts.Impl == nil {
-		return errors.New("spawnrpc.Serve: no Impl")
-	}
-	if opts.RunDir == "" {
-		return errors.New("spawnrpc.Serve: no RunDir")
-	}
-	log := opts.Logger
-	if log == nil {
-		log = slog.Default()
-	}
-	runDir := opts.RunDir
+	log, runDir := opts.Logger, opts.RunDir
 	// go-plugin takes its socket placement from the environment only.
 	if err := pluginEnv(runDir, opts.SocketGID); err != nil {
 		return err

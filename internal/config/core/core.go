@@ -95,7 +95,7 @@ type Spawnd struct {
 	// RunDir holds the RPC socket and spawnd.json (the reattach config). It
 	// is created 0750. Empty means one directory per config file under
 	// $XDG_RUNTIME_DIR/nexus-broker, or /tmp/nexus-broker-<uid> without
-	// XDG_RUNTIME_DIR (spawnrpc.DefaultRunDir).
+	// XDG_RUNTIME_DIR (spawnrpc.RunDir).
 	RunDir string `yaml:"run_dir"`
 	// GatewayUID is the only uid spawnd accepts RPC connections from. Unset
 	// means spawnd's own uid (development: one user runs both).
