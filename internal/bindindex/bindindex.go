@@ -49,7 +49,7 @@ type Spec[B any] struct {
 	// Accept, when set, decides under the index's lock whether b is
 	// written, given the key's record (had: whether it has one).
 	Accept func(old B, had bool, b B) bool
-	// Durable fsyncs every append and rewrite (OpenDurable's files).
+	// Durable fsyncs every append and rewrite.
 	Durable bool
 	// CompactEvery overrides the package's.
 	CompactEvery int
@@ -78,7 +78,7 @@ type entry[B any] struct {
 	line []byte
 }
 
-// Index is the index in memory, oldest binding first, and the file it
+// Index is the records in memory, oldest first, and the file it
 // appends to. A nil *Index is an index that is off.
 type Index[B any] struct {
 	spec Spec[B]
@@ -99,7 +99,7 @@ type Index[B any] struct {
 // Open replays and compacts the file. It returns nil, after one WARN, when
 // the file cannot be read or rewritten.
 func Open[B any](spec Spec[B], log *slog.Logger) *Index[B] {
-	x, err := OpenDurable(spec, log)
+	x, err := OpenRequired(spec, log)
 	if err != nil {
 		x.off(err)
 		return nil
@@ -107,10 +107,10 @@ func Open[B any](spec Spec[B], log *slog.Logger) *Index[B] {
 	return x
 }
 
-// OpenDurable replays and compacts the file, and returns an error when it
-// cannot be read. A durable file it cannot rewrite is appended to as it is,
+// OpenRequired replays and compacts a file its caller cannot run without,
+// and returns an error when it cannot be read. A durable file it cannot rewrite is appended to as it is,
 // after an ERROR: it still replays to the same records.
-func OpenDurable[B any](spec Spec[B], log *slog.Logger) (*Index[B], error) {
+func OpenRequired[B any](spec Spec[B], log *slog.Logger) (*Index[B], error) {
 	x := &Index[B]{spec: spec, log: log, order: list.New(), byKey: map[string]*list.Element{}}
 	if spec.Path == "" {
 		return x, nil
@@ -193,11 +193,13 @@ func (x *Index[B]) Put(b B) {
 	if x.f == nil {
 		return // memory-only
 	}
+	// A durable file's failures are ERRORs: they may cost an instance its
+	// re-adoption.
+	lvl := slog.LevelWarn
+	if x.spec.Durable {
+		lvl = slog.LevelError
+	}
 	if err := x.write(line); err != nil {
-		lvl := slog.LevelWarn
-		if x.spec.Durable {
-			lvl = slog.LevelError
-		}
 		x.log.Log(context.Background(), lvl, "appending to the "+x.spec.What+" failed; "+x.spec.Lost,
 			"path", x.spec.Path, "key", key, "error", err)
 	}
@@ -205,7 +207,7 @@ func (x *Index[B]) Put(b B) {
 	if x.appends >= cmp.Or(x.spec.CompactEvery, CompactEvery) {
 		x.appends = 0
 		if err := x.compact(); err != nil {
-			x.log.Warn("compacting the "+x.spec.What+" failed; appending to it uncompacted until the next try",
+			x.log.Log(context.Background(), lvl, "compacting the "+x.spec.What+" failed; appending to it uncompacted until the next try",
 				"path", x.spec.Path, "error", err)
 		}
 	}

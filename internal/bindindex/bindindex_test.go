@@ -41,7 +41,7 @@ func TestAppendAfterATornTailStartsANewLine(t *testing.T) {
 	x.Put(rec{"after"})
 	x.Close()
 
-	y, err := OpenDurable(spec, log)
+	y, err := OpenRequired(spec, log)
 	if err != nil {
 		t.Fatal(err)
 	}

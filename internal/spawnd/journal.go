@@ -152,7 +152,7 @@ func journalSpec(stateDir, brokerID string) bindindex.Spec[journalLine] {
 // every instance it records.
 func openJournal(stateDir, brokerID string, log *slog.Logger) (*leaseJournal, []leaseRecord, error) {
 	spec := journalSpec(stateDir, brokerID)
-	idx, err := bindindex.OpenDurable(spec, log)
+	idx, err := bindindex.OpenRequired(spec, log)
 	if err != nil {
 		return nil, nil, fmt.Errorf("lease journal %s cannot be used: %w; fix it (it must be a regular file of nexus-spawnd's own, mode 0600), "+
 			"or move it aside to boot without re-adopting the instances it records", spec.Path, err)

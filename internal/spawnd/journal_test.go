@@ -265,7 +265,7 @@ func BenchmarkJournalAppend(b *testing.B) {
 	}
 	spec := journalSpec(b.TempDir(), "b-test")
 	spec.Durable = false
-	idx, err := bindindex.OpenDurable(spec, slog.New(slog.DiscardHandler))
+	idx, err := bindindex.OpenRequired(spec, slog.New(slog.DiscardHandler))
 	if err != nil {
 		b.Fatal(err)
 	}
