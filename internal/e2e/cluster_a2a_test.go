@@ -235,6 +235,10 @@ func TestClusterA2AOwnerLossIsExplicit(t *testing.T) {
 	if st != 503 || json.Unmarshal([]byte(body), &rest) != nil || rest.Error.Status != "UNAVAILABLE" || rest.Error.Message != "lease owner unavailable" {
 		t.Fatalf("HTTP+JSON GetTask of C's task through A = %d %s", st, body)
 	}
+	// A profile no broker serves is unknown before any owner is asked.
+	if st, body := a.do("POST", "/agents/nosuch/a2a", get); st != 404 || !strings.Contains(body, "unknown agent profile") {
+		t.Fatalf("JSON-RPC GetTask of C's task on an unknown profile through A = %d %s, want 404 unknown agent profile", st, body)
+	}
 
 	// Nothing of C's, and nothing started for C's conversations, on A or B.
 	for _, via := range []*Broker{a, b} {
