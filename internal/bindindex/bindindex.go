@@ -108,8 +108,9 @@ func Open[B any](spec Spec[B], log *slog.Logger) *Index[B] {
 }
 
 // OpenRequired replays and compacts a file its caller cannot run without,
-// and returns an error when it cannot be read. A durable file it cannot rewrite is appended to as it is,
-// after an ERROR: it still replays to the same records.
+// and returns an error when it cannot be read. A durable file it cannot
+// rewrite is appended to as it is, after an ERROR: it still replays to the
+// same records.
 func OpenRequired[B any](spec Spec[B], log *slog.Logger) (*Index[B], error) {
 	x := &Index[B]{spec: spec, log: log, order: list.New(), byKey: map[string]*list.Element{}}
 	if spec.Path == "" {
