@@ -4,11 +4,15 @@ GO      ?= go
 BIN     := bin
 TOOLS   := $(BIN)/tools
 PKGS    := ./...
+# The binaries link no C: with Go's own resolver and user lookup, no process
+# maps libc and the dynamic loader (~1.7 MiB resident each, see
+# docs/performance.md). internal/e2e builds the binaries it tests the same way.
+TAGS    := netgo,osusergo
 
 .PHONY: build run stop cluster test lint bench fuzz proto clean
 
 build:
-	$(GO) build -o $(BIN)/ ./cmd/...
+	$(GO) build -tags $(TAGS) -o $(BIN)/ ./cmd/...
 
 # Starts nexus-broker with its embedded development defaults (nexus-spawnd is
 # launched for you, nexus-echo is the nexus entry) unless ./broker.yaml exists.
@@ -29,7 +33,7 @@ cluster: build
 	$(BIN)/nexus-cluster
 
 test: lint
-	$(GO) test -race -count=1 -timeout 20m $(PKGS)
+	$(GO) test -tags $(TAGS) -race -count=1 -timeout 20m $(PKGS)
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
@@ -40,7 +44,7 @@ lint:
 # including a 60 s soak. NEXUS_BENCH_BASE_BIN=<dir of another build's
 # binaries> runs that build's broker beside this one (docs/performance.md).
 bench: build
-	E2E_NORACE=1 $(GO) test -run '^$$' -bench . -benchtime 2s -timeout 45m ./internal/e2e/ ./internal/gateway/ ./internal/spawnd/ ./internal/auth/ ./internal/a2a/
+	E2E_NORACE=1 $(GO) test -tags $(TAGS) -run '^$$' -bench . -benchtime 2s -timeout 45m ./internal/e2e/ ./internal/gateway/ ./internal/spawnd/ ./internal/auth/ ./internal/a2a/
 
 # Short fuzzing of every decoder and the config loader.
 FUZZTIME ?= 30s

@@ -31,6 +31,10 @@ import (
 // binDir holds the binaries TestMain builds once for the whole package.
 var binDir string
 
+// buildTags are the Makefile's TAGS, so that the binaries tested are the
+// binaries `make build` ships (TestBuildTagsAreTheMakefiles).
+const buildTags = "netgo,osusergo"
+
 func TestMain(m *testing.M) {
 	if os.Getenv(relayFloorRole) != "" {
 		runRelayFloor()
@@ -47,10 +51,11 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	cmd := exec.Command("go", "build", "-race", "-o", dir+"/", "../../cmd/nexus-broker", "../../cmd/nexus-spawnd", "../../cmd/nexus-echo", "../../cmd/nexus-client")
-	if os.Getenv("E2E_NORACE") != "" {
-		cmd = exec.Command("go", "build", "-o", dir+"/", "../../cmd/nexus-broker", "../../cmd/nexus-spawnd", "../../cmd/nexus-echo", "../../cmd/nexus-client")
+	args := []string{"build", "-tags", buildTags, "-o", dir + "/", "../../cmd/nexus-broker", "../../cmd/nexus-spawnd", "../../cmd/nexus-echo", "../../cmd/nexus-client"}
+	if os.Getenv("E2E_NORACE") == "" {
+		args = append([]string{"build", "-race"}, args[1:]...)
 	}
+	cmd := exec.Command("go", args...)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "building the binaries under test:", err)
