@@ -94,5 +94,6 @@ func run(cfgPath, runDir string, idleExit time.Duration, log *slog.Logger) error
 		Impl:       d,
 		Logger:     log,
 		Serving:    footprint.Booted,
+		Attached:   footprint.Booted,
 	})
 }

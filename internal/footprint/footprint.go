@@ -33,7 +33,9 @@ func Tune() {
 // linked package), which stay in the page cache and are mapped again when
 // something runs them. A mapping holding private copies of its pages (a
 // debugger's breakpoint, a uprobe) is left alone, since dropping those
-// would drop what was written into them.
+// would drop what was written into them. A process whose boot ends in a
+// one-time phase it does not wait for (spawnd: the first gateway's attach)
+// calls it again once that phase is over.
 func Booted() {
 	debug.FreeOSMemory()
 	exe, err := os.Readlink("/proc/self/exe")

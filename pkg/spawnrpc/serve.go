@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -42,6 +43,11 @@ type ServeOptions struct {
 	// Serving, when set, runs once the socket answers and spawnd.json is
 	// published: the end of the boot.
 	Serving func()
+	// Attached, when set, runs once, when the first gateway has attached: as it opens its exit stream (Watch), the last
+	// step of a gateway's attach but for a List. What only an attach runs
+	// (the go-plugin handshake, the health and stdio services, the
+	// registry check) runs once per gateway.
+	Attached func()
 }
 
 // probeTimeout bounds Serve's check that its own socket accepts.
@@ -78,7 +84,7 @@ func Serve(ctx context.Context, opts ServeOptions) error {
 			o = append(o,
 				grpc.Creds(creds),
 				grpc.ChainUnaryInterceptor(onlyOurMethods),
-				grpc.ChainStreamInterceptor(onlyOurStreams))
+				grpc.ChainStreamInterceptor(onlyOurStreams, onFirstWatch(opts.Attached)))
 			return grpc.NewServer(o...)
 		},
 		Logger: PluginLogger(log, stopping.Load),
@@ -253,6 +259,18 @@ func onlyOurMethods(ctx context.Context, req any, info *grpc.UnaryServerInfo, h 
 		return nil, refuseMethod(info.FullMethod)
 	}
 	return h(ctx, req)
+}
+
+// onFirstWatch runs f on the first Watch stream this server opens, before
+// the stream starts (the gateway's boot waits for its headers; f runs once).
+func onFirstWatch(f func()) grpc.StreamServerInterceptor {
+	var once sync.Once
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		if f != nil && info.FullMethod == spawnpb.Spawner_Watch_FullMethodName {
+			once.Do(f)
+		}
+		return h(srv, ss)
+	}
 }
 
 func onlyOurStreams(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
