@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/nexus-broker/nexus-broker/internal/atomicfile"
+	"github.com/nexus-broker/nexus-broker/internal/rawsock"
 )
 
 // The task store, <state_dir>/a2a-tasks.jsonl: the lease journal's file
@@ -120,7 +121,10 @@ type Store struct {
 	policy Policy
 
 	mu sync.Mutex
-	f  *os.File
+	// f is written with raw system calls: a line is appended before every
+	// change is delivered, and a normal write would wake the Go runtime's
+	// monitor thread on the way to each turn's input (see rawsock.File).
+	f *rawsock.File
 	// interrupted are the conversations that had a task in flight when
 	// the broker stopped, found on reopen.
 	interrupted map[scope]bool
@@ -455,10 +459,15 @@ func (s *Store) compactLocked() error {
 	if err != nil {
 		return err
 	}
+	rf, err := rawsock.NewFile(f)
+	if err != nil {
+		_ = f.Close()
+		return err
+	}
 	if s.f != nil {
 		_ = s.f.Close()
 	}
-	s.f, s.appends = f, 0
+	s.f, s.appends = rf, 0
 	s.sweepFragmentsLocked(rs)
 	return nil
 }

@@ -1,4 +1,5 @@
-// Package rawsock makes a socket's reads and writes raw system calls.
+// Package rawsock makes a socket's reads and writes raw system calls (and
+// the appends of a file written on a latency path, see File).
 //
 // The descriptor is non-blocking, so neither can block; the runtime's
 // poller still waits for readiness and enforces deadlines and Close
@@ -37,11 +38,7 @@ type rawConn struct {
 	rpool        *sync.Pool
 	rlent        *[]byte
 	readPooledFn func(fd uintptr) bool
-	wmu          sync.Mutex
-	wbuf         []byte
-	wn           int
-	werr         error
-	writeFn      func(fd uintptr) bool
+	w            rawWriter
 }
 
 // Wrap returns c reading and writing with raw system calls when it is a TCP
@@ -61,7 +58,8 @@ func Wrap(c net.Conn) net.Conn {
 		return c
 	}
 	r := &rawConn{Conn: c, rc: rc}
-	r.readFn, r.writeFn, r.readPooledFn = r.readOnce, r.writeSome, r.readPooledOnce
+	r.readFn, r.readPooledFn = r.readOnce, r.readPooledOnce
+	r.w.bind(rc)
 	return r
 }
 
@@ -150,42 +148,98 @@ func (c *rawConn) readOnce(fd uintptr) bool {
 }
 
 func (c *rawConn) Write(p []byte) (int, error) {
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
-	c.wbuf, c.wn, c.werr = p, 0, nil
-	var err error
-	if len(p) > 0 {
-		err = c.rc.Write(c.writeFn)
-	}
-	n, werr := c.wn, c.werr
-	c.wbuf, c.werr = nil, nil
+	n, errno, err := c.w.write(p)
 	switch {
-	case err != nil:
+	case err != nil: // deadline or Close, as the poller reports them
 		return n, err
-	case werr != nil:
-		return n, c.opError("write", werr)
+	case errno != 0:
+		return n, c.opError("write", os.NewSyscallError("write", errno))
 	}
 	return n, nil
 }
 
-// writeSome writes what is left of wbuf; false asks the poller to wait for
+// rawWriter is the one write in flight on a descriptor, its callback bound
+// once (fn) so that a write allocates nothing.
+type rawWriter struct {
+	mu    sync.Mutex
+	rc    syscall.RawConn
+	buf   []byte
+	n     int
+	errno syscall.Errno
+	fn    func(fd uintptr) bool
+}
+
+func (w *rawWriter) bind(rc syscall.RawConn) {
+	w.rc, w.fn = rc, w.writeSome
+}
+
+// write writes all of p, or until an error: errno is the system call's,
+// err the poller's (a deadline, Close).
+func (w *rawWriter) write(p []byte) (n int, errno syscall.Errno, err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf, w.n, w.errno = p, 0, 0
+	if len(p) > 0 {
+		err = w.rc.Write(w.fn)
+	}
+	n, errno = w.n, w.errno
+	w.buf = nil
+	return n, errno, err
+}
+
+// writeSome writes what is left of buf; false asks the poller to wait for
 // room.
-func (c *rawConn) writeSome(fd uintptr) bool {
-	for c.wn < len(c.wbuf) {
-		rest := c.wbuf[c.wn:]
+func (w *rawWriter) writeSome(fd uintptr) bool {
+	for w.n < len(w.buf) {
+		rest := w.buf[w.n:]
 		n, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&rest[0])), uintptr(len(rest)))
 		switch e {
 		case 0:
-			c.wn += int(n)
+			w.n += int(n)
 		case syscall.EINTR:
 		case syscall.EAGAIN:
 			return false
 		default:
-			c.werr = os.NewSyscallError("write", e)
+			w.errno = e
 			return true
 		}
 	}
 	return true
+}
+
+// File is an open regular file whose writes are raw system calls, for the
+// small appends a latency path makes (a line of a store that is not
+// fsynced per write). Such a write copies into the page cache and returns;
+// made the normal way it would, on an idle process, wake sysmon as a socket
+// write did (see the package comment). A write that does wait in the kernel
+// (dirty-page throttling) holds its thread and its processor meanwhile, so
+// File is not for bulk writes or for files opened with O_SYNC.
+type File struct {
+	*os.File
+	w rawWriter
+}
+
+// NewFile returns f writing with raw system calls.
+func NewFile(f *os.File) (*File, error) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	r := &File{File: f}
+	r.w.bind(rc)
+	return r, nil
+}
+
+// Write writes all of p, or reports why not as os.File.Write does.
+func (f *File) Write(p []byte) (int, error) {
+	n, errno, err := f.w.write(p)
+	if err == nil && errno != 0 {
+		err = errno
+	}
+	if err != nil {
+		return n, &os.PathError{Op: "write", Path: f.Name(), Err: err}
+	}
+	return n, nil
 }
 
 // opError wraps err as the net package does its own socket errors.

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -166,5 +167,59 @@ func TestRawConnAllocatesNothing(t *testing.T) {
 	})
 	if allocs != 0 {
 		t.Fatalf("a write and a read on a rawConn allocate %.1f times, want 0", allocs)
+	}
+}
+
+func TestFileAppendsWholeAndAllocatesNothing(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "lines")
+	of, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := NewFile(of)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	line := []byte("one line\n")
+	allocs := testing.AllocsPerRun(100, func() {
+		if n, err := f.Write(line); err != nil || n != len(line) {
+			t.Fatalf("Write = %d, %v; want %d, nil", n, err, len(line))
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("a write on a File allocates %.1f times, want 0", allocs)
+	}
+	got, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// AllocsPerRun runs the function once more than it counts.
+	if want := bytes.Repeat(line, 101); !bytes.Equal(got, want) {
+		t.Fatalf("the file holds %d bytes, want %d: %q", len(got), len(want), got)
+	}
+}
+
+func TestFileWriteFailsAsOSFileDoes(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ro")
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	of, err := os.Open(path) // read-only: write(2) answers EBADF
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := NewFile(of)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.Write([]byte("x"))
+	var pe *os.PathError
+	if !errors.As(err, &pe) || pe.Op != "write" || pe.Path != path || !errors.Is(err, syscall.EBADF) {
+		t.Fatalf("a write to a read-only file answered %v, want a write PathError naming %s with EBADF", err, path)
+	}
+	_ = f.Close()
+	if _, err := f.Write([]byte("x")); !errors.As(err, &pe) || pe.Path != path {
+		t.Fatalf("a write after Close answered %v, want a PathError naming %s", err, path)
 	}
 }
