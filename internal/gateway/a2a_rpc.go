@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"encoding/json"
 	"net/http"
 	"strings"
@@ -41,6 +42,34 @@ type rpcRequest struct {
 	Method  string          `json:"method"`
 	Params  json.RawMessage `json:"params"`
 	ID      json.RawMessage `json:"id"`
+}
+
+// sendRPC is a send's request (SendMessage, SendStreamingMessage) decoded
+// with its params in one pass: the path to a turn's input is the hot one,
+// and the two passes of rpcRequest scan its params twice.
+type sendRPC struct {
+	JSONRPC string           `json:"jsonrpc"`
+	Method  string           `json:"method"`
+	Params  *a2a.SendRequest `json:"params"`
+	ID      json.RawMessage  `json:"id"`
+}
+
+// decodeRPC decodes a JSON-RPC request. A send whose params are a
+// SendMessageRequest comes back whole, its params in sent; anything else
+// (another method, params that do not decode as a send's, a body that is
+// not JSON) takes the two passes, the envelope here and the params by
+// method, so every error reads as before. The one difference: a body naming
+// params twice gets the two merged where the two passes keep the last
+// (JSON leaves duplicate names undefined).
+func decodeRPC(body []byte) (req rpcRequest, sent *a2a.SendRequest, err error) {
+	if bytes.Contains(body, []byte("Send")) {
+		var one sendRPC
+		if json.Unmarshal(body, &one) == nil && one.Params != nil && (one.Method == "SendMessage" || one.Method == "SendStreamingMessage") {
+			return rpcRequest{JSONRPC: one.JSONRPC, Method: one.Method, ID: one.ID}, one.Params, nil
+		}
+	}
+	err = json.Unmarshal(body, &req)
+	return req, nil, err
 }
 
 type rpcError struct {
@@ -96,8 +125,8 @@ func (in *ingress) handleJSONRPC(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, rpcFail(nil, aerr, false))
 		return
 	}
-	var req rpcRequest
-	if err := json.Unmarshal(body, &req); err != nil {
+	req, sent, err := decodeRPC(body)
+	if err != nil {
 		writeJSON(w, http.StatusOK, rpcFail(nil, a2a.ErrParse.With("request is not JSON: %v", err), false))
 		return
 	}
@@ -120,11 +149,14 @@ func (in *ingress) handleJSONRPC(w http.ResponseWriter, r *http.Request) {
 	}
 	switch req.Method {
 	case "SendMessage", "SendStreamingMessage":
-		var sr a2a.SendRequest
-		if !params(&sr) {
-			return
+		sr := sent
+		if sr == nil {
+			sr = new(a2a.SendRequest)
+			if !params(sr) {
+				return
+			}
 		}
-		t, s, aerr := in.send(principal, p, &sr, stream)
+		t, s, aerr := in.send(principal, p, sr, stream)
 		if aerr != nil {
 			fail(aerr, false)
 			return
