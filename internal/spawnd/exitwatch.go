@@ -11,13 +11,15 @@ import (
 // exitWatch waits for the exits of every supervised instance on one epoll
 // over their pidfds. A blocking poll per lease would pin an OS thread, and
 // its stacks, for each lease's whole life, and even a goroutine parked per
-// lease keeps a stack; here one thread waits for all, and a lease's
-// supervision costs a goroutine only once its instance has exited.
+// lease keeps a stack; here one goroutine, parked on the runtime's poller,
+// waits for all, and a lease's supervision costs a goroutine only once its
+// instance has exited.
 type exitWatch struct {
-	epfd, stop int
-	mu         sync.Mutex
-	waiting    map[int32]func(exited bool, err error) // by pidfd
-	stopped    error                                  // set once run has returned
+	ep      *parkedEpoll
+	stop    int
+	mu      sync.Mutex
+	waiting map[int32]func(exited bool, err error) // by pidfd
+	stopped error                                  // set once run has returned
 }
 
 // errWatchStopped is an add after the watch has stopped.
@@ -26,16 +28,15 @@ var errWatchStopped = errors.New("the exit watch has stopped")
 // newExitWatch opens the epoll; stop is the read end of the stop pipe,
 // whose closing ends run.
 func newExitWatch(stop int) (*exitWatch, error) {
-	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	ep, err := openParkedEpoll()
 	if err != nil {
-		return nil, fmt.Errorf("creating the exit watch epoll: %w", err)
+		return nil, fmt.Errorf("creating the exit watch: %w", err)
 	}
-	w := &exitWatch{epfd: epfd, stop: stop, waiting: map[int32]func(bool, error){}}
-	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, stop, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(stop)}); err != nil {
-		_ = unix.Close(epfd)
+	if err := ep.add(stop, unix.EPOLLIN); err != nil {
+		_ = ep.close()
 		return nil, fmt.Errorf("watching the supervisor stop pipe: %w", err)
 	}
-	return w, nil
+	return &exitWatch{ep: ep, stop: stop, waiting: map[int32]func(bool, error){}}, nil
 }
 
 // add has done called once, from the watch's goroutine (so it must not
@@ -51,8 +52,7 @@ func (w *exitWatch) add(pidfd int, done func(exited bool, err error)) error {
 		return w.stopped
 	}
 	// One-shot: the pidfd stays readable once the process has exited.
-	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLONESHOT, Fd: int32(pidfd)}
-	if err := unix.EpollCtl(w.epfd, unix.EPOLL_CTL_ADD, pidfd, &ev); err != nil {
+	if err := w.ep.add(pidfd, unix.EPOLLIN|unix.EPOLLONESHOT); err != nil {
 		return fmt.Errorf("watching pidfd %d: %w", pidfd, err)
 	}
 	w.waiting[int32(pidfd)] = done
@@ -78,23 +78,19 @@ func (w *exitWatch) run() error {
 }
 
 func (w *exitWatch) deliver() error {
-	events := make([]unix.EpollEvent, 64)
 	for {
-		n, err := unix.EpollWait(w.epfd, events, -1)
-		if err == unix.EINTR {
-			continue
-		}
+		events, err := w.ep.wait()
 		if err != nil {
 			return err
 		}
-		for _, ev := range events[:n] {
+		for _, ev := range events {
 			if ev.Fd == int32(w.stop) {
 				return nil
 			}
 			w.mu.Lock()
 			// Removed before its owner can close the pidfd and the number
 			// be reused.
-			_ = unix.EpollCtl(w.epfd, unix.EPOLL_CTL_DEL, int(ev.Fd), nil)
+			w.ep.remove(int(ev.Fd))
 			done := w.waiting[ev.Fd]
 			delete(w.waiting, ev.Fd)
 			w.mu.Unlock()

@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"runtime/metrics"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
 )
@@ -58,5 +60,31 @@ func TestSupervisorsPinNoThreadPerLease(t *testing.T) {
 	seen := map[string]bool{}
 	for len(seen) < leases {
 		seen[h.nextExit(stream).LeaseId] = true
+	}
+}
+
+// TestWatchersWaitOutsideSystemCalls: with a lease running and its log
+// written, both of spawnd's watchers (instance exits, instance logs) wait
+// parked on the runtime's poller, not in a blocking system call. One that
+// blocked would keep the runtime's monitor thread polling every 20 µs for
+// 10 ms after each of its wake-ups, on the CPU a booting instance needs.
+func TestWatchersWaitOutsideSystemCalls(t *testing.T) {
+	h := newHarness(t, defaultYAML)
+	h.spawn(fmt.Sprintf("%032x", 1), "nexus")
+	sample := []metrics.Sample{{Name: "/sched/goroutines/not-in-go:goroutines"}}
+	deadline := time.Now().Add(waitLimit)
+	for {
+		// Some goroutine may be in a short system call at any instant; a
+		// waiter blocked in one stays there.
+		metrics.Read(sample)
+		n := sample[0].Value.Uint64()
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<20)
+			t.Fatalf("%d goroutines stayed in system calls; every goroutine:\n%s", n, buf[:runtime.Stack(buf, true)])
+		}
+		runtime.Gosched()
 	}
 }

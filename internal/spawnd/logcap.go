@@ -35,21 +35,26 @@ const (
 	logTruncated = "[nexus-spawnd: this log passed 8 MiB and was truncated here; the output before this line is gone]\n"
 )
 
-// watchLogs caps the logs in d.logDir until Close. It runs on d.wg.
-func (d *Daemon) watchLogs(watch int) {
+// watchLogs caps the logs in d.logDir until Close. It runs on d.wg, and
+// owns ep (watching the inotify descriptor watch and the stop pipe) and
+// watch.
+func (d *Daemon) watchLogs(ep *parkedEpoll, watch int) {
 	defer d.wg.Done()
 	defer unix.Close(watch)
+	defer ep.close()
 	warned := map[string]bool{} // one WARN per log, however often it fills
 	created := 0
 	buf := make([]byte, 64<<10)
-	fds := []unix.PollFd{{Fd: int32(watch), Events: unix.POLLIN}, {Fd: int32(d.stopR), Events: unix.POLLIN}}
 	for {
-		if _, err := unix.Poll(fds, -1); err != nil && err != unix.EINTR {
+		events, err := ep.wait()
+		if err != nil {
 			d.log.Error("watching instance logs failed; they are no longer capped", "dir", d.logDir, "error", err)
 			return
 		}
-		if fds[1].Revents != 0 {
-			return
+		for _, ev := range events {
+			if ev.Fd == int32(d.stopR) {
+				return
+			}
 		}
 		n, err := unix.Read(watch, buf)
 		if err != nil {
@@ -157,8 +162,22 @@ func (d *Daemon) startLogWatch() error {
 		_ = unix.Close(fd)
 		return err
 	}
+	ep, err := openParkedEpoll()
+	if err == nil {
+		err = ep.add(fd, unix.EPOLLIN)
+		if err == nil {
+			err = ep.add(d.stopR, unix.EPOLLIN)
+		}
+		if err != nil {
+			_ = ep.close()
+		}
+	}
+	if err != nil {
+		_ = unix.Close(fd)
+		return err
+	}
 	d.pruneLogs()
 	d.wg.Add(1)
-	go d.watchLogs(fd)
+	go d.watchLogs(ep, fd)
 	return nil
 }

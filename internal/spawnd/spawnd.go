@@ -299,7 +299,7 @@ func (d *Daemon) release() {
 		}
 	}
 	if d.exits != nil {
-		_ = unix.Close(d.exits.epfd)
+		_ = d.exits.ep.close()
 	}
 	d.journal.close()
 	d.index.close()
