@@ -465,7 +465,11 @@ func (c *Client) attach(ctx context.Context, ep spawnrpc.Endpoint) (*conn, error
 		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
 		Logger:           c.hclog,
 		// Replaces go-plugin's insecure credentials: the last option wins.
-		GRPCDialOptions: []grpc.DialOption{grpc.WithTransportCredentials(&clientCreds{pid: ep.Pid, uid: owner})},
+		GRPCDialOptions: []grpc.DialOption{
+			grpc.WithTransportCredentials(&clientCreds{pid: ep.Pid, uid: owner}),
+			grpc.WithStaticStreamWindowSize(spawnrpc.StaticWindow),
+			grpc.WithStaticConnWindowSize(spawnrpc.StaticWindow),
+		},
 	})
 	cn := &conn{ep: ep, pc: pc, runner: r, broken: make(chan struct{})}
 	if err := cn.open(ctx); err != nil {

@@ -33,6 +33,15 @@ const (
 	PluginName = "spawner"
 )
 
+// StaticWindow is the flow-control window, per stream and per connection,
+// that both sides set instead of gRPC's dynamic one. The dynamic window is
+// tuned by a bandwidth-delay probe: a PING after every DATA frame that
+// arrives while none is outstanding, and its ACK, so each RPC cost each
+// process two more wake-ups than its request and answer, to tune a window
+// messages this small (at most a claim's config, 1 MiB by default) never
+// fill. A message larger than the window still flows, a window at a time.
+const StaticWindow = 1 << 20
+
 // Handshake is the go-plugin handshake config shared by both sides.
 var Handshake = plugin.HandshakeConfig{
 	ProtocolVersion:  ProtocolVersion,

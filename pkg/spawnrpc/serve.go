@@ -83,6 +83,8 @@ func Serve(ctx context.Context, opts ServeOptions) error {
 		GRPCServer: func(o []grpc.ServerOption) *grpc.Server {
 			o = append(o,
 				grpc.Creds(creds),
+				grpc.StaticStreamWindowSize(StaticWindow),
+				grpc.StaticConnWindowSize(StaticWindow),
 				grpc.ChainUnaryInterceptor(onlyOurMethods),
 				grpc.ChainStreamInterceptor(onlyOurStreams, onFirstWatch(opts.Attached)))
 			return grpc.NewServer(o...)
