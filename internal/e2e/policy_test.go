@@ -122,3 +122,42 @@ func TestIdleTimeoutZeroDisablesBoth(t *testing.T) {
 		t.Fatal("a policy release happened with idle_timeout: 0")
 	}
 }
+
+// The manual's turn-liveness table: while a turn is live a stock nexus
+// reports thinking, tool_running, streaming, waiting or cancelling, and each
+// exempts its lease from idle_timeout; any other state is ignored, so a turn
+// that only ever reports one is reaped as idle mid-turn.
+func TestEveryWorkStateOfTheManualExemptsATurnFromIdle(t *testing.T) {
+	live := []string{"thinking", "tool_running", "streaming", "waiting", "cancelling"}
+	const ignored = "working"
+	states := append(live, ignored)
+	yaml := fmt.Sprintf("idle_timeout: 1s\nmax_turn_duration: 30s\nrelease_grace: 3s\nbinaries:\n  nexus:\n    path: %q\n", bin("nexus-echo"))
+	for _, s := range states {
+		// The ignored one outlives its release, so GET /leases shows why.
+		yaml += fmt.Sprintf("  %s:\n    path: %q\n    env: {NEXUS_ECHO_IGNORE_SHUTDOWN: \"%t\", NEXUS_ECHO_SLOW_TURN: 700ms, NEXUS_ECHO_WORK_STATE: %q}\n",
+			s, bin("nexus-echo"), s == ignored, s)
+	}
+	b := startBroker(t, Options{NoNexusEntry: true, YAML: yaml})
+	// Every turn runs at once: six deltas 700ms apart, four times idle_timeout.
+	conns := map[string]*brokerclient.Conn{}
+	for _, s := range states {
+		conns[s] = b.dial(b.claim(brokerclient.ClaimRequest{Binary: s}), brokerclient.DialOptions{})
+		if err := conns[s].Send(brokerframe.IO{Type: brokerframe.IOInput, Content: "one two three four"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, reason := b.waitDraining(conns[ignored].LeaseID, 10*time.Second); reason != "idle" {
+		t.Errorf("a turn reporting only %q was released for %q, want idle", ignored, reason)
+	}
+	for _, s := range live {
+		conn := conns[s]
+		_ = conn.Underlying().SetReadDeadline(time.Now().Add(30 * time.Second))
+		if got, err := conn.Answer(); err != nil || got != "echo #1: one two three four" {
+			t.Errorf("a turn reporting %q was cut short: %q, %v", s, got, err)
+			continue
+		}
+		if l, ok := b.lease(conn.LeaseID); !ok || l.State != "active" {
+			t.Errorf("a turn reporting %q was reaped mid-turn: %+v", s, l)
+		}
+	}
+}

@@ -151,7 +151,11 @@ func (a *agent) runTurn(ctx context.Context, input string) {
 	a.setCurrent(t)
 	defer a.setCurrent(nil)
 
-	a.status(brokerframe.StateThinking, t.id)
+	started := a.knobs.WorkState
+	if started == "" {
+		started = brokerframe.StateThinking
+	}
+	a.status(started, t.id)
 	r, err := a.compute(tctx, t, n, input)
 	if err == nil {
 		err = a.stream(tctx, t.id, r.chunks)

@@ -37,6 +37,10 @@ const (
 	// back this long after ready, as an engine that creates its session
 	// lazily would; redials report it in the handshake as usual.
 	EnvSessionReportDelay = "NEXUS_ECHO_SESSION_REPORT_DELAY"
+	// EnvWorkState is the status state a turn reports when it starts, in
+	// place of thinking: any string, so a test can report each state of
+	// the manual's turn-liveness table, or one it does not list.
+	EnvWorkState = "NEXUS_ECHO_WORK_STATE"
 )
 
 // The values EnvCrash accepts.
@@ -72,6 +76,7 @@ type knobs struct {
 	ReportSession   string // path of EnvReportSessionFrom's file; "" reports the real id
 	FloodReports    int    // extra session-id reports after the handshake
 	FloodBytes      int    // the size of each
+	WorkState       string // EnvWorkState; "" reports thinking
 }
 
 // loadKnobs reads the knobs through getenv (os.Getenv in production). An unset
@@ -135,6 +140,7 @@ func loadKnobs(getenv func(string) string) (knobs, error) {
 		return knobs{}, fmt.Errorf("%s=%q: want %q or %q", EnvCrash, v, CrashMidTurn, CrashAfterAnswer)
 	}
 	k.ReportSession = getenv(EnvReportSessionFrom)
+	k.WorkState = getenv(EnvWorkState)
 	if v := getenv(EnvReportFlood); v != "" {
 		n, size, _ := strings.Cut(v, "x")
 		var err1, err2 error

@@ -50,21 +50,22 @@ type IO struct {
 	Source       string   `json:"source,omitempty"`
 }
 
-// Turn states read from status payloads. StateIdle settles a turn; the others
-// mark one in flight. Anything else is unknown and ignored.
+// Turn states read from status payloads: the manual's turn-liveness table.
+// StateIdle settles a turn; the others are what a stock nexus reports while
+// one is live. Anything else is unknown and ignored.
 const (
-	StateIdle      = "idle"
-	StateThinking  = "thinking"
-	StateWorking   = "working"
-	StateStreaming = "streaming"
-	StateTool      = "tool"
-	StateWaiting   = "waiting"
+	StateIdle        = "idle"
+	StateThinking    = "thinking"
+	StateToolRunning = "tool_running"
+	StateStreaming   = "streaming"
+	StateWaiting     = "waiting"
+	StateCancelling  = "cancelling"
 )
 
 // IsWorkState reports whether state marks a turn in flight.
 func IsWorkState(state string) bool {
 	switch state {
-	case StateThinking, StateWorking, StateStreaming, StateTool, StateWaiting:
+	case StateThinking, StateToolRunning, StateStreaming, StateWaiting, StateCancelling:
 		return true
 	}
 	return false
