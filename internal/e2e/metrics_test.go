@@ -78,4 +78,11 @@ func TestMetricsExposition(t *testing.T) {
 	if g := families["nexus_broker_max_concurrent"].Metric[0].GetGauge().GetValue(); g != 8 {
 		t.Errorf("max_concurrent = %v", g)
 	}
+	// The two HELP lines the manual's example scrape prints.
+	if h := families["nexus_broker_claims_total"].GetHelp(); !strings.HasPrefix(h, "Instance claims handled by the shared spawn spine, by outcome. ") {
+		t.Errorf("claims_total HELP = %q", h)
+	}
+	if h := families["nexus_broker_slots_in_use"].GetHelp(); h != "Capacity slots currently held: one per live lease." {
+		t.Errorf("slots_in_use HELP = %q", h)
+	}
 }

@@ -136,7 +136,7 @@ func (m *metrics) write(w io.Writer, g gauges) {
 	gauge := func(name, help string, val int) {
 		fmt.Fprintf(w, "# HELP %s%s %s\n# TYPE %s%s gauge\n%s%s %d\n", ns, name, help, ns, name, ns, name, val)
 	}
-	vec("claims_total", "Claims handled, by outcome.", m.claims)
+	vec("claims_total", "Instance claims handled by the shared spawn spine, by outcome. POST /claim and the A2A ingress alike.", m.claims)
 
 	m.claimDuration.mu.Lock()
 	counts := append([]uint64(nil), m.claimDuration.counts...)
