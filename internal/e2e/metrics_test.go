@@ -5,9 +5,12 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/a2aproject/a2a-go/v2/a2a"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/nexus-broker/nexus-broker/pkg/brokerclient"
 )
 
 // TestMetricsExposition parses GET /metrics with the Prometheus text parser
@@ -84,5 +87,32 @@ func TestMetricsExposition(t *testing.T) {
 	}
 	if h := families["nexus_broker_slots_in_use"].GetHelp(); h != "Capacity slots currently held: one per live lease." {
 		t.Errorf("slots_in_use HELP = %q", h)
+	}
+}
+
+// claims_total counts every claim of the shared spawn spine, POST /claim's
+// and the A2A ingress's alike, and claim_duration_seconds times only the
+// accepted ones.
+func TestClaimsOfBothIngressesAreCountedAndOnlyAcceptedOnesTimed(t *testing.T) {
+	b := a2aBroker(t, "", Options{})
+	b.claim(brokerclient.ClaimRequest{})
+	for _, body := range []string{`{"config":""}`, `{`} {
+		if status, _ := b.do("POST", "/claim", body); status != 400 {
+			t.Fatalf("claim %s: %d", body, status)
+		}
+	}
+	c := a2aClient(t, b, "support", a2a.TransportProtocolJSONRPC)
+	if got := answerOf(t, sendTask(t, c, userMsg("conv-metrics", "hello"))); got != "echo #1: hello" {
+		t.Fatalf("answer %q", got)
+	}
+	m := b.metrics()
+	for series, want := range map[string]float64{
+		`nexus_broker_claims_total{outcome="accepted"}`: 2,
+		`nexus_broker_claims_total{outcome="rejected"}`: 2,
+		`nexus_broker_claim_duration_seconds_count`:     2,
+	} {
+		if m[series] != want {
+			t.Errorf("%s = %v, want %v", series, m[series], want)
+		}
 	}
 }

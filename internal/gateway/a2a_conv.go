@@ -369,11 +369,13 @@ func (in *ingress) leaseFor(c *conv) (*lease, string) {
 		in.adopt(c, l)
 		return l, ""
 	}
+	start := time.Now()
 	entry, cerr := in.g.resumeEntry(in.g.ctx, session, p.entry)
-	if cerr != nil {
-		return nil, cerr.text
+	var l *lease
+	if cerr == nil {
+		l, cerr = in.g.spawnLease(in.g.ctx, c.key.principal, entry, p.config, session, slotAcquire, nil)
 	}
-	l, cerr := in.g.spawnLease(in.g.ctx, c.key.principal, entry, p.config, session, slotAcquire, nil)
+	in.g.countClaim(start, cerr)
 	if cerr != nil {
 		return nil, cerr.text
 	}

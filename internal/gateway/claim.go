@@ -74,9 +74,8 @@ func (g *Gateway) handleClaim(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	resp, cerr := g.claim(r, p)
-	g.m.claimDuration.observe(time.Since(start))
+	g.countClaim(start, cerr)
 	if cerr != nil {
-		g.m.claims.inc(cerr.outcome)
 		if cerr.outcome == "cancelled" {
 			g.log.Info("claim abandoned by its client", "error", cerr.text)
 			return // nobody is listening
@@ -88,9 +87,20 @@ func (g *Gateway) handleClaim(w http.ResponseWriter, r *http.Request) {
 		writeError(w, cerr.status, cerr.text)
 		return
 	}
-	g.m.claims.inc("accepted")
 	g.log.Info("claim accepted", "lease_id", resp.LeaseID, "session_id", resp.SessionID, "principal_id", p.ID, "duration", time.Since(start))
 	writeJSON(w, http.StatusOK, resp)
+}
+
+// countClaim counts one claim of the spawn spine (POST /claim's or the A2A
+// ingress's) by its outcome. Only accepted claims are timed: a refusal's
+// latency measures the refusal or the queue wait, not what a claim costs.
+func (g *Gateway) countClaim(start time.Time, cerr *claimError) {
+	if cerr != nil {
+		g.m.claims.inc(cerr.outcome)
+		return
+	}
+	g.m.claims.inc("accepted")
+	g.m.claimDuration.observe(time.Since(start))
 }
 
 func (g *Gateway) claim(r *http.Request, p auth.Principal) (*claimResponse, *claimError) {

@@ -145,7 +145,7 @@ func (m *metrics) write(w io.Writer, g gauges) {
 	}
 	sum, n := m.claimDuration.sum, m.claimDuration.n
 	m.claimDuration.mu.Unlock()
-	fmt.Fprintf(w, "# HELP %sclaim_duration_seconds Time from a claim's arrival to its answer.\n# TYPE %sclaim_duration_seconds histogram\n", ns, ns)
+	fmt.Fprintf(w, "# HELP %sclaim_duration_seconds Wall time of an accepted claim, from its arrival to a ready instance.\n# TYPE %sclaim_duration_seconds histogram\n", ns, ns)
 	var cum uint64
 	for i, le := range claimBuckets {
 		cum += counts[i]
