@@ -464,12 +464,7 @@ func (c *Client) attach(ctx context.Context, ep spawnrpc.Endpoint) (*conn, error
 		},
 		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
 		Logger:           c.hclog,
-		// Replaces go-plugin's insecure credentials: the last option wins.
-		GRPCDialOptions: []grpc.DialOption{
-			grpc.WithTransportCredentials(&clientCreds{pid: ep.Pid, uid: owner}),
-			grpc.WithStaticStreamWindowSize(spawnrpc.StaticWindow),
-			grpc.WithStaticConnWindowSize(spawnrpc.StaticWindow),
-		},
+		GRPCDialOptions:  dialOptions(ep.Pid, owner),
 	})
 	cn := &conn{ep: ep, pc: pc, runner: r, broken: make(chan struct{})}
 	if err := cn.open(ctx); err != nil {
@@ -791,4 +786,15 @@ func (w *watchStream) Recv() (*spawnpb.ExitEvent, error) {
 	ev, err := w.ServerStreamingClient.Recv()
 	w.c.observe(err)
 	return ev, w.cn.lost(w.ctx, err)
+}
+
+// dialOptions are the gRPC options of every connection to spawnd (pid,
+// running as uid). The credentials replace go-plugin's insecure ones: the
+// last option wins.
+func dialOptions(pid, uid int) []grpc.DialOption {
+	return []grpc.DialOption{
+		grpc.WithTransportCredentials(&clientCreds{pid: pid, uid: uid}),
+		grpc.WithStaticStreamWindowSize(spawnrpc.StaticWindow),
+		grpc.WithStaticConnWindowSize(spawnrpc.StaticWindow),
+	}
 }

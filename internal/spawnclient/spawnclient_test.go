@@ -50,6 +50,115 @@ func rawConn(t *testing.T, ep spawnrpc.Endpoint) *grpc.ClientConn {
 	return cc
 }
 
+// TestRPCsCarryNoBandwidthProbe: with the options both ends use, an RPC
+// is its request and its answer. gRPC's dynamic flow-control window would
+// add a PING after each DATA frame either side receives (and its ACK):
+// two more wake-ups of each process per RPC, for messages far smaller
+// than any window.
+func TestRPCsCarryNoBandwidthProbe(t *testing.T) {
+	runDir := shortTempDir(t)
+	startFakeServer(t, runDir)
+	ep, err := spawnrpc.ReadEndpoint(runDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pc *pingCounter
+	cc, err := grpc.NewClient("passthrough:///spawnd", append(dialOptions(ep.Pid, os.Getuid()),
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+			var d net.Dialer
+			c, err := d.DialContext(ctx, "unix", ep.Addr)
+			if err != nil {
+				return nil, err
+			}
+			pc = &pingCounter{UnixConn: c.(*net.UnixConn), in: frameScan{line: true}, out: frameScan{skip: len(http2Preface)}}
+			return pc, nil
+		}))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	client := spawnpb.NewSpawnerClient(cc)
+	for range 5 {
+		if _, err := client.Status(ctxT(t, waitLong), &spawnpb.StatusRequest{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	if pc.in.pings != 0 || pc.out.pings != 0 {
+		t.Fatalf("5 Status RPCs carried %d PING frames from spawnd and %d to it; want none", pc.in.pings, pc.out.pings)
+	}
+	if pc.in.frames == 0 || pc.out.frames == 0 {
+		t.Fatalf("no HTTP/2 frame seen (%d in, %d out): the count proves nothing", pc.in.frames, pc.out.frames)
+	}
+}
+
+// http2Preface is what an HTTP/2 client writes before its first frame.
+const http2Preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+// pingCounter counts the HTTP/2 frames, and the PINGs among them that are
+// not ACKs, a connection to spawnd carries each way.
+type pingCounter struct {
+	*net.UnixConn
+	mu      sync.Mutex
+	in, out frameScan
+}
+
+func (c *pingCounter) Read(p []byte) (int, error) {
+	n, err := c.UnixConn.Read(p)
+	c.mu.Lock()
+	c.in.scan(p[:n])
+	c.mu.Unlock()
+	return n, err
+}
+
+func (c *pingCounter) Write(p []byte) (int, error) {
+	n, err := c.UnixConn.Write(p)
+	c.mu.Lock()
+	c.out.scan(p[:n])
+	c.mu.Unlock()
+	return n, err
+}
+
+// frameScan follows HTTP/2 frame headers through a byte stream.
+type frameScan struct {
+	line          bool // a text line comes first: spawnd's verdict
+	skip          int  // bytes to pass over: a payload, or the client preface
+	hdr           []byte
+	frames, pings int
+}
+
+func (f *frameScan) scan(p []byte) {
+	for len(p) > 0 {
+		switch {
+		case f.skip > 0:
+			n := min(f.skip, len(p))
+			f.skip -= n
+			p = p[n:]
+		case f.line:
+			i := strings.IndexByte(string(p), '\n')
+			if i < 0 {
+				return
+			}
+			p = p[i+1:]
+			f.line = false
+		default:
+			n := min(9-len(f.hdr), len(p))
+			f.hdr = append(f.hdr, p[:n]...)
+			p = p[n:]
+			if len(f.hdr) == 9 {
+				f.frames++
+				// type 0x6 is PING, flag 0x1 its ACK
+				if f.hdr[3] == 0x6 && f.hdr[4]&0x1 == 0 {
+					f.pings++
+				}
+				f.skip = int(f.hdr[0])<<16 | int(f.hdr[1])<<8 | int(f.hdr[2])
+				f.hdr = f.hdr[:0]
+			}
+		}
+	}
+}
+
 func TestServeAndDial(t *testing.T) {
 	runDir := shortTempDir(t)
 	srv := startFakeServer(t, runDir)
