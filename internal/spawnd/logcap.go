@@ -79,12 +79,17 @@ func (d *Daemon) watchLogs(ep *parkedEpoll, watch int) {
 // passes maxInstanceLog.
 func (d *Daemon) capLog(name string, warned map[string]bool) {
 	path := filepath.Join(d.logDir, name)
+	// Nearly every event is a line written well under the cap: one
+	// lstat(2) says so, where opening the log to look cost three calls.
+	var st unix.Stat_t
+	if unix.Lstat(path, &st) != nil || st.Size <= maxInstanceLog {
+		return
+	}
 	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_APPEND|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
 	if err != nil {
 		return // removed meanwhile
 	}
 	defer unix.Close(fd)
-	var st unix.Stat_t
 	if unix.Fstat(fd, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || st.Size <= maxInstanceLog {
 		return
 	}
