@@ -63,12 +63,17 @@ type A2A struct {
 }
 
 // A2AStateDir is the directory of the A2A task store and context index:
-// a2a.state_dir, else state_dir; empty keeps both in memory.
-func (c *Config) A2AStateDir() string {
+// a2a.state_dir, else state_dir with its ~ expanded as spawnd expands it;
+// empty keeps both in memory.
+func (c *Config) A2AStateDir() (string, error) {
 	if c.A2A.StateDir != "" {
-		return c.A2A.StateDir
+		return c.A2A.StateDir, nil
 	}
-	return c.StateDir
+	dir, err := core.ExpandHome(c.StateDir)
+	if err != nil {
+		return "", fmt.Errorf("broker config: state_dir: %w", err)
+	}
+	return dir, nil
 }
 
 // A2ATasks are the task store's knobs.

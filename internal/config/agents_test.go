@@ -69,14 +69,20 @@ a2a: {tasks: {input_timeout: 0s, max_store_bytes: 1024}}
 	if c.A2A.Tasks.InputTimeout != 0 || c.A2A.Tasks.MaxStoreBytes != 1024 || c.A2A.Tasks.TTL.D() != 24*time.Hour {
 		t.Errorf("a2a.tasks = %+v", c.A2A.Tasks)
 	}
-	if c.A2AStateDir() != "" {
-		t.Errorf("with neither state_dir nor a2a.state_dir the store is on %q, want memory", c.A2AStateDir())
+	t.Setenv("HOME", "/home/nb")
+	for _, tc := range []struct{ yaml, want string }{
+		{"", ""}, // neither: the store is in memory
+		{"state_dir: /var/lib/nb\n", "/var/lib/nb"},
+		{"state_dir: ~/.nexus/broker\n", "/home/nb/.nexus/broker"}, // as spawnd expands it
+		{"state_dir: /var/lib/nb\na2a: {state_dir: /var/lib/gw}\n", "/var/lib/gw"},
+	} {
+		if d, err := mustParse(t, tc.yaml).A2AStateDir(); err != nil || d != tc.want {
+			t.Errorf("%q: the A2A store is in %q (%v), want %q", tc.yaml, d, err, tc.want)
+		}
 	}
-	if d := mustParse(t, "state_dir: /var/lib/nb\n").A2AStateDir(); d != "/var/lib/nb" {
-		t.Errorf("without a2a.state_dir the store is in %q, want state_dir", d)
-	}
-	if d := mustParse(t, "state_dir: /var/lib/nb\na2a: {state_dir: /var/lib/gw}\n").A2AStateDir(); d != "/var/lib/gw" {
-		t.Errorf("a2a.state_dir set, the store is in %q", d)
+	t.Setenv("HOME", "")
+	if _, err := mustParse(t, "state_dir: ~/x\n").A2AStateDir(); err == nil || !strings.Contains(err.Error(), "state_dir") || !strings.Contains(err.Error(), "no HOME") {
+		t.Errorf("state_dir ~/x without HOME: %v, want an error naming state_dir and HOME", err)
 	}
 	if c := mustParse(t, "agents: {}\n"); c.Agents != nil {
 		t.Errorf("agents: {} parsed as %v, want no profiles", c.Agents)

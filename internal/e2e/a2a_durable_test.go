@@ -418,3 +418,25 @@ func TestA2AStateDirOfItsOwn(t *testing.T) {
 		t.Errorf("the refused gateway wrote into the planted directory: %v", entries)
 	}
 }
+
+// TestA2AStateDirUnderHome: a state_dir written with a leading ~ (the
+// spec's own example, "~/.nexus/broker") is the same directory to both
+// processes: the lease journal and the A2A files land under $HOME, and
+// nothing is created in the gateway's working directory.
+func TestA2AStateDirUnderHome(t *testing.T) {
+	b := a2aBroker(t, "state_dir: \"~/broker-state\"\n", Options{})
+	c := a2aClient(t, b, "support", a2a.TransportProtocolJSONRPC)
+	if got := answerOf(t, sendTask(t, c, userMsg("home", "hello"))); got != "echo #1: hello" {
+		t.Fatalf("answer %q", got)
+	}
+	dir := filepath.Join(b.Home, "broker-state")
+	for _, name := range []string{"leases.jsonl", "a2a-tasks.jsonl", "a2a-contexts.jsonl"} {
+		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
+			t.Errorf("%s is not in $HOME/broker-state: %v", name, err)
+		}
+	}
+	if _, err := os.Stat("~"); err == nil {
+		_ = os.RemoveAll("~") // what the failure left, not the source tree's
+		t.Errorf("a directory named ~ was created in the gateway's working directory")
+	}
+}

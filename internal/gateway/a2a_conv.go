@@ -116,10 +116,9 @@ type liveTask struct {
 	cancelReq bool
 }
 
-func newIngress(g *Gateway, cfg *config.Config, log *slog.Logger) *ingress {
+func newIngress(g *Gateway, cfg *config.Config, dir string, log *slog.Logger) *ingress {
 	in := &ingress{g: g, policy: cfg.A2A.Tasks, convs: map[convKey]*conv{}, byLease: map[*lease]*conv{}, live: map[string]*liveTask{}}
 	t := cfg.A2A.Tasks
-	dir := cfg.A2AStateDir()
 	in.store = a2a.OpenStore(dir, a2a.Policy{TTL: t.TTL.D(), MaxPerContext: t.MaxPerContext, MaxBytes: int64(t.MaxStoreBytes)}, log)
 	spec := bindindex.Spec[contextBinding]{
 		Limit: maxContexts,

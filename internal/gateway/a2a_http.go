@@ -15,6 +15,7 @@ import (
 
 	"github.com/nexus-broker/nexus-broker/internal/a2a"
 	"github.com/nexus-broker/nexus-broker/internal/config"
+	"github.com/nexus-broker/nexus-broker/internal/config/core"
 )
 
 // maxA2ABody bounds an A2A request body: one message of text.
@@ -48,7 +49,10 @@ func buildProfiles(cfg *config.Config, boot *config.Config) (*profileSet, error)
 	base := a2aBase(boot)
 	ps := &profileSet{byName: map[string]*profile{}}
 	for name, a := range cfg.Agents {
-		path, err := expandHome(strings.TrimSpace(a.Config))
+		path, err := core.ExpandHome(strings.TrimSpace(a.Config))
+		if err == nil {
+			path, err = filepath.Abs(path)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("agents.%s.config: %w", name, err)
 		}
@@ -68,17 +72,6 @@ func buildProfiles(cfg *config.Config, boot *config.Config) (*profileSet, error)
 		ps.byName[name] = &profile{name: name, entry: a.Binary, config: data, card: card}
 	}
 	return ps, nil
-}
-
-func expandHome(p string) (string, error) {
-	if p != "~" && !strings.HasPrefix(p, "~/") {
-		return filepath.Abs(p)
-	}
-	home, err := os.UserHomeDir()
-	if err != nil {
-		return "", fmt.Errorf("%q needs a home directory: %w", p, err)
-	}
-	return filepath.Join(home, strings.TrimPrefix(p, "~")), nil
 }
 
 type cardJSON struct {

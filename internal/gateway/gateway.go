@@ -148,7 +148,11 @@ func (g *Gateway) Start(ctx context.Context) error {
 				return err
 			}
 		}
-		g.a2a = newIngress(g, g.boot, g.log)
+		dir, err := g.boot.A2AStateDir()
+		if err != nil {
+			return err
+		}
+		g.a2a = newIngress(g, g.boot, dir, g.log)
 		g.a2a.profiles.Store(ps)
 		g.log.Info("A2A ingress serving", "profiles", strings.Join(ps.names(), ","), "base", a2aBase(g.boot))
 	}

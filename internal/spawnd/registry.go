@@ -119,7 +119,7 @@ func resolve(cfg *core.Config) (*settings, error) {
 // make it absolute, stat it. The execute-bit test is a mode check, not "can
 // this user run it": a binary only another user may run fails at exec.
 func resolveEntryPath(name, written string) (string, error) {
-	p, err := expandHome(written)
+	p, err := core.ExpandHome(written)
 	if err != nil {
 		return "", fmt.Errorf("broker config: binaries: %s: %w", name, err)
 	}
@@ -152,18 +152,6 @@ func resolveEntryPath(name, written string) (string, error) {
 		return "", refuse("is not executable (mode %s); chmod +x it or point the entry at another build", info.Mode().Perm())
 	}
 	return abs, nil
-}
-
-// expandHome expands a leading ~ to spawnd's own HOME.
-func expandHome(p string) (string, error) {
-	if p != "~" && !strings.HasPrefix(p, "~/") {
-		return p, nil
-	}
-	home := os.Getenv("HOME")
-	if home == "" {
-		return "", fmt.Errorf("path %q starts with ~, but nexus-spawnd's environment has no HOME; write the path out in full", p)
-	}
-	return filepath.Join(home, p[1:]), nil
 }
 
 // checkRunAsIsNotTheGateway refuses, where the gateway runs as another user

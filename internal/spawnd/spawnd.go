@@ -200,7 +200,7 @@ func New(cfgPath string, cfg *core.Config, log *slog.Logger) (_ *Daemon, err err
 	if err != nil {
 		return nil, err
 	}
-	stateDir, err := expandHome(cfg.StateDir)
+	stateDir, err := core.ExpandHome(cfg.StateDir)
 	if err != nil {
 		return nil, fmt.Errorf("broker config: state_dir: %w", err)
 	}

@@ -80,6 +80,20 @@ func Canonical(path string) (string, error) {
 	return real, nil
 }
 
+// ExpandHome expands a leading ~ in a path of broker.yaml (a binary, a
+// profile's config, state_dir) to this process's HOME, as a shell would:
+// the spec's own examples write "~/.nexus/broker".
+func ExpandHome(p string) (string, error) {
+	if p != "~" && !strings.HasPrefix(p, "~/") {
+		return p, nil
+	}
+	home := os.Getenv("HOME")
+	if home == "" {
+		return "", fmt.Errorf("path %q starts with ~, but %s's environment has no HOME; write the path out in full", p, filepath.Base(os.Args[0]))
+	}
+	return filepath.Join(home, p[1:]), nil
+}
+
 // Parse decodes broker.yaml text as spawnd reads it: its own keys checked,
 // decoded and validated, the gateway's tolerated unread. Every error starts
 // with "broker config: " and names the key path it is about.
