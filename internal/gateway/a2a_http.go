@@ -45,8 +45,7 @@ type profileSet struct{ byName map[string]*profile }
 // failure anywhere leaves nothing half-built.
 // The card's base URL and security come from the boot configuration (both
 // are boot-only), the profiles from cfg.
-func buildProfiles(cfg *config.Config, boot *config.Config) (*profileSet, error) {
-	base := a2aBase(boot)
+func buildProfiles(cfg *config.Config, boot *config.Config, base string) (*profileSet, error) {
 	ps := &profileSet{byName: map[string]*profile{}}
 	for name, a := range cfg.Agents {
 		path, err := core.ExpandHome(strings.TrimSpace(a.Config))
@@ -182,22 +181,9 @@ func securityOf(a *config.Auth) (map[string]any, []map[string]any) {
 		[]map[string]any{{"schemes": map[string]any{bearerScheme: []string{}}}}
 }
 
-// a2aBase is the origin cards advertise: advertise_addr with its scheme
-// mapped to http(s), else the explicit listen address.
-func a2aBase(cfg *config.Config) string {
-	a := cfg.AdvertiseAddr
-	if a == "" {
-		return "http://" + cfg.ListenAddr
-	}
-	scheme, hostport, ok := strings.Cut(a, "://")
-	if !ok {
-		return "http://" + a
-	}
-	if scheme == "wss" || scheme == "https" {
-		return "https://" + hostport
-	}
-	return "http://" + hostport
-}
+// a2aBase is the origin cards advertise (agents: needs advertise_addr or
+// an explicit listen host, so it is never empty).
+func (g *Gateway) a2aBase() string { return g.origin("http", "https") }
 
 // --- routes ---------------------------------------------------------------
 

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -389,30 +391,41 @@ func (g *Gateway) awaitReady(ctx context.Context, l *lease, cfg *config.Config) 
 	}
 }
 
-// wsURL is where the client connects, by precedence: advertise_addr (its
-// scheme mapped to ws/wss), else an explicit host in listen_addr, else the
-// Host the claim arrived on (a guess, and wrong behind a proxy: hence the
-// boot WARN for that shape).
+// wsURL is where the client connects: this broker's origin, else the Host
+// the claim arrived on (a guess, and wrong behind a proxy: hence the boot
+// WARN for that shape).
 func (g *Gateway) wsURL(r *http.Request, id string) string {
-	path := "/lease/" + id
+	o := g.origin("ws", "wss")
+	if o == "" {
+		o = "ws://" + r.Host
+	}
+	return o + "/lease/" + id
+}
+
+// origin is where clients reach this broker, by precedence: advertise_addr
+// (its scheme mapped to plain or secure), else an explicit host in
+// listen_addr with the port the listener bound (listen_addr may ask for
+// port 0), else "" for a wildcard bind.
+func (g *Gateway) origin(plain, secure string) string {
 	a := strings.TrimSuffix(strings.TrimSpace(g.boot.AdvertiseAddr), "/")
 	if a == "" {
-		if g.boot.ListenHost() != "" {
-			return "ws://" + g.boot.ListenAddr + path
+		host := g.boot.ListenHost()
+		if host == "" {
+			return ""
 		}
-		return "ws://" + r.Host + path
+		if g.listenPort == 0 { // not listening (a unit test's gateway)
+			return plain + "://" + g.boot.ListenAddr
+		}
+		return plain + "://" + net.JoinHostPort(host, strconv.Itoa(int(g.listenPort)))
 	}
 	scheme, hostport, ok := strings.Cut(a, "://")
 	if !ok {
-		return "ws://" + a + path
+		return plain + "://" + a
 	}
-	switch scheme {
-	case "https", "wss":
-		scheme = "wss"
-	default:
-		scheme = "ws"
+	if scheme == "https" || scheme == "wss" {
+		return secure + "://" + hostport
 	}
-	return scheme + "://" + hostport + path
+	return plain + "://" + hostport
 }
 
 func (g *Gateway) hasBinary(name string) bool {

@@ -139,7 +139,7 @@ func (g *Gateway) Start(ctx context.Context) error {
 		g.log.Info("lease durability enabled", "state_dir", g.boot.StateDir, "broker_id", st.BrokerId)
 	}
 	if g.a2a != nil {
-		ps, err := buildProfiles(g.boot, g.boot)
+		ps, err := buildProfiles(g.boot, g.boot, g.a2aBase())
 		if err != nil {
 			return fmt.Errorf("broker config: %w", err)
 		}
@@ -154,7 +154,7 @@ func (g *Gateway) Start(ctx context.Context) error {
 		}
 		g.a2a = newIngress(g, g.boot, dir, g.log)
 		g.a2a.profiles.Store(ps)
-		g.log.Info("A2A ingress serving", "profiles", strings.Join(ps.names(), ","), "base", a2aBase(g.boot))
+		g.log.Info("A2A ingress serving", "profiles", strings.Join(ps.names(), ","), "base", g.a2aBase())
 	}
 	if err := g.restore(ctx); err != nil {
 		return err

@@ -35,7 +35,7 @@ func (g *Gateway) Reload(path string) error {
 		bootOnly = append(bootOnly, "agents")
 	}
 	if g.a2a != nil {
-		if profiles, err = buildProfiles(next, g.boot); err != nil {
+		if profiles, err = buildProfiles(next, g.boot, g.a2aBase()); err != nil {
 			return g.reloadRejected(path, fmt.Errorf("broker config: %w", err))
 		}
 	}
