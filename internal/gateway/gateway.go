@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -159,8 +160,14 @@ func (g *Gateway) Start(ctx context.Context) error {
 	if err := g.restore(ctx); err != nil {
 		return err
 	}
+	// Followed before the port opens: an instance that exits right after
+	// the first claim's spawn must find the stream already subscribed.
+	stream, err := g.followExits()
+	if err != nil {
+		return fmt.Errorf("following nexus-spawnd's instance exits: %w", err)
+	}
 	g.wg.Add(1)
-	go g.watchExits()
+	go g.watchExits(stream)
 	if g.boot.Cluster != nil {
 		return g.joinCluster(st.BrokerId)
 	}
@@ -208,30 +215,27 @@ func (g *Gateway) restore(ctx context.Context) error {
 
 // watchExits follows spawnd's exit stream for the gateway's lifetime,
 // re-subscribing across spawnd restarts and reconciling what it missed.
-func (g *Gateway) watchExits() {
+func (g *Gateway) watchExits(stream grpc.ServerStreamingClient[spawnpb.ExitEvent]) {
 	defer g.wg.Done()
 	backoff := 50 * time.Millisecond
 	for g.ctx.Err() == nil {
-		stream, err := g.sp.Watch(g.ctx, &spawnpb.WatchRequest{})
-		if err == nil {
-			// An exit while no stream was open is found by difference.
-			err = g.reconcile()
-		}
-		if err != nil {
-			if g.ctx.Err() != nil {
-				return
+		if stream == nil {
+			var err error
+			if stream, err = g.followExits(); err != nil {
+				if g.ctx.Err() != nil {
+					return
+				}
+				g.log.Warn("following nexus-spawnd's instance exits failed; retrying", "error", err)
+				select {
+				case <-g.ctx.Done():
+					return
+				case <-time.After(backoff):
+				}
+				backoff = min(2*backoff, 2*time.Second)
+				continue
 			}
-			g.log.Warn("following nexus-spawnd's instance exits failed; retrying", "error", err)
-			select {
-			case <-g.ctx.Done():
-				return
-			case <-time.After(backoff):
-			}
-			backoff = min(2*backoff, 2*time.Second)
-			continue
+			backoff = 50 * time.Millisecond
 		}
-		backoff = 50 * time.Millisecond
-		g.log.Info("following nexus-spawnd's instance exits")
 		for {
 			ev, err := stream.Recv()
 			if err != nil {
@@ -241,7 +245,27 @@ func (g *Gateway) watchExits() {
 				l.onExit(ev)
 			}
 		}
+		stream = nil
 	}
+}
+
+// followExits opens a Watch stream and waits for its header, which spawnd
+// sends once the stream is subscribed (the call returning says nothing of
+// that): every exit from then on reaches it, and one before it is found by
+// difference.
+func (g *Gateway) followExits() (grpc.ServerStreamingClient[spawnpb.ExitEvent], error) {
+	stream, err := g.sp.Watch(g.ctx, &spawnpb.WatchRequest{})
+	if err == nil {
+		_, err = stream.Header()
+	}
+	if err == nil {
+		err = g.reconcile()
+	}
+	if err != nil {
+		return nil, err
+	}
+	g.log.Info("following nexus-spawnd's instance exits")
+	return stream, nil
 }
 
 // reconcile treats every lease spawnd no longer holds as exited.
