@@ -123,13 +123,13 @@ func TestIdleTimeoutZeroDisablesBoth(t *testing.T) {
 	}
 }
 
-// The manual's turn-liveness table: while a turn is live a stock nexus
-// reports thinking, tool_running, streaming, waiting or cancelling, and each
-// exempts its lease from idle_timeout; any other state is ignored, so a turn
-// that only ever reports one is reaped as idle mid-turn.
+// Every work state, the wire contract's (thinking, working, streaming, tool,
+// waiting) and a stock nexus's (tool_running, cancelling), exempts its lease
+// from idle_timeout; any other state is ignored, so a turn that only ever
+// reports one is reaped as idle mid-turn.
 func TestEveryWorkStateOfTheManualExemptsATurnFromIdle(t *testing.T) {
-	live := []string{"thinking", "tool_running", "streaming", "waiting", "cancelling"}
-	const ignored = "working"
+	live := []string{"thinking", "working", "streaming", "tool", "tool_running", "waiting", "cancelling"}
+	const ignored = "pondering"
 	states := append(live, ignored)
 	yaml := fmt.Sprintf("idle_timeout: 1s\nmax_turn_duration: 30s\nrelease_grace: 3s\nbinaries:\n  nexus:\n    path: %q\n", bin("nexus-echo"))
 	for _, s := range states {

@@ -50,14 +50,19 @@ type IO struct {
 	Source       string   `json:"source,omitempty"`
 }
 
-// Turn states read from status payloads: the manual's turn-liveness table.
-// StateIdle settles a turn; the others are what a stock nexus reports while
-// one is live. Anything else is unknown and ignored.
+// Turn states read from status payloads. StateIdle settles a turn; the
+// others mark one in flight: the work states the wire contract names
+// (thinking, working, streaming, tool, waiting) and those a stock nexus
+// reports (tool_running, cancelling), so a turn is never reaped as idle for
+// a name one side uses and the other does not. Anything else is unknown and
+// ignored.
 const (
 	StateIdle        = "idle"
 	StateThinking    = "thinking"
-	StateToolRunning = "tool_running"
+	StateWorking     = "working"
 	StateStreaming   = "streaming"
+	StateTool        = "tool"
+	StateToolRunning = "tool_running"
 	StateWaiting     = "waiting"
 	StateCancelling  = "cancelling"
 )
@@ -65,7 +70,7 @@ const (
 // IsWorkState reports whether state marks a turn in flight.
 func IsWorkState(state string) bool {
 	switch state {
-	case StateThinking, StateToolRunning, StateStreaming, StateWaiting, StateCancelling:
+	case StateThinking, StateWorking, StateStreaming, StateTool, StateToolRunning, StateWaiting, StateCancelling:
 		return true
 	}
 	return false
