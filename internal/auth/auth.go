@@ -18,6 +18,9 @@ const (
 	TextScope       = "insufficient scope"
 )
 
+// NotAdmin is the refusal of a route that needs auth.admin_scope.
+var NotAdmin = &Refusal{http.StatusForbidden, TextScope, "no auth.admin_scope"}
+
 // RetryAfter is the Retry-After, in seconds, of a 503 from a validator
 // that could not find out.
 const RetryAfter = "5"
@@ -32,8 +35,18 @@ type Refusal struct {
 
 // Write answers the refusal in the broker's {"error":"…"} envelope.
 func (r *Refusal) Write(w http.ResponseWriter) {
-	if r.Status == http.StatusServiceUnavailable {
+	// RFC 6750's challenge: the scheme on a 401, with invalid_token when a
+	// credential was presented and refused, and insufficient_scope on a
+	// 403. A 503 is not a challenge: re-authenticating would not help.
+	switch {
+	case r.Status == http.StatusServiceUnavailable:
 		w.Header().Set("Retry-After", RetryAfter)
+	case r.Status == http.StatusUnauthorized && r.Text == TextRequired:
+		w.Header().Set("WWW-Authenticate", `Bearer realm="nexus-broker"`)
+	case r.Status == http.StatusUnauthorized:
+		w.Header().Set("WWW-Authenticate", `Bearer realm="nexus-broker", error="invalid_token"`)
+	case r.Status == http.StatusForbidden && r.Text == TextScope:
+		w.Header().Set("WWW-Authenticate", `Bearer realm="nexus-broker", error="insufficient_scope"`)
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(r.Status)

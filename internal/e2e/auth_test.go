@@ -587,3 +587,32 @@ func TestAuthSessionSurvivesADroppedSocket(t *testing.T) {
 		}
 	}
 }
+
+// TestAuthChallenges: each refusal carries RFC 6750's challenge — the
+// scheme for a missing credential, invalid_token for a refused one,
+// insufficient_scope for a route that needs auth.admin_scope.
+func TestAuthChallenges(t *testing.T) {
+	b := startAuthBroker(t, "", Options{})
+	for _, c := range []struct{ token, path, want string }{
+		{"", "/leases", `Bearer realm="nexus-broker"`},
+		{"wrong-token", "/leases", `Bearer realm="nexus-broker", error="invalid_token"`},
+		{tokAlice, "/metrics", `Bearer realm="nexus-broker", error="insufficient_scope"`},
+		{tokAlice, "/console", `Bearer realm="nexus-broker", error="insufficient_scope"`},
+	} {
+		req, err := http.NewRequest("GET", b.Base+c.path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.token != "" {
+			req.Header.Set("Authorization", "Bearer "+c.token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if got := resp.Header.Get("WWW-Authenticate"); got != c.want {
+			t.Errorf("GET %s with %q: WWW-Authenticate %q, want %q", c.path, c.token, got, c.want)
+		}
+	}
+}

@@ -167,8 +167,7 @@ func (g *Gateway) localLeases(p auth.Principal) leasesJSON {
 // number is a whole-registry aggregate, so it needs auth.admin_scope.
 func (g *Gateway) handleMetrics(w http.ResponseWriter, r *http.Request, p auth.Principal) {
 	if !g.auth.IsAdmin(p) {
-		g.audit(r, p, http.StatusForbidden, "no auth.admin_scope")
-		writeError(w, http.StatusForbidden, auth.TextScope)
+		g.refuse(w, r, p, auth.NotAdmin)
 		return
 	}
 	max, inUse, depth, maxDepth := g.cap.snapshot()
