@@ -73,10 +73,16 @@ const cgroupBrokerID = "e2e-cgroup"
 // whose nexus entry serves /run as nobody; o adds to that.
 func cgroupBroker(t *testing.T, o Options) (*Broker, string) {
 	t.Helper()
+	return cgroupBrokerWith(t, o, runEntry("nexus", nobodyHome(t), ""))
+}
+
+// cgroupBrokerWith is cgroupBroker with entry as its only binaries: entry.
+func cgroupBrokerWith(t *testing.T, o Options, entry string) (*Broker, string) {
+	t.Helper()
 	root := cgroupRoot(t)
 	o.NoNexusEntry = true
 	o.SpawndYAML = fmt.Sprintf("  cgroup_root: %q\n", root)
-	o.YAML += "broker_id: " + cgroupBrokerID + "\nbinaries:\n" + runEntry("nexus", nobodyHome(t), "")
+	o.YAML += "broker_id: " + cgroupBrokerID + "\nbinaries:\n" + entry
 	return startBroker(t, o), root
 }
 
@@ -225,13 +231,8 @@ func TestCgroupLimitWithoutItsControllerRefusesTheBoot(t *testing.T) {
 // the whole subtree, where a plain rmdir of the lease cgroup would fail
 // with EBUSY for ever.
 func TestCgroupTeardownRemovesChildCgroupsAnInstanceMade(t *testing.T) {
-	root := cgroupRoot(t)
-	b := startBroker(t, Options{
-		NoNexusEntry: true,
-		SpawndYAML:   fmt.Sprintf("  cgroup_root: %q\n", root),
-		YAML: "release_grace: 1s\nbroker_id: " + cgroupBrokerID + "\nbinaries:\n" +
-			fmt.Sprintf("  nexus:\n    path: %q\n    env:\n      %s: \"1\"\n", bin("nexus-echo"), echo.EnvAllowRun),
-	})
+	b, root := cgroupBrokerWith(t, Options{YAML: "release_grace: 1s\n"},
+		fmt.Sprintf("  nexus:\n    path: %q\n    env:\n      %s: \"1\"\n", bin("nexus-echo"), echo.EnvAllowRun))
 	claim, conn, pid := instancePid(t, b, "nexus")
 	lease := filepath.Join(root, cgroupBrokerID, claim.LeaseID)
 	sub := filepath.Join(lease, "made-by-the-instance", "deeper")
