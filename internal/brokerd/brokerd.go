@@ -48,6 +48,7 @@ var devYAML string
 // Run serves until SIGTERM/SIGINT. Instances keep running when it returns.
 func Run(o Options) error {
 	footprint.Tune()
+	tuneProcs()
 	log := o.Logger
 	// Before anything can announce this process: a SIGHUP's default action
 	// is to terminate it.
