@@ -138,9 +138,12 @@ func (d *Daemon) exec(id string, e *entry, inherit []string, req *spawnpb.SpawnR
 }
 
 // startProcess execs argv. With noNewPrivs it does so from the one OS
-// thread that has no_new_privs set (nnpThread).
+// thread that has no_new_privs set (nnpThread), unless spawnd was started
+// with the flag (as the deploy unit starts it): then every thread has it,
+// and the exec runs on the caller's thread, saving the two thread
+// hand-offs on the way to the exec and back.
 func startProcess(argv []string, attr *syscall.ProcAttr, noNewPrivs bool) (int, error) {
-	if !noNewPrivs {
+	if !noNewPrivs || startedWithNNP {
 		pid, _, err := syscall.StartProcess(argv[0], argv, attr)
 		return pid, err
 	}
@@ -158,6 +161,15 @@ func startProcess(argv []string, attr *syscall.ProcAttr, noNewPrivs bool) (int, 
 	r := <-done
 	return r.pid, r.err
 }
+
+// startedWithNNP says whether spawnd was started with no_new_privs. The
+// flag is per thread and inherited by every thread cloned from one that has
+// it, so it is read once, at package initialisation, on the main thread and
+// before nnpThread sets it on a thread of its own.
+var startedWithNNP = func() bool {
+	v, err := unix.PrctlRetInt(unix.PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0)
+	return err == nil && v == 1
+}()
 
 // nnpThread runs every exec that must start with no_new_privs. The flag is
 // per thread, inherited by whatever the thread clones, and can never be

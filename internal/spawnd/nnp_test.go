@@ -1,0 +1,76 @@
+package spawnd
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"syscall"
+	"testing"
+)
+
+// nnpChildEnv makes this test binary the no_new_privs child of
+// TestStartedWithNNPExecsOnTheCaller.
+const nnpChildEnv = "SPAWND_TEST_NNP_CHILD"
+
+// A spawnd started with no_new_privs (the deploy unit's NoNewPrivileges=yes)
+// has it on every thread, so an exec that needs it runs where it is asked
+// for, without the hand-off to the flagged thread and back; the instance
+// still starts with the flag.
+func TestStartedWithNNPExecsOnTheCaller(t *testing.T) {
+	if os.Getenv(nnpChildEnv) != "" {
+		nnpChild(t)
+		return
+	}
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		t.Skip("needs setpriv to start a process with no_new_privs")
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(setpriv, "--no-new-privs", self, "-test.run", "^TestStartedWithNNPExecsOnTheCaller$", "-test.v")
+	cmd.Env = append(os.Environ(), nnpChildEnv+"=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil || !bytes.Contains(out, []byte("--- PASS: TestStartedWithNNPExecsOnTheCaller")) {
+		t.Fatalf("the test under no_new_privs failed (%v):\n%s", err, out)
+	}
+}
+
+func nnpChild(t *testing.T) {
+	if !startedWithNNP {
+		t.Fatal("started under setpriv --no-new-privs, yet startedWithNNP is false")
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	null, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer null.Close()
+	grep, err := exec.LookPath("grep")
+	if err != nil {
+		t.Skip("needs grep")
+	}
+	pid, err := startProcess([]string{grep, "^NoNewPrivs:", "/proc/self/status"}, &syscall.ProcAttr{
+		Files: []uintptr{null.Fd(), w.Fd(), w.Fd()},
+	}, true)
+	w.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	_, _ = out.ReadFrom(r)
+	if _, err := reap(pid); err != nil {
+		t.Fatal(err)
+	}
+	if got := out.String(); got != "NoNewPrivs:\t1\n" {
+		t.Errorf("the child's status says %q, want no_new_privs set", got)
+	}
+	if nnpThread.execs != nil {
+		t.Error("the exec was handed to the no_new_privs thread although every thread already has the flag")
+	}
+}
