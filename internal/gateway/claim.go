@@ -89,8 +89,29 @@ func (g *Gateway) handleClaim(w http.ResponseWriter, r *http.Request) {
 		writeError(w, cerr.status, cerr.text)
 		return
 	}
-	g.log.Info("claim accepted", "lease_id", resp.LeaseID, "session_id", resp.SessionID, "principal_id", p.ID, "duration", time.Since(start))
-	writeJSON(w, http.StatusOK, resp)
+	took := time.Since(start)
+	answerNow(w, resp)
+	g.log.Info("claim accepted", "lease_id", resp.LeaseID, "session_id", resp.SessionID, "principal_id", p.ID, "duration", took)
+}
+
+// answerNow writes a 200 JSON answer and puts it on the wire before the
+// handler returns, so that what follows (the log line) is not on the
+// claimant's path. The Content-Length is set first: a flush without it
+// would switch the response to chunked encoding.
+func answerNow(w http.ResponseWriter, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, "encoding the answer")
+		return
+	}
+	body = append(body, '\n') // as writeJSON's encoder ends it
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(body)
+	if f, ok := w.(http.Flusher); ok {
+		f.Flush()
+	}
 }
 
 // countClaim counts one claim of the spawn spine (POST /claim's or the A2A
