@@ -474,6 +474,55 @@ func BenchmarkClaim(b *testing.B) {
 	}
 }
 
+// BenchmarkInstanceOwnSession is what leading a session of its own costs an
+// instance's start, apart from the broker: the benchmark execs nexus-echo
+// with no arguments (its runtime starts, it prints its usage and exits)
+// alternately as spawnd does, in a new session, and as the floor's rig
+// does, in a new process group only, and times each from fork to exit.
+// Where the kernel groups scheduling by session (autogroup, on by default
+// and under any cpu cgroup at the root), a new session competes with the
+// rest of a busy machine as a group of its own; the claim pays that on its
+// instance's boot, and the floor does not.
+func BenchmarkInstanceOwnSession(b *testing.B) {
+	benchPreflight(b)
+	run := func(setsid bool) time.Duration {
+		cmd := exec.Command(bin("nexus-echo"))
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: setsid, Setpgid: !setsid}
+		start := time.Now()
+		err := cmd.Run()
+		if _, exited := err.(*exec.ExitError); err != nil && !exited {
+			b.Fatal(err)
+		}
+		return time.Since(start)
+	}
+	var own, group []time.Duration
+	for i := 0; b.Loop(); i++ {
+		first := i%2 == 0 // neither always runs first
+		for _, setsid := range []bool{first, !first} {
+			if d := run(setsid); setsid {
+				own = append(own, d)
+			} else {
+				group = append(group, d)
+			}
+		}
+	}
+	o50, g50 := pct(own, 50), pct(group, 50)
+	b.ReportMetric(ms(o50), "own-session-p50-ms")
+	b.ReportMetric(ms(g50), "own-group-p50-ms")
+	b.ReportMetric(float64(o50)/float64(g50), "session-ratio-p50")
+	b.Logf("nexus-echo fork to exit, p50 (p90): own session %.3f ms (%.3f), own process group %.3f ms (%.3f); %d runs each; /proc/sys/kernel/sched_autogroup_enabled = %s",
+		ms(o50), ms(pct(own, 90)), ms(g50), ms(pct(group, 90)), len(own), autogroupSetting())
+}
+
+// autogroupSetting is the kernel's autogroup switch, as read.
+func autogroupSetting() string {
+	data, err := os.ReadFile("/proc/sys/kernel/sched_autogroup_enabled")
+	if err != nil {
+		return "unreadable (" + err.Error() + ")"
+	}
+	return strings.TrimSpace(string(data))
+}
+
 // --- 2. relay round trip ------------------------------------------------------
 
 // BenchmarkRelayRoundTrip measures one {"type":"echo"} frame from a client
