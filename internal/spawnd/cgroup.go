@@ -18,32 +18,27 @@ import (
 	"github.com/nexus-broker/nexus-broker/internal/config/core"
 )
 
-// Containment: one cgroup v2 per lease, <root>/<broker_id>/<lease_id>.
-// An instance is cloned straight into its lease's cgroup (CLONE_INTO_CGROUP),
-// so it has no moment outside it, and nothing it forks can leave: setsid and
-// double forks change sessions and parents, never cgroups, and only a writer
-// of cgroup.procs (root, here) can move a process. Teardown therefore reaches
-// everything an instance started, and a lease is gone only once its cgroup is
-// empty and removed.
-//
-// Without a delegated cgroup v2 tree, spawnd falls back to process groups,
-// which an instance's child leaves with setsid (and so survives its release).
+// Containment: one cgroup v2 per lease, <root>/<broker_id>/<lease_id>. An
+// instance is cloned straight into it (CLONE_INTO_CGROUP), and nothing it
+// forks can leave: setsid and double forks change sessions and parents, not
+// cgroups, and only a writer of cgroup.procs (root, here) moves a process.
+// So teardown reaches everything an instance started, and a lease is gone
+// only once its cgroup is empty and removed. Without a delegated tree,
+// process groups, which a child leaves with setsid.
 
-// cgroupDrainLimit bounds how long a teardown waits for a killed cgroup to
-// empty. Only a process in uninterruptible sleep (D state) outlasts it.
-const cgroupDrainLimit = 10 * time.Second
+const (
+	// cgroupDrainLimit bounds how long a teardown waits for a killed cgroup
+	// to empty; only a process in uninterruptible sleep outlasts it.
+	cgroupDrainLimit = 10 * time.Second
+	// cgroupRetryEvery spaces the retries of such a cgroup's removal.
+	cgroupRetryEvery = 5 * time.Second
+	// cgroupSelfLeaf is where spawnd moves itself when the root is its own
+	// cgroup (Delegate=yes): a cgroup with members cannot hand controllers
+	// to its children.
+	cgroupSelfLeaf = "nexus-spawnd"
+)
 
-// cgroupRetryEvery is how often the removal of a cgroup that would not empty
-// is retried.
-const cgroupRetryEvery = 5 * time.Second
-
-// cgroupSelfLeaf is where spawnd moves itself when the delegated root is its
-// own cgroup (systemd's Delegate=yes): a cgroup with member processes cannot
-// hand controllers to its children.
-const cgroupSelfLeaf = "nexus-spawnd"
-
-// limitFiles maps an entry limit to the controller it needs and the file it
-// is written to.
+// limitFiles maps an entry limit to its controller and file.
 var limitFiles = map[string]struct{ controller, file string }{
 	"memory_max": {"memory", "memory.max"},
 	"pids_max":   {"pids", "pids.max"},
@@ -60,8 +55,8 @@ var (
 	procSelfMountinfo = "/proc/self/mountinfo"
 )
 
-// openCgroups sets up containment at boot: the tree, or one WARN that there
-// is none, then the controllers s's limits need.
+// openCgroups sets up the tree at boot (or WARNs there is none), then the
+// controllers s's limits need.
 func (d *Daemon) openCgroups(configured string, s *settings) error {
 	root, err := findCgroupRoot(configured)
 	if err != nil {
@@ -78,9 +73,8 @@ func (d *Daemon) openCgroups(configured string, s *settings) error {
 }
 
 // sweepCgroups kills and removes, at boot, every lease cgroup of this broker
-// that no live lease holds: the instance of a spawnd that died between exec
-// and journaling its pid, or one whose record was closed out. Another
-// broker id's subtree is never looked at.
+// no live lease holds (a spawnd died between exec and journaling the pid,
+// or the record was closed out); another broker id's subtree is untouched.
 func (d *Daemon) sweepCgroups() {
 	if d.cgroups == nil {
 		return
@@ -101,11 +95,9 @@ type cgroupTree struct {
 	dir  string // root/<broker_id>: this broker's lease cgroups, nothing else
 }
 
-// findCgroupRoot is the delegated cgroup v2 directory spawnd contains
-// instances in: the configured one (spawnd.cgroup_root), which must be a
-// writable cgroup v2 directory, else spawnd's own cgroup when systemd
-// delegated it (Delegate=yes marks it with the trusted.delegate or
-// user.delegate attribute). "" means none: process groups only.
+// findCgroupRoot is the delegated cgroup v2 directory: spawnd.cgroup_root,
+// which must be a writable cgroup v2 directory, else spawnd's own cgroup when
+// systemd delegated it; "" for none.
 func findCgroupRoot(configured string) (string, error) {
 	if configured != "" {
 		if !filepath.IsAbs(configured) {
@@ -126,17 +118,15 @@ func findCgroupRoot(configured string) (string, error) {
 	return "", nil
 }
 
-// ownCgroup is the directory of spawnd's own cgroup v2; "" when /proc does
-// not tell.
+// ownCgroup is spawnd's own cgroup v2 directory; "" when /proc does not tell.
 func ownCgroup() string {
 	self, _ := os.ReadFile(procSelfCgroup)
 	mounts, _ := os.ReadFile(procSelfMountinfo)
 	return ownCgroupDir(self, mounts)
 }
 
-// ownCgroupDir is the directory of the process's cgroup v2, from the "0::"
-// line of /proc/self/cgroup and the cgroup2 mount of /proc/self/mountinfo;
-// "" without either.
+// ownCgroupDir joins the "0::" line of /proc/self/cgroup to the cgroup2
+// mount of /proc/self/mountinfo; "" without either.
 func ownCgroupDir(selfCgroup, mountinfo []byte) string {
 	var path string
 	for line := range strings.Lines(string(selfCgroup)) {
@@ -164,7 +154,8 @@ func ownCgroupDir(selfCgroup, mountinfo []byte) string {
 	return ""
 }
 
-// delegated reports whether systemd delegated dir (Delegate=yes).
+// delegated reports whether systemd delegated dir: Delegate=yes sets
+// trusted.delegate or user.delegate.
 func delegated(dir string) bool {
 	for _, attr := range []string{"trusted.delegate", "user.delegate"} {
 		buf := make([]byte, 8)
@@ -205,10 +196,9 @@ func openCgroupTree(root, brokerID string) (*cgroupTree, error) {
 	return t, nil
 }
 
-// admit makes the controllers s's limits need available to lease cgroups,
-// enabling each in the root's and this broker's cgroup.subtree_control.
-// A limit whose controller the root does not offer refuses s, naming it. A
-// nil tree (no cgroup v2) refuses any limit.
+// admit enables the controllers s's limits need in the root's and this
+// broker's cgroup.subtree_control. A limit whose controller the root does
+// not offer refuses s, naming it; a nil tree refuses any limit.
 func (t *cgroupTree) admit(s *settings) error {
 	for _, name := range slices.Sorted(maps.Keys(s.entries)) {
 		for _, key := range slices.Sorted(maps.Keys(s.entries[name].limits)) {
@@ -238,8 +228,8 @@ func (t *cgroupTree) enabled(dir, controller string) bool {
 	return slices.Contains(strings.Fields(string(data)), controller)
 }
 
-// create makes a lease's cgroup, writes the entry's limits and returns the
-// directory, open, for CLONE_INTO_CGROUP.
+// create makes a lease's cgroup with the entry's limits, open for
+// CLONE_INTO_CGROUP.
 func (t *cgroupTree) create(leaseID string, e *entry) (*os.File, error) {
 	dir := filepath.Join(t.dir, leaseID)
 	if err := os.Mkdir(dir, 0o755); err != nil {
@@ -259,11 +249,10 @@ func (t *cgroupTree) create(leaseID string, e *entry) (*os.File, error) {
 	return f, nil
 }
 
-// signal sends sig to every member of a lease's cgroup; SIGKILL goes through
-// cgroup.kill, which the kernel applies to all of them at once, forks in
-// flight included. For any other signal each member is opened as a pidfd
-// first and signalled only if the cgroup still lists its pid afterwards, so
-// a pid reused since the listing is never signalled.
+// signal sends sig to every member of a lease's cgroup: SIGKILL through
+// cgroup.kill (all at once, forks in flight included), any other signal
+// through a pidfd of each member still listed once the pidfd is open, so a
+// pid reused since the listing is never signalled.
 func (t *cgroupTree) signal(leaseID string, sig unix.Signal) error {
 	dir := filepath.Join(t.dir, leaseID)
 	if sig == unix.SIGKILL {
@@ -289,8 +278,8 @@ func (t *cgroupTree) signal(leaseID string, sig unix.Signal) error {
 	return err
 }
 
-// remove kills whatever is left in a lease's cgroup, waits up to within for
-// it to empty and removes it. A missing cgroup is already removed.
+// remove kills what is left in a lease's cgroup, waits up to within for it
+// to empty and removes it (a missing one is removed already).
 func (t *cgroupTree) remove(leaseID string, within time.Duration) error {
 	dir := filepath.Join(t.dir, leaseID)
 	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
@@ -335,8 +324,7 @@ func (t *cgroupTree) remove(leaseID string, within time.Duration) error {
 }
 
 // subtree lists dir and every cgroup below it, parents first: an instance
-// running as spawnd's own uid can create child cgroups inside its lease's
-// (cgroupfs holds no symlinks to lead the walk elsewhere).
+// of spawnd's uid can create child cgroups (cgroupfs holds no symlinks).
 func subtree(dir string) []string {
 	var dirs []string
 	_ = filepath.WalkDir(dir, func(path string, e fs.DirEntry, err error) error {
@@ -361,8 +349,8 @@ func subtreeProcs(dir string) ([]int, error) {
 	return all, nil
 }
 
-// holds reports whether a lease has a cgroup in this tree: an instance a
-// spawnd without cgroups started has none, and is torn down by process group.
+// holds reports whether a lease has a cgroup here (one a spawnd without
+// cgroups started has none).
 func (t *cgroupTree) holds(leaseID string) bool {
 	if t == nil {
 		return false
@@ -397,8 +385,8 @@ func cgroupProcs(dir string) ([]int, error) {
 	return pids, nil
 }
 
-// members names each process left in a cgroup with its state (D is
-// uninterruptible sleep), for the error of one that will not empty.
+// members names each process left in a cgroup and its state (D: waiting in
+// the kernel), for the error of one that will not empty.
 func members(dir string) string {
 	var out []string
 	pids, _ := subtreeProcs(dir)
@@ -412,8 +400,7 @@ func members(dir string) string {
 	return strings.Join(out, ", ")
 }
 
-// writeCgroupFile writes one value to a cgroup interface file, which must
-// exist: nothing is created.
+// writeCgroupFile writes value to an existing cgroup interface file.
 func writeCgroupFile(dir, name, value string) error {
 	path := filepath.Join(dir, name)
 	f, err := os.OpenFile(path, os.O_WRONLY, 0)

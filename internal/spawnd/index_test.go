@@ -90,7 +90,7 @@ func TestBindingPrefersALiveLease(t *testing.T) {
 	h := newHarness(t, defaultYAML)
 	stream := h.watch()
 	f := h.resume("lease-live", "nexus", "sess-x")
-	h.d.index.bind("sess-x", "notify")
+	h.d.index.Put(binding{"sess-x", "notify"})
 	if got := h.binding("sess-x"); got != "nexus" {
 		t.Errorf("Binding with a live lease on the session = %q, want its entry nexus", got)
 	}
@@ -177,14 +177,14 @@ func TestForeignIndexIsSetAside(t *testing.T) {
 	}
 }
 
-func openTestIndex(t *testing.T, dir string, limit int) (*sessionIndex, *logBuffer) {
+func openTestIndex(t *testing.T, dir string, limit int) (*bindindex.Index[binding], *logBuffer) {
 	t.Helper()
 	logs := newLogBuffer()
 	x := openSessionIndex(dir, limit, slog.New(slog.NewJSONHandler(logs, nil)))
 	if x == nil {
 		t.Fatalf("the index in %s did not open:\n%s", dir, logs.text())
 	}
-	t.Cleanup(x.close)
+	t.Cleanup(x.Close)
 	return x, logs
 }
 
@@ -194,20 +194,20 @@ func TestIndexDropsTheOldestBinding(t *testing.T) {
 	dir := t.TempDir()
 	x, _ := openTestIndex(t, dir, 3)
 	for _, s := range []string{"s1", "s2", "s3"} {
-		x.bind(s, "nexus")
+		x.Put(binding{s, "nexus"})
 	}
-	x.bind("s1", "vision") // refreshed: s2 is now the oldest
-	x.bind("s4", "nexus")
+	x.Put(binding{"s1", "vision"}) // refreshed: s2 is now the oldest
+	x.Put(binding{"s4", "nexus"})
 	want := map[string]string{"s1": "vision", "s2": "", "s3": "nexus", "s4": "nexus"}
 	for s, e := range want {
-		if got := x.lookup(s); got != e {
+		if got := lookup(x, s); got != e {
 			t.Errorf("lookup(%s) = %q, want %q", s, got, e)
 		}
 	}
-	x.close()
+	x.Close()
 	y, _ := openTestIndex(t, dir, 3)
 	for s, e := range want {
-		if got := y.lookup(s); got != e {
+		if got := lookup(y, s); got != e {
 			t.Errorf("after reopening, lookup(%s) = %q, want %q", s, got, e)
 		}
 	}
@@ -219,17 +219,17 @@ func TestIndexCapIs4096(t *testing.T) {
 	dir := t.TempDir()
 	x, _ := openTestIndex(t, dir, maxBindings)
 	for i := range maxBindings + 1 {
-		x.bind(fmt.Sprint("sess-", i), "nexus")
+		x.Put(binding{fmt.Sprint("sess-", i), "nexus"})
 	}
-	if x.lookup("sess-0") != "" || x.lookup("sess-1") != "nexus" || x.lookup(fmt.Sprint("sess-", maxBindings)) != "nexus" {
+	if lookup(x, "sess-0") != "" || lookup(x, "sess-1") != "nexus" || lookup(x, fmt.Sprint("sess-", maxBindings)) != "nexus" {
 		t.Error("past the cap the oldest binding was not the one dropped")
 	}
-	x.close()
+	x.Close()
 	y, _ := openTestIndex(t, dir, maxBindings)
-	if n := len(indexLines(t, filepath.Join(dir, indexFile))); n != maxBindings || len(y.idx.All()) != maxBindings {
-		t.Errorf("reopened index has %d lines, %d bindings; want %d", n, len(y.idx.All()), maxBindings)
+	if n := len(indexLines(t, filepath.Join(dir, indexFile))); n != maxBindings || len(y.All()) != maxBindings {
+		t.Errorf("reopened index has %d lines, %d bindings; want %d", n, len(y.All()), maxBindings)
 	}
-	if y.lookup("sess-0") != "" || y.lookup("sess-1") != "nexus" {
+	if lookup(y, "sess-0") != "" || lookup(y, "sess-1") != "nexus" {
 		t.Error("the reopened index does not hold the newest 4096")
 	}
 }
@@ -241,16 +241,16 @@ func TestIndexCompactsEvery256Appends(t *testing.T) {
 	path := filepath.Join(dir, indexFile)
 	x, _ := openTestIndex(t, dir, maxBindings)
 	for range bindindex.CompactEvery - 1 {
-		x.bind("sess-same", "nexus")
+		x.Put(binding{"sess-same", "nexus"})
 	}
 	if n := len(indexLines(t, path)); n != bindindex.CompactEvery-1 {
 		t.Fatalf("after %d appends the index has %d lines, want one per append", bindindex.CompactEvery-1, n)
 	}
-	x.bind("sess-other", "vision")
+	x.Put(binding{"sess-other", "vision"})
 	if got := indexLines(t, path); len(got) != 2 {
 		t.Fatalf("after the %dth append the index is %q, want its two bindings", bindindex.CompactEvery, got)
 	}
-	x.bind("sess-third", "nexus")
+	x.Put(binding{"sess-third", "nexus"})
 	if n := len(indexLines(t, path)); n != 3 {
 		t.Errorf("an append after compaction left %d lines, want 3", n)
 	}
@@ -274,7 +274,7 @@ func TestIndexSkipsCorruptLines(t *testing.T) {
 	for _, n := range []int{2, 3, 5, 6} {
 		logs.await(t, "skipping a session → binary index line that is not a whole binding (torn by a crash mid-write, edited, or written before session ids were checked)", "line", n)
 	}
-	if a, b, c := x.lookup("sess-a"), x.lookup("sess-b"), x.lookup("sess-torn"); a != "nexus" || b != "vision" || c != "" {
+	if a, b, c := lookup(x, "sess-a"), lookup(x, "sess-b"), lookup(x, "sess-torn"); a != "nexus" || b != "vision" || c != "" {
 		t.Errorf("lookups = %q, %q, %q; want nexus, vision and no opinion", a, b, c)
 	}
 	if n := len(indexLines(t, filepath.Join(dir, indexFile))); n != 2 {
@@ -385,4 +385,10 @@ func (h *harness) list() []*spawnpb.Lease {
 		h.t.Fatal(err)
 	}
 	return resp.Leases
+}
+
+// lookup is the entry x binds session to, "" for no opinion.
+func lookup(x *bindindex.Index[binding], session string) string {
+	b, _ := x.Get(session)
+	return b.Entry
 }

@@ -12,30 +12,22 @@ import (
 	"github.com/nexus-broker/nexus-broker/internal/safedir"
 )
 
-// The lease journal, <state_dir>/leases.jsonl, is what lets a restarted
-// nexus-spawnd re-adopt the instances its predecessor left running
-// (recover.go). Without a state_dir there is none, and lease state lives in
-// memory only.
-//
-// Each line is one JSON object: the kind of transition and the whole lease as
-// it stood after it, so a lease's last line is its state and replay never
-// merges fields. Every append is fsynced before it returns: the record that
-// carries an instance's pid and start time is the one a power loss must not
-// take, because without it the instance is an orphan nobody can prove is
-// ours. A failed write or fsync is logged and never fails the verb that
-// caused it: a lost record costs a re-adoption, a refused spawn costs a
-// user's session.
+// The lease journal, <state_dir>/leases.jsonl, lets a restarted nexus-spawnd
+// re-adopt the instances its predecessor left running (recover.go). Each line
+// is a transition and the whole lease after it, so a lease's last line is its
+// state. Every append is fsynced: a power loss must not take the record that
+// carries an instance's pid, without which it is an orphan nobody can prove
+// is ours. A failed write is logged, never failing its verb: a lost record
+// costs a re-adoption, a refused spawn a user's session.
 
 const (
 	journalFile = "leases.jsonl"
-	// stateLockFile is flocked for the Daemon's whole life, so two
-	// nexus-spawnds never append to one journal. It is not the run
-	// directory's spawnd.lock, so a state_dir that is also the run directory
-	// does not lock itself out.
+	// stateLockFile is flocked for the Daemon's life, so two nexus-spawnds
+	// never append to one journal; not spawnd.lock, so a state_dir that is
+	// also the run directory does not lock itself out.
 	stateLockFile = "state.lock"
-	// journalCompactEvery bounds the file between boots: about three
-	// records per lease, so the file holds roughly the live set plus the
-	// last few hundred leases.
+	// journalCompactEvery bounds the file between boots (about three
+	// records per lease).
 	journalCompactEvery = 512
 )
 
@@ -51,9 +43,8 @@ const (
 
 // Teardown reasons spawnd writes itself; the others are Terminate's.
 const (
-	// reasonCrashed: the instance exited before any Terminate began its
-	// teardown, as the spec's crash is "died without a release" whatever its
-	// status (the log line of the exit carries that).
+	// reasonCrashed: exited before any Terminate, whatever its status (the
+	// spec's crash is "died without a release").
 	reasonCrashed = "crashed"
 	// reasonSpawnFailed: exec failed; there never was a process.
 	reasonSpawnFailed = "spawn failed"
@@ -68,28 +59,25 @@ type leaseRecord struct {
 	// Entry is the binaries: entry name, never its path.
 	Entry string `json:"entry"`
 	PID   int    `json:"pid,omitempty"`
-	// StartTime is field 22 of /proc/<pid>/stat, in clock ticks since boot,
-	// and BootID is /proc/sys/kernel/random/boot_id. With the pid they tell
-	// a surviving instance from an unrelated process that was handed the
-	// same pid while nexus-spawnd was down, or after a reboot.
+	// StartTime (field 22 of /proc/<pid>/stat) and BootID, with the pid,
+	// tell a surviving instance from a process that was handed the same
+	// pid while nexus-spawnd was down, or after a reboot.
 	StartTime     uint64    `json:"start_time,omitempty"`
 	BootID        string    `json:"boot_id,omitempty"`
 	CreatedAt     time.Time `json:"created_at"`
 	BrokerID      string    `json:"broker_id"`
 	AdvertiseAddr string    `json:"advertise_addr,omitempty"`
-	// ConfigPath is the instance's temp config, for whichever nexus-spawnd
-	// sees the instance go to remove.
+	// ConfigPath is the temp config, removed by whichever nexus-spawnd
+	// sees the instance go.
 	ConfigPath string `json:"config_path,omitempty"`
 	// Reason is why the lease ended (kindEnded only).
 	Reason string `json:"reason,omitempty"`
-	// CgroupLeft is why the lease's cgroup was still there when it ended
-	// (kindEnded only): its members, and their state. spawnd retries the
-	// removal, and a later boot's sweep finishes it.
+	// CgroupLeft is why the lease's cgroup outlived it (kindEnded only);
+	// its removal is retried.
 	CgroupLeft string `json:"cgroup_left,omitempty"`
 
-	// seq orders snapshots of one lease (lease.snapshot). Verbs append
-	// after releasing Daemon.mu, so two snapshots may reach the journal in
-	// the other order; the older is then dropped.
+	// seq orders snapshots of one lease: verbs append after releasing
+	// Daemon.mu, so an older snapshot may arrive last, and is dropped.
 	seq uint64
 }
 
@@ -108,14 +96,11 @@ func (jl journalLine) valid() bool {
 	return false
 }
 
-// leaseJournal is leases.jsonl on the state_dir's keyed file discipline
-// (bindindex): a lease's last line is its state, and an ended lease is
-// forgotten, so a compaction writes back this broker's live leases and the
-// last line of each lease of another broker id, which is not ours to adopt,
-// close out or rewrite. A nil *leaseJournal journals nothing.
-type leaseJournal struct{ idx *bindindex.Index[journalLine] }
-
-// journalSpec is the journal of brokerID in stateDir.
+// journalSpec is leases.jsonl of brokerID in stateDir, a bindindex keyed
+// file: a lease's last line is its state and an ended lease is forgotten,
+// so a compaction writes back this broker's live leases and the last line
+// of each lease of another broker id, which is not ours to adopt, close out
+// or rewrite.
 func journalSpec(stateDir, brokerID string) bindindex.Spec[journalLine] {
 	return bindindex.Spec[journalLine]{
 		Path: filepath.Join(stateDir, journalFile),
@@ -149,8 +134,8 @@ func journalSpec(stateDir, brokerID string) bindindex.Spec[journalLine] {
 // openJournal replays <stateDir>/leases.jsonl and compacts it, returning the
 // journal and this broker's live leases. Only a journal that cannot be read
 // or written at all refuses the boot: running on without it would strand
-// every instance it records.
-func openJournal(stateDir, brokerID string, log *slog.Logger) (*leaseJournal, []leaseRecord, error) {
+// every instance it records. A failed append is logged, never returned.
+func openJournal(stateDir, brokerID string, log *slog.Logger) (*bindindex.Index[journalLine], []leaseRecord, error) {
 	spec := journalSpec(stateDir, brokerID)
 	idx, err := bindindex.OpenRequired(spec, log)
 	if err != nil {
@@ -163,28 +148,12 @@ func openJournal(stateDir, brokerID string, log *slog.Logger) (*leaseJournal, []
 			live = append(live, jl.leaseRecord)
 		}
 	}
-	return &leaseJournal{idx}, live, nil
+	return idx, live, nil
 }
 
-// append journals one transition of one lease; a failed write is logged,
-// never returned.
-func (j *leaseJournal) append(kind recordKind, rec leaseRecord) {
-	if j != nil {
-		j.idx.Put(journalLine{Kind: kind, leaseRecord: rec})
-	}
-}
-
-// close closes the file; later appends are dropped. Live leases stay live in
-// the journal: the next nexus-spawnd re-adopts them.
-func (j *leaseJournal) close() {
-	if j != nil {
-		j.idx.Close()
-	}
-}
-
-// lockStateDir takes <stateDir>/state.lock for the Daemon's life and writes
-// its pid there for the error a second nexus-spawnd gets. The descriptor is
-// close-on-exec, so no instance inherits the lock and outlives us holding it.
+// lockStateDir takes <stateDir>/state.lock for the Daemon's life, with its
+// pid for a second nexus-spawnd's error. It is close-on-exec, so no instance
+// inherits the lock.
 func lockStateDir(stateDir string) (*os.File, error) {
 	path := filepath.Join(stateDir, stateLockFile)
 	f, err := safedir.LockPid(path, 0o600, func(f *os.File) error { return safedir.Owned(f, os.Geteuid()) })

@@ -120,21 +120,21 @@ func testRecord(id string) leaseRecord {
 
 // appendLifecycle appends rec's kinds in order, numbering them as
 // lease.snapshot would.
-func appendLifecycle(j *leaseJournal, rec leaseRecord, kinds ...recordKind) {
+func appendLifecycle(j *bindindex.Index[journalLine], rec leaseRecord, kinds ...recordKind) {
 	for _, k := range kinds {
 		rec.seq++
-		j.append(k, rec)
+		j.Put(journalLine{k, rec})
 	}
 }
 
-func openTestJournal(t testing.TB, dir string) (*leaseJournal, []leaseRecord, *logBuffer) {
+func openTestJournal(t testing.TB, dir string) (*bindindex.Index[journalLine], []leaseRecord, *logBuffer) {
 	t.Helper()
 	logs := newLogBuffer()
 	j, live, err := openJournal(dir, "b-test", slog.New(slog.NewJSONHandler(logs, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(j.close)
+	t.Cleanup(j.Close)
 	return j, live, logs
 }
 
@@ -161,7 +161,7 @@ func TestJournalCompactsEvery512Appends(t *testing.T) {
 	if raw, _ := journalLines(t, path); len(raw) != 3 {
 		t.Fatalf("an append after compaction left %d lines, want 3", len(raw))
 	}
-	j.close()
+	j.Close()
 	_, live, _ := openTestJournal(t, dir)
 	var ids []string
 	for _, r := range live {
@@ -179,15 +179,15 @@ func TestJournalDropsStaleSnapshots(t *testing.T) {
 	j, _, _ := openTestJournal(t, dir)
 	rec := testRecord("lease-race")
 	rec.seq = 1
-	j.append(kindMinted, rec)
+	j.Put(journalLine{kindMinted, rec})
 	rec.seq, rec.SessionID = 3, "newer"
-	j.append(kindRecorded, rec)
+	j.Put(journalLine{kindRecorded, rec})
 	rec.seq, rec.SessionID = 2, "older"
-	j.append(kindRecorded, rec)
+	j.Put(journalLine{kindRecorded, rec})
 	rec.seq, rec.SessionID, rec.Reason = 4, "newer", "exited"
-	j.append(kindEnded, rec)
+	j.Put(journalLine{kindEnded, rec})
 	rec.seq = 5
-	j.append(kindRecorded, rec) // a Record that raced the exit
+	j.Put(journalLine{kindRecorded, rec}) // a Record that raced the exit
 	_, recs := journalLines(t, filepath.Join(dir, journalFile))
 	var kinds []string
 	for _, r := range recs {
@@ -253,14 +253,14 @@ func TestStateDirLockRefusesASecondDaemon(t *testing.T) {
 // appends alternate minted and ended, so compaction runs as it would on a
 // broker whose leases come and go.
 func BenchmarkJournalAppend(b *testing.B) {
-	churn := func(j *leaseJournal, n int) {
+	churn := func(j *bindindex.Index[journalLine], n int) {
 		rec := testRecord("")
 		rec.PID, rec.StartTime, rec.BootID, rec.SessionID = 123456, 987654321, "f5ef28e3-55bc-4056-b9a1-16d413464005", "sess-bench"
 		rec.AdvertiseAddr, rec.ConfigPath = "broker-1.example.com:9090", "/tmp/nexus-spawnd-123/lease.yaml"
 		for i := range n {
 			rec.LeaseID = fmt.Sprint("lease-", i/2)
 			rec.seq = uint64(i%2 + 1)
-			j.append([]recordKind{kindMinted, kindEnded}[i%2], rec)
+			j.Put(journalLine{[]recordKind{kindMinted, kindEnded}[i%2], rec})
 		}
 	}
 	spec := journalSpec(b.TempDir(), "b-test")
@@ -270,7 +270,7 @@ func BenchmarkJournalAppend(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer idx.Close()
-	baseline := &leaseJournal{idx}
+	baseline := idx
 	const baseN = 100_000
 	began := time.Now()
 	churn(baseline, baseN)

@@ -16,10 +16,8 @@ import (
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
 )
 
-// termGrace is how long Terminate waits after SIGTERM before SIGKILL. It is
-// fixed and short, as upstream's is (2s): release_grace, the operator's
-// shutdown budget, has already run out by the time it starts, and an engine
-// that has not exited two seconds after SIGTERM is not going to.
+// termGrace is how long Terminate waits after SIGTERM before SIGKILL: fixed
+// and short, as upstream's, since release_grace has already run out.
 const termGrace = 2 * time.Second
 
 // started is a running, unreaped instance, as start hands it back.
@@ -28,14 +26,20 @@ type started struct {
 	startTime  uint64
 }
 
-// start writes the lease's config and execs the entry, to dial back to
-// addr. On failure it names the step that failed, and nothing is left
-// behind: no config, no process.
+// start writes the lease's config and runs
+//
+//	<resolved path> -config <file> [-recall <session>] <entry args…>
+//
+// with spawnEnv's environment, in the HOME it gives, as a new session's
+// leader, under run_as, with no_new_privs unless the entry opts out, to dial
+// back to addr. Output appends to the lease's log file: a pipe would die
+// with spawnd, and the instance with it (SIGPIPE). On failure it names the
+// failed step and leaves no config and no process behind.
 func (d *Daemon) start(id string, e *entry, inherit []string, req *spawnpb.SpawnRequest, addr string) (started, spawnpb.SpawnStep, error) {
 	var cred *syscall.Credential
 	if e.runAs != nil {
-		// An empty, non-nil Groups with NoSetGroups false makes the child
-		// call setgroups(0, NULL), dropping spawnd's supplementary groups.
+		// An empty, non-nil Groups makes the child call setgroups(0, NULL),
+		// dropping spawnd's supplementary groups.
 		cred = &syscall.Credential{Uid: e.runAs.uid, Gid: e.runAs.gid, Groups: []uint32{}}
 	}
 	configPath := d.configFor(id)
@@ -50,14 +54,6 @@ func (d *Daemon) start(id string, e *entry, inherit []string, req *spawnpb.Spawn
 	return p, spawnpb.SpawnStep_SPAWN_STEP_UNSPECIFIED, nil
 }
 
-// exec runs
-//
-//	<resolved path> -config <file> [-recall <session>] <entry args…>
-//
-// with the environment of spawnEnv, in the HOME it gives, as the leader of a
-// new session, under cred, with no_new_privs unless the entry opts out. stdout and stderr append to the lease's
-// log file rather than a pipe: a pipe would die with spawnd, and the
-// instance with it on its next write (SIGPIPE).
 func (d *Daemon) exec(id string, e *entry, inherit []string, req *spawnpb.SpawnRequest, addr, configPath string, cred *syscall.Credential) (started, error) {
 	p := started{pidfd: -1}
 	argv := []string{e.resolved, "-config", configPath}
@@ -83,9 +79,8 @@ func (d *Daemon) exec(id string, e *entry, inherit []string, req *spawnpb.SpawnR
 	}
 	defer null.Close()
 	sys := &syscall.SysProcAttr{
-		// The instance leads a new session, and so its own process
-		// group, with no controlling terminal: it cannot push input
-		// into the terminal spawnd was started from (TIOCSTI).
+		// No controlling terminal: the instance cannot push input into
+		// the terminal spawnd was started from (TIOCSTI).
 		Setsid:     true,
 		Credential: cred,
 		PidFD:      &p.pidfd,
@@ -106,8 +101,7 @@ func (d *Daemon) exec(id string, e *entry, inherit []string, req *spawnpb.SpawnR
 		Sys:   sys,
 	}, !e.allowEscalation)
 	if err != nil {
-		// No process: there is no group to kill (its id would be 0, which
-		// kill(2) reads as spawnd's own group).
+		// No process, so no group to kill (pid 0 would be spawnd's own).
 		if d.cgroups != nil {
 			d.removeCgroup(id)
 		}
@@ -137,11 +131,9 @@ func (d *Daemon) exec(id string, e *entry, inherit []string, req *spawnpb.SpawnR
 	return p, nil
 }
 
-// startProcess execs argv. With noNewPrivs it does so from the one OS
-// thread that has no_new_privs set (nnpThread), unless spawnd was started
-// with the flag (as the deploy unit starts it): then every thread has it,
-// and the exec runs on the caller's thread, saving the two thread
-// hand-offs on the way to the exec and back.
+// startProcess execs argv, with noNewPrivs from nnpThread, unless spawnd
+// was started with the flag (as the deploy unit starts it): then every
+// thread has it, and the caller's thread saves two thread hand-offs.
 func startProcess(argv []string, attr *syscall.ProcAttr, noNewPrivs bool) (int, error) {
 	if !noNewPrivs || startedWithNNP {
 		pid, _, err := syscall.StartProcess(argv[0], argv, attr)
@@ -172,13 +164,11 @@ var startedWithNNP = func() bool {
 }()
 
 // nnpThread runs every exec that must start with no_new_privs. The flag is
-// per thread, inherited by whatever the thread clones, and can never be
-// cleared, so it is set on an OS thread that no other goroutine of spawnd
-// ever runs on: one goroutine locked to its thread for the life of the
-// process (the runtime starts the threads such a goroutine needs from a
-// clean template thread, never by cloning it). It replaced a thread made
-// and ended per exec, whose creation and end cost each spawn about 170 µs
-// of CPU and a thread hand-off before the exec.
+// per thread, inherited by what the thread clones, and never cleared, so it
+// is set on an OS thread no other goroutine runs on: one goroutine locked
+// to it for the process's life (the runtime starts the threads such a
+// goroutine needs from a clean template thread, never by cloning it). A
+// thread per exec cost each spawn about 170 µs of CPU.
 var nnpThread struct {
 	once  sync.Once
 	execs chan nnpExec
@@ -197,8 +187,7 @@ type execResult struct {
 }
 
 func runNNPThread(ready chan<- error) {
-	// Never unlocked: had prctl failed half-way, the runtime ends a thread
-	// whose goroutine exits while locked to it.
+	// Never unlocked: should prctl fail, the runtime ends the thread.
 	runtime.LockOSThread()
 	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
 		ready <- fmt.Errorf("prctl(PR_SET_NO_NEW_PRIVS): %w", err)
@@ -212,9 +201,8 @@ func runNNPThread(ready chan<- error) {
 }
 
 // sealInheritedFDs marks every descriptor spawnd inherited (3 and up)
-// close-on-exec, so none reaches an instance: exec passes on whatever is not
-// so marked, and a parent may hand spawnd anything. What spawnd opens itself
-// is born close-on-exec (Go's os package, Pipe2 and pidfds).
+// close-on-exec, so none reaches an instance; what spawnd opens itself is
+// born close-on-exec (Go's os package, Pipe2, pidfds).
 func sealInheritedFDs() error {
 	names, err := os.ReadDir("/proc/self/fd")
 	if err != nil {
@@ -233,8 +221,8 @@ func sealInheritedFDs() error {
 	return nil
 }
 
-// writeConfig writes the claim's config 0600, owned by the instance's own
-// uid when run_as is used so that it, and no other run_as user, can read it.
+// writeConfig writes the claim's config 0600, owned by the run_as uid when
+// there is one, so no other run_as user can read it.
 func writeConfig(path string, config []byte, cred *syscall.Credential) error {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
@@ -256,9 +244,8 @@ func writeConfig(path string, config []byte, cred *syscall.Credential) error {
 	return nil
 }
 
-// workingDir is the spawn's HOME when that is a directory, else "/". A
-// run_as user's passwd home may not exist (nobody's is /nonexistent); the
-// instance then still gets it as HOME, as the spec says, and starts in "/".
+// workingDir is the spawn's HOME when that is a directory, else "/" (nobody's
+// home is /nonexistent; it stays HOME, as the spec says).
 func workingDir(home string) string {
 	if info, err := os.Stat(home); home != "" && err == nil && info.IsDir() {
 		return home
@@ -266,11 +253,9 @@ func workingDir(home string) string {
 	return "/"
 }
 
-// supervise has the exit watch tell it when the instance's leader exits,
-// then kills whatever is left of its group, reaps it (when spawnd is its
-// parent), and publishes its exit. It runs once per lease, from Spawn or
-// adoption, until the exit or until Close, and holds one count of d.wg
-// for that whole time; no goroutine runs for it until then.
+// supervise has the exit watch call supervised when the instance's leader
+// exits or spawnd closes. It holds one count of d.wg until then, and no
+// goroutine.
 func (d *Daemon) supervise(l *lease) {
 	err := d.exits.add(l.pidfd, func(exited bool, err error) { go d.supervised(l, exited, err) })
 	if err != nil {
@@ -278,15 +263,15 @@ func (d *Daemon) supervise(l *lease) {
 	}
 }
 
-// supervised is the end of a lease's supervision: its instance exited, or
-// spawnd is closing (or the watch failed, err).
+// supervised kills what is left of an exited instance, reaps it (when spawnd
+// is its parent) and publishes its exit; on Close (or a failed watch) it
+// leaves the instance running.
 func (d *Daemon) supervised(l *lease, exited bool, err error) {
 	defer d.wg.Done()
 	if !exited {
 		if err != nil {
 			d.log.Error("supervising instance failed; its exit will not be reported", "lease_id", l.rec.LeaseID, "pid", l.rec.PID, "error", err)
 		}
-		// Close (or the error above): leave the instance running, unreaped.
 		// Under d.mu, so an escalation never signals through a closed pidfd.
 		d.mu.Lock()
 		_ = unix.Close(l.pidfd)
@@ -297,15 +282,12 @@ func (d *Daemon) supervised(l *lease, exited bool, err error) {
 
 	d.mu.Lock()
 	if l.inCgroup {
-		// Everything the instance started, whatever session or parent
-		// it has moved to since.
 		_ = d.cgroups.signal(l.rec.LeaseID, unix.SIGKILL)
 	} else if !l.adopted {
-		// The leader has exited but is not reaped, so its pid, which is
-		// the group's id, cannot have been reused: this reaches only what
-		// the instance started. Marking the lease gone under the same
-		// lock, before the reap, is what keeps an escalation from
-		// signalling the group after.
+		// The leader has exited but is unreaped, so its pid, the group's
+		// id, cannot have been reused. Marking the lease gone under the
+		// same lock, before the reap, keeps an escalation from signalling
+		// the group after.
 		_ = unix.Kill(-l.rec.PID, unix.SIGKILL)
 	}
 	terminated := l.state == stateTerminating
@@ -354,13 +336,12 @@ func (d *Daemon) supervised(l *lease, exited bool, err error) {
 		ev.OutputTail = outputTail(ev.LogPath)
 	}
 	if d.stateLock == nil {
-		// Without a state_dir the log lives in spawnd's temp directory,
-		// which must not fill up with the output of leases long gone: it
+		// Without a state_dir the log is in spawnd's temp directory: it
 		// goes with its lease (its tail went out with the exit event).
 		_ = os.Remove(d.logFor(rec.LeaseID))
 		ev.LogPath = ""
 	}
-	d.journal.append(kindEnded, rec)
+	d.journal.Put(journalLine{kindEnded, rec})
 	d.log.Info("instance exited", "lease_id", rec.LeaseID, "entry", rec.Entry, "pid", rec.PID, "adopted", l.adopted,
 		"exit_code", ev.ExitCode, "signal", ev.Signal, "terminated", terminated, "reason", rec.Reason)
 	d.watchers.publish(ev)
@@ -368,11 +349,10 @@ func (d *Daemon) supervised(l *lease, exited bool, err error) {
 	close(l.gone)
 }
 
-// removeCgroup removes a lease's cgroup once it is empty. A cgroup that does
-// not empty within cgroupDrainLimit (a member stuck in uninterruptible
-// sleep) is logged as an ERROR, its removal retried until it succeeds or
-// spawnd closes (the next boot's sweep removes it otherwise), and the
-// reason returned, for the lease's ended record.
+// removeCgroup removes a lease's cgroup once it is empty. One that does not
+// empty within cgroupDrainLimit (a member in uninterruptible sleep) is an
+// ERROR, its removal retried until spawnd closes (the next boot's sweep
+// finishes it), and the reason returned for the ended record.
 func (d *Daemon) removeCgroup(id string) error {
 	err := d.cgroups.remove(id, cgroupDrainLimit)
 	if err == nil {
@@ -406,9 +386,9 @@ func reap(pid int) (unix.WaitStatus, error) {
 }
 
 // escalate tears a terminating lease down: release_grace for the instance
-// to act on the gateway's shutdown frame (skipped when there is no socket to
-// have sent one over), then SIGTERM to its group, termGrace, then SIGKILL.
-// It stops early once the instance is gone or spawnd is closing.
+// to act on the gateway's shutdown frame (unless skipped: no socket sent
+// one), SIGTERM, termGrace, SIGKILL; it stops once the instance is gone or
+// spawnd closes.
 func (d *Daemon) escalate(l *lease, skipGrace bool, grace time.Duration) {
 	defer d.wg.Done()
 	group := "process group"
@@ -444,14 +424,14 @@ func (d *Daemon) settled(l *lease, wait time.Duration) bool {
 }
 
 // signalGroup signals a terminating lease's group, then logs msg. The state
-// check and the kill happen under d.mu, as supervise's do, so a group is
+// check and the kill happen under d.mu, as supervised's do, so a group is
 // never signalled once its leader may have been reaped.
 //
-// An adopted instance's leader is reaped by init, not by spawnd, so the
-// state check cannot pin its group id. Its leader is signalled through its
-// pidfd instead, and only when that succeeds, proving the leader still holds
-// its pid (alive or a zombie) and so its group id, is the group signalled.
-// Once the leader is gone its supervisor kills the rest (killGroupRemains).
+// init reaps an adopted leader, so the state check cannot pin its group id:
+// the leader is signalled through its pidfd, and only when that succeeds,
+// proving it still holds its pid and so the group id, is the group
+// signalled. Once it is gone its supervisor kills the rest
+// (killGroupRemains).
 func (d *Daemon) signalGroup(l *lease, sig unix.Signal, msg string, attrs ...any) {
 	d.mu.Lock()
 	live := l.state == stateTerminating && l.pidfd >= 0
@@ -482,8 +462,7 @@ func (d *Daemon) signalGroup(l *lease, sig unix.Signal, msg string, attrs ...any
 const outputTailBytes = 2 << 10
 
 // outputTail is the end of an instance's log, escaped as a Go string
-// literal's body: what an instance printed can then be quoted in a log line
-// but never start one of its own.
+// literal's body, so it can be quoted in a log line but never start one.
 func outputTail(path string) string {
 	f, err := safedir.OpenFile(path, os.O_RDONLY, 0)
 	if err != nil {

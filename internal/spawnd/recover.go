@@ -12,16 +12,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Recovery: what a nexus-spawnd does at boot with the leases its
-// predecessor journaled as live. The instances outlived it (each leads its
-// own session and process group, and was reparented to init when the old spawnd died)
-// and keep redialing the gateway, so each one whose identity is proven is
-// adopted: supervised, listed, verifiable and terminable as if spawned here.
-//
-// Identity is (boot id, pid, start time), never a live pid alone: a pid is
-// recycled, and the process now holding a journaled pid may be anybody's. A
-// record that cannot be proven is closed out and its process is never
-// signalled.
+// Recovery: at boot, each lease the predecessor journaled as live whose
+// instance is proven to be the same process is adopted (supervised, listed,
+// verifiable, terminable as if spawned here). Identity is (boot id, pid,
+// start time), never a pid alone: a recycled pid may be anybody's. A record
+// that cannot be proven is closed out and its process never signalled.
 
 // Reasons a record is closed out at recovery.
 const (
@@ -30,8 +25,7 @@ const (
 	// reasonIdentityMismatch: the pid is held by a process with another
 	// start time, or the host rebooted since (another boot id).
 	reasonIdentityMismatch = "identity mismatch"
-	// reasonNeverStarted: the previous nexus-spawnd stopped between minting
-	// the lease and journaling its pid, so there is nothing to prove.
+	// reasonNeverStarted: no pid was journaled, so nothing can be proven.
 	reasonNeverStarted = "never started"
 )
 
@@ -57,9 +51,8 @@ type procStat struct {
 	exitStatus uint32
 }
 
-// readProcStat parses /proc/<pid>/stat. The command name (field 2) is in
-// parentheses and may itself hold spaces and parentheses, so fields are
-// counted from the last ')'.
+// readProcStat parses /proc/<pid>/stat, counting fields from the last ')':
+// the command name (field 2) may itself hold spaces and parentheses.
 func readProcStat(pid int) (procStat, error) {
 	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
@@ -91,14 +84,12 @@ func readProcStat(pid int) (procStat, error) {
 }
 
 // identify proves that rec's process is still the instance it was journaled
-// for, and returns a pidfd for it and its stat. Otherwise it returns the
-// reason to close the record out, and what was found, for the log.
+// for and returns a pidfd for it and its stat, or else the reason to close
+// the record out and what was found.
 //
-// The start time is checked before pidfd_open and again after: the first
-// read proves the instance held the pid then; the second, that it still
-// holds it now. The pidfd was opened in between, so it refers to the
-// instance: a pid belongs to one process at a time, and a process keeps its
-// pid for life.
+// The start time is checked before pidfd_open and after: the instance held
+// the pid before and still holds it after, so the pidfd opened in between
+// refers to it (a process keeps its pid for life).
 func identify(rec leaseRecord, bootID string) (pidfd int, st procStat, reason, found string) {
 	if rec.PID <= 0 {
 		return -1, st, reasonNeverStarted, "no pid was journaled"
@@ -135,10 +126,8 @@ func identify(rec leaseRecord, bootID string) (pidfd int, st procStat, reason, f
 	return pidfd, st, "", ""
 }
 
-// adoptedStatus is the wait status of an adopted instance that has exited,
-// if spawnd can still learn it. Not being its parent, spawnd cannot reap it;
-// its status stays readable in /proc only until init reaps it, so this is
-// best-effort.
+// adoptedStatus is an exited adopted instance's wait status, best-effort:
+// it is readable in /proc only until init reaps it.
 func adoptedStatus(rec leaseRecord) (unix.WaitStatus, bool) {
 	st, err := readProcStat(rec.PID)
 	if err != nil || st.state != 'Z' || st.startTime != rec.StartTime {
@@ -153,23 +142,18 @@ func adoptedStatus(rec leaseRecord) (unix.WaitStatus, bool) {
 const maxScanRounds = 16
 
 // killGroupRemains SIGKILLs what is left of an adopted instance's process
-// group once its leader has exited. spawnd is not the leader's parent, so it
-// cannot keep the leader unreaped to pin the group id as it does for an
-// instance it spawned; kill(-pgid) could then reach a group that reused the
-// id. Instead it scans /proc for the members and signals each through its
-// own pidfd.
+// group once its leader has exited. Not the leader's parent, spawnd cannot
+// keep it unreaped to pin the group id, so kill(-pgid) could reach a group
+// that reused the id; it signals each member found in /proc through its own
+// pidfd instead.
 //
-// Why this reaches only the instance's processes: Linux does not hand out a
-// pid again while any process still uses it as a process group id (nor does
-// POSIX allow a group id's reuse within the group's lifetime), so while the
-// group has a member the id is still the instance's. Only if the group had
-// emptied and the pid come round again in the instant since the leader's
-// exit could a process with this pgid be a stranger, and the filter shuts
-// out what it can even then: a member is in the leader's session (setpgid
-// never crosses sessions) and started no earlier than the leader (it is a
-// descendant, or joined a group that already existed). Each candidate is
-// read again after its pidfd is open, as identify does, so the signal goes
-// to the process that was checked.
+// Why only the instance's processes: Linux hands out no pid still used as a
+// group id, so while the group has a member the id is the instance's. Only
+// if it emptied and the pid came round again since the leader's exit could
+// a member be a stranger, and the filter shuts out what it can even then: a
+// member shares the leader's session (setpgid never crosses sessions) and
+// started no earlier. Each candidate is read again once its pidfd is open,
+// as identify does.
 func killGroupRemains(pgid, sid int, leaderStart uint64) (killed int, err error) {
 	member := func(st procStat) bool {
 		return st.pgid == pgid && st.sid == sid && st.startTime >= leaderStart && st.state != 'Z'
@@ -211,10 +195,9 @@ func killGroupRemains(pgid, sid int, leaderStart uint64) (killed int, err error)
 	return len(signalled), fmt.Errorf("process group %d still had new members after %d rounds of SIGKILL", pgid, maxScanRounds)
 }
 
-// journaledConfig is the temp config a journal record names, if it has the
-// shape of one spawnd wrote (<temp>/nexus-spawnd-*/<lease id>.yaml); else "".
-// The journal is spawnd's own 0700 file, but a path it deletes is checked
-// all the same.
+// journaledConfig is the temp config a record names if it has the shape of
+// one spawnd wrote (<temp>/nexus-spawnd-*/<lease id>.yaml), else "": a path
+// spawnd deletes is checked, even from its own journal.
 func journaledConfig(rec leaseRecord) string {
 	p := rec.ConfigPath
 	if !filepath.IsAbs(p) || filepath.Clean(p) != p || filepath.Base(p) != rec.LeaseID+".yaml" ||
@@ -224,9 +207,8 @@ func journaledConfig(rec leaseRecord) string {
 	return p
 }
 
-// removeConfig removes a gone instance's temp config, and the temp
-// directory of the nexus-spawnd that wrote it once that is empty: a
-// predecessor killed with -9 never removed its own.
+// removeConfig removes a gone instance's temp config, and then its
+// directory if empty and not ours (a predecessor killed with -9 left it).
 func (d *Daemon) removeConfig(path string) {
 	if path == "" {
 		return
@@ -237,9 +219,8 @@ func (d *Daemon) removeConfig(path string) {
 	}
 }
 
-// recoverLeases decides, for each live lease the journal replayed, whether
-// to adopt its instance or close it out. It runs in New, before any verb is
-// served; the adopted leases' supervisors are started by the caller.
+// recoverLeases adopts or closes out each live lease the journal replayed,
+// in New, before any verb is served; the caller starts the supervisors.
 func (d *Daemon) recoverLeases(live []leaseRecord) []*lease {
 	var adopted []*lease
 	for _, rec := range live {
@@ -248,7 +229,7 @@ func (d *Daemon) recoverLeases(live []leaseRecord) []*lease {
 		if reason != "" {
 			rec.Reason = reason
 			rec.seq++
-			d.journal.append(kindEnded, rec)
+			d.journal.Put(journalLine{kindEnded, rec})
 			d.removeConfig(journaledConfig(rec))
 			d.log.Warn("journaled lease closed out; its process was not signalled",
 				"lease_id", rec.LeaseID, "entry", rec.Entry, "pid", rec.PID, "reason", reason, "found", found)

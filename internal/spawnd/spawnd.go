@@ -2,30 +2,25 @@
 // execs instances for the unprivileged gateway, hands each its dial-back
 // secret, and tears it down again.
 //
-// It is meant to be read by a security reviewer in an hour, so it is shaped
-// like OpenSSH's privilege-separation monitor. The gateway may send only the
-// nine verbs of the table in this file; each names at most one lease, and
-// each is served only while that lease is in a state its row allows. A lease
-// moves spawning → running → terminating → gone, once, and its id is never
-// spawned again; a lease re-adopted from the journal after a restart enters
-// at running. Nothing the gateway sends is a path, argv, environment, uid
-// or gid: an entry name is resolved against spawnd's own registry, which it
-// builds from broker.yaml (registry.go).
+// Shaped like OpenSSH's privilege-separation monitor: the gateway may send
+// only the nine verbs of the table in this file, each naming at most one
+// lease and served only in the lease states its row allows. A lease moves
+// spawning → running → terminating → gone, once, and its id is never
+// spawned again (a re-adopted lease enters at running). Nothing the gateway
+// sends is a path, argv, environment, uid or gid: an entry name is resolved
+// against spawnd's own registry (registry.go).
 //
-// spawnd signals nothing but the members of a lease's own cgroup, or, where
-// there is no cgroup v2 tree, the process group of a lease it holds, and
-// only while that group's leader provably still holds the group id, so the
-// id cannot have been handed to anyone else (cgroup.go, process.go,
-// recover.go). An instance leads its own session, inherits no descriptor but
-// 0-2 and starts with no_new_privs unless its entry opts out.
+// spawnd signals only the members of a lease's own cgroup or, without
+// cgroup v2, the process group of a lease whose leader provably still holds
+// the group id (cgroup.go, process.go, recover.go). An instance leads its
+// own session, inherits no descriptor but 0-2, and starts with
+// no_new_privs unless its entry opts out.
 //
-// Files: spawnd.go (verbs and lease states), registry.go (binary registry and
-// spawn environment), process.go (exec, exit supervision, escalation),
-// cgroup.go (one cgroup v2 per lease), secrets.go (spawn-key, secrets,
-// broker id), watch.go (exit fan-out), logcap.go
-// (the bounds on instance output), journal.go (the fsynced lease journal
-// and the state_dir lock), recover.go (re-adoption at boot), index.go (the
-// session → binary index).
+// Files: spawnd.go (verbs, lease states), registry.go (registry, spawn
+// environment), process.go (exec, supervision, escalation), cgroup.go,
+// secrets.go (spawn-key, broker id), watch.go (exit fan-out), logcap.go
+// (output bounds), journal.go (lease journal, state_dir lock), recover.go
+// (re-adoption), index.go (session → binary index).
 package spawnd
 
 import (
@@ -47,6 +42,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/nexus-broker/nexus-broker/internal/bindindex"
 	"github.com/nexus-broker/nexus-broker/internal/config/core"
 	"github.com/nexus-broker/nexus-broker/internal/safedir"
 	"github.com/nexus-broker/nexus-broker/pkg/sessionid"
@@ -83,10 +79,10 @@ const (
 	verbBinding
 )
 
-// verbs is the whole of what the gateway may ask, and in which lease states.
-// A row with no states names no lease. Every handler below starts by passing
-// its row to admit (Verify to admit's allocation-free half, check); nothing
-// else decides whether a request is served.
+// verbs is the whole of what the gateway may ask, and in which lease states
+// (none: the verb names no lease). Every handler starts with admit (Verify
+// with its allocation-free half, check); nothing else decides whether a
+// request is served.
 var verbs = [...]struct {
 	name   string
 	states []leaseState
@@ -102,9 +98,8 @@ var verbs = [...]struct {
 	verbBinding:   {"Binding", nil},
 }
 
-// lease is one instance spawnd started or adopted. All fields but gone and
-// exit are guarded by Daemon.mu; exit is written once, before gone is
-// closed.
+// lease is one instance spawnd started or adopted. Daemon.mu guards every
+// field but gone and exit; exit is written once, before gone is closed.
 type lease struct {
 	rec   leaseRecord
 	state leaseState
@@ -112,35 +107,31 @@ type lease struct {
 	// configPath is the temp config to remove when the instance is gone;
 	// empty for an adopted lease whose record named none spawnd would trust.
 	configPath string
-	// adopted is set for a lease re-adopted from the journal: spawnd is not
-	// its instance's parent, so it cannot reap it, and its process group is
-	// signalled as process.go's signalGroup describes.
+	// adopted: re-adopted from the journal, so spawnd is not the
+	// instance's parent and cannot reap it (see signalGroup).
 	adopted bool
 	sid     int // the adopted leader's session id, for killGroupRemains
-	// reports counts the Record calls that tried to change rec.SessionID;
-	// past maxSessionReports they are refused unread.
+	// reports counts Record calls that tried to change rec.SessionID.
 	reports int
-	// inCgroup is set when the instance lives in its lease cgroup, which
-	// is then what teardown signals (cgroup.go), not the process group.
+	// inCgroup: teardown signals the lease cgroup, not the process group.
 	inCgroup bool
 	// gone is closed once the instance is reaped and its exit published.
 	gone chan struct{}
 	exit *spawnpb.ExitEvent
 }
 
-// snapshot is the lease's record for the journal, numbered so the journal
-// can put snapshots appended out of order back in order. The caller holds
+// snapshot is the lease's record for the journal, numbered so that
+// snapshots appended out of order are put back in order. The caller holds
 // Daemon.mu.
 func (l *lease) snapshot() leaseRecord {
 	l.rec.seq++
 	return l.rec
 }
 
-// Daemon serves the Spawner verbs. Create it with New; it implements
-// spawnpb.SpawnerServer.
+// Daemon serves the Spawner verbs. Create it with New.
 type Daemon struct {
-	// Embedded only because the generated interface requires it; every verb
-	// is implemented below, so none of its methods is ever reached.
+	// Required by the generated interface; every verb is implemented
+	// below, so none of its methods is reached.
 	spawnpb.UnimplementedSpawnerServer
 
 	log        *slog.Logger
@@ -156,11 +147,10 @@ type Daemon struct {
 	// cgroups holds one cgroup v2 per lease (cgroup.go); nil where there
 	// is no delegated tree, and instances are contained by process group.
 	cgroups *cgroupTree
-	// With a state_dir: its lock, the lease journal and the session →
-	// binary index. Without one all three are nil and nothing is durable.
+	// nil without a state_dir (index also when it could not be opened).
 	stateLock *os.File
-	journal   *leaseJournal
-	index     *sessionIndex // also nil when the index could not be opened
+	journal   *bindindex.Index[journalLine]
+	index     *bindindex.Index[binding]
 
 	// reloadMu serialises Reload so the keys it reports are the ones it swapped.
 	reloadMu sync.Mutex
@@ -169,19 +159,16 @@ type Daemon struct {
 	settings *settings         // replaced whole by Reload, never edited
 	leases   map[string]*lease // spawning, running and terminating leases
 	// spent holds every lease id Spawn ever admitted, so none is spawned
-	// twice; it grows by one short string per lease for spawnd's lifetime.
+	// twice (one short string per lease for spawnd's life).
 	spent  map[string]struct{}
 	closed bool
 
 	watchers watchers
 	closing  chan struct{} // closed by Close
-	// stopR and stopW are a pipe: closing stopW stops the exit watch and
-	// the log watch.
+	// Closing stopW (a pipe) stops the exit watch and the log watch.
 	stopR, stopW int
-	// exits tells every supervisor when its instance exits.
-	exits *exitWatch
-	// wg counts supervisors, escalations and spawns in progress; Close waits
-	// for them.
+	exits        *exitWatch
+	// wg counts supervisors, escalations and spawns; Close waits for them.
 	wg sync.WaitGroup
 }
 
@@ -189,9 +176,8 @@ var _ spawnpb.SpawnerServer = (*Daemon)(nil)
 
 // New resolves cfg's registry against this machine, loads or creates the
 // spawn-key and broker id, and, with a state_dir, locks it, replays the lease
-// journal and re-adopts the instances whose identity it can prove. It logs
-// the registry and returns a Daemon that Reload will re-read cfgPath for.
-// Every error says what to change in broker.yaml or on the machine.
+// journal and re-adopts the instances whose identity it can prove. Reload
+// re-reads cfgPath.
 func New(cfgPath string, cfg *core.Config, log *slog.Logger) (_ *Daemon, err error) {
 	if err := sealInheritedFDs(); err != nil {
 		return nil, err
@@ -231,8 +217,8 @@ func New(cfgPath string, cfg *core.Config, log *slog.Logger) (_ *Daemon, err err
 		if err := safedir.PrivateKey(stateDir, "state_dir", "nexus-spawnd's user", "the spawn-key, the lease journal and instance output", log); err != nil {
 			return nil, err
 		}
-		// Before anything else in state_dir is read: a second spawnd must
-		// not even replay a journal another one appends to.
+		// Before anything in state_dir is read: a second spawnd must not
+		// even replay a journal another one appends to.
 		if d.stateLock, err = lockStateDir(stateDir); err != nil {
 			return nil, err
 		}
@@ -270,7 +256,7 @@ func New(cfgPath string, cfg *core.Config, log *slog.Logger) (_ *Daemon, err err
 		d.index = openSessionIndex(stateDir, maxBindings, log)
 	}
 	d.sweepCgroups()
-	// Last: nothing after this may fail, since release does not wait for
+	// Last: nothing after it may fail, since release does not wait for
 	// goroutines.
 	if err := d.startLogWatch(); err != nil {
 		return nil, fmt.Errorf("watching the instance log directory %s: %w", d.logDir, err)
@@ -301,8 +287,8 @@ func (d *Daemon) release() {
 	if d.exits != nil {
 		_ = d.exits.ep.close()
 	}
-	d.journal.close()
-	d.index.close()
+	d.journal.Close()
+	d.index.Close()
 	if d.cgroups != nil {
 		_ = os.Remove(d.cgroups.dir) // only if no lease cgroup is left
 	}
@@ -318,10 +304,8 @@ func (d *Daemon) release() {
 }
 
 // Close stops every supervisor, escalation and Watch stream. It never
-// signals an instance: they keep running, unreaped, for the next nexus-spawnd
-// to re-adopt from the journal, where every live lease stays live. Temp
-// configs of live instances are left in place, since an instance may still
-// be reading its own.
+// signals an instance: they keep running, with their temp configs, for the
+// next nexus-spawnd to re-adopt from the journal.
 func (d *Daemon) Close() error {
 	d.mu.Lock()
 	if d.closed {
@@ -342,9 +326,9 @@ func (d *Daemon) Close() error {
 func (d *Daemon) configFor(id string) string { return filepath.Join(d.configDir, id+".yaml") }
 func (d *Daemon) logFor(id string) string    { return filepath.Join(d.logDir, id+".log") }
 
-// admit checks one request against the verb table. The caller holds d.mu.
-// It returns the named lease (nil for a verb that names none, and for Spawn)
-// or the refusal to send back.
+// admit checks one request against the verb table and returns the named
+// lease (nil for Spawn and verbs naming none) or the refusal. The caller
+// holds d.mu.
 func (d *Daemon) admit(v verb, leaseID string) (*lease, error) {
 	row := verbs[v]
 	if err := d.shutdownRefusal(v); err != nil {
@@ -369,8 +353,8 @@ func (d *Daemon) admit(v verb, leaseID string) (*lease, error) {
 	}
 }
 
-// shutdownRefusal is the refusal of every verb once spawnd is closing. The
-// caller holds d.mu.
+// shutdownRefusal refuses every verb once spawnd is closing. The caller
+// holds d.mu.
 func (d *Daemon) shutdownRefusal(v verb) error {
 	if !d.closed {
 		return nil
@@ -378,10 +362,10 @@ func (d *Daemon) shutdownRefusal(v verb) error {
 	return refusal(codes.Unavailable, "%s: nexus-spawnd is shutting down; retry once it is back", verbs[v].name)
 }
 
-// check is admit's verdict on a lease without its refusal: the lease, its
-// state and whether verb v may act on it. It allocates nothing and looks
-// in both tables whatever it finds, so that Verify does the same work for a
-// live lease as for one spawnd never held. The caller holds d.mu.
+// check is admit's verdict without the refusal: the lease, its state and
+// whether v may act on it. It allocates nothing and looks in both tables
+// whatever it finds, so Verify does the same work for a live lease as for
+// an unknown one. The caller holds d.mu.
 func (d *Daemon) check(v verb, leaseID string) (*lease, leaseState, bool) {
 	l, live := d.leases[leaseID]
 	_, spent := d.spent[leaseID]
@@ -410,23 +394,22 @@ func refusal(code codes.Code, format string, args ...any) error {
 func (e *admitError) GRPCStatus() *status.Status { return status.Newf(e.code, e.format, e.args...) }
 func (e *admitError) Error() string              { return e.GRPCStatus().Err().Error() }
 
-// The other strings the gateway has journaled are bounded too, so that
-// every journal line is: a principal (an OIDC subject is at most 255
-// characters; an issuer may prefix it) and a teardown reason (the gateway's
-// are a few words).
+// Bounds on the other strings the gateway has journaled, so every journal
+// line is bounded: a principal (an OIDC subject is at most 255 characters,
+// maybe prefixed by an issuer) and a teardown reason (a few words).
 const (
 	maxPrincipalLen = 1024
 	maxReasonLen    = 128
 )
 
-// maxLeaseIDLen bounds a lease id. Lease ids name files in spawnd's private
-// directories, which is why their alphabet is narrow too.
+// maxLeaseIDLen bounds a lease id; lease ids name files in spawnd's
+// directories, hence the narrow alphabet too.
 const maxLeaseIDLen = 128
 
 func validLeaseID(id string) bool { return core.IsToken(id, maxLeaseIDLen) }
 
-// spawnFailed is Spawn's INTERNAL error, naming the failed step in a
-// SpawnFailure detail the gateway answers by.
+// spawnFailed is Spawn's INTERNAL error with the failed step as a
+// SpawnFailure detail.
 func spawnFailed(step spawnpb.SpawnStep, err error) error {
 	st := status.New(codes.Internal, "Spawn: "+err.Error())
 	if withStep, derr := st.WithDetails(&spawnpb.SpawnFailure{Step: step}); derr == nil {
@@ -481,9 +464,8 @@ func (d *Daemon) Spawn(_ context.Context, req *spawnpb.SpawnRequest) (*spawnpb.S
 		rec: leaseRecord{
 			LeaseID:   id,
 			Principal: req.GetPrincipal(),
-			// A resume's session id is known now; a new session's comes
-			// later, through Record. Held from here on, the live lease
-			// keeps any other entry from binding the session meanwhile.
+			// A resume's session id is known now (a new one comes through
+			// Record); held here, it keeps other entries from binding it.
 			SessionID:     recall,
 			Entry:         e.name,
 			CreatedAt:     time.Now().UTC(),
@@ -500,7 +482,7 @@ func (d *Daemon) Spawn(_ context.Context, req *spawnpb.SpawnRequest) (*spawnpb.S
 	d.wg.Add(1) // handed to the supervisor, or released below if exec fails
 	rec := l.snapshot()
 	d.mu.Unlock()
-	d.journal.append(kindMinted, rec)
+	d.journal.Put(journalLine{kindMinted, rec})
 
 	p, step, err := d.start(id, e, s.inherit, req, addr)
 	if err != nil {
@@ -510,7 +492,7 @@ func (d *Daemon) Spawn(_ context.Context, req *spawnpb.SpawnRequest) (*spawnpb.S
 		l.rec.Reason = reasonSpawnFailed
 		rec := l.snapshot()
 		d.mu.Unlock()
-		d.journal.append(kindEnded, rec)
+		d.journal.Put(journalLine{kindEnded, rec})
 		d.wg.Done()
 		d.log.Error("spawning instance failed", "lease_id", id, "entry", e.name, "error", err)
 		return nil, spawnFailed(step, err)
@@ -526,11 +508,11 @@ func (d *Daemon) Spawn(_ context.Context, req *spawnpb.SpawnRequest) (*spawnpb.S
 	l.rec.BootID = d.bootID
 	rec = l.snapshot()
 	d.mu.Unlock()
-	// Journaled before the supervisor takes over this call's share of d.wg,
-	// so a Close meanwhile waits for the record that carries the pid.
-	d.journal.append(kindStarted, rec)
+	// Before the supervisor takes over this call's share of d.wg, so a
+	// Close meanwhile waits for the record that carries the pid.
+	d.journal.Put(journalLine{kindStarted, rec})
 	// Bound only once the instance runs: a failed exec replayed nothing.
-	d.index.bind(recall, e.name)
+	d.index.Put(binding{recall, e.name})
 	d.supervise(l)
 
 	attrs := []any{"lease_id", id, "entry", e.name, "pid", p.pid, "log", d.logFor(id)}
@@ -542,10 +524,9 @@ func (d *Daemon) Spawn(_ context.Context, req *spawnpb.SpawnRequest) (*spawnpb.S
 }
 
 // Verify checks a register frame's secret against the lease's derived one.
-// A malformed lease id is as unknown as any other. The lease is looked up
-// without admit's refusal (whose formatting would cost an unknown lease
-// more), and the secret is derived and compared whatever the lookup found,
-// so an unknown lease costs what a wrong secret does and the answer's
+// It skips admit's refusal (whose formatting would cost an unknown lease
+// more) and derives and compares the secret whatever the lookup found, so
+// an unknown or malformed lease costs what a wrong secret does and the
 // timing tells a dialer nothing.
 func (d *Daemon) Verify(_ context.Context, req *spawnpb.VerifyRequest) (*spawnpb.VerifyResponse, error) {
 	id, secret := req.GetLeaseId(), req.GetSecret()
@@ -570,13 +551,11 @@ func (d *Daemon) Verify(_ context.Context, req *spawnpb.VerifyRequest) (*spawnpb
 	return &spawnpb.VerifyResponse{Result: result}, nil
 }
 
-// Terminate starts the lease's escalation, unless one is already under way,
-// and returns the instance's exit (or, with no_wait, returns at once).
-// Concurrent calls share one escalation and one exit; the first call's
-// reason and skip_grace stand, and the reason is what the lease's ended
-// record says however the instance then goes. The escalation does not
-// depend on the caller: a gateway that goes away half-way still gets its
-// instance torn down.
+// Terminate starts the lease's escalation unless one is under way, and
+// returns the instance's exit (at once with no_wait). Concurrent calls share
+// one escalation; the first call's reason and skip_grace stand, and the
+// reason is what the ended record says. The escalation outlives a caller
+// that goes away.
 func (d *Daemon) Terminate(ctx context.Context, req *spawnpb.TerminateRequest) (*spawnpb.TerminateResponse, error) {
 	if len(req.GetReason()) > maxReasonLen {
 		return nil, status.Errorf(codes.InvalidArgument, "Terminate: reason of %d bytes is longer than %d", len(req.GetReason()), maxReasonLen)
@@ -638,11 +617,10 @@ func (d *Daemon) List(context.Context, *spawnpb.ListRequest) (*spawnpb.ListRespo
 	return &spawnpb.ListResponse{Leases: out}, nil
 }
 
-// Watch streams every exit from the moment it subscribes, and sends the
-// stream's response headers once it has: a caller that waits for them
-// (ClientStream.Header) and then calls List misses no exit. A subscriber
-// that falls watchBuffer exits behind is dropped with an error rather than
-// allowed to stall the supervisors that publish to it.
+// Watch streams every exit from the moment it subscribes, and sends its
+// headers once it has: a caller that waits for them, then calls List,
+// misses no exit. A subscriber watchBuffer exits behind is dropped rather
+// than allowed to stall the supervisors.
 func (d *Daemon) Watch(_ *spawnpb.WatchRequest, stream grpc.ServerStreamingServer[spawnpb.ExitEvent]) error {
 	d.mu.Lock()
 	_, err := d.admit(verbWatch, "")
@@ -671,12 +649,11 @@ func (d *Daemon) Watch(_ *spawnpb.WatchRequest, stream grpc.ServerStreamingServe
 	}
 }
 
-// Record stores the session id an instance reported for its lease, in the
-// journal and in the session → binary index. A session belongs to the entry
-// that created it, once: an id another entry holds is refused, as is one
-// that breaks the session id rule, and each lease may try at most
-// maxSessionReports changes. A refused report leaves the lease running with
-// the session id it had.
+// Record stores the session id an instance reported, in the journal and the
+// session → binary index. A session belongs to the entry that created it:
+// an id another entry holds is refused, as is one breaking the session id
+// rule or past maxSessionReports. A refused report leaves the lease running
+// with the session id it had.
 func (d *Daemon) Record(_ context.Context, req *spawnpb.RecordRequest) (*spawnpb.RecordResponse, error) {
 	session := req.GetSessionId()
 	d.mu.Lock()
@@ -703,14 +680,14 @@ func (d *Daemon) Record(_ context.Context, req *spawnpb.RecordRequest) (*spawnpb
 	d.wg.Add(1) // so Close waits for this write rather than racing it
 	d.mu.Unlock()
 	defer d.wg.Done()
-	d.journal.append(kindRecorded, rec)
+	d.journal.Put(journalLine{kindRecorded, rec})
 	return &spawnpb.RecordResponse{}, nil
 }
 
 // maxSessionReports is how many session ids one lease may try to record. A
-// stock nexus reports one per session and re-reports it on every redial
-// (which Record ignores); the cap is what keeps a hostile instance from
-// growing the journal and the index.
+// stock nexus reports one per session (its redials repeat it, which Record
+// ignores); the cap keeps a hostile instance from growing the journal and
+// the index.
 const maxSessionReports = 4
 
 // bindLocked makes session l's, in the lease and the index, or says why not.
@@ -726,14 +703,13 @@ func (d *Daemon) bindLocked(l *lease, session string) error {
 		return status.Errorf(codes.FailedPrecondition, "Record: session %q belongs to entry %q, not %q", session, owner, l.rec.Entry)
 	}
 	l.rec.SessionID = session
-	d.index.bind(session, l.rec.Entry)
+	d.index.Put(binding{session, l.rec.Entry})
 	return nil
 }
 
-// sessionOwner is the entry a session belongs to: the newest live lease
-// other than self that holds it (its id came from the claim, or Record
-// accepted it), else the session → binary index; "" for no owner. The
-// caller holds d.mu.
+// sessionOwner is the entry a session belongs to: that of the newest live
+// lease other than self holding it (from the claim, or accepted by Record),
+// else the index's; "" for none. The caller holds d.mu.
 func (d *Daemon) sessionOwner(session string, self *lease) string {
 	if session == "" {
 		return "" // a new session
@@ -747,14 +723,14 @@ func (d *Daemon) sessionOwner(session string, self *lease) string {
 	if newest != nil {
 		return newest.rec.Entry
 	}
-	return d.index.lookup(session)
+	b, _ := d.index.Get(session)
+	return b.Entry
 }
 
-// Reload re-reads broker.yaml and resolves it exactly as New did. Only if
-// all of it succeeds are the registry, inherit_env, run_as and release_grace
-// replaced, in one step; live leases are never touched. A request naming a
-// digest is refused when the file no longer has it; one with
-// refuse_boot_only is refused when a key spawnd reads only at boot changed.
+// Reload re-reads broker.yaml and resolves it as New did; only if all of it
+// succeeds are the settings replaced, in one step, never touching a live
+// lease. It refuses a request whose digest the file no longer has, and one
+// with refuse_boot_only when a boot-only key of spawnd's changed.
 func (d *Daemon) Reload(_ context.Context, req *spawnpb.ReloadRequest) (*spawnpb.ReloadResponse, error) {
 	d.reloadMu.Lock()
 	defer d.reloadMu.Unlock()
@@ -812,10 +788,9 @@ func (d *Daemon) Status(context.Context, *spawnpb.StatusRequest) (*spawnpb.Statu
 		ConfigPath: d.cfgPath, ConfigDigest: s.cfg.Digest}, nil
 }
 
-// Binding answers which entry ran a session, for the gateway to hold a resume
-// to it: a live lease's entry first, then the session → binary index. ""
-// means no opinion: the session is unknown (never recorded, evicted from the
-// index, or there is no state_dir), and the resume proceeds unchecked.
+// Binding answers which entry ran a session, for the gateway to hold a
+// resume to it (sessionOwner). "" is no opinion: the resume proceeds
+// unchecked.
 func (d *Daemon) Binding(_ context.Context, req *spawnpb.BindingRequest) (*spawnpb.BindingResponse, error) {
 	session := req.GetSessionId()
 	if err := sessionid.Validate(session); err != nil {
