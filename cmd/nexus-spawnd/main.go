@@ -27,14 +27,11 @@ func main() {
 	flag.Parse()
 	// When launched by a gateway, stderr is spawnd.log, never a pipe.
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	// Run by hand under a pipe, a write after the reader died would kill
-	// us with SIGPIPE; with SIGPIPE notified the write fails with EPIPE
-	// instead. Notify, not Ignore: an ignored disposition would be
-	// inherited by every instance spawned.
+	// Notified, a write to a dead pipe fails with EPIPE rather than kill
+	// us; ignored, the disposition would pass to every instance.
 	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
-	// A SIGHUP meant for the gateway (pkill -HUP -f nexus-broker matches this
-	// process too) must not kill spawnd, which is the runtime's default:
-	// handled before anything else, so not even during boot.
+	// A SIGHUP meant for the gateway (pkill -HUP -f nexus-broker matches us
+	// too) must not kill spawnd, even during boot.
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	go func() {
@@ -93,7 +90,6 @@ func run(cfgPath, runDir string, idleExit time.Duration, log *slog.Logger) error
 		SocketGID:  socketGID,
 		Impl:       d,
 		Logger:     log,
-		Serving:    footprint.Booted,
-		Attached:   footprint.Booted,
+		Booted:     footprint.Booted,
 	})
 }

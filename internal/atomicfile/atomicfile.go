@@ -1,7 +1,6 @@
 // Package atomicfile replaces files so that a reader, or the next boot after
-// a crash or power loss, sees the old contents or the new ones, never a torn
-// or empty file. spawnd's key and identity files, its journal and indexes,
-// and the reattach file the gateway reads all depend on that.
+// a crash or power loss, sees the old contents or the new, never a torn or
+// empty file.
 package atomicfile
 
 import (
@@ -10,12 +9,10 @@ import (
 	"path/filepath"
 )
 
-// Replace replaces path with data through a temp file in the same directory
-// renamed over it, and returns the new file open at its end, for appending.
-// With durable, the temp file is fsynced before the rename and the directory
-// after it, so the replacement survives a power loss. The temp file is
-// created 0600; prepare, when set, runs on it first (to set another mode or
-// a group).
+// Replace renames a temp file holding data over path and returns it open at
+// its end, for appending. With durable, the file is fsynced before the
+// rename and the directory after. The temp file is 0600; prepare, when set,
+// runs on it first (another mode, a group).
 func Replace(path string, data []byte, durable bool, prepare func(*os.File) error) (*os.File, error) {
 	dir := filepath.Dir(path)
 	f, err := os.CreateTemp(dir, tempPrefix(path)+"*")

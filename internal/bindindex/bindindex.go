@@ -1,16 +1,13 @@
-// Package bindindex is the key → record file of a state_dir: spawnd's lease
-// journal and session → binary index, and the gateway's A2A context →
-// session index. One JSON line per record, appended, replayed at open so
-// that each key's last line is its record, and rewritten (a temp file
-// renamed over it) on open and every CompactEvery appends.
+// Package bindindex is the key → record file of a state_dir (spawnd's lease
+// journal and session → binary index, the gateway's A2A context index): one
+// JSON line per record, appended, replayed so each key's last line is its
+// record, and rewritten on open and every CompactEvery appends.
 //
-// An index is best-effort: never fsynced, capped with the record written
-// longest ago dropped first, and one that cannot be opened turns itself off
-// with one WARN rather than failing the boot, since an unknown key always
-// means "no opinion". A durable file (the journal) is fsynced on every
-// append, and one that cannot be read refuses the boot. Either way a torn
-// or invalid line is skipped with a WARN. Without a file (no state_dir) an
-// index lives in memory, capped the same way.
+// An index is best-effort, since an unknown key means "no opinion": never
+// fsynced, capped (oldest dropped first), and turned off with one WARN when
+// it cannot be opened. A durable file (the journal) is fsynced on every
+// append, and refuses the boot when unreadable. A torn or invalid line is
+// skipped with a WARN. Without a file an index lives in memory, capped.
 package bindindex
 
 import (
@@ -30,13 +27,11 @@ import (
 	"github.com/nexus-broker/nexus-broker/internal/atomicfile"
 )
 
-// CompactEvery is how many appends go by between rewrites, unless the spec
-// says otherwise.
+// CompactEvery is the default number of appends between rewrites.
 const CompactEvery = 256
 
-// Spec describes one file: its path, its cap, how a record names its key
-// (ok false for a line that is not a whole record), and the words its log
-// lines use.
+// Spec describes one file, how a record names its key (ok false: not a
+// whole record), and the words of its log lines.
 type Spec[B any] struct {
 	// Path is the file; "" keeps the index in memory only, capped alike.
 	Path string
@@ -44,10 +39,10 @@ type Spec[B any] struct {
 	Limit int
 	Key   func(B) (key string, ok bool)
 	// Ends, when set, reports a record that ends its key: it is written,
-	// and its key forgotten.
+	// and the key forgotten.
 	Ends func(B) bool
-	// Accept, when set, decides under the index's lock whether b is
-	// written, given the key's record (had: whether it has one).
+	// Accept, when set, decides under the lock whether b is written, given
+	// the key's record (had: whether it has one).
 	Accept func(old B, had bool, b B) bool
 	// Durable fsyncs every append and rewrite.
 	Durable bool
@@ -55,8 +50,7 @@ type Spec[B any] struct {
 	CompactEvery int
 	// What names the file in log lines ("session → binary index").
 	What string
-	// Off says what is lost while the index is off, and how to get it
-	// back.
+	// Off says what is lost while the index is off, and the remedy.
 	Off string
 	// Skip is the WARN of a line that is not a whole record.
 	Skip string
@@ -64,14 +58,13 @@ type Spec[B any] struct {
 	Lost string
 	// Read reads the file; nil is os.ReadFile.
 	Read func(path string) ([]byte, error)
-	// SetAside, when set, is the WARN for a file Read refuses: it is
-	// renamed to <path>.set-aside and a fresh index started, rather than
-	// the index turning itself off.
+	// SetAside, when set, is the WARN for a file Read refuses, renamed to
+	// <path>.set-aside and replaced by a fresh one instead of turning off.
 	SetAside string
 }
 
-// entry is a record and its line as written or read: a compaction writes
-// the line back byte for byte (another writer's fields included).
+// entry is a record and its line as read, which a compaction writes back
+// byte for byte (another writer's fields included).
 type entry[B any] struct {
 	key  string
 	b    B
@@ -87,9 +80,8 @@ type Index[B any] struct {
 	mu     sync.Mutex
 	f      *os.File // nil when memory-only or closed
 	closed bool
-	// torn is set when the file may not end in a newline (a failed
-	// write): the next append starts a new line rather than completing
-	// the broken one.
+	// torn: the file may not end in a newline (a failed write), so the
+	// next append starts a new line.
 	torn    bool
 	appends int
 	order   *list.List
@@ -107,10 +99,9 @@ func Open[B any](spec Spec[B], log *slog.Logger) *Index[B] {
 	return x
 }
 
-// OpenRequired replays and compacts a file its caller cannot run without,
-// and returns an error when it cannot be read. A durable file it cannot
-// rewrite is appended to as it is, after an ERROR: it still replays to the
-// same records.
+// OpenRequired replays and compacts a file its caller needs, returning an
+// error when it cannot be read. A durable file it cannot rewrite is appended
+// to as it is, after an ERROR: it replays to the same records.
 func OpenRequired[B any](spec Spec[B], log *slog.Logger) (*Index[B], error) {
 	x := &Index[B]{spec: spec, log: log, order: list.New(), byKey: map[string]*list.Element{}}
 	if spec.Path == "" {
@@ -188,14 +179,12 @@ func (x *Index[B]) Put(b B) {
 			return
 		}
 	}
-	// The records in memory change even when the write fails, so the next
-	// compaction writes what the failed append could not.
+	// Remembered even if the write fails, for the next compaction to write.
 	x.remember(key, b, line)
 	if x.f == nil {
 		return // memory-only
 	}
-	// A durable file's failures are ERRORs: they may cost an instance its
-	// re-adoption.
+	// A durable file's failures may cost a re-adoption: ERRORs.
 	lvl := slog.LevelWarn
 	if x.spec.Durable {
 		lvl = slog.LevelError
@@ -230,9 +219,8 @@ func (x *Index[B]) write(line []byte) error {
 	return err
 }
 
-// remember makes b the newest record, forgetting its key when b ends it,
-// and drops the oldest beyond the cap. Replaying the file through it
-// rebuilds exactly the set it built live.
+// remember makes b the newest record (forgetting its key when b ends it)
+// and drops the oldest beyond the cap, live and in replay alike.
 func (x *Index[B]) remember(key string, b B, line []byte) {
 	if e := x.byKey[key]; e != nil {
 		x.order.Remove(e)

@@ -1,7 +1,6 @@
-// Package footprint keeps a long-running process's resident memory to what
-// its work needs: a collector goal suited to a daemon whose live heap is
-// small, and, once the process has booted, nothing kept that only the boot
-// used.
+// Package footprint keeps a daemon's resident memory to what its work needs:
+// a collector goal for a small live heap, and nothing kept that only the
+// boot used.
 package footprint
 
 import (
@@ -14,11 +13,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// gcPercent is the collector's goal for both processes, in place of Go's
-// 100: the heap may grow half again over what is live before a
-// collection, not double. Both heaps are small (a few MiB, most of it
-// there from boot), so a collection costs little, while the headroom an
-// idle daemon keeps resident is the goal's, not its live data's.
+// gcPercent is the collector's goal in place of Go's 100: both heaps are a
+// few MiB, so a collection costs little, while an idle daemon's resident
+// headroom is the goal's, not its live data's.
 const gcPercent = 50
 
 // Tune sets the collector's goal, unless the operator chose one with GOGC.
@@ -28,14 +25,11 @@ func Tune() {
 	}
 }
 
-// Booted gives back what only the boot used: the heap it left free, and
-// the executable's pages it touched once (the initialisation of every
-// linked package), which stay in the page cache and are mapped again when
-// something runs them. A mapping holding private copies of its pages (a
-// debugger's breakpoint, a uprobe) is left alone, since dropping those
-// would drop what was written into them. A process whose boot ends in a
-// one-time phase it does not wait for (spawnd: the first gateway's attach)
-// calls it again once that phase is over.
+// Booted gives back what only the boot used: the heap it left free, and the
+// executable's pages it touched once (package initialisation), which stay in
+// the page cache. A mapping with private copies of its pages (a debugger's
+// breakpoint) is left alone. Call it again after a later one-time phase
+// (spawnd: the first gateway's attach).
 func Booted() {
 	debug.FreeOSMemory()
 	exe, err := os.Readlink("/proc/self/exe")

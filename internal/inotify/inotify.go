@@ -1,6 +1,5 @@
-// Package inotify reads the events of an inotify descriptor, for the two
-// places that wait on a directory: spawnd capping instance logs, and the
-// gateway waiting for spawnd to publish spawnd.json.
+// Package inotify reads the events of an inotify descriptor (spawnd capping
+// instance logs, the gateway awaiting spawnd.json).
 package inotify
 
 import (

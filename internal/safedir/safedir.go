@@ -1,11 +1,10 @@
-// Package safedir is how nexus-broker trusts a directory before it creates
-// or opens anything in it: the directory must be a real directory (not a
-// symlink), owned by the expected uid, and writable by nobody else. In a
-// world-writable parent such as /tmp anyone could have created it first,
-// planting symlinks or files for a privileged process to follow, so a
-// directory that fails the check is refused, never adopted. Files inside
-// are opened without following a symlink, and files that hold secrets or
-// that spawnd acts on must be its own, mode 0600.
+// Package safedir is how nexus-broker trusts a directory before using it: a
+// real directory (not a symlink), owned by the expected uid, writable by
+// nobody else. In /tmp anyone could have created it first, planting
+// symlinks or files for a privileged process to follow, so one that fails
+// is refused, never adopted. Files inside are opened without following a
+// symlink; files holding secrets or that spawnd acts on must be its own,
+// mode 0600.
 package safedir
 
 import (
@@ -39,9 +38,8 @@ func Check(path string, uid int) error {
 	return nil
 }
 
-// Ensure creates path with mode perm when it is missing (its parent must
-// exist), then checks it as owned by this process's euid. A directory that
-// was there already must pass the same check: it is never reused on trust.
+// Ensure creates path with mode perm when missing (its parent must exist),
+// then checks it as this euid's: one already there is never trusted.
 func Ensure(path string, perm os.FileMode) error {
 	if err := unix.Mkdir(path, uint32(perm.Perm())); err != nil && !errors.Is(err, unix.EEXIST) {
 		return &fs.PathError{Op: "mkdir", Path: path, Err: err}
@@ -49,10 +47,9 @@ func Ensure(path string, perm os.FileMode) error {
 	return Check(path, os.Geteuid())
 }
 
-// Private creates path (and its parents) with mode perm, or takes the
-// directory that is there: it must be this process's euid's and not a
-// symlink, and its mode is set to perm. It returns the mode it found when
-// that let in more than perm does, 0 otherwise.
+// Private creates path (and parents) with mode perm, or takes the one there
+// if it is this euid's and no symlink, setting its mode to perm. It returns
+// the mode found when that let in more than perm, else 0.
 func Private(path string, perm os.FileMode) (loose os.FileMode, err error) {
 	if err := os.MkdirAll(path, perm); err != nil {
 		return 0, err
@@ -66,8 +63,8 @@ func Private(path string, perm os.FileMode) (loose os.FileMode, err error) {
 		return 0, fmt.Errorf("%s is owned by uid %d with mode %04o, not by this process's uid %d: refusing to use it (%w); "+
 			"remove it if you did not create it, or chown it", path, st.Uid, uint32(mode), os.Geteuid(), ErrNotOwned)
 	}
-	// Set even when tighter: MkdirAll honours the umask, and a mode that
-	// grants a group what it needs is part of the access control.
+	// Set even when tighter: MkdirAll honours the umask, and a group's
+	// grant is part of the access control.
 	if mode != perm {
 		if err := os.Chmod(path, perm); err != nil {
 			return 0, err
@@ -79,9 +76,8 @@ func Private(path string, perm os.FileMode) (loose os.FileMode, err error) {
 	return 0, nil
 }
 
-// PrivateKey is Private for the directory a config key names: a refusal
-// names the key and who must own the directory, and a mode it tightened
-// is logged with what the directory holds.
+// PrivateKey is Private, 0700, for the directory a config key names; a
+// refusal names the key and owner, a tightened mode is logged.
 func PrivateKey(path, key, owner, holds string, log *slog.Logger) error {
 	loose, err := Private(path, 0o700)
 	if err != nil {
@@ -105,10 +101,9 @@ func lstatDir(path string) (*unix.Stat_t, error) {
 	return &st, nil
 }
 
-// OpenFile opens path without following a symlink in its last component
-// (a planted symlink fails, naming itself, rather than being followed to
-// its target), and only if it is a regular file. It is close-on-exec. A
-// missing file is an error satisfying errors.Is(err, fs.ErrNotExist).
+// OpenFile opens path, close-on-exec, only if it is a regular file and not
+// a symlink (which fails, naming itself). A missing file's error satisfies
+// errors.Is(err, fs.ErrNotExist).
 func OpenFile(path string, flag int, perm os.FileMode) (*os.File, error) {
 	// O_NONBLOCK: opening a planted FIFO must not hang; it is refused below.
 	f, err := os.OpenFile(path, flag|unix.O_NOFOLLOW|unix.O_NONBLOCK, perm)
@@ -125,8 +120,8 @@ func OpenFile(path string, flag int, perm os.FileMode) (*os.File, error) {
 	return f, nil
 }
 
-// Owned checks that f is owned by uid and open to nobody else (mode 0600
-// or tighter). The error names the path, owner and mode.
+// Owned checks that f is uid's and open to nobody else (0600 or tighter),
+// naming path, owner and mode otherwise.
 func Owned(f *os.File, uid int) error {
 	var st unix.Stat_t
 	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
@@ -139,8 +134,7 @@ func Owned(f *os.File, uid int) error {
 	return nil
 }
 
-// ReadOwned reads the file at path, which must be a regular file (not a
-// symlink) owned by this process's euid with mode 0600 or tighter.
+// ReadOwned reads path, which must pass OpenFile and Owned by this euid.
 func ReadOwned(path string) ([]byte, error) {
 	f, err := OpenFile(path, os.O_RDONLY, 0)
 	if err != nil {
@@ -164,10 +158,9 @@ func (e *HeldError) Error() string {
 	return "pid " + e.Holder + " holds " + e.Path
 }
 
-// LockPid takes path's exclusive flock without waiting, for as long as the
-// returned file stays open, and writes this process's pid in it for the
-// error of the next one, which is a *HeldError. check, when not nil, vets
-// the file (its owner, its mode) before it is locked.
+// LockPid takes path's exclusive flock without waiting, while the returned
+// file stays open, and writes our pid in it for the next one's *HeldError.
+// check, when set, vets the file before it is locked.
 func LockPid(path string, perm os.FileMode, check func(*os.File) error) (*os.File, error) {
 	f, err := OpenFile(path, os.O_RDWR|os.O_CREATE, perm)
 	if err != nil {

@@ -8,18 +8,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// parkedEpoll is an epoll instance whose one waiter parks on the Go
-// runtime's poller instead of blocking in epoll_wait(2) or poll(2).
-//
-// A goroutine blocked in a system call keeps its P, and until the runtime's
-// monitor thread (sysmon) takes the P back, 10 ms later, sysmon polls on a
-// 20 µs sleep. spawnd's two watchers (instance exits, instance logs)
-// re-entered their blocking waits after every exit and after every write
-// an instance made to its log, so each of those cost dozens of wake-ups of
-// sysmon, on the CPU the booting instance needed: about 40% of spawnd's CPU
-// per claim. An epoll descriptor is itself pollable (readable while one of
-// its descriptors is ready), so the runtime's poller can wait on it; what
-// it reports is then collected with an epoll_wait(2) that cannot block.
+// parkedEpoll is an epoll whose one waiter parks on the Go runtime's poller
+// (an epoll descriptor is readable while one of its descriptors is ready),
+// then collects with an epoll_wait(2) that cannot block. Blocking in a
+// system call kept sysmon polling every 20 µs for 10 ms after each exit and
+// each log write: about 40% of spawnd's CPU per claim.
 type parkedEpoll struct {
 	f  *os.File
 	rc syscall.RawConn
@@ -31,8 +24,7 @@ type parkedEpoll struct {
 	collect func(fd uintptr) bool
 }
 
-// maxEpollEvents is how many events one wait returns; more stay ready for
-// the next.
+// maxEpollEvents bounds one wait's events; more stay ready for the next.
 const maxEpollEvents = 64
 
 func openParkedEpoll() (*parkedEpoll, error) {
@@ -66,9 +58,8 @@ func (p *parkedEpoll) remove(fd int) {
 	_ = unix.EpollCtl(p.fd, unix.EPOLL_CTL_DEL, fd, nil)
 }
 
-// wait returns the events of the descriptors that are ready, parking until
-// there is one. The slice is valid until the next wait; one goroutine
-// waits at a time.
+// wait parks until a descriptor is ready and returns the events, valid
+// until the next wait (one goroutine waits at a time).
 func (p *parkedEpoll) wait() ([]unix.EpollEvent, error) {
 	p.n, p.err = 0, nil
 	if err := p.rc.Read(p.collect); err != nil {

@@ -8,12 +8,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// exitWatch waits for the exits of every supervised instance on one epoll
-// over their pidfds. A blocking poll per lease would pin an OS thread, and
-// its stacks, for each lease's whole life, and even a goroutine parked per
-// lease keeps a stack; here one goroutine, parked on the runtime's poller,
-// waits for all, and a lease's supervision costs a goroutine only once its
-// instance has exited.
+// exitWatch waits for every supervised instance's exit on one epoll over
+// their pidfds: one parked goroutine for all, where a poll per lease would
+// pin a thread, and a goroutine per lease a stack, for its whole life.
 type exitWatch struct {
 	ep      *parkedEpoll
 	stop    int
@@ -25,8 +22,8 @@ type exitWatch struct {
 // errWatchStopped is an add after the watch has stopped.
 var errWatchStopped = errors.New("the exit watch has stopped")
 
-// newExitWatch opens the epoll; stop is the read end of the stop pipe,
-// whose closing ends run.
+// newExitWatch opens the epoll; closing the pipe whose read end is stop
+// ends run.
 func newExitWatch(stop int) (*exitWatch, error) {
 	ep, err := openParkedEpoll()
 	if err != nil {
@@ -40,11 +37,10 @@ func newExitWatch(stop int) (*exitWatch, error) {
 }
 
 // add has done called once, from the watch's goroutine (so it must not
-// block), with true when the process behind pidfd has exited, or with
-// false once the watch stops first (with the error that stopped it, nil on
-// the stop pipe). Polling a pidfd does not reap, which is what lets the
-// supervisor kill the group while the leader still pins its id. The caller
-// keeps pidfd open until done has run; done is not called when add fails.
+// block): true when pidfd's process has exited, false when the watch stops
+// first (with its error, nil on the stop pipe). Polling a pidfd does not
+// reap, so the leader still pins the group id for the supervisor. pidfd
+// stays open until done has run; done is not called when add fails.
 func (w *exitWatch) add(pidfd int, done func(exited bool, err error)) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -88,8 +84,7 @@ func (w *exitWatch) deliver() error {
 				return nil
 			}
 			w.mu.Lock()
-			// Removed before its owner can close the pidfd and the number
-			// be reused.
+			// Before its owner can close the pidfd and the number be reused.
 			w.ep.remove(int(ev.Fd))
 			done := w.waiting[ev.Fd]
 			delete(w.waiting, ev.Fd)

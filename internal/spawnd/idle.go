@@ -5,15 +5,12 @@ import (
 	"time"
 )
 
-// idleChecks is how many times per idle period ExitWhenIdle looks: the exit
-// comes between one and 1+1/idleChecks periods after the daemon went idle.
+// idleChecks is how often per idle period ExitWhenIdle looks.
 const idleChecks = 10
 
 // ExitWhenIdle calls stop once the daemon has held no lease and had no
-// gateway attached (no Watch stream open: every gateway keeps one while it
-// is attached) for a whole period of after. A spawnd a gateway launched for
-// development uses it, so it does not outlive its use; one the operator
-// runs (systemd) never does.
+// gateway attached (an attached gateway keeps a Watch stream) for after: a
+// spawnd a gateway launched must not outlive its use.
 func (d *Daemon) ExitWhenIdle(ctx context.Context, after time.Duration, stop func()) {
 	tick := time.NewTicker(after / idleChecks)
 	defer tick.Stop()

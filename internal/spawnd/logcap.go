@@ -13,31 +13,25 @@ import (
 	"github.com/nexus-broker/nexus-broker/internal/inotify"
 )
 
-// Instance output goes to one file per lease in logDir, which the instance
-// holds open with O_APPEND (process.go). An instance may write without end,
-// so spawnd bounds both the files and the directory:
+// Instance output goes to one file per lease in logDir, held open by the
+// instance with O_APPEND. spawnd bounds both the files and the directory:
 //
-//   - it watches the directory (inotify) and truncates a log that passes
-//     maxInstanceLog in place, leaving a marker. Because the instance's
-//     descriptor appends, its next write lands after the marker, not at its
-//     old offset. No pipe (it would die with spawnd, and the instance with
-//     it) and no RLIMIT_FSIZE (it kills the writer with SIGXFSZ).
-//   - past maxLogsTotal, the logs of leases that are gone are removed,
-//     oldest first, at boot and every pruneEvery new logs. A live lease's
-//     log is never removed, so the directory holds at most maxLogsTotal
-//     plus maxInstanceLog per live lease.
+//   - watching the directory (inotify), it truncates a log past
+//     maxInstanceLog in place behind a marker; the appending instance writes
+//     on after it. No pipe (it dies with spawnd) and no RLIMIT_FSIZE (it
+//     kills the writer with SIGXFSZ).
+//   - past maxLogsTotal, gone leases' logs are removed, oldest first, at boot
+//     and every pruneEvery new logs; a live lease's never is.
 const (
 	maxInstanceLog = 8 << 20
 	maxLogsTotal   = 256 << 20
 	pruneEvery     = 32
-	// logTruncated is appended right after a truncation (an instance
-	// writing at that moment may get a line in first).
+	// logTruncated follows a truncation (maybe after a racing line).
 	logTruncated = "[nexus-spawnd: this log passed 8 MiB and was truncated here; the output before this line is gone]\n"
 )
 
-// watchLogs caps the logs in d.logDir until Close. It runs on d.wg, and
-// owns ep (watching the inotify descriptor watch and the stop pipe) and
-// watch.
+// watchLogs caps the logs in d.logDir until Close, on d.wg. It owns ep (over
+// the inotify descriptor watch and the stop pipe) and watch.
 func (d *Daemon) watchLogs(ep *parkedEpoll, watch int) {
 	defer d.wg.Done()
 	defer unix.Close(watch)
@@ -75,12 +69,11 @@ func (d *Daemon) watchLogs(ep *parkedEpoll, watch int) {
 	}
 }
 
-// capLog truncates the log called name in place, behind the marker, once it
-// passes maxInstanceLog.
+// capLog truncates the log called name behind the marker once it passes
+// maxInstanceLog.
 func (d *Daemon) capLog(name string, warned map[string]bool) {
 	path := filepath.Join(d.logDir, name)
-	// Nearly every event is a line written well under the cap: one
-	// lstat(2) says so, where opening the log to look cost three calls.
+	// Nearly every event is well under the cap: one lstat(2) says so.
 	var st unix.Stat_t
 	if unix.Lstat(path, &st) != nil || st.Size <= maxInstanceLog {
 		return
@@ -156,8 +149,7 @@ func (d *Daemon) pruneLogs() {
 	}
 }
 
-// startLogWatch sets up the inotify watch and starts watchLogs, after one
-// prune for what an earlier run left.
+// startLogWatch prunes what an earlier run left and starts watchLogs.
 func (d *Daemon) startLogWatch() error {
 	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
 	if err != nil {

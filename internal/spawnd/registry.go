@@ -21,9 +21,8 @@ import (
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
 )
 
-// settings is everything Reload may replace, resolved against this machine.
-// It is never modified after resolve returns, so a spawn that took a
-// pointer to it keeps one consistent view however many reloads follow.
+// settings is everything Reload may replace, resolved against this machine,
+// and never modified: a spawn holding it keeps one consistent view.
 type settings struct {
 	cfg          *core.Config // what these settings were resolved from
 	entries      map[string]*entry
@@ -39,14 +38,11 @@ type entry struct {
 	resolved           string  // the absolute path spawnd execs
 	args               []string
 	env                map[string]string
-	runAs              *credential // nil: spawnd's own credential
-	// allowEscalation starts instances without no_new_privs (the entry's
-	// allow_privilege_escalation).
-	allowEscalation bool
-	// limits are the cgroup limits to write, by key of limitFiles.
-	limits map[string]string
-	// passwdHome is the run_as user's home from the passwd database; empty
-	// for an entry without run_as, or whose env sets HOME itself.
+	runAs              *credential       // nil: spawnd's own credential
+	allowEscalation    bool              // allow_privilege_escalation: no no_new_privs
+	limits             map[string]string // by key of limitFiles
+	// passwdHome is the run_as user's passwd home; empty without run_as,
+	// or when the entry's env sets HOME.
 	passwdHome string
 }
 
@@ -64,8 +60,8 @@ func loadSettings(cfgPath string) (*settings, error) {
 	return resolve(cfg)
 }
 
-// resolve checks every entry of cfg against this machine. The first entry
-// (by name) that spawnd could not exec refuses the whole configuration.
+// resolve checks every entry of cfg against this machine; the first (by
+// name) spawnd could not exec refuses the whole configuration.
 func resolve(cfg *core.Config) (*settings, error) {
 	s := &settings{
 		cfg:          cfg,
@@ -114,10 +110,9 @@ func resolve(cfg *core.Config) (*settings, error) {
 	return s, nil
 }
 
-// resolveEntryPath turns an entry's path into the absolute path of a regular
-// file with an execute bit: expand ~, look a bare name up on spawnd's PATH,
-// make it absolute, stat it. The execute-bit test is a mode check, not "can
-// this user run it": a binary only another user may run fails at exec.
+// resolveEntryPath turns an entry's path (~ expanded, a bare name looked up
+// on spawnd's PATH) into the absolute path of a regular file with an execute
+// bit; whether run_as may run it is only known at exec.
 func resolveEntryPath(name, written string) (string, error) {
 	p, err := core.ExpandHome(written)
 	if err != nil {
@@ -155,10 +150,9 @@ func resolveEntryPath(name, written string) (string, error) {
 }
 
 // checkRunAsIsNotTheGateway refuses, where the gateway runs as another user
-// than spawnd (the production split), a run_as that would let an instance
-// pass for the gateway: spawnd takes requests from the gateway's uid
-// (SO_PEERCRED), and the socket group reaches the socket. Where the two
-// share a uid, describe warns instead.
+// than spawnd, a run_as that could call spawnd: the gateway's uid (what
+// SO_PEERCRED admits) or the socket group. Where they share a uid, describe
+// warns instead.
 func checkRunAsIsNotTheGateway(name string, c *credential, sp core.Spawnd) error {
 	gw := sp.Gateway(os.Getuid())
 	switch {
@@ -174,9 +168,8 @@ func checkRunAsIsNotTheGateway(name string, c *credential, sp core.Spawnd) error
 	return nil
 }
 
-// passwdHome is the home the passwd database records for a run_as uid: HOME
-// follows the credential, so an instance can create ~/.nexus where its uid
-// may write.
+// passwdHome is a run_as uid's passwd home: HOME follows the credential, so
+// an instance can create ~/.nexus where its uid may write.
 func passwdHome(name string, uid int) (string, error) {
 	u, err := user.LookupId(strconv.Itoa(uid))
 	if err != nil {
@@ -198,13 +191,10 @@ var alwaysPass = []string{"HOME", "LANG", "PATH", "TZ"}
 // dialBack is the broker-owned trio a spawn is given last.
 type dialBack struct{ addr, leaseID, secret string }
 
-// spawnEnv builds a spawn's environment from nothing, in the order the spec
-// gives: the always-pass set, then the inherit_env names spawnd holds, then
-// the entry's env, then the dial-back trio. A run_as user's passwd home
-// replaces HOME before the entry's env, so it wins over spawnd's own HOME
-// (even one named in inherit_env) but not over the entry's env.HOME. A later
-// layer replaces an earlier one's value, so no name is emitted twice. lookup
-// is spawnd's own environment.
+// spawnEnv builds a spawn's environment from nothing, in the spec's order,
+// each layer replacing the last's values: the always-pass set, the
+// inherit_env names lookup (spawnd's environment) holds, a run_as user's
+// passwd HOME, the entry's env, the dial-back trio.
 func spawnEnv(e *entry, inherit []string, lookup func(string) (string, bool), dial dialBack) *envList {
 	env := &envList{values: map[string]string{}}
 	for _, name := range slices.Concat(alwaysPass, inherit) {
@@ -246,10 +236,9 @@ func (l *envList) pairs() []string {
 	return out
 }
 
-// describe logs, per entry, what a spawn of it will exec and the names (never
-// the values) of what it will carry, then one WARN for declared inherit_env
-// names spawnd does not hold and one for run_as that cannot work. It runs at
-// boot and after every applied reload.
+// describe logs, at boot and after every applied reload, what each entry
+// execs and the names (never values) of its environment, then one WARN per
+// kind of doubtful setting.
 func (d *Daemon) describe(s *settings) {
 	var runAs, asRoot, runAsRoot, runAsGateway []string
 	shared := s.cfg.Spawnd.Gateway(os.Getuid()) == os.Getuid()
@@ -291,8 +280,7 @@ func (d *Daemon) describe(s *settings) {
 			"missing", strings.Join(missing, ","))
 	}
 	if len(asRoot) > 0 {
-		// Upstream's "the instance runs as the broker's uid" means root here:
-		// spawnd is the process that execs.
+		// Upstream's "runs as the broker's uid" is root here: spawnd execs.
 		d.log.Warn("these entries have no run_as and nexus-spawnd runs as root, so their instances run as root; "+
 			"set run_as (a broker-level default covers every entry) to run them as an unprivileged user",
 			"entries", strings.Join(asRoot, ","))
@@ -313,14 +301,12 @@ func (d *Daemon) describe(s *settings) {
 	}
 }
 
-// procSelfStatus is where the effective capability set is read from. Tests
-// point it at a copy with CapEff cleared to play an unprivileged spawnd.
+// procSelfStatus holds the effective capabilities (tests point it at a
+// copy).
 var procSelfStatus = "/proc/self/status"
 
-// hasSetIDCaps reports whether spawnd may set a child's uid, gid and groups.
-// It reads the capability set rather than asking for euid 0: root with
-// CAP_SETUID dropped (a hardened container) cannot do it either, and a
-// non-root spawnd granted both capabilities can.
+// hasSetIDCaps reports whether spawnd holds CAP_SETUID and CAP_SETGID: root
+// may lack them (a hardened container), and a non-root spawnd may hold them.
 func hasSetIDCaps() bool {
 	data, err := os.ReadFile(procSelfStatus)
 	if err != nil {
@@ -336,10 +322,8 @@ func hasSetIDCaps() bool {
 	return false
 }
 
-// listing is the registry as the gateway sees it: names, labels,
-// descriptions, and the resolved path for the gateway's boot summary (the
-// gateway publishes names, labels and descriptions only). An argv or
-// environment never leaves spawnd.
+// listing is the registry as the gateway sees it (the resolved path is for
+// its boot summary only); an argv or environment never leaves spawnd.
 func (s *settings) listing() []*spawnpb.Binary {
 	out := make([]*spawnpb.Binary, 0, len(s.entries))
 	for _, name := range slices.Sorted(maps.Keys(s.entries)) {
@@ -349,11 +333,10 @@ func (s *settings) listing() []*spawnpb.Binary {
 	return out
 }
 
-// spawndKeys are the top-level broker.yaml keys nexus-spawnd reads. A
-// reload reports changes to these only; the gateway reports its own.
-// listen_addr is among them: every instance's NEXUS_BROKER_ADDR is built
-// from spawnd's boot copy, so a gateway restarted on another port must not
-// attach to a spawnd that would send its instances to the old one.
+// spawndKeys are the keys whose changes a reload reports; the gateway
+// reports its own. listen_addr is one: NEXUS_BROKER_ADDR is built from
+// spawnd's boot copy, so a gateway restarted on another port must not attach
+// to a spawnd sending instances to the old one.
 var spawndKeys = []string{"binaries", "broker_id", "inherit_env", "listen_addr", "release_grace", "run_as", "spawnd", "state_dir"}
 
 // ownKeys keeps the keys of a core.ReloadDiff list that spawnd reads.

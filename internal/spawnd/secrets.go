@@ -22,30 +22,25 @@ import (
 // longer key.
 const spawnKeySize = 32
 
-// secretFor is a lease's spawn secret, hex(HMAC-SHA256(spawn-key, lease id)).
-// It is derived rather than minted so that a restarted nexus-spawnd
-// recomputes exactly what a surviving instance holds, without the secret
-// ever being written down.
+// secretFor is a lease's spawn secret, hex(HMAC-SHA256(spawn-key, lease id)):
+// derived, so a restarted nexus-spawnd recomputes what a surviving instance
+// holds, and never written down.
 func secretFor(key []byte, leaseID string) string {
 	mac := hmac.New(sha256.New, key)
 	mac.Write([]byte(leaseID))
 	return hex.EncodeToString(mac.Sum(nil))
 }
 
-// loadSpawnKey returns <stateDir>/spawn-key, creating it on first boot. With
-// no state_dir the key is random and lives in memory only.
-//
-// A key file of the wrong size, not spawnd's own, or readable by anyone but
-// its owner, refuses the boot: regenerating it silently would strand every
-// running instance, and a key someone else wrote or can read lets them
-// forge any live lease's dial-back.
+// loadSpawnKey returns <stateDir>/spawn-key, creating it on first boot (in
+// memory only without a state_dir). A key of the wrong size, not spawnd's
+// own, or readable by others refuses the boot: regenerating it would strand
+// every running instance, and a key someone else wrote or can read lets
+// them forge any live lease's dial-back.
 func loadSpawnKey(stateDir string) ([]byte, error) {
 	if stateDir == "" {
 		return randomBytes(spawnKeySize)
 	}
 	path := filepath.Join(stateDir, "spawn-key")
-	// Owner and mode both: a key someone else wrote is theirs to forge
-	// dial-backs with, and one others may read is anyone's.
 	key, err := safedir.ReadOwned(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		key, err := randomBytes(spawnKeySize)
@@ -65,9 +60,8 @@ func loadSpawnKey(stateDir string) ([]byte, error) {
 	return key, nil
 }
 
-// loadBrokerID returns broker_id as configured, else the id persisted in
-// <stateDir>/broker-id, else a new random one (persisted when there is a
-// state_dir). An empty file is treated as absent.
+// loadBrokerID returns broker_id as configured, else <stateDir>/broker-id's
+// (an empty file is absent), else a new random one, persisted.
 func loadBrokerID(configured, stateDir string) (string, error) {
 	if configured != "" {
 		return configured, nil
@@ -103,12 +97,10 @@ func randomBytes(n int) ([]byte, error) {
 	return b, nil
 }
 
-// tempRoot is where per-claim config files are created: $TMPDIR when the
-// operator set one, else /dev/shm when it is there, else the system temp
-// directory. A config is written and removed once per claim, and on a disk
-// filesystem that file creation was most of spawnd's share of claim latency
-// (≈0.35 ms on ext4 against ≈5 µs on tmpfs); nothing in it needs to survive
-// a reboot, since its instance does not either.
+// tempRoot holds the per-claim configs: $TMPDIR when set, else /dev/shm when
+// usable, else the system's. On ext4 creating the file was most of spawnd's
+// claim latency (≈0.35 ms, against ≈5 µs on tmpfs), and it need not survive
+// a reboot its instance does not.
 func tempRoot() string {
 	if os.Getenv("TMPDIR") == "" {
 		if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() && unix.Access("/dev/shm", unix.W_OK|unix.X_OK) == nil {
@@ -118,15 +110,10 @@ func tempRoot() string {
 	return os.TempDir()
 }
 
-// makeWorkDirs creates spawnd's two private directories.
-//
-// Temp configs go in a fresh directory under tempRoot, mode 0711: a run_as
-// instance must open its own config, which it can by exact name, but it may
-// not list the directory, and state_dir (0700) would not let it in at all.
-//
-// Instance output goes to <state_dir>/logs (0700), where an operator finds
-// it after a restart; without a state_dir, to a logs directory inside the
-// temp directory.
+// makeWorkDirs creates spawnd's two private directories: a fresh one under
+// tempRoot, 0711, for temp configs (a run_as instance opens its own by exact
+// name but cannot list the others; state_dir would not let it in), and
+// <state_dir>/logs (0700; without a state_dir, logs in the temp directory).
 func makeWorkDirs(stateDir string) (configDir, logDir string, err error) {
 	configDir, err = os.MkdirTemp(tempRoot(), configDirPrefix)
 	if err == nil {

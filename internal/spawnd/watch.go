@@ -7,9 +7,8 @@ import (
 )
 
 // watchBuffer is how many exits one Watch stream may fall behind before it
-// is dropped. Far more than a gateway that is merely slow will ever lag; a
-// bound all the same, because a supervisor must never block on a stream
-// nobody reads.
+// is dropped: far more than a slow gateway lags, and a bound, since a
+// supervisor must never block on a stream nobody reads.
 const watchBuffer = 4096
 
 // watchers fans every exit out to the Watch streams open at the time.

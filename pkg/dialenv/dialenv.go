@@ -1,11 +1,8 @@
-// Package dialenv names the environment variables spawnd gives every
-// instance so it can dial back to the gateway and register. It is its own
-// package, beside the wire envelope (brokerframe), so that nexus-spawnd,
-// which only sets them, links nothing of the envelope's codec.
+// Package dialenv names the variables spawnd gives every instance to dial
+// back and register: its own package, so spawnd links no wire codec.
 package dialenv
 
-// The variables, set last when spawnd builds a spawn's environment so
-// nothing else can override them.
+// Set last in a spawn's environment, so nothing overrides them.
 const (
 	// BrokerAddr is the gateway's /instance WebSocket URL.
 	BrokerAddr = "NEXUS_BROKER_ADDR"

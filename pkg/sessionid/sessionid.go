@@ -1,9 +1,7 @@
-// Package sessionid holds the one rule both halves of the broker apply to an
-// engine session id, whoever supplies it: a claim resuming a session, or an
-// instance reporting one. A session id reaches an instance's argv
-// (-recall <id>), the lease journal and the session → binary index, so it is
-// held to a narrow alphabet and a length a stock nexus never comes near (it
-// mints 32 hex characters).
+// Package sessionid is the one rule both halves apply to an engine session
+// id, from a claim or an instance's report. It reaches an instance's argv
+// (-recall <id>), the journal and the index, so it is held to a narrow
+// alphabet and a length a stock nexus (32 hex characters) never nears.
 package sessionid
 
 import "fmt"
@@ -15,8 +13,7 @@ const MaxLen = 128
 var Rule = fmt.Sprintf("1 to %d bytes of letters, digits, '.', '_' or '-', not starting with '-' or '.'", MaxLen)
 
 // Validate returns nil for an id that keeps the rule, else an error naming
-// the rule. The id is quoted only when short, so a hostile one cannot flood
-// a log line.
+// it, quoting the id only when short so it cannot flood a log line.
 func Validate(id string) error {
 	if valid(id) {
 		return nil

@@ -14,11 +14,9 @@ import (
 	"google.golang.org/grpc/credentials"
 )
 
-// Before any HTTP/2 byte, spawnd writes one verdict line on every accepted
-// connection: verdictOK, or verdictDeny followed by the reason. Closing the
-// connection alone would reach the refused client as "error reading server
-// preface: EOF"; the line lets it say what is wrong and what to change.
-// Both ends are ours, so the extra line costs no compatibility.
+// Before any HTTP/2 byte, spawnd writes a verdict line on every accepted
+// connection: VerdictOK, or VerdictDeny and the reason, which a bare close
+// would reach the client as "error reading server preface: EOF".
 const (
 	VerdictPrefix = "nexus-spawnd "
 	VerdictOK     = VerdictPrefix + "OK\n"
@@ -29,9 +27,8 @@ const (
 // SecurityProtocol names the handshake in gRPC's ProtocolInfo.
 const SecurityProtocol = "nexus-peercred"
 
-// PeerCred is the kernel's account (SO_PEERCRED) of the process on the
-// other end of a unix socket, taken at connect (or listen) time. On the
-// server it is the grpc peer.Peer's AuthInfo.
+// PeerCred is the kernel's account (SO_PEERCRED) of the peer of a unix
+// socket, taken at connect time; the server's grpc AuthInfo.
 type PeerCred struct {
 	credentials.CommonAuthInfo
 	PID int
@@ -84,9 +81,7 @@ func (c *serverCreds) ServerHandshake(conn net.Conn) (net.Conn, credentials.Auth
 	}
 	if pc.UID != c.allowedUID {
 		reason := fmt.Sprintf("uid %d is not allowed: spawnd accepts only uid %d (spawnd.gateway_uid); run the gateway as that user or change spawnd.gateway_uid", pc.UID, c.allowedUID)
-		// Serve's own readiness probe (see probeAccepting) is refused like
-		// anyone else when spawnd's uid is not the gateway's; it is not an
-		// intruder, so it is not logged as one.
+		// Serve's own probe (probeAccepting) is no intruder to log.
 		if pc.PID != os.Getpid() {
 			c.log.Warn("refused spawnrpc connection", "peer_uid", pc.UID, "peer_pid", pc.PID, "allowed_uid", c.allowedUID)
 		}

@@ -20,19 +20,17 @@ import (
 const (
 	// EndpointFile holds the reattach config of the serving spawnd.
 	EndpointFile = "spawnd.json"
-	// ServeLockFile is flocked by the serving spawnd for its whole life: a
-	// second spawnd on the same run directory is refused, and a launcher
-	// can tell "starting or stopping" from "gone" without signalling a pid.
+	// ServeLockFile is flocked by the serving spawnd for its life: a second
+	// one is refused, and a launcher tells "starting or stopping" from
+	// "gone" without signalling a pid.
 	ServeLockFile = "spawnd.lock"
-	// socketPrefix is how go-plugin names its sockets (os.CreateTemp
-	// pattern "plugin").
+	// socketPrefix is go-plugin's os.CreateTemp pattern for its sockets.
 	socketPrefix = "plugin"
 )
 
-// runDirBase holds the default run directories, one per config file:
-// $XDG_RUNTIME_DIR/nexus-broker, else /tmp/nexus-broker-<uid>. The uid is the
-// caller's, so a gateway and a spawnd running as different users must set
-// spawnd.run_dir explicitly.
+// runDirBase holds the default run directories: $XDG_RUNTIME_DIR/nexus-broker,
+// else /tmp/nexus-broker-<uid> (the caller's uid: a gateway and a spawnd of
+// different users set spawnd.run_dir).
 func runDirBase() string {
 	if x := os.Getenv("XDG_RUNTIME_DIR"); x != "" {
 		return filepath.Join(x, "nexus-broker")
@@ -41,15 +39,13 @@ func runDirBase() string {
 }
 
 // configKeyLen is how many hex digits of the config path's SHA-256 name its
-// default run directory: short, for the unix socket limit.
+// default run directory (short, for the socket path limit).
 const configKeyLen = 12
 
-// RunDir is runDir (spawnd.run_dir), or, when that is empty, the default
-// run directory of the config file at configPath (its canonical absolute
-// path, core.Canonical): one per config file, so two brokers on one host
-// never share a spawnd by accident. It is keyed by the path, not the
-// content, so editing the file does not strand the spawnd already running
-// for it. Both processes resolve it with this function so they agree.
+// RunDir is runDir (spawnd.run_dir), else the default run directory of the
+// config file at configPath (canonical, core.Canonical): one per file, so two
+// brokers on a host never share a spawnd by accident, keyed by path, not
+// content, so an edit strands no running spawnd. Both processes use it.
 func RunDir(runDir, configPath string) string {
 	if runDir != "" {
 		return runDir
@@ -58,16 +54,16 @@ func RunDir(runDir, configPath string) string {
 	return filepath.Join(runDirBase(), hex.EncodeToString(sum[:])[:configKeyLen])
 }
 
-// maxSocketPath is the longest path a unix socket can bind: sun_path holds
-// 108 bytes, one of them the terminating NUL.
-const maxSocketPath = 107
-
-// socketNameLen is the longest go-plugin socket name: "plugin" and a
-// random uint32 in decimal (os.CreateTemp).
-const socketNameLen = len(socketPrefix) + 10
+const (
+	// maxSocketPath is sun_path's 108 bytes less the terminating NUL.
+	maxSocketPath = 107
+	// socketNameLen is the longest go-plugin socket name: "plugin" and a
+	// random uint32 in decimal.
+	socketNameLen = len(socketPrefix) + 10
+)
 
 // CheckSocketPath refuses a run directory whose socket path could exceed
-// the unix limit, which bind would otherwise report as "invalid argument".
+// the limit, which bind reports as "invalid argument".
 func CheckSocketPath(runDir string) error {
 	abs, err := filepath.Abs(runDir)
 	if err != nil {
@@ -80,8 +76,7 @@ func CheckSocketPath(runDir string) error {
 	return nil
 }
 
-// Endpoint is the content of spawnd.json: go-plugin's reattach config in a
-// stable JSON shape, written by spawnd once it accepts connections.
+// Endpoint is spawnd.json: go-plugin's reattach config in a stable shape.
 type Endpoint struct {
 	Protocol        string `json:"protocol"`         // "grpc"
 	ProtocolVersion int    `json:"protocol_version"` // ProtocolVersion
@@ -108,9 +103,8 @@ func ReadEndpoint(runDir string) (Endpoint, error) {
 	return ep, nil
 }
 
-// writeEndpoint publishes ep atomically: a reader sees the old file or the
-// new one, never a torn write, and the rename is durable before we return.
-// It is readable by the gateway's group, which is all the gateway needs.
+// writeEndpoint publishes ep atomically and durably, readable by the
+// gateway's group.
 func writeEndpoint(runDir string, ep Endpoint, gid int) error {
 	data, err := json.Marshal(ep)
 	if err != nil {
@@ -145,10 +139,9 @@ func removeEndpointIfOurs(runDir string, pid int) error {
 }
 
 // PrepareRunDir creates runDir 0750 (group gid when gid >= 0), or checks
-// the one that is there. A run directory somebody else owns (say a
-// squatter's /tmp/nexus-broker-0) would let them swap the socket under the
-// gateway, so it is refused rather than adopted; so is a default run
-// directory whose private parent is not this user's alone.
+// the one that is there. One somebody else owns (a squatter's
+// /tmp/nexus-broker-0) would let them swap the socket, so it is refused, as
+// is a default run directory whose parent is not this user's alone.
 func PrepareRunDir(runDir string, gid int) error {
 	if err := CheckSocketPath(runDir); err != nil {
 		return err
@@ -169,10 +162,8 @@ func PrepareRunDir(runDir string, gid int) error {
 	return nil
 }
 
-// removeStaleSockets deletes go-plugin sockets left behind by a spawnd that
-// died without closing its listener (kill -9), and spawnd.json temp files.
-// Only the holder of the serve lock may call it: everything it finds is
-// then a dead spawnd's.
+// removeStaleSockets deletes the sockets and spawnd.json temp files of a
+// spawnd killed with -9. Only the serve lock's holder may call it.
 func removeStaleSockets(runDir string) {
 	ents, err := os.ReadDir(runDir)
 	if err != nil {
@@ -180,7 +171,6 @@ func removeStaleSockets(runDir string) {
 	}
 	for _, e := range ents {
 		socket := strings.HasPrefix(e.Name(), socketPrefix) && e.Type()&fs.ModeSocket != 0
-		// A temp file of writeEndpoint that a crash left behind.
 		temp := strings.HasPrefix(e.Name(), "."+EndpointFile+".") && e.Type().IsRegular()
 		if socket || temp {
 			_ = os.Remove(filepath.Join(runDir, e.Name()))

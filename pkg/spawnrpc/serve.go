@@ -27,27 +27,20 @@ import (
 
 // ServeOptions configures Serve.
 type ServeOptions struct {
-	// RunDir receives the socket and spawnd.json. The caller holds its
+	// RunDir receives the socket and spawnd.json; the caller holds its
 	// ClaimRunDir lock.
 	RunDir string
-	// AllowedUID is the only peer uid accepted on the socket
-	// (spawnd.gateway_uid, or spawnd's own uid in development).
+	// AllowedUID is the only peer uid accepted (spawnd.gateway_uid).
 	AllowedUID int
-	// SocketGID, when >= 0, becomes the group of the run directory, the
-	// socket and spawnd.json, so the gateway's user can reach them. -1
-	// leaves this process's group.
+	// SocketGID, when >= 0, becomes the group of the socket and
+	// spawnd.json, so the gateway's user can reach them.
 	SocketGID int
-	// Impl serves the verbs.
-	Impl   spawnpb.SpawnerServer
-	Logger *slog.Logger
-	// Serving, when set, runs once the socket answers and spawnd.json is
-	// published: the end of the boot.
-	Serving func()
-	// Attached, when set, runs once, when the first gateway has attached: as it opens its exit stream (Watch), the last
-	// step of a gateway's attach but for a List. What only an attach runs
-	// (the go-plugin handshake, the health and stdio services, the
-	// registry check) runs once per gateway.
-	Attached func()
+	Impl      spawnpb.SpawnerServer
+	Logger    *slog.Logger
+	// Booted, when set, runs once spawnd.json is published, and again when
+	// the first gateway opens its exit stream (Watch), the last step of its
+	// attach but for a List: both end a phase that runs once.
+	Booted func()
 }
 
 // probeTimeout bounds Serve's check that its own socket accepts.
@@ -57,22 +50,20 @@ const probeTimeout = 5 * time.Second
 // withdraws spawnd.json. It returns an error if serving cannot start or
 // stops on its own.
 //
-// go-plugin's server normally belongs to a host that launched it and reads
-// its address from stdout. Its test mode (ServeConfig.Test) instead hands
-// the address back on a channel and stops on a context, which is what a
-// daemon that outlives every gateway needs; the cookie check it skips is
-// not a security measure anyway (SO_PEERCRED is).
+// go-plugin's test mode (ServeConfig.Test) hands the address back on a
+// channel, not a launching host's stdout, and stops on a context: what a
+// daemon outliving every gateway needs. The cookie check it skips is no
+// security measure (SO_PEERCRED is).
 func Serve(ctx context.Context, opts ServeOptions) error {
 	log, runDir := opts.Logger, opts.RunDir
-	// go-plugin takes its socket placement from the environment only.
 	if err := pluginEnv(runDir, opts.SocketGID); err != nil {
 		return err
 	}
 
 	var stopping atomic.Bool // marks a shutdown as ours for PluginLogger
 	creds := &serverCreds{allowedUID: opts.AllowedUID, log: log}
-	// go-plugin stops on its own context, which only shutdown cancels, so
-	// that the shutdown is marked as ours before go-plugin acts on it.
+	// Only shutdown cancels go-plugin's context, so a stop is marked as
+	// ours before go-plugin acts on it.
 	serveCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	defer stop()
 	reattachCh := make(chan *plugin.ReattachConfig, 1)
@@ -86,7 +77,7 @@ func Serve(ctx context.Context, opts ServeOptions) error {
 				grpc.StaticStreamWindowSize(StaticWindow),
 				grpc.StaticConnWindowSize(StaticWindow),
 				grpc.ChainUnaryInterceptor(onlyOurMethods),
-				grpc.ChainStreamInterceptor(onlyOurStreams, onFirstWatch(opts.Attached)))
+				grpc.ChainStreamInterceptor(onlyOurStreams, onFirstWatch(opts.Booted)))
 			return grpc.NewServer(o...)
 		},
 		Logger: PluginLogger(log, stopping.Load),
@@ -119,9 +110,8 @@ func Serve(ctx context.Context, opts ServeOptions) error {
 		shutdown()
 		return nil
 	}
-	// go-plugin sends the reattach config before its accept loop starts
-	// ("the client should retry a few times"); publish only once a real
-	// connection has been accepted and answered.
+	// go-plugin sends the reattach config before its accept loop starts:
+	// publish only once a connection has been accepted and answered.
 	if err := probeAccepting(ctx, ep); err != nil {
 		shutdown()
 		if ctx.Err() != nil {
@@ -133,8 +123,8 @@ func Serve(ctx context.Context, opts ServeOptions) error {
 		shutdown()
 		return fmt.Errorf("publish %s: %w", filepath.Join(runDir, EndpointFile), err)
 	}
-	if opts.Serving != nil {
-		opts.Serving()
+	if opts.Booted != nil {
+		opts.Booted()
 	}
 	log.Info("spawnrpc serving", "addr", ep.Addr, "pid", ep.Pid, "run_dir", runDir, "allowed_uid", opts.AllowedUID)
 
@@ -152,10 +142,9 @@ func Serve(ctx context.Context, opts ServeOptions) error {
 	return runErr
 }
 
-// ClaimRunDir prepares runDir as Serve needs it and makes this process its
-// only spawnd for as long as the returned lock stays open. A main claims
-// before it touches shared state (the lease journal), and Serve must be
-// called with the claim held.
+// ClaimRunDir prepares runDir and makes this process its only spawnd while
+// the returned lock stays open. Claim it before touching shared state (the
+// lease journal), and hold it through Serve.
 func ClaimRunDir(runDir string, socketGID int) (lock *os.File, err error) {
 	if err := PrepareRunDir(runDir, socketGID); err != nil {
 		return nil, err
@@ -163,14 +152,14 @@ func ClaimRunDir(runDir string, socketGID int) (lock *os.File, err error) {
 	if lock, err = takeServeLock(runDir, socketGID); err != nil {
 		return nil, err
 	}
-	// Holding the lock, every go-plugin socket in the directory is a dead
+	// Holding the lock, every socket left in the directory is a dead
 	// spawnd's.
 	removeStaleSockets(runDir)
 	return lock, nil
 }
 
-// takeServeLock makes this process the only spawnd of runDir and records
-// its pid in the lock file for the error messages of the next one.
+// takeServeLock flocks runDir's spawnd.lock, with our pid for the next
+// one's error.
 func takeServeLock(runDir string, gid int) (*os.File, error) {
 	path := filepath.Join(runDir, ServeLockFile)
 	f, err := safedir.LockPid(path, 0o640, nil)
@@ -192,13 +181,14 @@ func takeServeLock(runDir string, gid int) (*os.File, error) {
 	return f, nil
 }
 
-// pluginEnv sets the variables go-plugin's server reads and clears those
-// that would change its transport under us (AutoMTLS, multiplexing).
+// pluginEnv sets go-plugin's socket placement (it reads only the
+// environment) and clears what would change its transport (AutoMTLS,
+// multiplexing).
 func pluginEnv(runDir string, gid int) error {
 	set := map[string]string{plugin.EnvUnixSocketDir: runDir}
 	if gid >= 0 {
-		// Makes go-plugin chown the socket to gid and chmod it 0660:
-		// without group write the gateway's connect gets EACCES.
+		// go-plugin then chowns the socket to gid, 0660: without group
+		// write the gateway's connect gets EACCES.
 		set[plugin.EnvUnixSocketGroup] = strconv.Itoa(gid)
 	}
 	for k, v := range set {
@@ -216,9 +206,8 @@ func pluginEnv(runDir string, gid int) error {
 	return nil
 }
 
-// probeAccepting connects to the socket and waits for the verdict line,
-// which spawnd writes from inside the gRPC server's accept path. A refusal
-// (spawnd's uid is not the gateway's) proves acceptance just as well.
+// probeAccepting connects and waits for the verdict line spawnd writes from
+// the gRPC server's accept path; a refusal proves acceptance as well.
 func probeAccepting(ctx context.Context, ep Endpoint) error {
 	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
@@ -239,11 +228,10 @@ func probeAccepting(ctx context.Context, ep Endpoint) error {
 	return err
 }
 
-// The methods a gateway may call: the Spawner verbs, plus the two go-plugin
-// services its client opens on connect (health for liveness, stdio, which
-// streams nothing here). go-plugin also registers a controller whose
-// Shutdown would let a gateway stop spawnd, and a broker that dials
-// addresses the client names; the privileged side serves neither.
+// The methods a gateway may call: the Spawner verbs and the two go-plugin
+// services its client opens (health, and stdio, which streams nothing here).
+// Not go-plugin's controller (its Shutdown stops spawnd) nor its broker
+// (which dials addresses the client names).
 var spawnerPrefix = "/" + spawnpb.Spawner_ServiceDesc.ServiceName + "/"
 
 func allowedMethod(m string) bool {
@@ -263,8 +251,7 @@ func onlyOurMethods(ctx context.Context, req any, info *grpc.UnaryServerInfo, h 
 	return h(ctx, req)
 }
 
-// onFirstWatch runs f on the first Watch stream this server opens, before
-// the stream starts (the gateway's boot waits for its headers; f runs once).
+// onFirstWatch runs f once, as the first Watch stream starts.
 func onFirstWatch(f func()) grpc.StreamServerInterceptor {
 	var once sync.Once
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {

@@ -8,7 +8,7 @@ import (
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
 )
 
-// TestAttachedRunsOnceOnTheFirstWatch: spawnd's Attached hook runs when a
+// TestAttachedRunsOnceOnTheFirstWatch: spawnd's Booted hook runs when a
 // gateway opens its exit stream, not on other streams, and only the first
 // time; every stream still reaches its handler.
 func TestAttachedRunsOnceOnTheFirstWatch(t *testing.T) {

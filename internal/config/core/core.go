@@ -1,15 +1,9 @@
 // Package core is the part of broker.yaml both processes read: the keys
-// nexus-spawnd acts on (the binaries registry, run_as, inherit_env,
-// release_grace, state_dir, broker_id, spawnd:, and listen_addr and
-// advertise_addr for an instance's dial-back), and the one strict loader
-// every key of the file goes through (Decode): it names the key path of
-// every mistake and every unknown key at every level in one error.
-//
-// The gateway's sections (auth:, agents:, a2a:, console:, the admission
-// caps and timers) are layered on top by internal/config, which spawnd does
-// not link. spawnd tolerates those sections without reading them
-// (GatewayKeys); the gateway validates the whole file. Both take the digest
-// of the same bytes (ReadFile), so they agree on the file's identity.
+// nexus-spawnd acts on, and the one strict loader every key goes through
+// (Decode), which names the key path of every mistake and unknown key in one
+// error. The gateway's sections are layered on top by internal/config, which
+// spawnd does not link; spawnd tolerates them unread (GatewayKeys). Both
+// digest the same bytes, so they agree on the file's identity.
 package core
 
 import (
@@ -41,16 +35,13 @@ type Config struct {
 	// Spawnd holds the keys of the supervisor split (ours, not upstream's).
 	Spawnd Spawnd `yaml:"spawnd"`
 
-	// Digest identifies the file's content (hex SHA-256), set by the
-	// loaders: the gateway and spawnd compare it to know they run one
-	// version.
+	// Digest is the file's hex SHA-256, which the gateway and spawnd
+	// compare to know they run one version.
 	Digest string `yaml:"-"`
 }
 
-// GatewayKeys are the top-level keys only the gateway reads. spawnd
-// tolerates them unread, so a mistake inside one is the gateway's to
-// report; any other key spawnd does not know is refused by both.
-// internal/config's tests keep this list equal to the gateway's schema.
+// GatewayKeys are the top-level keys only the gateway reads and reports
+// mistakes in; internal/config's tests keep the list equal to its schema.
 var GatewayKeys = []string{
 	"a2a", "agents", "auth", "client_replay_buffer_bytes", "cluster", "console", "idle_timeout",
 	"max_claim_body", "max_concurrent", "max_leases_per_principal", "max_queue_depth",
@@ -61,27 +52,24 @@ var GatewayKeys = []string{
 // Entry is one binaries: registry entry.
 type Entry struct {
 	Path string `yaml:"path"`
-	// Label and Description are nil when not written: GET /binaries omits
-	// an unset one and keeps one written as "".
+	// Label and Description are nil when not written (GET /binaries omits
+	// them, and keeps "").
 	Label       *string           `yaml:"label"`
 	Description *string           `yaml:"description"`
 	Args        []string          `yaml:"args"`
 	Env         map[string]string `yaml:"env"`
 	RunAs       *RunAs            `yaml:"run_as"`
-	// AllowPrivilegeEscalation (ours) starts the entry's instances without
-	// no_new_privs, so a setuid or file-capability binary they exec gains
-	// its privilege. Off by default.
+	// AllowPrivilegeEscalation (ours) starts instances without
+	// no_new_privs, so a setuid binary they exec gains its privilege.
 	AllowPrivilegeEscalation bool `yaml:"allow_privilege_escalation"`
-	// MemoryMax, PidsMax and CPUWeight (ours) are written to each
-	// instance's cgroup (memory.max, pids.max, cpu.weight); 0 leaves the
-	// limit unset. They need cgroup v2 containment with the controller.
+	// MemoryMax, PidsMax and CPUWeight (ours) go to each instance's cgroup
+	// (memory.max, pids.max, cpu.weight); 0 leaves the limit unset.
 	MemoryMax Size `yaml:"memory_max"`
 	PidsMax   int  `yaml:"pids_max"`
 	CPUWeight int  `yaml:"cpu_weight"`
 }
 
-// RunAs is a numeric credential; both ids are required when the block is
-// written.
+// RunAs is a numeric credential; both ids are required.
 type RunAs struct {
 	UID *int `yaml:"uid"`
 	GID *int `yaml:"gid"`
@@ -92,29 +80,24 @@ func (r *RunAs) String() string { return fmt.Sprintf("%d:%d", *r.UID, *r.GID) }
 
 // Spawnd configures the privileged daemon and how the gateway reaches it.
 type Spawnd struct {
-	// RunDir holds the RPC socket and spawnd.json (the reattach config). It
-	// is created 0750. Empty means one directory per config file under
-	// $XDG_RUNTIME_DIR/nexus-broker, or /tmp/nexus-broker-<uid> without
-	// XDG_RUNTIME_DIR (spawnrpc.RunDir).
+	// RunDir holds the RPC socket and spawnd.json, 0750; empty means one
+	// per config file (spawnrpc.RunDir).
 	RunDir string `yaml:"run_dir"`
-	// GatewayUID is the only uid spawnd accepts RPC connections from. Unset
-	// means spawnd's own uid (development: one user runs both).
+	// GatewayUID is the only uid spawnd accepts RPC from; unset, its own.
 	GatewayUID *int `yaml:"gateway_uid"`
-	// SocketGID is the group given the run directory so the gateway's user
-	// can reach the socket. Unset leaves spawnd's group.
+	// SocketGID is the run directory's group, so the gateway's user can
+	// reach the socket; unset, spawnd's.
 	SocketGID *int `yaml:"socket_gid"`
-	// CgroupRoot is a writable, delegated cgroup v2 directory: each
-	// instance is born in <cgroup_root>/<broker_id>/<lease_id>. Empty means
-	// spawnd's own cgroup when systemd delegated it (Delegate=yes), else
-	// none (process groups only).
+	// CgroupRoot is a writable, delegated cgroup v2 directory for
+	// <broker_id>/<lease_id>; empty means spawnd's own cgroup when systemd
+	// delegated it, else none (process groups only).
 	CgroupRoot string `yaml:"cgroup_root"`
 }
 
 // MaxCPUWeight is the largest cpu.weight the kernel accepts.
 const MaxCPUWeight = 10000
 
-// Gateway is the uid spawnd accepts RPC from: gateway_uid, else own (the
-// uid spawnd runs as: one user runs both processes).
+// Gateway is the uid spawnd accepts RPC from: gateway_uid, else own.
 func (s Spawnd) Gateway(own int) int {
 	if s.GatewayUID != nil {
 		return *s.GatewayUID
@@ -122,8 +105,7 @@ func (s Spawnd) Gateway(own int) int {
 	return own
 }
 
-// The reserved entry name: always present, what a claim naming no binary
-// spawns.
+// ReservedEntry is always present: what a claim naming no binary spawns.
 const ReservedEntry = "nexus"
 
 // Defaults of the spec for these keys.
@@ -132,8 +114,7 @@ const (
 	DefaultReleaseGrace = 10 * time.Second
 )
 
-// Default returns a Config holding every default, with the synthesized
-// reserved entry.
+// Default returns a Config holding every default and the reserved entry.
 func Default() *Config {
 	return &Config{
 		ListenAddr:   DefaultListenAddr,

@@ -34,10 +34,8 @@ var (
 	unmarshalerType = reflect.TypeFor[yaml.Unmarshaler]()
 )
 
-// Narrower is implemented by a schema struct whose allowed keys depend on
-// what its node holds (an auth validator's type: decides the rest). The
-// checker calls it on the zero value with every key of the struct, and
-// treats a key it leaves out as unknown.
+// Narrower is a schema struct whose allowed keys depend on its node (an auth
+// validator's type:); keys it leaves out are unknown.
 type Narrower interface {
 	NarrowKeys(node *yaml.Node, fields map[string]reflect.StructField, path string) (map[string]reflect.StructField, error)
 }
@@ -46,8 +44,7 @@ type Narrower interface {
 func Load(path string) (*Config, error) { return LoadWith(path, Parse) }
 
 // LoadWith reads the file at path, parses it with parse (Parse, or the
-// gateway's, whose schema embeds Config) and stamps it with the digest of
-// the bytes read, so both processes name one version of the file alike.
+// gateway's) and stamps it with the digest of the bytes read.
 func LoadWith[P interface{ base() *Config }](path string, parse func([]byte) (P, error)) (P, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -65,9 +62,8 @@ func LoadWith[P interface{ base() *Config }](path string, parse func([]byte) (P,
 
 func (c *Config) base() *Config { return c }
 
-// Canonical is path made absolute with every symlink resolved: the identity
-// of a config file, which names its default run directory and which spawnd
-// reports so a gateway can tell it runs the same file.
+// Canonical is path absolute with every symlink resolved: a config file's
+// identity, naming its default run directory.
 func Canonical(path string) (string, error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
@@ -80,9 +76,8 @@ func Canonical(path string) (string, error) {
 	return real, nil
 }
 
-// ExpandHome expands a leading ~ in a path of broker.yaml (a binary, a
-// profile's config, state_dir) to this process's HOME, as a shell would:
-// the spec's own examples write "~/.nexus/broker".
+// ExpandHome expands a leading ~ in a broker.yaml path to this process's
+// HOME, as the spec's examples ("~/.nexus/broker") expect.
 func ExpandHome(p string) (string, error) {
 	if p != "~" && !strings.HasPrefix(p, "~/") {
 		return p, nil
@@ -94,9 +89,8 @@ func ExpandHome(p string) (string, error) {
 	return filepath.Join(home, p[1:]), nil
 }
 
-// Parse decodes broker.yaml text as spawnd reads it: its own keys checked,
-// decoded and validated, the gateway's tolerated unread. Every error starts
-// with "broker config: " and names the key path it is about.
+// Parse decodes broker.yaml text as spawnd reads it, the gateway's keys
+// unread. Every error starts "broker config: " and names its key path.
 func Parse(data []byte) (*Config, error) {
 	c := Default()
 	c.Binaries = nil // decoded from the file; Validate synthesizes the reserved entry
@@ -109,10 +103,9 @@ func Parse(data []byte) (*Config, error) {
 	return c, nil
 }
 
-// Decode checks broker.yaml text against the schema of dst (a pointer to a
-// struct, which may embed Config with yaml:",inline") and decodes it into
-// dst. Every unknown key, at every level, is named in one error; the
-// top-level keys in tolerate are neither checked nor decoded.
+// Decode checks broker.yaml text against dst's schema (a struct pointer,
+// which may embed Config inline) and decodes it, naming every unknown key at
+// every level in one error; top-level keys in tolerate are skipped.
 func Decode(data []byte, dst any, tolerate []string) error {
 	root, err := document(data)
 	if root == nil || err != nil {
@@ -123,16 +116,14 @@ func Decode(data []byte, dst any, tolerate []string) error {
 	if err := w.unknownKeys(w.err); err != nil {
 		return fmt.Errorf("broker config: %w", err)
 	}
-	// After the check, what is left to fail here is yaml.v3's own limit on
-	// alias expansion.
+	// Left to fail here: yaml.v3's limit on alias expansion.
 	if err := root.Decode(dst); err != nil {
 		return fmt.Errorf("broker config: %w", err)
 	}
 	return nil
 }
 
-// document returns the file's top-level mapping, or nil when the file holds
-// no keys at all (empty, comments only, or a bare ---).
+// document returns the top-level mapping, nil for a file with no keys.
 func document(data []byte) (*yaml.Node, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node
@@ -142,8 +133,7 @@ func document(data []byte) (*yaml.Node, error) {
 		}
 		return nil, fmt.Errorf("broker config: not valid YAML: %w", err)
 	}
-	// yaml.Unmarshal would read the first document and drop the rest,
-	// silently ignoring whatever an operator wrote after a stray ---.
+	// yaml.Unmarshal would silently drop what follows a stray ---.
 	for {
 		var next yaml.Node
 		err := dec.Decode(&next)
@@ -168,20 +158,15 @@ func document(data []byte) (*yaml.Node, error) {
 }
 
 // checker walks the document against the schema, refusing unknown keys and
-// malformed values by key path before yaml.v3 decodes anything (its own
-// errors name a line, not a key, and it quietly truncates 8.5 to an int).
+// malformed values by key path before yaml.v3 decodes anything (whose errors
+// name a line, not a key).
 type checker struct {
-	// done records alias targets already checked as a type, so a document
-	// that aliases one large node many times is walked once, not once per
-	// alias.
-	done map[aliasVisit]bool
-	// unknown collects every unknown key, so one error names them all
-	// rather than one per boot attempt.
-	unknown []string
-	// err is the first other mistake; the walk goes on past it to find
-	// the remaining unknown keys.
-	err error
-	// tolerate are top-level keys another reader of the file owns.
+	// done records alias targets checked as a type, so a node aliased many
+	// times is walked once.
+	done    map[aliasVisit]bool
+	unknown []string // every unknown key, for one error
+	// err is the first other mistake; the walk goes on for unknown keys.
+	err      error
 	tolerate []string
 }
 
@@ -192,8 +177,7 @@ func (w *checker) keep(err error) {
 	}
 }
 
-// unknownKeys folds the unknown keys found into one error, followed by err
-// (the first other mistake, if the walk found one).
+// unknownKeys folds the unknown keys into one error, followed by err.
 func (w *checker) unknownKeys(err error) error {
 	if len(w.unknown) == 0 {
 		return err
@@ -215,8 +199,8 @@ type aliasVisit struct {
 
 func (w *checker) check(node *yaml.Node, t reflect.Type, path string) error {
 	if node.Kind == yaml.AliasNode {
-		// The schema has no recursive type, so even a self-referencing
-		// anchor fails a kind check within a few levels.
+		// The schema has no recursive type, so a self-referencing anchor
+		// fails a kind check within a few levels.
 		v := aliasVisit{node.Alias, t}
 		if w.done[v] {
 			return nil
@@ -228,8 +212,8 @@ func (w *checker) check(node *yaml.Node, t reflect.Type, path string) error {
 		return nil
 	}
 	if isNull(node) {
-		// An empty block is an empty block; an empty scalar or run_as is
-		// almost always a value that was meant to be there.
+		// An empty scalar or run_as is almost always a value meant to be
+		// there.
 		switch t.Kind() {
 		case reflect.Map, reflect.Slice, reflect.Struct:
 			return nil
@@ -295,9 +279,8 @@ func (w *checker) check(node *yaml.Node, t reflect.Type, path string) error {
 	return nil
 }
 
-// checkKeys refuses what yaml.v3 would otherwise reject by line number
-// (duplicates), resolve surprisingly (<< merges) or drop silently (a key
-// with no name).
+// checkKeys refuses what yaml.v3 would reject by line (duplicates), resolve
+// surprisingly (<< merges) or drop silently (a key with no name).
 func checkKeys(node *yaml.Node, path string) error {
 	if node.Kind != yaml.MappingNode {
 		return fmt.Errorf("%s: want a mapping of keys, got %s", orRoot(path), describe(node))
@@ -338,8 +321,7 @@ func checkScalar(node *yaml.Node, t reflect.Type, path string) error {
 	if node.Kind != yaml.ScalarNode {
 		return fmt.Errorf("%s: want %s, got %s", path, want, describe(node))
 	}
-	// yaml.v3 decodes a quoted "8" into an int field as an error naming
-	// only a line, and 8.5 as 8; both are refused here by key.
+	// yaml.v3 reports a quoted "8" for an int by line, and reads 8.5 as 8.
 	if t.Kind() == reflect.Int && node.ShortTag() != "!!int" {
 		return fmt.Errorf("%s: want %s, got %s", path, want, describe(node))
 	}
@@ -355,8 +337,8 @@ func checkScalar(node *yaml.Node, t reflect.Type, path string) error {
 
 func isNull(n *yaml.Node) bool { return n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null" }
 
-// YAMLFields maps each key of struct type t to its field, with the keys of
-// an inline struct as its own (their Index is the path from t).
+// YAMLFields maps each key of struct type t to its field, an inline
+// struct's keys included (Index is the path from t).
 func YAMLFields(t reflect.Type) map[string]reflect.StructField {
 	m := map[string]reflect.StructField{}
 	for f := range t.Fields() {

@@ -9,20 +9,17 @@ import (
 	"unicode"
 )
 
-// maxID is the largest uid or gid run_as accepts: (uid_t)-1 tells
-// setresuid and setresgid to leave the id unchanged, so accepting it would
-// run instances as spawnd itself, which is root.
+// maxID is the largest uid or gid accepted: (uid_t)-1 tells setresuid to
+// leave the id unchanged, which would run instances as spawnd (root).
 const maxID = 1<<32 - 2
 
-// Validate applies the rules that span spawnd's keys, normalizes what the
-// rest of the broker reads (trimmed entry names, the reserved entry) and
-// records boot WARNs. The gateway calls it before validating its own keys.
+// Validate checks spawnd's keys and normalizes them (trimmed entry names,
+// the reserved entry); the gateway calls it before its own checks.
 func (c *Config) Validate() error {
 	if _, _, err := net.SplitHostPort(c.ListenAddr); err != nil {
 		return fmt.Errorf(`broker config: listen_addr: %q is not host:port; write ":8080" to listen on every interface, or "127.0.0.1:8080" for loopback only`, c.ListenAddr)
 	}
-	// The gateway validates advertise_addr; spawnd only journals it, in
-	// the shape the gateway's check leaves a valid one.
+	// spawnd only journals advertise_addr, in the gateway's shape of it.
 	c.AdvertiseAddr = strings.TrimSuffix(strings.TrimSpace(c.AdvertiseAddr), "/")
 	if err := c.normalizeBinaries(); err != nil {
 		return err
@@ -69,9 +66,8 @@ func (c *Config) normalizeBinaries() error {
 		byName[name] = e
 	}
 	if p := c.NexusBinaryPath; p != nil {
-		// Both set is refused rather than resolved by precedence: either
-		// rule would silently spawn the binary half the operators did not
-		// mean.
+		// Either precedence would silently spawn a binary some operators
+		// did not mean.
 		if _, ok := byName[ReservedEntry]; ok {
 			return errors.New("broker config: nexus_binary_path: set together with binaries.nexus.path, and neither wins; keep binaries.nexus.path and remove the deprecated nexus_binary_path")
 		}
@@ -111,8 +107,7 @@ func (e *Entry) validate(path string) error {
 			return err
 		}
 	}
-	// An empty list or mapping is the same entry as none, and ReloadDiff
-	// must not report it as a change.
+	// Empty is none, which ReloadDiff must not report as a change.
 	if len(e.Args) == 0 {
 		e.Args = nil
 	}
@@ -129,13 +124,11 @@ func (e *Entry) validate(path string) error {
 }
 
 // MaxBrokerIDLen bounds broker_id where it must be a token: in cluster mode
-// (a NATS subject token and part of every lease id) and with per-lease
-// cgroups (a directory name).
+// (a subject token, in every lease id) and with per-lease cgroups.
 const MaxBrokerIDLen = 64
 
-// IsToken reports whether s is 1..max of [A-Za-z0-9_-]: a lease id, a
-// broker id, a NATS subject token — names that end up in file and cgroup
-// paths and subjects, hence the narrow alphabet.
+// IsToken reports whether s is 1..max of [A-Za-z0-9_-]: names that end up
+// in file and cgroup paths and subjects.
 func IsToken(s string, max int) bool {
 	if s == "" || len(s) > max {
 		return false
@@ -187,12 +180,10 @@ func checkID(id *int, key, what string) error {
 	return nil
 }
 
-// DialBack is NEXUS_BROKER_ADDR for the instances of a broker listening on
-// listenAddr: the gateway's /instance route, a wildcard bind dialed on
-// loopback (instances run on this host). bound is the port the gateway's
-// listener reports. It is taken only where listenAddr asks for port 0, and
-// must otherwise be 0 or listenAddr's own port: the host is never the
-// gateway's to name.
+// DialBack is NEXUS_BROKER_ADDR for a broker listening on listenAddr: its
+// /instance route, a wildcard bind dialed on loopback. bound, the port the
+// gateway reports, is taken only for port 0 and must otherwise be 0 or
+// listenAddr's: the gateway never names the host.
 func DialBack(listenAddr string, bound int) (string, error) {
 	host, port, err := net.SplitHostPort(listenAddr)
 	if err != nil {
