@@ -9,11 +9,13 @@ import (
 )
 
 // exitWatch waits for every supervised instance's exit on one epoll over
-// their pidfds: one parked goroutine for all, where a poll per lease would
-// pin a thread, and a goroutine per lease a stack, for its whole life.
+// their pidfds, and for instance output (watch): one parked goroutine for
+// all, where a poll per lease would pin a thread, and a goroutine per lease
+// a stack, for its whole life.
 type exitWatch struct {
 	ep      *parkedEpoll
 	stop    int
+	ready   map[int32]func() // by descriptor; set before run
 	mu      sync.Mutex
 	waiting map[int32]func(exited bool, err error) // by pidfd
 	stopped error                                  // set once run has returned
@@ -33,7 +35,14 @@ func newExitWatch(stop int) (*exitWatch, error) {
 		_ = ep.close()
 		return nil, fmt.Errorf("watching the supervisor stop pipe: %w", err)
 	}
-	return &exitWatch{ep: ep, stop: stop, waiting: map[int32]func(bool, error){}}, nil
+	return &exitWatch{ep: ep, stop: stop, ready: map[int32]func(){}, waiting: map[int32]func(bool, error){}}, nil
+}
+
+// watch has ready called, from the watch's goroutine, whenever fd is
+// readable. Call it before run.
+func (w *exitWatch) watch(fd int, ready func()) error {
+	w.ready[int32(fd)] = ready
+	return w.ep.add(fd, unix.EPOLLIN)
 }
 
 // add has done called once, from the watch's goroutine (so it must not
@@ -82,6 +91,10 @@ func (w *exitWatch) deliver() error {
 		for _, ev := range events {
 			if ev.Fd == int32(w.stop) {
 				return nil
+			}
+			if ready := w.ready[ev.Fd]; ready != nil {
+				ready()
+				continue
 			}
 			w.mu.Lock()
 			// Before its owner can close the pidfd and the number be reused.

@@ -64,17 +64,17 @@ func TestSupervisorsPinNoThreadPerLease(t *testing.T) {
 }
 
 // TestWatchersWaitOutsideSystemCalls: with a lease running and its log
-// written, both of spawnd's watchers (instance exits, instance logs) wait
-// parked on the runtime's poller, not in a blocking system call. One that
-// blocked would keep the runtime's monitor thread polling every 20 µs for
-// 10 ms after each of its wake-ups, on the CPU a booting instance needs.
+// written, spawnd's watcher (instance exits and logs) waits parked on the
+// runtime's poller, not in a blocking system call. One that blocked would
+// keep the runtime's monitor thread polling every 20 µs for 10 ms after each
+// of its wake-ups, on the CPU a booting instance needs.
 func TestWatchersWaitOutsideSystemCalls(t *testing.T) {
 	h := newHarness(t, defaultYAML)
 	h.spawn(fmt.Sprintf("%032x", 1), "nexus")
-	watchers := []string{"spawnd.(*Daemon).watchLogs(", "spawnd.(*exitWatch).deliver("}
+	watchers := []string{"spawnd.(*exitWatch).deliver("}
 	deadline := time.Now().Add(waitLimit)
 	for {
-		// Either may be in a short system call at any instant (capping a
+		// It may be in a short system call at any instant (capping a
 		// log); a waiter blocked in one stays there.
 		buf := make([]byte, 1<<20)
 		dump := string(buf[:runtime.Stack(buf, true)])

@@ -30,45 +30,6 @@ const (
 	logTruncated = "[nexus-spawnd: this log passed 8 MiB and was truncated here; the output before this line is gone]\n"
 )
 
-// watchLogs caps the logs in d.logDir until Close, on d.wg. It owns ep (over
-// the inotify descriptor watch and the stop pipe) and watch.
-func (d *Daemon) watchLogs(ep *parkedEpoll, watch int) {
-	defer d.wg.Done()
-	defer unix.Close(watch)
-	defer ep.close()
-	warned := map[string]bool{} // one WARN per log, however often it fills
-	created := 0
-	buf := make([]byte, 64<<10)
-	for {
-		events, err := ep.wait()
-		if err != nil {
-			d.log.Error("watching instance logs failed; they are no longer capped", "dir", d.logDir, "error", err)
-			return
-		}
-		for _, ev := range events {
-			if ev.Fd == int32(d.stopR) {
-				return
-			}
-		}
-		n, err := unix.Read(watch, buf)
-		if err != nil {
-			continue // EAGAIN: nothing after all
-		}
-		for name, mask := range inotify.Events(buf[:n]) {
-			switch {
-			case mask&unix.IN_Q_OVERFLOW != 0:
-				d.capAllLogs(warned) // events were lost: look at every log
-			case mask&unix.IN_CREATE != 0:
-				if created++; created%pruneEvery == 0 {
-					d.pruneLogs()
-				}
-			case strings.HasSuffix(name, ".log"):
-				d.capLog(name, warned)
-			}
-		}
-	}
-}
-
 // capLog truncates the log called name behind the marker once it passes
 // maxInstanceLog.
 func (d *Daemon) capLog(name string, warned map[string]bool) {
@@ -149,32 +110,35 @@ func (d *Daemon) pruneLogs() {
 	}
 }
 
-// startLogWatch prunes what an earlier run left and starts watchLogs.
-func (d *Daemon) startLogWatch() error {
-	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
-	if err != nil {
+// startLogWatch prunes what an earlier run left and has the exit watch cap
+// each log as it grows.
+func (d *Daemon) startLogWatch() (err error) {
+	if d.logWatch, err = unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK); err != nil {
 		return err
 	}
-	if _, err := unix.InotifyAddWatch(fd, d.logDir, unix.IN_MODIFY|unix.IN_CREATE); err != nil {
-		_ = unix.Close(fd)
-		return err
-	}
-	ep, err := openParkedEpoll()
-	if err == nil {
-		err = ep.add(fd, unix.EPOLLIN)
-		if err == nil {
-			err = ep.add(d.stopR, unix.EPOLLIN)
-		}
-		if err != nil {
-			_ = ep.close()
-		}
-	}
-	if err != nil {
-		_ = unix.Close(fd)
+	if _, err := unix.InotifyAddWatch(d.logWatch, d.logDir, unix.IN_MODIFY|unix.IN_CREATE); err != nil {
 		return err
 	}
 	d.pruneLogs()
-	d.wg.Add(1)
-	go d.watchLogs(ep, fd)
-	return nil
+	warned := map[string]bool{} // one WARN per log, however often it fills
+	created := 0
+	buf := make([]byte, 64<<10)
+	return d.exits.watch(d.logWatch, func() {
+		n, err := unix.Read(d.logWatch, buf)
+		if err != nil {
+			return // EAGAIN: nothing after all
+		}
+		for name, mask := range inotify.Events(buf[:n]) {
+			switch {
+			case mask&unix.IN_Q_OVERFLOW != 0:
+				d.capAllLogs(warned) // events were lost: look at every log
+			case mask&unix.IN_CREATE != 0:
+				if created++; created%pruneEvery == 0 {
+					d.pruneLogs()
+				}
+			case strings.HasSuffix(name, ".log"):
+				d.capLog(name, warned)
+			}
+		}
+	})
 }

@@ -165,9 +165,10 @@ type Daemon struct {
 
 	watchers watchers
 	closing  chan struct{} // closed by Close
-	// Closing stopW (a pipe) stops the exit watch and the log watch.
-	stopR, stopW int
-	exits        *exitWatch
+	// Closing stopW (a pipe) stops the exit watch, which also watches
+	// logWatch, the inotify descriptor of logDir.
+	stopR, stopW, logWatch int
+	exits                  *exitWatch
 	// wg counts supervisors, escalations and spawns; Close waits for them.
 	wg sync.WaitGroup
 }
@@ -203,6 +204,7 @@ func New(cfgPath string, cfg *core.Config, log *slog.Logger) (_ *Daemon, err err
 		closing:    make(chan struct{}),
 		stopR:      -1,
 		stopW:      -1,
+		logWatch:   -1,
 	}
 	defer func() {
 		if err != nil {
@@ -256,8 +258,6 @@ func New(cfgPath string, cfg *core.Config, log *slog.Logger) (_ *Daemon, err err
 		d.index = openSessionIndex(stateDir, maxBindings, log)
 	}
 	d.sweepCgroups()
-	// Last: nothing after it may fail, since release does not wait for
-	// goroutines.
 	if err := d.startLogWatch(); err != nil {
 		return nil, fmt.Errorf("watching the instance log directory %s: %w", d.logDir, err)
 	}
@@ -265,7 +265,7 @@ func New(cfgPath string, cfg *core.Config, log *slog.Logger) (_ *Daemon, err err
 	go func() {
 		defer d.wg.Done()
 		if err := d.exits.run(); err != nil {
-			d.log.Error("watching for instance exits failed; exits are no longer reported", "error", err)
+			d.log.Error("watching for instance exits and output failed; exits are no longer reported, nor logs capped", "error", err)
 		}
 	}()
 	d.describe(s)
@@ -279,7 +279,7 @@ func New(cfgPath string, cfg *core.Config, log *slog.Logger) (_ *Daemon, err err
 // release frees what New acquired, for Close and for a New that fails.
 // Instances are never touched.
 func (d *Daemon) release() {
-	for _, fd := range []int{d.stopR, d.stopW} {
+	for _, fd := range []int{d.stopR, d.stopW, d.logWatch} {
 		if fd >= 0 {
 			_ = unix.Close(fd)
 		}
