@@ -93,7 +93,7 @@ type Index[B any] struct {
 func Open[B any](spec Spec[B], log *slog.Logger) *Index[B] {
 	x, err := OpenRequired(spec, log)
 	if err != nil {
-		x.off(err)
+		log.Warn("the "+spec.What+" cannot be used, so "+spec.Off, "path", spec.Path, "error", err)
 		return nil
 	}
 	return x
@@ -148,11 +148,6 @@ func OpenRequired[B any](spec Spec[B], log *slog.Logger) (*Index[B], error) {
 		x.f, err = os.OpenFile(spec.Path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	}
 	return x, err
-}
-
-func (x *Index[B]) off(err error) {
-	x.log.Warn("the "+x.spec.What+" cannot be used, so "+x.spec.Off,
-		"path", x.spec.Path, "error", err)
 }
 
 // Put records b, the newest record of its key, unless Accept refuses it.

@@ -234,19 +234,18 @@ func probeAccepting(ctx context.Context, ep Endpoint) error {
 // (which dials addresses the client names).
 var spawnerPrefix = "/" + spawnpb.Spawner_ServiceDesc.ServiceName + "/"
 
-func allowedMethod(m string) bool {
-	return strings.HasPrefix(m, spawnerPrefix) ||
+func checkMethod(m string) error {
+	if strings.HasPrefix(m, spawnerPrefix) ||
 		m == "/grpc.health.v1.Health/Check" ||
-		m == "/plugin.GRPCStdio/StreamStdio"
-}
-
-func refuseMethod(m string) error {
+		m == "/plugin.GRPCStdio/StreamStdio" {
+		return nil
+	}
 	return status.Errorf(codes.Unimplemented, "nexus-spawnd does not serve %s", m)
 }
 
 func onlyOurMethods(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-	if !allowedMethod(info.FullMethod) {
-		return nil, refuseMethod(info.FullMethod)
+	if err := checkMethod(info.FullMethod); err != nil {
+		return nil, err
 	}
 	return h(ctx, req)
 }
@@ -263,8 +262,8 @@ func onFirstWatch(f func()) grpc.StreamServerInterceptor {
 }
 
 func onlyOurStreams(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-	if !allowedMethod(info.FullMethod) {
-		return refuseMethod(info.FullMethod)
+	if err := checkMethod(info.FullMethod); err != nil {
+		return err
 	}
 	return h(srv, ss)
 }

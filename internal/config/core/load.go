@@ -391,32 +391,22 @@ func describe(n *yaml.Node) string {
 	return strconv.Quote(n.Value)
 }
 
-func parseDuration(s string) (time.Duration, error) {
-	d, err := time.ParseDuration(strings.TrimSpace(s))
-	if err != nil {
-		return 0, fmt.Errorf("invalid duration %q: want a number with a unit, such as 30s, 5m or 1h30m (or 0)", s)
-	}
-	return d, nil
-}
-
-func parseSize(s string) (int64, error) {
-	n, err := strconv.ParseInt(strings.TrimSpace(s), 0, 64)
-	if err != nil || n < 0 {
-		return 0, fmt.Errorf("invalid byte count %q: want a whole number of bytes, 0 or more (1048576 is 1 MiB)", s)
-	}
-	return n, nil
-}
-
 // UnmarshalYAML decodes a duration such as 30s.
 func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
-	v, err := parseDuration(n.Value)
+	v, err := time.ParseDuration(strings.TrimSpace(n.Value))
+	if err != nil {
+		return fmt.Errorf("invalid duration %q: want a number with a unit, such as 30s, 5m or 1h30m (or 0)", n.Value)
+	}
 	*d = Duration(v)
-	return err
+	return nil
 }
 
 // UnmarshalYAML decodes a byte count.
 func (s *Size) UnmarshalYAML(n *yaml.Node) error {
-	v, err := parseSize(n.Value)
+	v, err := strconv.ParseInt(strings.TrimSpace(n.Value), 0, 64)
+	if err != nil || v < 0 {
+		return fmt.Errorf("invalid byte count %q: want a whole number of bytes, 0 or more (1048576 is 1 MiB)", n.Value)
+	}
 	*s = Size(v)
-	return err
+	return nil
 }
