@@ -79,7 +79,12 @@ func (d *Daemon) sweepCgroups() {
 	if d.cgroups == nil {
 		return
 	}
-	for _, id := range d.cgroups.orphans(d.leases) {
+	ents, _ := os.ReadDir(d.cgroups.dir)
+	for _, e := range ents {
+		id := e.Name()
+		if _, live := d.leases[id]; live || !e.IsDir() {
+			continue
+		}
 		pids, _ := subtreeProcs(filepath.Join(d.cgroups.dir, id))
 		if err := d.cgroups.remove(id, cgroupDrainLimit); err != nil {
 			d.log.Error("removing an orphaned lease cgroup failed", "lease_id", id, "pids", fmt.Sprint(pids), "error", err)
@@ -340,11 +345,15 @@ func subtree(dir string) []string {
 func subtreeProcs(dir string) ([]int, error) {
 	var all []int
 	for _, d := range subtree(dir) {
-		pids, err := cgroupProcs(d)
+		data, err := os.ReadFile(filepath.Join(d, "cgroup.procs"))
 		if err != nil && d == dir {
-			return nil, err
+			return nil, fmt.Errorf("cgroup: %w", err)
 		}
-		all = append(all, pids...)
+		for _, f := range strings.Fields(string(data)) {
+			if pid, err := strconv.Atoi(f); err == nil {
+				all = append(all, pid)
+			}
+		}
 	}
 	return all, nil
 }
@@ -357,32 +366,6 @@ func (t *cgroupTree) holds(leaseID string) bool {
 	}
 	info, err := os.Stat(filepath.Join(t.dir, leaseID))
 	return err == nil && info.IsDir()
-}
-
-// orphans lists the lease cgroups of this broker that live does not hold.
-func (t *cgroupTree) orphans(live map[string]*lease) []string {
-	ents, _ := os.ReadDir(t.dir)
-	var out []string
-	for _, e := range ents {
-		if _, ok := live[e.Name()]; e.IsDir() && !ok {
-			out = append(out, e.Name())
-		}
-	}
-	return out
-}
-
-func cgroupProcs(dir string) ([]int, error) {
-	data, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
-	if err != nil {
-		return nil, fmt.Errorf("cgroup: %w", err)
-	}
-	var pids []int
-	for _, f := range strings.Fields(string(data)) {
-		if pid, err := strconv.Atoi(f); err == nil {
-			pids = append(pids, pid)
-		}
-	}
-	return pids, nil
 }
 
 // members names each process left in a cgroup and its state (D: waiting in
