@@ -185,25 +185,20 @@ func takeServeLock(runDir string, gid int) (*os.File, error) {
 // environment) and clears what would change its transport (AutoMTLS,
 // multiplexing).
 func pluginEnv(runDir string, gid int) error {
-	set := map[string]string{plugin.EnvUnixSocketDir: runDir}
-	if gid >= 0 {
-		// go-plugin then chowns the socket to gid, 0660: without group
-		// write the gateway's connect gets EACCES.
-		set[plugin.EnvUnixSocketGroup] = strconv.Itoa(gid)
-	}
-	for k, v := range set {
-		if err := os.Setenv(k, v); err != nil {
+	for _, k := range []string{plugin.EnvUnixSocketGroup, "PLUGIN_CLIENT_CERT", "PLUGIN_MULTIPLEX_GRPC", "PLUGIN_PROTOCOL_VERSIONS"} {
+		if err := os.Unsetenv(k); err != nil {
 			return err
 		}
 	}
-	for _, k := range []string{plugin.EnvUnixSocketGroup, "PLUGIN_CLIENT_CERT", "PLUGIN_MULTIPLEX_GRPC", "PLUGIN_PROTOCOL_VERSIONS"} {
-		if _, keep := set[k]; !keep {
-			if err := os.Unsetenv(k); err != nil {
-				return err
-			}
-		}
+	if err := os.Setenv(plugin.EnvUnixSocketDir, runDir); err != nil {
+		return err
 	}
-	return nil
+	if gid < 0 {
+		return nil
+	}
+	// go-plugin then chowns the socket to gid, 0660: without group write
+	// the gateway's connect gets EACCES.
+	return os.Setenv(plugin.EnvUnixSocketGroup, strconv.Itoa(gid))
 }
 
 // probeAccepting connects and waits for the verdict line spawnd writes from
