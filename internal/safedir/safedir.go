@@ -24,27 +24,23 @@ import (
 // another uid, or open to others.
 var ErrNotOwned = errors.New("not owned by this user alone")
 
-// Check verifies that path is a directory, not a symlink, owned by uid and
-// not writable by group or others.
-func Check(path string, uid int) error {
+// Ensure creates path with mode perm when missing (its parent must exist),
+// then checks that it is a directory, not a symlink, owned by this euid and
+// not writable by group or others: one already there is never trusted.
+func Ensure(path string, perm os.FileMode) error {
+	if err := unix.Mkdir(path, uint32(perm.Perm())); err != nil && !errors.Is(err, unix.EEXIST) {
+		return &fs.PathError{Op: "mkdir", Path: path, Err: err}
+	}
 	st, err := lstatDir(path)
 	if err != nil {
 		return err
 	}
+	uid := os.Geteuid()
 	if mode := st.Mode & 0o7777; int(st.Uid) != uid || mode&0o022 != 0 {
 		return fmt.Errorf("%s is owned by uid %d with mode %04o; want owner uid %d and no write access for group or others: "+
 			"refusing to use it (%w: someone else may have created it first); remove it, or fix its owner and mode", path, st.Uid, mode, uid, ErrNotOwned)
 	}
 	return nil
-}
-
-// Ensure creates path with mode perm when missing (its parent must exist),
-// then checks it as this euid's: one already there is never trusted.
-func Ensure(path string, perm os.FileMode) error {
-	if err := unix.Mkdir(path, uint32(perm.Perm())); err != nil && !errors.Is(err, unix.EEXIST) {
-		return &fs.PathError{Op: "mkdir", Path: path, Err: err}
-	}
-	return Check(path, os.Geteuid())
 }
 
 // Private creates path (and parents) with mode perm, or takes the one there
