@@ -112,10 +112,12 @@ func (d *Daemon) pruneLogs() {
 
 // startLogWatch prunes what an earlier run left and has the exit watch cap
 // each log as it grows.
-func (d *Daemon) startLogWatch() (err error) {
-	if d.logWatch, err = unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK); err != nil {
+func (d *Daemon) startLogWatch() error {
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	if err != nil {
 		return err
 	}
+	d.logWatch = fd // release closes it
 	if _, err := unix.InotifyAddWatch(d.logWatch, d.logDir, unix.IN_MODIFY|unix.IN_CREATE); err != nil {
 		return err
 	}
