@@ -62,14 +62,18 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz 'FuzzReadOnlyImage$$' -fuzztime $(FUZZTIME) ./internal/footprint
 	$(GO) test -run '^$$' -fuzz 'FuzzTargetOf$$' -fuzztime $(FUZZTIME) ./internal/gateway
 	$(GO) test -run '^$$' -fuzz 'FuzzDecodeRPCAgrees$$' -fuzztime $(FUZZTIME) ./internal/gateway
+	$(GO) test -run '^$$' -fuzz 'FuzzWireAgrees$$' -fuzztime $(FUZZTIME) ./pkg/spawnrpc/spawnpb
+	$(GO) test -run '^$$' -fuzz 'FuzzHealthCodecAgrees$$' -fuzztime $(FUZZTIME) ./pkg/spawnrpc
 
 # Regenerates pkg/spawnrpc/spawnpb from spawn.proto with Debian's
-# protobuf-compiler (apt-get install protobuf-compiler) and the plugin
-# versions pinned in go.mod.
+# protobuf-compiler (apt-get install protobuf-compiler), the plugin
+# versions pinned in go.mod, and our own protoc-gen-go-wire (the messages'
+# reflection-free marshalling and the codec using it).
 proto:
-	$(GO) build -o $(TOOLS)/ google.golang.org/protobuf/cmd/protoc-gen-go google.golang.org/grpc/cmd/protoc-gen-go-grpc
+	$(GO) build -o $(TOOLS)/ google.golang.org/protobuf/cmd/protoc-gen-go google.golang.org/grpc/cmd/protoc-gen-go-grpc ./tools/protoc-gen-go-wire
 	PATH="$(CURDIR)/$(TOOLS):$$PATH" protoc --go_out=. --go_opt=paths=source_relative \
-		--go-grpc_out=. --go-grpc_opt=paths=source_relative pkg/spawnrpc/spawnpb/spawn.proto
+		--go-grpc_out=. --go-grpc_opt=paths=source_relative \
+		--go-wire_out=. --go-wire_opt=paths=source_relative pkg/spawnrpc/spawnpb/spawn.proto
 
 clean:
 	rm -rf $(BIN)

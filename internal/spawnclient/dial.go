@@ -790,11 +790,13 @@ func (w *watchStream) Recv() (*spawnpb.ExitEvent, error) {
 
 // dialOptions are the gRPC options of every connection to spawnd (pid,
 // running as uid). The credentials replace go-plugin's insecure ones: the
-// last option wins.
+// last option wins. spawnrpc.Codec keeps protobuf's reflection off the
+// RPCs and the health probe (docs/performance.md).
 func dialOptions(pid, uid int) []grpc.DialOption {
 	return []grpc.DialOption{
 		grpc.WithTransportCredentials(&clientCreds{pid: pid, uid: uid}),
 		grpc.WithStaticStreamWindowSize(spawnrpc.StaticWindow),
 		grpc.WithStaticConnWindowSize(spawnrpc.StaticWindow),
+		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(spawnrpc.Codec{})),
 	}
 }

@@ -76,6 +76,7 @@ func Serve(ctx context.Context, opts ServeOptions) error {
 				grpc.Creds(creds),
 				grpc.StaticStreamWindowSize(StaticWindow),
 				grpc.StaticConnWindowSize(StaticWindow),
+				grpc.ForceServerCodecV2(Codec{}),
 				grpc.ChainUnaryInterceptor(onlyOurMethods),
 				grpc.ChainStreamInterceptor(onlyOurStreams, onFirstWatch(opts.Booted)))
 			return grpc.NewServer(o...)
