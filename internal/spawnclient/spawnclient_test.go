@@ -12,12 +12,18 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-plugin"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/encoding"
+	protocodec "google.golang.org/grpc/encoding/proto"
+	"google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/emptypb"
 
@@ -576,4 +582,60 @@ func stopSpawnd(t *testing.T, pid int) {
 	}
 	_ = syscall.Kill(pid, syscall.SIGTERM)
 	waitExit(t, pid, waitLong)
+}
+
+// protoCodecUses counts the messages gRPC's protobuf codec, which marshals
+// by reflection, handled in this process: the test binary registers a
+// counting wrapper in its place.
+var protoCodecUses atomic.Int64
+
+type countingCodec struct{ encoding.CodecV2 }
+
+func (c countingCodec) Marshal(v any) (mem.BufferSlice, error) {
+	protoCodecUses.Add(1)
+	return c.CodecV2.Marshal(v)
+}
+
+func (c countingCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	protoCodecUses.Add(1)
+	return c.CodecV2.Unmarshal(data, v)
+}
+
+func init() { encoding.RegisterCodecV2(countingCodec{encoding.GetCodecV2(protocodec.Name)}) }
+
+// TestRPCsLeaveProtobufReflectionAlone: with the gateway's dial options, a
+// verb and the health probe marshal without protobuf's reflective code,
+// whose pages would otherwise stay resident (docs/performance.md).
+func TestRPCsLeaveProtobufReflectionAlone(t *testing.T) {
+	runDir := shortTempDir(t)
+	srv := startFakeServer(t, runDir)
+	cc, err := grpc.NewClient("passthrough:///spawnd", append(dialOptions(srv.ep.Pid, os.Getuid()),
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", srv.ep.Addr)
+		}))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	call := func(opts ...grpc.CallOption) {
+		t.Helper()
+		if _, err := spawnpb.NewSpawnerClient(cc).Status(ctxT(t, waitLong), &spawnpb.StatusRequest{}, opts...); err != nil {
+			t.Fatal(err)
+		}
+		req := &grpc_health_v1.HealthCheckRequest{Service: plugin.GRPCServiceName}
+		if _, err := grpc_health_v1.NewHealthClient(cc).Check(ctxT(t, waitLong), req, opts...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := protoCodecUses.Load()
+	call()
+	if n := protoCodecUses.Load() - before; n != 0 {
+		t.Fatalf("a Status RPC and a health check went through protobuf's codec %d times; want none", n)
+	}
+	// The same calls with protobuf's codec forced: the count sees them.
+	call(grpc.ForceCodecV2(encoding.GetCodecV2(protocodec.Name)))
+	if n := protoCodecUses.Load() - before; n != 4 {
+		t.Fatalf("with protobuf's codec forced, the count saw %d messages; want 4", n)
+	}
 }

@@ -20,6 +20,7 @@ import (
 	"strings"
 
 	"google.golang.org/protobuf/compiler/protogen"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/pluginpb"
 )
@@ -39,7 +40,7 @@ func main() {
 }
 
 var (
-	protowire  = protogen.GoImportPath("google.golang.org/protobuf/encoding/protowire")
+	wirePkg    = protogen.GoImportPath("google.golang.org/protobuf/encoding/protowire")
 	encoding   = protogen.GoImportPath("google.golang.org/grpc/encoding")
 	protoCodec = protogen.GoImportPath("google.golang.org/grpc/encoding/proto")
 	mem        = protogen.GoImportPath("google.golang.org/grpc/mem")
@@ -151,26 +152,26 @@ func codec(g *protogen.GeneratedFile) {
 	g.P(")")
 	g.P()
 	g.P("// errInvalidWire says which message and field could not be read, and why.")
-	g.P("func errInvalidWire(msg string, num ", protowire.Ident("Number"), ", why error) error {")
+	g.P("func errInvalidWire(msg string, num ", wirePkg.Ident("Number"), ", why error) error {")
 	g.P("return ", fmtPkg.Ident("Errorf"), "(\"%s: field %d: %w\", msg, num, why)")
 	g.P("}")
 	g.P()
 }
 
-// wireType is the wire type of one element of fd.
-func wireType(fd *protogen.Field) string {
+// wireType is the wire type of one element of fd, and its name in protowire.
+func wireType(fd *protogen.Field) (protowire.Type, string) {
 	switch fd.Desc.Kind() {
 	case protoreflect.StringKind, protoreflect.BytesKind, protoreflect.MessageKind:
-		return "BytesType"
+		return protowire.BytesType, "BytesType"
 	}
-	return "VarintType"
+	return protowire.VarintType, "VarintType"
 }
 
 // varint is the expression that turns the Go value v of fd into a varint.
 func varint(g *protogen.GeneratedFile, fd *protogen.Field, v string) string {
 	switch fd.Desc.Kind() {
 	case protoreflect.BoolKind:
-		return g.QualifiedGoIdent(protowire.Ident("EncodeBool")) + "(" + v + ")"
+		return g.QualifiedGoIdent(wirePkg.Ident("EncodeBool")) + "(" + v + ")"
 	case protoreflect.Int32Kind, protoreflect.EnumKind:
 		return "uint64(int64(" + v + "))"
 	}
@@ -220,11 +221,11 @@ func size(g *protogen.GeneratedFile, m *protogen.Message) {
 		each(g, fd, func(v string) {
 			switch fd.Desc.Kind() {
 			case protoreflect.StringKind, protoreflect.BytesKind:
-				g.P("n += ", tag, " + ", protowire.Ident("SizeBytes"), "(len(", v, "))")
+				g.P("n += ", tag, " + ", wirePkg.Ident("SizeBytes"), "(len(", v, "))")
 			case protoreflect.MessageKind:
-				g.P("n += ", tag, " + ", protowire.Ident("SizeBytes"), "(", v, ".sizeWire())")
+				g.P("n += ", tag, " + ", wirePkg.Ident("SizeBytes"), "(", v, ".sizeWire())")
 			default:
-				g.P("n += ", tag, " + ", protowire.Ident("SizeVarint"), "(", varint(g, fd, v), ")")
+				g.P("n += ", tag, " + ", wirePkg.Ident("SizeVarint"), "(", varint(g, fd, v), ")")
 			}
 		})
 	}
@@ -235,17 +236,8 @@ func size(g *protogen.GeneratedFile, m *protogen.Message) {
 
 // tagBytes is fd's encoded tag.
 func tagBytes(fd *protogen.Field) []byte {
-	wt := uint64(0)
-	if wireType(fd) == "BytesType" {
-		wt = 2
-	}
-	v := uint64(fd.Desc.Number())<<3 | wt
-	var b []byte
-	for v >= 0x80 {
-		b = append(b, byte(v)|0x80)
-		v >>= 7
-	}
-	return append(b, byte(v))
+	t, _ := wireType(fd)
+	return protowire.AppendTag(nil, fd.Desc.Number(), t)
 }
 
 func appendTo(g *protogen.GeneratedFile, m *protogen.Message) {
@@ -259,14 +251,14 @@ func appendTo(g *protogen.GeneratedFile, m *protogen.Message) {
 			g.P("b = append(b, ", strings.Join(tag, ", "), ")")
 			switch fd.Desc.Kind() {
 			case protoreflect.StringKind:
-				g.P("b = ", protowire.Ident("AppendString"), "(b, ", v, ")")
+				g.P("b = ", wirePkg.Ident("AppendString"), "(b, ", v, ")")
 			case protoreflect.BytesKind:
-				g.P("b = ", protowire.Ident("AppendBytes"), "(b, ", v, ")")
+				g.P("b = ", wirePkg.Ident("AppendBytes"), "(b, ", v, ")")
 			case protoreflect.MessageKind:
-				g.P("b = ", protowire.Ident("AppendVarint"), "(b, uint64(", v, ".sizeWire()))")
+				g.P("b = ", wirePkg.Ident("AppendVarint"), "(b, uint64(", v, ".sizeWire()))")
 				g.P("b = ", v, ".appendWire(b)")
 			default:
-				g.P("b = ", protowire.Ident("AppendVarint"), "(b, ", varint(g, fd, v), ")")
+				g.P("b = ", wirePkg.Ident("AppendVarint"), "(b, ", varint(g, fd, v), ")")
 			}
 		})
 	}
@@ -290,26 +282,27 @@ func unmarshal(g *protogen.GeneratedFile, m *protogen.Message) {
 	g.P()
 	g.P("func (m *", m.GoIdent, ") mergeWire(b []byte) error {")
 	g.P("for len(b) > 0 {")
-	g.P("num, typ, n := ", protowire.Ident("ConsumeTag"), "(b)")
+	g.P("num, typ, n := ", wirePkg.Ident("ConsumeTag"), "(b)")
 	g.P("if n < 0 {")
-	g.P("return errInvalidWire(", fmt.Sprintf("%q", name), ", 0, ", protowire.Ident("ParseError"), "(n))")
+	g.P("return errInvalidWire(", fmt.Sprintf("%q", name), ", 0, ", wirePkg.Ident("ParseError"), "(n))")
 	g.P("}")
-	g.P("if num > ", protowire.Ident("MaxValidNumber"), " {")
+	g.P("if num > ", wirePkg.Ident("MaxValidNumber"), " {")
 	g.P("return errInvalidWire(", fmt.Sprintf("%q", name), ", num, errWireNumber)")
 	g.P("}")
 	g.P("b = b[n:]")
 	if len(m.Fields) > 0 {
 		g.P("switch {")
 		for _, fd := range m.Fields {
-			g.P("case num == ", fd.Desc.Number(), " && typ == ", protowire.Ident(wireType(fd)), ":")
+			t, typName := wireType(fd)
+			g.P("case num == ", fd.Desc.Number(), " && typ == ", wirePkg.Ident(typName), ":")
 			x := "m." + fd.GoName
-			if wireType(fd) == "BytesType" {
-				g.P("v, n := ", protowire.Ident("ConsumeBytes"), "(b)")
+			if t == protowire.BytesType {
+				g.P("v, n := ", wirePkg.Ident("ConsumeBytes"), "(b)")
 			} else {
-				g.P("v, n := ", protowire.Ident("ConsumeVarint"), "(b)")
+				g.P("v, n := ", wirePkg.Ident("ConsumeVarint"), "(b)")
 			}
 			g.P("if n < 0 {")
-			g.P("return errInvalidWire(", fmt.Sprintf("%q", name), ", num, ", protowire.Ident("ParseError"), "(n))")
+			g.P("return errInvalidWire(", fmt.Sprintf("%q", name), ", num, ", wirePkg.Ident("ParseError"), "(n))")
 			g.P("}")
 			g.P("b = b[n:]")
 			switch fd.Desc.Kind() {
@@ -348,7 +341,7 @@ func unmarshal(g *protogen.GeneratedFile, m *protogen.Message) {
 				var conv string
 				switch fd.Desc.Kind() {
 				case protoreflect.BoolKind:
-					conv = g.QualifiedGoIdent(protowire.Ident("DecodeBool")) + "(v)"
+					conv = g.QualifiedGoIdent(wirePkg.Ident("DecodeBool")) + "(v)"
 				case protoreflect.EnumKind:
 					conv = g.QualifiedGoIdent(fd.Enum.GoIdent) + "(int32(v))"
 				case protoreflect.Int32Kind:
@@ -383,11 +376,11 @@ func unmarshal(g *protogen.GeneratedFile, m *protogen.Message) {
 // unknown emits the keeping of a field the message does not know: its
 // value raw, after its tag written as protobuf writes it.
 func unknown(g *protogen.GeneratedFile, name string) {
-	g.P("n = ", protowire.Ident("ConsumeFieldValue"), "(num, typ, b)")
+	g.P("n = ", wirePkg.Ident("ConsumeFieldValue"), "(num, typ, b)")
 	g.P("if n < 0 {")
-	g.P("return errInvalidWire(", fmt.Sprintf("%q", name), ", num, ", protowire.Ident("ParseError"), "(n))")
+	g.P("return errInvalidWire(", fmt.Sprintf("%q", name), ", num, ", wirePkg.Ident("ParseError"), "(n))")
 	g.P("}")
-	g.P("m.unknownFields = append(", protowire.Ident("AppendTag"), "(m.unknownFields, num, typ), b[:n]...)")
+	g.P("m.unknownFields = append(", wirePkg.Ident("AppendTag"), "(m.unknownFields, num, typ), b[:n]...)")
 	g.P("b = b[n:]")
 }
 
