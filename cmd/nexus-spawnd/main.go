@@ -47,6 +47,7 @@ func main() {
 
 func run(cfgPath, runDir string, idleExit time.Duration, log *slog.Logger) error {
 	footprint.Tune()
+	spawnd.TuneProcs()
 	cfgPath, err := core.Canonical(cfgPath)
 	if err != nil {
 		return err

@@ -1,0 +1,28 @@
+package spawnd
+
+import (
+	"os"
+	"runtime"
+	"testing"
+)
+
+func TestTuneProcsIsOneUnlessGOMAXPROCSIsSet(t *testing.T) {
+	prev := runtime.GOMAXPROCS(0)
+	t.Cleanup(func() { runtime.GOMAXPROCS(prev) })
+	for _, c := range []struct {
+		env       string // "" leaves GOMAXPROCS unset
+		had, want int
+	}{{"", 4, 1}, {"", 1, 1}, {"3", 3, 3}} {
+		t.Run("GOMAXPROCS="+c.env, func(t *testing.T) {
+			t.Setenv("GOMAXPROCS", c.env)
+			if c.env == "" {
+				os.Unsetenv("GOMAXPROCS") // t.Setenv restores it after
+			}
+			runtime.GOMAXPROCS(c.had)
+			TuneProcs()
+			if got := runtime.GOMAXPROCS(0); got != c.want {
+				t.Errorf("on %d processors, spawnd runs on %d, want %d", c.had, got, c.want)
+			}
+		})
+	}
+}
