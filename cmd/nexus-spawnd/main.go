@@ -46,8 +46,7 @@ func main() {
 }
 
 func run(cfgPath, runDir string, idleExit time.Duration, log *slog.Logger) error {
-	footprint.Tune()
-	spawnd.TuneProcs()
+	footprint.Tune(spawnd.Procs)
 	cfgPath, err := core.Canonical(cfgPath)
 	if err != nil {
 		return err

@@ -47,8 +47,7 @@ var devYAML string
 
 // Run serves until SIGTERM/SIGINT. Instances keep running when it returns.
 func Run(o Options) error {
-	footprint.Tune()
-	tuneProcs()
+	footprint.Tune(procsFor)
 	log := o.Logger
 	// Before anything can announce this process: a SIGHUP's default action
 	// is to terminate it.

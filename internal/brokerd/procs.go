@@ -1,10 +1,5 @@
 package brokerd
 
-import (
-	"os"
-	"runtime"
-)
-
 // cpuShare: the gateway runs its goroutines on one CPU in this many of
 // what Go would give it (at least one). Its work per frame, request or RPC
 // is a few microseconds between system calls, so what a relayed frame
@@ -16,14 +11,6 @@ import (
 // leaves room for concurrent leases on a large host. docs/performance.md
 // ("The gateway's processors") has the figures.
 const cpuShare = 4
-
-// tuneProcs sets the gateway's processors, unless the operator chose them
-// with GOMAXPROCS.
-func tuneProcs() {
-	if _, set := os.LookupEnv("GOMAXPROCS"); !set {
-		runtime.GOMAXPROCS(procsFor(runtime.GOMAXPROCS(0)))
-	}
-}
 
 // procsFor is the gateway's processors where Go would use n.
 func procsFor(n int) int { return max(1, n/cpuShare) }

@@ -3,7 +3,10 @@ package brokerd
 import (
 	"os"
 	"runtime"
+	"runtime/debug"
 	"testing"
+
+	"github.com/nexus-broker/nexus-broker/internal/footprint"
 )
 
 func TestProcsForLeavesTheHostsCPUs(t *testing.T) {
@@ -15,17 +18,17 @@ func TestProcsForLeavesTheHostsCPUs(t *testing.T) {
 }
 
 func TestTuneProcsYieldsToGOMAXPROCS(t *testing.T) {
-	prev := runtime.GOMAXPROCS(0)
-	t.Cleanup(func() { runtime.GOMAXPROCS(prev) })
+	prev, gc := runtime.GOMAXPROCS(0), debug.SetGCPercent(100)
+	t.Cleanup(func() { runtime.GOMAXPROCS(prev); debug.SetGCPercent(gc) })
 	t.Setenv("GOMAXPROCS", "3")
 	runtime.GOMAXPROCS(3)
-	tuneProcs()
+	footprint.Tune(procsFor)
 	if got := runtime.GOMAXPROCS(0); got != 3 {
 		t.Fatalf("with GOMAXPROCS=3 set, the gateway runs on %d processors", got)
 	}
 	os.Unsetenv("GOMAXPROCS")
 	runtime.GOMAXPROCS(8)
-	tuneProcs()
+	footprint.Tune(procsFor)
 	if got := runtime.GOMAXPROCS(0); got != 2 {
 		t.Fatalf("unset, on 8 processors the gateway runs on %d, want 2", got)
 	}

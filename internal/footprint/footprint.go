@@ -1,12 +1,13 @@
-// Package footprint keeps a daemon's resident memory to what its work needs:
-// a collector goal for a small live heap, and nothing kept that only the
-// boot used.
+// Package footprint keeps a daemon's footprint on its host to what its work
+// needs: a collector goal for a small live heap, nothing resident that only
+// the boot used, and the processors its goroutines run on.
 package footprint
 
 import (
 	"bufio"
 	"bytes"
 	"os"
+	"runtime"
 	"runtime/debug"
 	"strconv"
 
@@ -18,10 +19,14 @@ import (
 // headroom is the goal's, not its live data's.
 const gcPercent = 50
 
-// Tune sets the collector's goal, unless the operator chose one with GOGC.
-func Tune() {
+// Tune sets the collector's goal and the processors (procs of what Go
+// would use), each unless the operator chose it with GOGC or GOMAXPROCS.
+func Tune(procs func(n int) int) {
 	if _, set := os.LookupEnv("GOGC"); !set {
 		debug.SetGCPercent(gcPercent)
+	}
+	if _, set := os.LookupEnv("GOMAXPROCS"); !set {
+		runtime.GOMAXPROCS(procs(runtime.GOMAXPROCS(0)))
 	}
 }
 
