@@ -2,17 +2,24 @@ package e2e
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/gorilla/websocket"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/nexus-broker/nexus-broker/pkg/brokerclient"
 )
@@ -21,12 +28,13 @@ import (
 // (see runRelayFloor) instead of running tests.
 const relayFloorRole = "E2E_RELAY_FLOOR"
 
-// runRelayFloor is the least any relay can do: accept one instance dial-back
-// (its handshake is read and dropped) and one client, and copy messages
-// between them, one goroutine per direction, without decoding anything. It
-// runs as its own process, as the gateway does, so a round trip through it
-// pays the same two extra process hops. It prints its address and serves
-// until killed.
+// runRelayFloor is the least any relay can do: accept instance dial-backs
+// (each handshake read and dropped) and clients, pair them in the order
+// they come (every instance is an echo, so any pairing will do), and copy
+// messages within each pair, one goroutine per direction, without decoding
+// anything. It runs as its own process, as the gateway does, so a round
+// trip through it pays the same two extra process hops. It prints its
+// address and serves until killed.
 func runRelayFloor() {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -34,7 +42,7 @@ func runRelayFloor() {
 		os.Exit(1)
 	}
 	fmt.Println(ln.Addr().String())
-	instance, client := make(chan *websocket.Conn, 1), make(chan *websocket.Conn, 1)
+	instance, client := make(chan *websocket.Conn), make(chan *websocket.Conn)
 	up := websocket.Upgrader{}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/instance", func(w http.ResponseWriter, r *http.Request) {
@@ -56,25 +64,27 @@ func runRelayFloor() {
 		}
 		client <- ws
 	})
-	go func() {
-		in, cl := <-instance, <-client
-		copyMessages := func(dst, src *websocket.Conn) {
-			for {
-				_, data, err := src.ReadMessage()
-				if err != nil || dst.WriteMessage(websocket.TextMessage, data) != nil {
-					os.Exit(0)
-				}
+	copyMessages := func(dst, src *websocket.Conn) {
+		for {
+			_, data, err := src.ReadMessage()
+			if err != nil || dst.WriteMessage(websocket.TextMessage, data) != nil {
+				os.Exit(0)
 			}
 		}
-		go copyMessages(in, cl)
-		copyMessages(cl, in)
+	}
+	go func() {
+		for {
+			in, cl := <-instance, <-client
+			go copyMessages(in, cl)
+			go copyMessages(cl, in)
+		}
 	}()
 	_ = http.Serve(ln, mux)
 }
 
-// startRelayFloor starts the relay process and a nexus-echo dialing it, and
-// returns a client connection through it.
-func startRelayFloor(b *testing.B) *brokerclient.Conn {
+// startRelayFloor starts the relay process and n nexus-echo instances
+// dialing it, and returns n client connections through it.
+func startRelayFloor(b *testing.B, n int) []*brokerclient.Conn {
 	b.Helper()
 	exe, err := os.Executable()
 	if err != nil {
@@ -97,24 +107,83 @@ func startRelayFloor(b *testing.B) *brokerclient.Conn {
 	addr = strings.TrimSpace(addr)
 
 	rig := newInstanceRig(b) // for its HOME and config
-	echo := exec.Command(bin("nexus-echo"), "-config", rig.config)
-	echo.Env = []string{"HOME=" + rig.home, "PATH=" + os.Getenv("PATH"),
-		"NEXUS_BROKER_ADDR=ws://" + addr + "/instance", "NEXUS_BROKER_LEASE_ID=floor", "NEXUS_BROKER_SPAWN_SECRET=floor"}
-	echo.Dir = rig.home
-	echo.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := echo.Start(); err != nil {
+	conns := make([]*brokerclient.Conn, n)
+	for i := range conns {
+		echo := exec.Command(bin("nexus-echo"), "-config", rig.config)
+		echo.Env = []string{"HOME=" + rig.home, "PATH=" + os.Getenv("PATH"),
+			"NEXUS_BROKER_ADDR=ws://" + addr + "/instance", "NEXUS_BROKER_LEASE_ID=floor", "NEXUS_BROKER_SPAWN_SECRET=floor"}
+		echo.Dir = rig.home
+		echo.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		if err := echo.Start(); err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = syscall.Kill(-echo.Process.Pid, syscall.SIGKILL); _ = echo.Wait() })
+		conns[i] = dialBench(b, "ws://"+addr+"/lease/floor")
+	}
+	return conns
+}
+
+// rpcFloorRole makes the test binary a gRPC server of nothing but the
+// health check, on the unix socket its value names, scheduled as spawnd is
+// (one processor): the least any RPC to spawnd can cost (see rpcFloor).
+const rpcFloorRole = "E2E_RPC_FLOOR"
+
+func runRPCFloor(path string) {
+	runtime.GOMAXPROCS(1)
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	fmt.Println("serving")
+	srv := grpc.NewServer()
+	healthpb.RegisterHealthServer(srv, health.NewServer())
+	_ = srv.Serve(ln)
+}
+
+// rpcFloor is a client of that server in its own process: a claim through
+// the split pays at least three such round trips over the exec floor
+// (Spawn, Verify, Record), the first two after the socket idled.
+type rpcFloor struct{ health healthpb.HealthClient }
+
+func startRPCFloor(b *testing.B) *rpcFloor {
+	b.Helper()
+	exe, err := os.Executable()
+	if err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() { _ = syscall.Kill(-echo.Process.Pid, syscall.SIGKILL); _ = echo.Wait() })
-	deadline := time.Now().Add(rttDeadline)
-	for {
-		conn, err := brokerclient.Dial(b.Context(), "ws://"+addr+"/lease/floor", brokerclient.DialOptions{})
-		if err == nil {
-			return conn
-		}
-		if time.Now().After(deadline) {
-			b.Fatalf("relay floor: %v", err)
-		}
-		time.Sleep(10 * time.Millisecond) // the relay's listener is up; polling with a deadline
+	path := filepath.Join(b.TempDir(), "rpc.sock")
+	srv := exec.Command(exe)
+	srv.Env = append(os.Environ(), rpcFloorRole+"="+path)
+	out, err := srv.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
 	}
+	if err := srv.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = srv.Process.Kill(); _ = srv.Wait() })
+	if _, err := bufio.NewReader(out).ReadString('\n'); err != nil {
+		b.Fatalf("rpc floor: %v", err)
+	}
+	cc, err := grpc.NewClient("unix://"+path, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = cc.Close() })
+	f := &rpcFloor{healthpb.NewHealthClient(cc)}
+	f.roundTrip(b) // connects
+	return f
+}
+
+// roundTrip times one health check.
+func (f *rpcFloor) roundTrip(b *testing.B) time.Duration {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), rttDeadline)
+	defer cancel()
+	start := time.Now()
+	if _, err := f.health.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
+		b.Fatalf("rpc floor: %v", err)
+	}
+	return time.Since(start)
 }

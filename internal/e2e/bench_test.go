@@ -406,7 +406,8 @@ func BenchmarkClaim(b *testing.B) {
 	// spawnd verified its secret); the rest is ready, the session-id
 	// report, its Record RPC and the answer. The floor's own split is
 	// exec, then register.
-	var floor, floorExec, floorRegister []time.Duration
+	var floor, floorExec, floorRegister, rpcIdle, rpcHot []time.Duration
+	rpc := startRPCFloor(b)
 	claim := make([][]time.Duration, len(subjects))
 	spawn := make([][]time.Duration, len(subjects))
 	registered := make([][]time.Duration, len(subjects))
@@ -420,6 +421,11 @@ func BenchmarkClaim(b *testing.B) {
 		floor = append(floor, inst.await(b).Sub(inst.started))
 		floorRegister = append(floorRegister, inst.registered.Sub(inst.started))
 		inst.stop(b)
+		// The RPC floor's socket idled through the floor's claim, as
+		// spawnd's does before a Spawn and through an instance's boot
+		// before its Verify; a Record follows its Verify at once.
+		rpcIdle = append(rpcIdle, rpc.roundTrip(b))
+		rpcHot = append(rpcHot, rpc.roundTrip(b))
 
 		for k, s := range subjects {
 			mark := tails[k].mark()
@@ -442,7 +448,7 @@ func BenchmarkClaim(b *testing.B) {
 	// is a different figure from the claim latency in service.
 	sample(-1)
 	b.Logf("cold start, not in the figures: first claim %.3f ms, first floor %.3f ms", ms(claim[0][0]), ms(floor[0]))
-	floor, floorExec, floorRegister = floor[:0], floorExec[:0], floorRegister[:0]
+	floor, floorExec, floorRegister, rpcIdle, rpcHot = floor[:0], floorExec[:0], floorRegister[:0], rpcIdle[:0], rpcHot[:0]
 	cpu0 := make([]cpuSample, len(subjects))
 	for k, s := range subjects {
 		claim[k], spawn[k], registered[k] = claim[k][:0], spawn[k][:0], registered[k][:0]
@@ -456,6 +462,10 @@ func BenchmarkClaim(b *testing.B) {
 	b.ReportMetric(ms(f99), "floor-p99-ms")
 	b.ReportMetric(ms(pct(floorExec, 50)), "floor-exec-p50-ms")
 	b.ReportMetric(ms(pct(floorRegister, 50)), "floor-register-p50-ms")
+	rpc50 := 2*pct(rpcIdle, 50) + pct(rpcHot, 50)
+	b.ReportMetric(ms(rpc50), "three-rpcs-p50-ms")
+	b.Logf("bound: three gRPC round trips between two processes here (two after the socket idled, p50 %.3f ms, one at once, %.3f ms) take %.3f ms, however little each RPC does",
+		ms(pct(rpcIdle, 50)), ms(pct(rpcHot, 50)), ms(rpc50))
 	for k, s := range subjects {
 		p50, p99 := pct(claim[k], 50), pct(claim[k], 99)
 		b.ReportMetric(ms(p50), s.prefix+"p50-ms")
@@ -550,7 +560,7 @@ func BenchmarkRelayRoundTrip(b *testing.B) {
 	rig := newInstanceRig(b)
 	inst := rig.spawn(b, "instance-direct")
 	inst.await(b)
-	viaFloor := startRelayFloor(b)
+	viaFloor := startRelayFloor(b, 1)[0]
 
 	relay := make([][]time.Duration, len(subjects))
 	cpu0 := make([]cpuSample, len(subjects))
@@ -612,7 +622,9 @@ func BenchmarkRelayRoundTrip(b *testing.B) {
 // BenchmarkRelayThroughput has every client pipeline its frames while
 // reading them back, one lease alone and fifty at once, against the same
 // clients on the direct echo server. An iteration is one burst through the
-// broker and one direct; frames/s is all frames over all burst time.
+// broker and one direct; frames/s is all frames over all burst time. A
+// third burst goes through a copy-only relay process to as many nexus-echo
+// instances (runRelayFloor): the bound any relay process meets here.
 //
 // Bursts stay under client_replay_buffer_bytes (1 MiB) and nexus-echo's
 // 1 MiB outbound buffer, so backpressure, never eviction, paces them and
@@ -639,9 +651,10 @@ func BenchmarkRelayThroughput(b *testing.B) {
 			for i := range direct {
 				direct[i] = dialBench(b, directURL)
 			}
+			viaFloor := startRelayFloor(b, tc.leases)
 			relayTime := make([]time.Duration, len(subjects))
 			cpu := make([]cpuSample, len(subjects))
-			var directTime time.Duration
+			var directTime, floorTime time.Duration
 			bursts := 0
 			for b.Loop() {
 				for k, s := range subjects {
@@ -653,11 +666,15 @@ func BenchmarkRelayThroughput(b *testing.B) {
 					cpu[k].spawnd += d.spawnd
 				}
 				directTime += pump(b, direct, tc.frames)
+				floorTime += pump(b, viaFloor, tc.frames)
 				bursts++
 			}
 			frames := float64(bursts * tc.leases * tc.frames)
-			directRate := frames / directTime.Seconds()
+			directRate, floorRate := frames/directTime.Seconds(), frames/floorTime.Seconds()
 			b.ReportMetric(directRate, "direct-frames/s")
+			b.ReportMetric(floorRate/directRate, "copy-relay-ratio")
+			b.Logf("bound: the same clients through a copy-only relay process to as many nexus-echo instances: %.0f frames/s, %.2f of direct",
+				floorRate, floorRate/directRate)
 			for k, s := range subjects {
 				releaseMany(b, s.br, leases[k])
 				relayRate := frames / relayTime[k].Seconds()

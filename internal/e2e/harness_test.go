@@ -40,6 +40,10 @@ func TestMain(m *testing.M) {
 		runRelayFloor()
 		return
 	}
+	if path := os.Getenv(rpcFloorRole); path != "" {
+		runRPCFloor(path)
+		return
+	}
 	dir, err := os.MkdirTemp("", "nexus-e2e-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
