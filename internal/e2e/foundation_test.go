@@ -290,4 +290,13 @@ func TestClaimSucceedsWithoutASessionReportAfterTheGrace(t *testing.T) {
 	if got := say(t, b.dial(claim, brokerclient.DialOptions{}), "hi"); got != "echo #1: hi" {
 		t.Fatalf("answer = %q", got)
 	}
+	// On the wire the key is absent, as upstream's is, not an empty string.
+	status, body := b.do("POST", "/claim", `{"config":"a: 1"}`)
+	var raw map[string]any
+	if err := json.Unmarshal([]byte(body), &raw); status != 200 || err != nil {
+		t.Fatalf("claim = %d %s", status, body)
+	}
+	if v, ok := raw["session_id"]; ok {
+		t.Errorf("the answer carries session_id %q from an instance that never reported one; want the key omitted: %s", v, body)
+	}
 }

@@ -31,7 +31,7 @@ type claimRequest struct {
 type claimResponse struct {
 	LeaseID   string `json:"lease_id"`
 	WSURL     string `json:"ws_url"`
-	SessionID string `json:"session_id"`
+	SessionID string `json:"session_id,omitempty"` // none reported within session_report_grace
 	Ticket    string `json:"ticket,omitempty"`
 }
 
