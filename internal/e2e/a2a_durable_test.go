@@ -191,9 +191,10 @@ func TestA2ATaskCap(t *testing.T) {
 
 // TestA2APrincipalCaps: A2A leases are counted against the per-principal
 // caps like claimed ones. A message that would need a lease over the cap
-// settles FAILED saying so (never naming a lease), a claim over it answers
-// 429, and other principals are still served; a spawn queued for capacity
-// counts against max_queued_per_principal.
+// settles REJECTED saying so (a refusal, not a failed spawn; never naming
+// a lease), a claim over it answers 429, and other principals are still
+// served; a spawn queued for capacity counts against
+// max_queued_per_principal.
 func TestA2APrincipalCaps(t *testing.T) {
 	b := a2aBroker(t, staticAuthYAML+"max_concurrent: 3\nmax_leases_per_principal: 2\nmax_queued_per_principal: 1\nqueue_wait_timeout: 1m\n", Options{Token: tokOps})
 	alice := a2aClientAs(t, b, "support", a2a.TransportProtocolJSONRPC, bearer(tokAlice))
@@ -203,7 +204,7 @@ func TestA2APrincipalCaps(t *testing.T) {
 	answerOf(t, sendTask(t, alice, userMsg("a1", "hello")))
 	answerOf(t, sendTask(t, alice, userMsg("a2", "hello")))
 	over := sendTask(t, alice, userMsg("a3", "a third conversation"))
-	if over.Status.State != a2a.TaskStateFailed || !strings.Contains(statusText(over), "lease limit reached for this principal") {
+	if over.Status.State != a2a.TaskStateRejected || !strings.Contains(statusText(over), "lease limit reached for this principal") {
 		t.Errorf("alice's third conversation over max_leases_per_principal: %s %q", over.Status.State, statusText(over))
 	}
 	for _, l := range b.leases().Leases {
@@ -226,7 +227,7 @@ func TestA2APrincipalCaps(t *testing.T) {
 	waiting := sendTask(t, carol, queued)
 	b.waitQueueDepth(1, 10*time.Second)
 	refused := sendTask(t, carol, userMsg("c2", "and again"))
-	if refused.Status.State != a2a.TaskStateFailed || !strings.Contains(statusText(refused), "queued claim limit reached for this principal") {
+	if refused.Status.State != a2a.TaskStateRejected || !strings.Contains(statusText(refused), "queued claim limit reached for this principal") {
 		t.Errorf("carol's second queued spawn: %s %q", refused.Status.State, statusText(refused))
 	}
 	// A freed slot goes to carol's queued spawn, and her task runs.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"net/http"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -41,6 +42,7 @@ const (
 // Status texts a task settles with; they never name a lease.
 const (
 	textSpawnFailed  = "the agent could not be started for this conversation: "
+	textSpawnRefused = "the broker refused to start the agent for this conversation: "
 	textInstanceGone = "the agent stopped before it answered"
 	textInputTimeout = "no answer to the agent's question arrived within a2a.tasks.input_timeout"
 	textCanceled     = "canceled by the client"
@@ -307,7 +309,7 @@ func (in *ingress) kickLocked(c *conv) {
 // start gets c an instance, then moves it on. A spawn that fails settles
 // the task that was waiting for it, never hangs it.
 func (in *ingress) start(c *conv) {
-	l, err := in.leaseFor(c)
+	l, fail := in.leaseFor(c)
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	c.starting = false
@@ -315,8 +317,8 @@ func (in *ingress) start(c *conv) {
 	switch {
 	case t == nil:
 		in.kickLocked(c) // canceled while the instance was starting; it stays for the next message
-	case err != "":
-		in.setStateLocked(t, a2a.StateFailed, textSpawnFailed+err)
+	case fail != nil:
+		in.setStateLocked(t, fail.state, fail.text)
 	case l.currentState() == stateDraining:
 		in.setStateLocked(t, a2a.StateFailed, textInstanceGone)
 	default:
@@ -348,13 +350,30 @@ func isSettled(t *liveTask) bool {
 	}
 }
 
+// spawnFailure is why a conversation got no instance, and the state the
+// task waiting for it settles at.
+type spawnFailure struct{ state, text string }
+
+// spawnFailed settles a refused claim (4xx: an unknown or mismatched
+// binary, a per-principal cap; the same message fails the same way until
+// something changes) REJECTED, and a spawn that was attempted and did not
+// come up (capacity, a boot that died or timed out) FAILED: a retry may
+// succeed.
+func spawnFailed(cerr *claimError) *spawnFailure {
+	switch cerr.status {
+	case http.StatusBadRequest, http.StatusConflict, http.StatusTooManyRequests:
+		return &spawnFailure{a2a.StateRejected, textSpawnRefused + cerr.text}
+	}
+	return &spawnFailure{a2a.StateFailed, textSpawnFailed + cerr.text}
+}
+
 // leaseFor gets the conversation a live lease: one of its session that is
 // already running (adopted), else a fresh spawn resuming its session with
 // -recall. It returns why not otherwise.
-func (in *ingress) leaseFor(c *conv) (*lease, string) {
+func (in *ingress) leaseFor(c *conv) (*lease, *spawnFailure) {
 	p := in.profiles.Load().byName[c.key.profile]
 	if p == nil {
-		return nil, "its agent profile is no longer configured"
+		return nil, &spawnFailure{a2a.StateRejected, textSpawnRefused + "its agent profile is no longer configured"}
 	}
 	in.mu.Lock()
 	session := c.session
@@ -366,7 +385,7 @@ func (in *ingress) leaseFor(c *conv) (*lease, string) {
 	}
 	if l := in.g.sessionLease(c.key.principal, session); l != nil {
 		in.adopt(c, l)
-		return l, ""
+		return l, nil
 	}
 	start := time.Now()
 	entry, cerr := in.g.resumeEntry(in.g.ctx, session, p.entry)
@@ -376,7 +395,7 @@ func (in *ingress) leaseFor(c *conv) (*lease, string) {
 	}
 	in.g.countClaim(start, cerr)
 	if cerr != nil {
-		return nil, cerr.text
+		return nil, spawnFailed(cerr)
 	}
 	// Bound under in.mu: a session id recorded from here on reaches the
 	// conversation through sessionRecorded, the one before is in sid.
@@ -390,7 +409,7 @@ func (in *ingress) leaseFor(c *conv) (*lease, string) {
 	in.bindSessionLocked(c, sid)
 	in.mu.Unlock()
 	in.g.log.Info("A2A conversation bound to a lease", "lease_id", l.id, "profile", c.key.profile, "session_id", sid)
-	return l, ""
+	return l, nil
 }
 
 // adopt binds a conversation to a live lease of its session it did not
