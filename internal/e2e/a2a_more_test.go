@@ -98,6 +98,35 @@ func TestA2ASpawnFailureSettles(t *testing.T) {
 	}
 }
 
+// A conversation whose session was created by another binary than its
+// profile now names is refused like a /claim resume (409), and a refusal
+// settles the task REJECTED, not FAILED.
+func TestA2AResumeUnderAnotherBinaryIsRejected(t *testing.T) {
+	b := a2aBroker(t, "", Options{StateDir: true})
+	writeAgent(t, b, "  twin:\n    path: %q\n", "twin")
+	c := a2aClient(t, b, "twin", a2a.TransportProtocolJSONRPC)
+	answerOf(t, sendTask(t, c, userMsg("tw", "hello")))
+	for _, l := range b.leases().Leases {
+		if code, body := b.do("POST", "/release/"+l.LeaseID, ""); code != 200 {
+			t.Fatalf("releasing %s: %d %s", l.LeaseID, code, body)
+		}
+	}
+	data, err := os.ReadFile(b.ConfigPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(b.ConfigPath, []byte(strings.Replace(string(data), "twin: {binary: twin,", "twin: {binary: nexus,", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.reload(t); got != "applied" {
+		t.Fatalf("reload %s", got)
+	}
+	task := sendTask(t, c, userMsg("tw", "again"))
+	if task.Status.State != a2a.TaskStateRejected || !strings.Contains(statusText(task), `was created by binary "twin" but this claim requests "nexus"`) {
+		t.Errorf("a resume under another binary settled %s %q, want REJECTED naming both binaries", task.Status.State, statusText(task))
+	}
+}
+
 // writeAgent appends a binaries entry and a profile using it to the
 // broker's config and reloads.
 func writeAgent(t *testing.T, b *Broker, entry, name string) {
