@@ -203,6 +203,41 @@ func TestEvictionSendsAGapNamingTheMissingRange(t *testing.T) {
 	}
 }
 
+// client_replay_buffer_bytes: 0 keeps no frame but still numbers every
+// one: a resume from 0 is told the whole stream is gone, replays nothing,
+// and the live stream carries on from the next number.
+func TestAZeroReplayBufferKeepsSequencingAndReplaysNothing(t *testing.T) {
+	b := startBroker(t, Options{YAML: "client_replay_buffer_bytes: 0\n"})
+	claim := b.claim(brokerclient.ClaimRequest{})
+	conn := b.dial(claim, brokerclient.DialOptions{})
+	if err := conn.Send(brokerframe.IO{Type: "input", Content: "hello"}); err != nil {
+		t.Fatal(err)
+	}
+	seqs, _ := readTurn(t, conn)
+	for i := 1; i < len(seqs); i++ {
+		if seqs[i] != seqs[i-1]+1 {
+			t.Fatalf("seqs %v are not consecutive", seqs)
+		}
+	}
+	last := seqs[len(seqs)-1]
+	conn.Close()
+
+	zero := uint64(0)
+	c := b.dial(claim, brokerclient.DialOptions{FromSeq: &zero})
+	_ = c.Underlying().SetReadDeadline(time.Now().Add(30 * time.Second))
+	_, data, err := c.Underlying().ReadMessage()
+	want := fmt.Sprintf(`"signal":"stream-gap","payload":{"reason":"evicted","requested_from_seq":0,"missing_from_seq":1,"missing_through_seq":%d}`, last)
+	if err != nil || !strings.Contains(string(data), want) {
+		t.Fatalf("first frame of a resume from 0 = %s %v, want the gap %s", data, err, want)
+	}
+	if err := c.Send(brokerframe.IO{Type: "input", Content: "again"}); err != nil {
+		t.Fatal(err)
+	}
+	if next, _ := readTurn(t, c); next[0] != last+1 {
+		t.Fatalf("after the gap came seq %d, want the live stream's %d: nothing replayed", next[0], last+1)
+	}
+}
+
 func TestAMebibyteOfTinyDeltasReplaysWhole(t *testing.T) {
 	b := startBroker(t, Options{})
 	claim := b.claim(brokerclient.ClaimRequest{})
