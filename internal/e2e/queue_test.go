@@ -72,3 +72,50 @@ func TestReloadRaisingMaxConcurrentAdmitsAParkedClaim(t *testing.T) {
 		t.Fatalf("slots_in_use = %d", inUse)
 	}
 }
+
+// The three capacity refusals are all 503 and three different bodies and
+// claims_total outcomes: no capacity (waiting switched off), capacity
+// queue full (never allowed to wait, answered at once) and capacity wait
+// timed out (waited its queue_wait_timeout); the claim log line tells
+// them apart too.
+func TestTheThreeCapacityRefusalsAreDistinct(t *testing.T) {
+	bs := startBrokersTogether(t,
+		Options{YAML: "max_concurrent: 1\nqueue_wait_timeout: 0s\n"},
+		Options{YAML: "max_concurrent: 1\nmax_queue_depth: 1\nqueue_wait_timeout: 2s\n"})
+	noWait, queued := bs[0], bs[1]
+
+	noWait.claim(brokerclient.ClaimRequest{})
+	code, body := noWait.do("POST", "/claim", `{"config":"a: 1"}`)
+	wantAnswer(t, "a claim at capacity with queue_wait_timeout 0s", code, body, 503, `{"error":"no capacity"}`+"\n")
+
+	queued.claim(brokerclient.ClaimRequest{})
+	type answer struct {
+		code int
+		body string
+	}
+	parked := make(chan answer, 1)
+	go func() {
+		code, body := queued.do("POST", "/claim", `{"config":"a: 1"}`)
+		parked <- answer{code, body}
+	}()
+	queued.waitQueueDepth(1, 10*time.Second)
+	start := time.Now()
+	code, body = queued.do("POST", "/claim", `{"config":"a: 1"}`)
+	wantAnswer(t, "a claim behind a queue max_queue_depth deep", code, body, 503, `{"error":"capacity queue full"}`+"\n")
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("capacity queue full took %s: it must be refused without waiting", d)
+	}
+	a := <-parked
+	wantAnswer(t, "a claim that waited its queue_wait_timeout", a.code, a.body, 503, `{"error":"capacity wait timed out"}`+"\n")
+
+	for _, c := range []struct {
+		b       *Broker
+		outcome string
+		text    string
+	}{{noWait, "no_capacity", "no capacity"}, {queued, "queue_full", "capacity queue full"}, {queued, "queue_timeout", "capacity wait timed out"}} {
+		if v := c.b.metrics()[`nexus_broker_claims_total{outcome="`+c.outcome+`"}`]; v != 1 {
+			t.Errorf("claims_total{outcome=%q} = %v, want 1", c.outcome, v)
+		}
+		c.b.GatewayLog.wait(t, regexp.MustCompile(`level=WARN msg="claim failed" status=503 reason="`+c.text+`"`), time.Second)
+	}
+}
