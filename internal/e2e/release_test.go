@@ -65,4 +65,11 @@ binaries:
 	b.SpawndLog.wait(t, regexp.MustCompile(`instance did not exit within release_grace; sending SIGTERM to its process group"? lease_id=`+claim.LeaseID), time.Second)
 	b.SpawndLog.wait(t, regexp.MustCompile(`instance did not exit after SIGTERM; sending SIGKILL to its process group"? lease_id=`+claim.LeaseID), time.Second)
 	b.waitNoInstances(5 * time.Second)
+	// SIGKILL follows SIGTERM a fixed 2s later, whatever release_grace is.
+	log := b.SpawndLog.String()
+	term := logTime(t, log, `sending SIGTERM to its process group" lease_id=`+claim.LeaseID)
+	kill := logTime(t, log, `sending SIGKILL to its process group" lease_id=`+claim.LeaseID)
+	if d := kill.Sub(term); d < 1900*time.Millisecond || d > 3*time.Second {
+		t.Errorf("SIGKILL came %s after SIGTERM, want the fixed 2s", d)
+	}
 }
