@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"testing"
 	"time"
+
+	"github.com/nexus-broker/nexus-broker/pkg/brokerclient"
 )
 
 // leasesView is GET /leases as a test reads it.
@@ -117,4 +119,31 @@ func (b *Broker) waitNoInstances(within time.Duration) {
 func toJSON(v any) string {
 	data, _ := json.Marshal(v)
 	return string(data)
+}
+
+// GET /leases lists oldest first (created_at, then lease_id), not in the
+// order of the random ids.
+func TestLeasesAreListedOldestFirst(t *testing.T) {
+	b := startBroker(t, Options{})
+	var claimed []string
+	for i := 0; i < 6; i++ { // random ids fall in claim order once in 720
+		claimed = append(claimed, b.claim(brokerclient.ClaimRequest{}).LeaseID)
+	}
+	var v struct {
+		Leases []struct {
+			LeaseID   string    `json:"lease_id"`
+			CreatedAt time.Time `json:"created_at"`
+		} `json:"leases"`
+	}
+	if _, body := b.get("/leases"); json.Unmarshal([]byte(body), &v) != nil || len(v.Leases) != len(claimed) {
+		t.Fatalf("GET /leases = %s", body)
+	}
+	for i, l := range v.Leases {
+		if l.LeaseID != claimed[i] {
+			t.Fatalf("GET /leases lists %v, want the claim order %v", v.Leases, claimed)
+		}
+		if i > 0 && l.CreatedAt.Before(v.Leases[i-1].CreatedAt) {
+			t.Fatalf("created_at goes backwards: %v", v.Leases)
+		}
+	}
 }
