@@ -225,3 +225,27 @@ func TestA2AInputTimeout(t *testing.T) {
 		t.Errorf("the unanswered task reads %+v, %v", got, err)
 	}
 }
+
+// Continuity is keyed by profile too: one contextId on two profiles is two
+// conversations, each profile lists only its own tasks, and a task of one
+// is unknown to the other.
+func TestA2AProfilesDoNotShareAConversation(t *testing.T) {
+	b := a2aBroker(t, "", Options{})
+	support := a2aClient(t, b, "support", a2a.TransportProtocolJSONRPC)
+	slow := a2aClient(t, b, "slow", a2a.TransportProtocolHTTPJSON)
+	answerOf(t, sendTask(t, support, userMsg("shared", "for support")))
+	if got := answerOf(t, sendTask(t, slow, userMsg("shared", "for slow"))); got != "echo #1: for slow" {
+		t.Errorf("the other profile's first message on the contextId answered %q: it reached the first profile's session", got)
+	}
+	if got := answerOf(t, sendTask(t, support, userMsg("shared", "again"))); got != "echo #2: again (earlier: for support)" {
+		t.Errorf("the first profile's conversation answered %q", got)
+	}
+	mine := tasksOf(t, slow, "shared")
+	if len(mine) != 1 {
+		t.Fatalf("ListTasks on the slow profile lists %d tasks, want its own 1", len(mine))
+	}
+	supportTasks := tasksOf(t, support, "shared")
+	if _, err := slow.GetTask(ctxT(t), &a2a.GetTaskRequest{ID: supportTasks[0].ID}); !errors.Is(err, a2a.ErrTaskNotFound) {
+		t.Errorf("GetTask of a support task through the slow profile = %v, want task not found", err)
+	}
+}
