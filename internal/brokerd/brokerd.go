@@ -61,6 +61,9 @@ func Run(o Options) error {
 	for _, w := range cfg.Warnings {
 		log.Warn(w, "listen_addr", cfg.ListenAddr, "advertise_addr", cfg.AdvertiseAddr)
 	}
+	for _, w := range cfg.Deprecations {
+		log.Warn(w, "path", path)
+	}
 	logAuth(cfg, log)
 	authn, err := auth.New(cfg.Auth, log)
 	if err != nil {

@@ -23,7 +23,7 @@ type Config struct {
 	MaxConcurrent         int           `yaml:"max_concurrent" reload:"sighup"`
 	IdleTimeout           core.Duration `yaml:"idle_timeout" reload:"sighup"`
 	MaxTurnDuration       core.Duration `yaml:"max_turn_duration" reload:"sighup"`
-	QueueWaitTimeout      core.Duration `yaml:"queue_wait_timeout"`
+	QueueWaitTimeout      core.Duration `yaml:"queue_wait_timeout" reload:"sighup"`
 	MaxQueueDepth         int           `yaml:"max_queue_depth"`
 	MaxLeasesPerPrincipal int           `yaml:"max_leases_per_principal"`
 	MaxQueuedPerPrincipal int           `yaml:"max_queued_per_principal"`
@@ -52,7 +52,13 @@ type Config struct {
 
 	// Warnings are the boot WARNs validation found (not errors).
 	Warnings []string `yaml:"-"`
+	// Deprecations are WARNs about deprecated keys the file still uses,
+	// said at boot and again by every reload of such a file.
+	Deprecations []string `yaml:"-"`
 }
+
+// WarnNexusBinaryPath is upstream's WARN for the deprecated alias.
+const WarnNexusBinaryPath = `nexus_binary_path is deprecated: declare it as binaries.nexus.path instead. Its value was folded into the "nexus" registry entry for this boot.`
 
 // Console configures the operator page. With an auth: block the page needs
 // auth.admin_scope and these keys change nothing.

@@ -37,7 +37,7 @@ var reloadClass = []struct {
 	{"broker_id", "broker_id: b1", false},
 	{"reattach_window", "reattach_window: 2m", false},
 	{"client_replay_buffer_bytes", "client_replay_buffer_bytes: 0", false},
-	{"queue_wait_timeout", "queue_wait_timeout: 1s", false},
+	{"queue_wait_timeout", "queue_wait_timeout: 1s", true},
 	{"max_queue_depth", "max_queue_depth: 1", false},
 	{"max_leases_per_principal", "max_leases_per_principal: 1", false},
 	{"max_queued_per_principal", "max_queued_per_principal: 1", false},
@@ -152,11 +152,14 @@ func TestReloadDiff(t *testing.T) {
 			"reattach_window: 60s", "reattach_window: 0", nil, nil},
 		{"advertise_addr spelling normalized",
 			"advertise_addr: ws://b:80", `advertise_addr: " ws://b:80/ "`, nil, nil},
-		{"mixed, sorted",
+		{"mixed, in the schema's order",
 			"",
 			"spawnd: {gateway_uid: 990}\nmax_concurrent: 1\nlisten_addr: \"127.0.0.1:1\"\nbinaries: {v: {path: /v}}\nmax_queue_depth: 1\nidle_timeout: 1s\n",
-			[]string{"binaries", "idle_timeout", "max_concurrent"},
-			[]string{"listen_addr", "max_queue_depth", "spawnd"}},
+			[]string{"binaries", "max_concurrent", "idle_timeout"},
+			[]string{"listen_addr", "spawnd", "max_queue_depth"}},
+		{"the spec's example order",
+			"", "auth: {validators: [{type: static, tokens: [{token: t, principal: p}]}]}\nlisten_addr: \"127.0.0.1:1\"\n",
+			nil, []string{"listen_addr", "auth"}},
 	} {
 		t.Run(d.name, func(t *testing.T) {
 			r, b := core.ReloadDiff(mustParse(t, d.cur), mustParse(t, d.next))
@@ -177,22 +180,22 @@ func mustParse(t *testing.T, yaml string) *Config {
 }
 
 func TestReloadedTakesOnlyReloadableKeys(t *testing.T) {
-	boot, err := Parse([]byte("listen_addr: \"127.0.0.1:1\"\nmax_concurrent: 2\nqueue_wait_timeout: 5s\n"))
+	boot, err := Parse([]byte("listen_addr: \"127.0.0.1:1\"\nmax_concurrent: 2\nmax_queue_depth: 5\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	next, err := Parse([]byte("listen_addr: \"127.0.0.1:2\"\nmax_concurrent: 9\nqueue_wait_timeout: 7s\nidle_timeout: 1m\n"))
+	next, err := Parse([]byte("listen_addr: \"127.0.0.1:2\"\nmax_concurrent: 9\nmax_queue_depth: 7\nidle_timeout: 1m\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := Reloaded(boot, next)
-	if got.ListenAddr != "127.0.0.1:1" || got.QueueWaitTimeout != boot.QueueWaitTimeout {
+	if got.ListenAddr != "127.0.0.1:1" || got.MaxQueueDepth != boot.MaxQueueDepth {
 		t.Fatalf("a boot-only key changed: %+v", got)
 	}
 	if got.MaxConcurrent != 9 || got.IdleTimeout.D().String() != "1m0s" {
 		t.Fatalf("a reloadable key was not applied: %+v", got)
 	}
-	if reloadable, bootOnly := core.ReloadDiff(got, next); len(reloadable) != 0 || strings.Join(bootOnly, ",") != "listen_addr,queue_wait_timeout" {
+	if reloadable, bootOnly := core.ReloadDiff(got, next); len(reloadable) != 0 || strings.Join(bootOnly, ",") != "listen_addr,max_queue_depth" {
 		t.Fatalf("after Reloaded, diff = %v / %v", reloadable, bootOnly)
 	}
 }

@@ -17,8 +17,15 @@ func (c *Config) validate() error {
 	if err := c.normalizeAgents(); err != nil {
 		return err
 	}
+	if c.NexusBinaryPath != nil {
+		c.Deprecations = append(c.Deprecations, WarnNexusBinaryPath)
+	}
 	if c.ReadyTimeout <= 0 {
 		return fmt.Errorf("broker config: ready_timeout: must be positive (it bounds an instance's boot), got %s; raise it, or remove the key for the default %s", c.ReadyTimeout.D(), DefaultReadyTimeout)
+	}
+	if c.SessionReportGrace <= 0 {
+		// Zero would make a new session's id unreportable to every claim.
+		return fmt.Errorf("broker config: session_report_grace: must be positive (it is how long a claim waits for the instance's session id), got %s; raise it, or remove the key for the default %s", c.SessionReportGrace.D(), DefaultSessionReportGrace)
 	}
 	if c.MaxClaimBody <= 0 {
 		return fmt.Errorf("broker config: max_claim_body: must be positive (a claim body carries the whole engine config), got %d; remove the key for the default %d (1 MiB)", c.MaxClaimBody, DefaultMaxClaimBody)

@@ -227,10 +227,12 @@ func TestRegistrationRefusalsAreIdenticalOnTheWireAndNamedInTheLog(t *testing.T)
 	cases := []struct {
 		knob string
 		log  string
+		err  string // the record's error attribute, upstream's words
 	}{
-		{"NEXUS_ECHO_NO_SECRET=1", "carried NO spawn secret"},
-		{"NEXUS_ECHO_WRONG_SECRET=1", "carried the WRONG spawn secret"},
-		{"NEXUS_ECHO_FRAME_VERSION=2", "declares a broker frame schema version this broker does not speak"},
+		{"NEXUS_ECHO_NO_SECRET=1", "carried NO spawn secret", "register frame carried no spawn secret"},
+		{"NEXUS_ECHO_WRONG_SECRET=1", "carried the WRONG spawn secret", "register frame spawn secret does not match"},
+		{"NEXUS_ECHO_FRAME_VERSION=2", "declares a broker frame schema version this broker does not speak",
+			"register frame schema version does not match this broker: instance sent version 2, this broker speaks version 1"},
 	}
 	for _, c := range cases {
 		t.Run(c.knob, func(t *testing.T) {
@@ -241,7 +243,7 @@ func TestRegistrationRefusalsAreIdenticalOnTheWireAndNamedInTheLog(t *testing.T)
 			if !errors.As(err, &ae) || ae.Status != 504 || ae.Message != "instance did not become ready in time" {
 				t.Fatalf("claim = %v, want 504", err)
 			}
-			b.GatewayLog.wait(t, regexp.MustCompile(`level=WARN msg="rejecting instance registration: [^"]*`+regexp.QuoteMeta(c.log)), time.Second)
+			b.GatewayLog.wait(t, regexp.MustCompile(`level=WARN msg="rejecting instance registration: [^"]*`+regexp.QuoteMeta(c.log)+`[^"]*" lease_id=\S+ .*error="`+regexp.QuoteMeta(c.err)+`"`), time.Second)
 			if strings.Contains(b.GatewayLog.String(), "NEXUS_BROKER_SPAWN_SECRET=") {
 				t.Fatal("a secret reached the log")
 			}

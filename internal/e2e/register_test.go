@@ -61,3 +61,40 @@ func TestOversizeRegisterFrameIsRefusedEarly(t *testing.T) {
 		t.Fatalf("a 16 MiB register frame got %v, want close 1009 (message too big)", err)
 	}
 }
+
+// TestMalformedDialBacksAreClosedAndLogged: a dial-back whose first frame is
+// not a register frame is closed with 1008 and the reason the wire-facts
+// name, and the broker's WARN says what it got.
+func TestMalformedDialBacksAreClosedAndLogged(t *testing.T) {
+	b := startBroker(t, Options{})
+	ready, _ := brokerframe.Encode(brokerframe.Frame{LeaseID: "x", Signal: brokerframe.SignalReady})
+	for _, c := range []struct {
+		first       []byte
+		close, warn string
+	}{
+		{[]byte("not a frame"), "invalid register frame", `level=WARN msg="instance sent undecodable first frame" remote=\S+ error=`},
+		{ready, "expected register frame", `level=WARN msg="instance first frame was not register" remote=\S+ signal=ready`},
+	} {
+		ws, _, err := websocket.DefaultDialer.Dial("ws://"+b.Addr+"/instance", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ws.WriteMessage(websocket.TextMessage, c.first); err != nil {
+			t.Fatal(err)
+		}
+		_, _, err = ws.ReadMessage()
+		var ce *websocket.CloseError
+		if !errors.As(err, &ce) || ce.Code != websocket.ClosePolicyViolation || ce.Text != c.close {
+			t.Errorf("first frame %q: got %v, want close 1008 %q", c.first, err, c.close)
+		}
+		ws.Close()
+		b.GatewayLog.wait(t, regexp.MustCompile(c.warn), 5*time.Second)
+	}
+	// A dialer that hangs up before registering.
+	ws, _, err := websocket.DefaultDialer.Dial("ws://"+b.Addr+"/instance", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws.Close()
+	b.GatewayLog.wait(t, regexp.MustCompile(`level=WARN msg="instance closed before register frame" remote=\S+ error=`), 5*time.Second)
+}

@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"os"
 	"regexp"
@@ -114,23 +116,49 @@ func TestSIGHUPReload(t *testing.T) {
 		t.Fatalf("max_concurrent after reload = %d", max)
 	}
 
-	// A broken file is rejected whole and the config in force keeps serving.
-	broken := strings.Replace(added, bin("nexus-echo")+"\"\n    label", "/nonexistent/nexus\"\n    label", 1)
+	// A broken file is rejected whole, boot-only edits in it included (a
+	// rejected reload reports nothing as ignored), and the config in force
+	// keeps serving.
+	movedPort := regexp.MustCompile(`listen_addr: "127.0.0.1:\d+"`).ReplaceAllString(added, `listen_addr: "127.0.0.1:1"`)
+	broken := strings.Replace(movedPort, bin("nexus-echo")+"\"\n    label", "/nonexistent/nexus\"\n    label", 1)
 	if err := os.WriteFile(b.ConfigPath, []byte(broken), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	hup()
 	b.GatewayLog.wait(t, regexp.MustCompile(`level=ERROR msg="config reload rejected; the configuration already in force is unchanged" .*vision`), 10*time.Second)
-	b.claim(brokerclient.ClaimRequest{Binary: "vision"})
+	bootOnlyWarn := regexp.MustCompile(`level=WARN msg="config reload: these keys changed in the file but are only read at boot[^"]*" path=\S+ keys=`)
+	if b.GatewayLog.count(bootOnlyWarn) != 0 {
+		t.Errorf("a rejected reload reported boot-only keys as ignored:\n%s", b.GatewayLog)
+	}
+	second := b.claim(brokerclient.ClaimRequest{Binary: "vision"})
 
-	// A boot-only key is reported and ignored; the rest still applies.
-	bootOnly := regexp.MustCompile(`listen_addr: "127.0.0.1:\d+"`).ReplaceAllString(added, `listen_addr: "127.0.0.1:1"`) + "idle_timeout: 7m\n"
+	// Boot-only keys are reported and ignored, in the spec's order; the rest
+	// still applies, queue_wait_timeout included: at the lowered cap a claim
+	// is now refused at once instead of waiting 30 s.
+	bootOnly := strings.Replace(movedPort, "max_concurrent: 3\n", "max_concurrent: 2\n", 1) +
+		"idle_timeout: 7m\nqueue_wait_timeout: 0s\nauth: {validators: [{type: static, tokens: [{token: t, principal: p}]}]}\n"
 	if err := os.WriteFile(b.ConfigPath, []byte(bootOnly), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	hup()
-	b.GatewayLog.wait(t, regexp.MustCompile(`level=WARN msg="config reload: these keys changed in the file but are only read at boot[^"]*" path=\S+ keys=listen_addr`), 10*time.Second)
-	b.GatewayLog.wait(t, regexp.MustCompile(`msg="config reload applied" .*changed=idle_timeout`), 10*time.Second)
+	b.GatewayLog.wait(t, regexp.MustCompile(`level=WARN msg="config reload: these keys changed in the file but are only read at boot[^"]*" path=\S+ keys=listen_addr,auth\n`), 10*time.Second)
+	b.GatewayLog.wait(t, regexp.MustCompile(`level=INFO msg="config reload applied" path=\S+ changed=max_concurrent,idle_timeout,queue_wait_timeout binaries=2 agents=0 max_concurrent=2 idle_timeout=7m0s queue_wait_timeout=0s release_grace=10s ready_timeout=30s\n`), 10*time.Second)
+	start := time.Now()
+	_, err = b.Client.Claim(context.Background(), brokerclient.ClaimRequest{Config: "engine: {}\n"})
+	var api *brokerclient.APIError
+	if !errors.As(err, &api) || api.Status != 503 || api.Message != "no capacity" {
+		t.Errorf("a claim at the reloaded cap with queue_wait_timeout 0 = %v, want 503 no capacity", err)
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("the refusal took %s: the reloaded queue_wait_timeout was not applied", took)
+	}
+	if err := b.Client.Release(context.Background(), second.LeaseID); err != nil {
+		t.Fatal(err)
+	}
+
+	// A reload that changes nothing reloadable says so.
+	hup()
+	b.GatewayLog.wait(t, regexp.MustCompile(`level=INFO msg="config reload applied; no reloadable key changed" path=\S+\n`), 10*time.Second)
 
 	// Live leases were never touched.
 	conn := b.dial(claim, brokerclient.DialOptions{})
@@ -138,7 +166,7 @@ func TestSIGHUPReload(t *testing.T) {
 		t.Fatalf("lease across reloads: %q", got)
 	}
 	m := b.metrics()
-	if m[`nexus_broker_config_reloads_total{outcome="applied"}`] != 2 || m[`nexus_broker_config_reloads_total{outcome="rejected"}`] != 1 {
+	if m[`nexus_broker_config_reloads_total{outcome="applied"}`] != 3 || m[`nexus_broker_config_reloads_total{outcome="rejected"}`] != 1 {
 		t.Fatalf("config_reloads_total: %v", m)
 	}
 }

@@ -81,7 +81,8 @@ func (c *capacity) acquire(ctx context.Context, q queueQuota) error {
 		c.mu.Unlock()
 		return nil
 	}
-	if c.wait <= 0 {
+	wait := c.wait // read under mu: a reload may change it
+	if wait <= 0 {
 		c.mu.Unlock()
 		return errNoCapacity
 	}
@@ -101,7 +102,7 @@ func (c *capacity) acquire(ctx context.Context, q queueQuota) error {
 	}
 	c.mu.Unlock()
 
-	timer := time.NewTimer(c.wait)
+	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	var err error
 	select {
@@ -285,6 +286,14 @@ func (c *capacity) setMax(max int) {
 		c.inUse++
 	}
 	c.freedLocked()
+}
+
+// setWait applies a reloaded queue_wait_timeout to the claims parked from
+// now on; one already parked keeps the wait it was given.
+func (c *capacity) setWait(wait time.Duration) {
+	c.mu.Lock()
+	c.wait = wait
+	c.mu.Unlock()
 }
 
 // snapshot returns the gauges GET /leases and /metrics report.

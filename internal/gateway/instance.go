@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"time"
@@ -72,15 +73,18 @@ func (g *Gateway) serveInstance(conn *websocket.Conn, remote string) {
 	_, data, err := conn.ReadMessage()
 	if err != nil {
 		ws.closeNow(websocket.ClosePolicyViolation, "no register frame")
+		g.log.Warn("instance closed before register frame", "remote", remote, "error", err)
 		return
 	}
 	f, err := brokerframe.Decode(data)
 	if err != nil {
 		ws.closeNow(websocket.ClosePolicyViolation, "invalid register frame")
+		g.log.Warn("instance sent undecodable first frame", "remote", remote, "error", err)
 		return
 	}
 	if f.Signal != brokerframe.SignalRegister {
 		ws.closeNow(websocket.ClosePolicyViolation, "expected register frame")
+		g.log.Warn("instance first frame was not register", "remote", remote, "signal", f.Signal)
 		return
 	}
 	l, refusal := g.admitInstance(g.ctx, f)
@@ -188,16 +192,18 @@ func (g *Gateway) logRefusal(f brokerframe.Frame, why refusal, remote string) {
 			"schema version this broker does not speak. The binary the binaries registry entry for "+
 			"this lease points at is a different build from this broker: upgrade whichever is older "+
 			"so both speak the same version",
-			"lease_id", f.LeaseID, "instance_frame_version", f.Version, "broker_frame_version", brokerframe.Version, "remote", remote)
+			"lease_id", f.LeaseID, "instance_frame_version", f.Version, "broker_frame_version", brokerframe.Version, "remote", remote,
+			"error", fmt.Sprintf("register frame schema version does not match this broker: instance sent version %d, this broker speaks version %d", f.Version, brokerframe.Version))
 	case refusedNoSecret:
 		g.log.Warn("rejecting instance registration: its register frame carried NO spawn secret, "+
 			"and this broker requires one for every registration — with or without an auth block. "+
 			"The most likely cause is that the instance binary the binaries registry entry points at "+
 			"predates the spawn-secret protocol: upgrade it. Removing the auth block no longer makes "+
-			"this work", "lease_id", f.LeaseID, "remote", remote)
+			"this work", "lease_id", f.LeaseID, "remote", remote, "error", "register frame carried no spawn secret")
 	case refusedWrongSecret:
 		g.log.Warn("rejecting instance registration: its register frame carried the WRONG spawn secret. "+
-			"This broker did not spawn the process that dialed back", "lease_id", f.LeaseID, "remote", remote)
+			"This broker did not spawn the process that dialed back", "lease_id", f.LeaseID, "remote", remote,
+			"error", "register frame spawn secret does not match")
 	case refusedSpawndUnavailable:
 		g.log.Warn("rejecting instance registration", "lease_id", f.LeaseID, "remote", remote,
 			"error", "nexus-spawnd could not be asked to verify the spawn secret; the instance will redial")

@@ -39,10 +39,6 @@ func (g *Gateway) Reload(path string) error {
 			return g.reloadRejected(path, fmt.Errorf("broker config: %w", err))
 		}
 	}
-	if len(bootOnly) > 0 {
-		g.log.Warn("config reload: these keys changed in the file but are only read at boot, so the values in force are unchanged; restart the broker to apply them",
-			"path", path, "keys", strings.Join(bootOnly, ","))
-	}
 	ctx, cancel := context.WithTimeout(g.ctx, 30*time.Second)
 	defer cancel()
 	// spawnd re-reads the file itself, and applies it only if it is still
@@ -61,11 +57,28 @@ func (g *Gateway) Reload(path string) error {
 		g.a2a.profiles.Store(profiles)
 	}
 	g.cap.setMax(applied.MaxConcurrent)
+	g.cap.setWait(applied.QueueWaitTimeout.D())
 	for _, l := range g.liveLeases() {
 		l.rearm()
 	}
 	g.m.configReloads.inc("applied")
-	g.log.Info("config reload applied", "path", path, "changed", strings.Join(reloadable, ","), "binaries", len(res.Binaries), "agents", len(applied.Agents))
+	for _, w := range next.Deprecations {
+		g.log.Warn(w, "path", path)
+	}
+	// Said only of a reload that applied: a rejected one changed nothing.
+	if len(bootOnly) > 0 {
+		g.log.Warn("config reload: these keys changed in the file but are only read at boot, so the values in force are unchanged; restart the broker to apply them",
+			"path", path, "keys", strings.Join(bootOnly, ","))
+	}
+	if len(reloadable) == 0 {
+		g.log.Info("config reload applied; no reloadable key changed", "path", path)
+		return nil
+	}
+	g.log.Info("config reload applied", "path", path, "changed", strings.Join(reloadable, ","),
+		"binaries", len(res.Binaries), "agents", len(applied.Agents),
+		"max_concurrent", applied.MaxConcurrent, "idle_timeout", applied.IdleTimeout.D(),
+		"queue_wait_timeout", applied.QueueWaitTimeout.D(), "release_grace", applied.ReleaseGrace.D(),
+		"ready_timeout", applied.ReadyTimeout.D())
 	return nil
 }
 

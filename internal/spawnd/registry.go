@@ -69,6 +69,11 @@ func resolve(cfg *core.Config) (*settings, error) {
 		inherit:      cfg.InheritEnv,
 		releaseGrace: cfg.ReleaseGrace.D(),
 	}
+	for i, n := range cfg.InheritEnv {
+		if n == dialenv.BrokerAddr || n == dialenv.LeaseID || n == dialenv.SpawnSecret {
+			return nil, fmt.Errorf("broker config: inherit_env[%d]: %s is set by the broker on every spawn and cannot be inherited; remove it", i, n)
+		}
+	}
 	for _, name := range slices.Sorted(maps.Keys(cfg.Binaries)) {
 		ce := cfg.Binaries[name]
 		resolved, err := resolveEntryPath(name, ce.Path)

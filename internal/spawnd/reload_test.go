@@ -74,8 +74,8 @@ binaries:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !resp.Applied || !slices.Equal(resp.Changed, []string{"binaries", "inherit_env", "release_grace"}) {
-		t.Errorf("Reload = %v, want applied, changed binaries, inherit_env, release_grace", resp)
+	if !resp.Applied || !slices.Equal(resp.Changed, []string{"binaries", "release_grace", "inherit_env"}) {
+		t.Errorf("Reload = %v, want applied, changed binaries, release_grace, inherit_env", resp)
 	}
 	if len(resp.Binaries) != 2 || resp.Binaries[1].GetLabel() != "Vision" || resp.Binaries[1].GetDescription() != "Multimodal build" {
 		t.Errorf("Reload listing = %v", resp.Binaries)
@@ -83,7 +83,7 @@ binaries:
 	if h.d.settings.releaseGrace != time.Second {
 		t.Errorf("release_grace after reload = %s, want 1s", h.d.settings.releaseGrace)
 	}
-	h.logs.await(t, "config reload applied", "changed", "binaries,inherit_env,release_grace", "binaries", 2)
+	h.logs.await(t, "config reload applied", "changed", "binaries,release_grace,inherit_env", "binaries", 2)
 	h.logs.await(t, "binary registry entry", "name", "vision", "resolved_path", fakeBin)
 	h.spawn("lease-vision", "vision")
 

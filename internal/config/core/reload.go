@@ -1,16 +1,24 @@
 package core
 
-import "reflect"
+import (
+	"maps"
+	"reflect"
+	"slices"
+)
 
-// ReloadDiff names, sorted, the top-level keys whose values differ between
-// cur (in force) and next (just re-read), two values of one schema, split
-// into those a SIGHUP applies (tagged reload:"sighup") and boot-only ones:
-// untagged is the safe mistake. nexus_binary_path shows as binaries, into
-// which validation folds it.
+// ReloadDiff names the top-level keys whose values differ between cur (in
+// force) and next (just re-read), two values of one schema, split into those
+// a SIGHUP applies (tagged reload:"sighup") and boot-only ones: untagged is
+// the safe mistake. nexus_binary_path shows as binaries, into which
+// validation folds it. Keys come in the schema's order, which is the spec's
+// broker.yaml order (its reload WARN reads keys=listen_addr,auth).
 func ReloadDiff[T any](cur, next *T) (reloadable, bootOnly []string) {
 	c, n := reflect.ValueOf(cur).Elem(), reflect.ValueOf(next).Elem()
 	fields := YAMLFields(c.Type())
-	for _, key := range sortedKeys(fields) {
+	keys := slices.SortedFunc(maps.Keys(fields), func(a, b string) int {
+		return slices.Compare(fields[a].Index, fields[b].Index)
+	})
+	for _, key := range keys {
 		if key == "nexus_binary_path" {
 			continue
 		}

@@ -1,0 +1,66 @@
+package e2e
+
+import (
+	"fmt"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nexus-broker/nexus-broker/internal/sockdir"
+	"github.com/nexus-broker/nexus-broker/pkg/brokerclient"
+)
+
+// TestConfigKeysRefusedAtBoot: the spec's "Running the broker" keys whose
+// bad values refuse the boot, each naming the key, before anything listens.
+// The gateway launches its own spawnd, as `nexus-broker -config` does.
+func TestConfigKeysRefusedAtBoot(t *testing.T) {
+	runDir := filepath.Join(sockdir.New(t, "nxk"), "run")
+	dir := t.TempDir()
+	base := fmt.Sprintf("listen_addr: \"127.0.0.1:%d\"\nspawnd:\n  run_dir: %q\n", freePort(t), runDir)
+	entry := fmt.Sprintf("binaries:\n  nexus:\n    path: %q\n", bin("nexus-echo"))
+	for _, c := range []struct {
+		name, yaml string
+		wants      []string
+	}{
+		// A zero grace would make a new session's id unreportable.
+		{"session_report_grace zero", entry + "session_report_grace: 0\n", []string{"session_report_grace: must be positive"}},
+		{"session_report_grace negative", entry + "session_report_grace: -1s\n", []string{"session_report_grace: must be positive"}},
+		{"ready_timeout zero", entry + "ready_timeout: 0\n", []string{"ready_timeout: must be positive"}},
+		{"ready_timeout unparseable", entry + "ready_timeout: soon\n", []string{"ready_timeout", `"soon"`}},
+		{"nexus_binary_path empty", `nexus_binary_path: ""` + "\n", []string{"nexus_binary_path", "remove the key"}},
+		{"nexus_binary_path beside binaries.nexus", entry + fmt.Sprintf("nexus_binary_path: %q\n", bin("nexus-echo")), []string{"nexus_binary_path", "binaries.nexus.path"}},
+		// The dial-back variables are the broker's own on every spawn.
+		{"inherit_env naming a dial-back variable", entry + "inherit_env: [HOME, NEXUS_BROKER_SPAWN_SECRET]\n",
+			[]string{"inherit_env[1]: NEXUS_BROKER_SPAWN_SECRET is set by the broker on every spawn"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := writeConfig(t, dir, base+c.yaml)
+			code, out := runToExit(t, nil, "nexus-broker", "-config", cfg)
+			refused(t, c.name, code, out, c.wants...)
+			if strings.Contains(out, "nexus-broker listening") {
+				t.Errorf("%s: the gateway listened before refusing:\n%s", c.name, out)
+			}
+		})
+	}
+}
+
+// TestNexusBinaryPathIsDeprecatedNotRemoved: the alias still spawns, and
+// the boot (and every reload of such a file) says it is deprecated.
+func TestNexusBinaryPathIsDeprecatedNotRemoved(t *testing.T) {
+	b := startBroker(t, Options{NoNexusEntry: true, YAML: fmt.Sprintf("nexus_binary_path: %q\n", bin("nexus-echo"))})
+	deprecated := regexp.MustCompile(`level=WARN msg="nexus_binary_path is deprecated: declare it as binaries.nexus.path instead. Its value was folded into the \\"nexus\\" registry entry for this boot." path=`)
+	b.GatewayLog.wait(t, deprecated, time.Second)
+	claim := b.claim(brokerclient.ClaimRequest{})
+	conn := b.dial(claim, brokerclient.DialOptions{})
+	if got := say(t, conn, "hi"); got != "echo #1: hi" {
+		t.Fatalf("an instance of the aliased binary answered %q", got)
+	}
+	_ = b.gateway.cmd.Process.Signal(syscall.SIGHUP)
+	b.GatewayLog.wait(t, regexp.MustCompile(`msg="config reload applied; no reloadable key changed"`), 10*time.Second)
+	if n := b.GatewayLog.count(deprecated); n != 2 {
+		t.Errorf("deprecation WARNs after boot and one reload = %d, want 2:\n%s", n, b.GatewayLog)
+	}
+}
