@@ -280,7 +280,10 @@ func TestSpecRegistryExamples(t *testing.T) {
 			want.NexusBinaryPath = d.want.NexusBinaryPath
 			want.RunAs = d.want.RunAs
 			want.InheritEnv = d.want.InheritEnv
-			c.Warnings = nil
+			if c.NexusBinaryPath != nil && (len(c.Deprecations) != 1 || c.Deprecations[0] != WarnNexusBinaryPath) {
+				t.Errorf("nexus_binary_path written, Deprecations = %q", c.Deprecations)
+			}
+			c.Warnings, c.Deprecations = nil, nil
 			if !reflect.DeepEqual(c, want) {
 				t.Errorf("got\n%+v\nwant\n%+v", c, want)
 			}
@@ -314,11 +317,11 @@ var okCases = []struct {
 	{"reattach_window negative is the default", "reattach_window: -5s", func(t *testing.T, c *Config) {
 		wantDuration(t, "reattach_window", c.ReattachWindow, DefaultReattachWindow)
 	}},
-	{"durations", "idle_timeout: 0\nmax_turn_duration: 1h30m\nrelease_grace: \" 2s \"\nsession_report_grace: 0s", func(t *testing.T, c *Config) {
+	{"durations", "idle_timeout: 0\nmax_turn_duration: 1h30m\nrelease_grace: \" 2s \"\nsession_report_grace: 1ms", func(t *testing.T, c *Config) {
 		wantDuration(t, "idle_timeout", c.IdleTimeout, 0)
 		wantDuration(t, "max_turn_duration", c.MaxTurnDuration, 90*time.Minute)
 		wantDuration(t, "release_grace", c.ReleaseGrace, 2*time.Second)
-		wantDuration(t, "session_report_grace", c.SessionReportGrace, 0)
+		wantDuration(t, "session_report_grace", c.SessionReportGrace, time.Millisecond)
 	}},
 	{"sizes", "client_replay_buffer_bytes: 0\nmax_claim_body: 1_048_577", func(t *testing.T, c *Config) {
 		if c.ClientReplayBufferBytes != 0 || c.MaxClaimBody != 1048577 {
@@ -481,6 +484,8 @@ var errorCases = []struct{ name, yaml, key, want string }{
 	// ready_timeout.
 	{"ready_timeout zero", "ready_timeout: 0", "ready_timeout", "must be positive"},
 	{"ready_timeout 0s", "ready_timeout: 0s", "ready_timeout", "must be positive"},
+	{"session_report_grace zero", "session_report_grace: 0", "session_report_grace", "must be positive"},
+	{"session_report_grace negative", "session_report_grace: -5s", "session_report_grace", "must be positive"},
 	{"ready_timeout negative", "ready_timeout: -30s", "ready_timeout", "must be positive"},
 	{"ready_timeout unparsable", "ready_timeout: 30", "ready_timeout", "invalid duration"},
 	{"ready_timeout empty", "ready_timeout:", "ready_timeout", "has no value"},
