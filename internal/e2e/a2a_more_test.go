@@ -144,7 +144,7 @@ func writeAgent(t *testing.T, b *Broker, entry, name string) {
 	b.reload(t)
 }
 
-var reloadedRE = regexp.MustCompile(`msg="config reload (applied|rejected[^"]*)"`)
+var reloadedRE = regexp.MustCompile(`msg="config reload (applied|rejected[^"]*)(?:; no reloadable key changed)?"`)
 
 func (b *Broker) reload(t *testing.T) string {
 	t.Helper()

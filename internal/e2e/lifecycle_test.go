@@ -332,9 +332,11 @@ func TestLaunchedSpawndLifecycle(t *testing.T) {
 	}
 	// What the launched spawnd said at boot reaches the gateway's log, and
 	// one boot line says what is in force, entries as spawnd resolved them.
-	b.GatewayLog.wait(t, regexp.MustCompile(`level=INFO msg="nexus-spawnd said" pid=\d+ line=".*binary registry entry.* name=nexus`), 5*time.Second)
+	// The registry line reads as the spec shows it.
+	b.GatewayLog.wait(t, regexp.MustCompile(fmt.Sprintf(`level=INFO msg="binary registry entry" name=nexus path=%s resolved_path=%s spawn_env=HOME,LANG,NEXUS_BROKER_ADDR,NEXUS_BROKER_LEASE_ID,NEXUS_BROKER_SPAWN_SECRET,PATH,TZ spawnd_pid=%d\n`,
+		regexp.QuoteMeta(bin("nexus-echo")), regexp.QuoteMeta(bin("nexus-echo")), pid)), 5*time.Second)
 	if os.Geteuid() == 0 {
-		b.GatewayLog.wait(t, regexp.MustCompile(`level=WARN msg="nexus-spawnd said" pid=\d+ line=".*no run_as and nexus-spawnd runs as root`), 5*time.Second)
+		b.GatewayLog.wait(t, regexp.MustCompile(fmt.Sprintf(`level=WARN msg="these entries have no run_as and nexus-spawnd runs as root[^"]*" entries=nexus spawnd_pid=%d\n`, pid)), 5*time.Second)
 	}
 	b.GatewayLog.wait(t, regexp.MustCompile(fmt.Sprintf(`msg="nexus-broker listening" .* entries="nexus=%s" .* state_dir="" run_dir=%s spawnd_pid=%d`,
 		regexp.QuoteMeta(bin("nexus-echo")), regexp.QuoteMeta(b.RunDir), pid)), 5*time.Second)

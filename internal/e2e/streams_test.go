@@ -150,6 +150,29 @@ func TestResumeFromSeqReplaysExactlyTheMissingFrames(t *testing.T) {
 		last++
 		c.Close()
 	}
+	// A from_seq the broker cannot parse is treated as absent: the socket
+	// opens on the live stream, as a first connect does, and is not refused.
+	for _, bad := range []string{"soon", "-3", "1e3"} {
+		ws, _, err := websocket.DefaultDialer.Dial(claim.WSURL+"?from_seq="+bad, nil)
+		if err != nil {
+			t.Fatalf("from_seq=%s: %v", bad, err)
+		}
+		in, _ := brokerframe.Encode(brokerframe.Frame{LeaseID: claim.LeaseID, Signal: brokerframe.SignalIO, Payload: []byte(`{"type":"echo"}`)})
+		if err := ws.WriteMessage(websocket.TextMessage, in); err != nil {
+			t.Fatal(err)
+		}
+		_ = ws.SetReadDeadline(time.Now().Add(10 * time.Second))
+		_, data, err := ws.ReadMessage()
+		if err != nil {
+			t.Fatalf("from_seq=%s: %v", bad, err)
+		}
+		f, err := brokerframe.Decode(data)
+		if err != nil || f.Seq != last+1 || f.Signal != brokerframe.SignalIO {
+			t.Fatalf("from_seq=%s: first frame %s (%v), want live seq %d", bad, data, err, last+1)
+		}
+		last++
+		ws.Close()
+	}
 }
 
 func TestEvictionSendsAGapNamingTheMissingRange(t *testing.T) {

@@ -190,8 +190,10 @@ const relayBootBytes = 64 << 10
 
 // relayBoot repeats in the gateway's log what a launched spawnd said at boot
 // that an operator must see (its registry lines, every WARN and ERROR):
-// spawnd.log is not where someone running make run looks. Each line is
-// quoted whole, so it cannot pose as a line of the gateway's own.
+// spawnd.log is not where someone running make run looks. Each record is
+// logged again as itself (level, message, attributes, re-quoted by this
+// log's handler, so no value can pose as a line of its own) and tagged
+// spawnd_pid; a line of another shape is quoted whole.
 func (l *launched) relayBoot(log *slog.Logger) {
 	f, err := safedir.OpenFile(l.logPath, os.O_RDONLY, 0)
 	if err != nil {
@@ -201,12 +203,16 @@ func (l *launched) relayBoot(log *slog.Logger) {
 	sc := bufio.NewScanner(io.NewSectionReader(f, l.logStart, relayBootBytes))
 	for sc.Scan() {
 		line := sc.Text()
-		switch {
-		case strings.Contains(line, " level=WARN ") || strings.Contains(line, " level=ERROR "):
-			log.Warn("nexus-spawnd said", "pid", l.pid, "line", line)
-		case strings.Contains(line, ` msg="binary registry entry" `):
-			log.Info("nexus-spawnd said", "pid", l.pid, "line", line)
+		if !strings.Contains(line, " level=WARN ") && !strings.Contains(line, " level=ERROR ") &&
+			!strings.Contains(line, ` msg="binary registry entry" `) {
+			continue
 		}
+		level, msg, attrs, ok := parseTextRecord(line)
+		if !ok {
+			log.Warn("nexus-spawnd said", "pid", l.pid, "line", line)
+			continue
+		}
+		log.Log(context.Background(), level, msg, append(attrs, "spawnd_pid", l.pid)...)
 	}
 }
 
