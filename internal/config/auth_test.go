@@ -204,7 +204,7 @@ func TestAuthIsBootOnly(t *testing.T) {
 	if !reflect.DeepEqual(bootOnly, []string{"auth"}) {
 		t.Errorf("boot-only changes %v, want [auth]", bootOnly)
 	}
-	if got := Reloaded(boot, next); got.Auth.Validators[0].Tokens[0].Token != "replace-me" {
+	if got := core.Reloaded(boot, next); got.Auth.Validators[0].Tokens[0].Token != "replace-me" {
 		t.Error("a reload replaced the auth: block")
 	}
 }

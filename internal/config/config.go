@@ -10,7 +10,6 @@
 package config
 
 import (
-	"reflect"
 	"time"
 
 	"github.com/nexus-broker/nexus-broker/internal/config/core"
@@ -124,17 +123,4 @@ func Parse(data []byte) (*Config, error) {
 		return nil, err
 	}
 	return c, nil
-}
-
-// Reloaded is the configuration a SIGHUP puts in force: next's reloadable
-// keys over boot's boot-only ones, by the tags core.ReloadDiff reads.
-func Reloaded(boot, next *Config) *Config {
-	out := *boot
-	dst, src := reflect.ValueOf(&out).Elem(), reflect.ValueOf(next).Elem()
-	for _, f := range core.YAMLFields(dst.Type()) {
-		if f.Tag.Get("reload") == "sighup" {
-			dst.FieldByIndex(f.Index).Set(src.FieldByIndex(f.Index))
-		}
-	}
-	return &out
 }

@@ -188,7 +188,7 @@ func TestReloadedTakesOnlyReloadableKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := Reloaded(boot, next)
+	got := core.Reloaded(boot, next)
 	if got.ListenAddr != "127.0.0.1:1" || got.MaxQueueDepth != boot.MaxQueueDepth {
 		t.Fatalf("a boot-only key changed: %+v", got)
 	}

@@ -199,3 +199,33 @@ func TestSpawndShutdownLeavesInstancesForTheNextOne(t *testing.T) {
 	}
 	b.waitNoInstances(10 * time.Second)
 }
+
+// TestAnIgnoredBootOnlyEditStaysPendingAcrossAGatewayRestart: a SIGHUP that
+// carried a listen_addr edit ignored it, so a gateway restarted on that
+// file would listen where spawnd's instances do not dial back: it is
+// refused, naming the key. With the edit reverted it attaches and serves.
+func TestAnIgnoredBootOnlyEditStaysPendingAcrossAGatewayRestart(t *testing.T) {
+	b := startBroker(t, Options{})
+	original, err := os.ReadFile(b.ConfigPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	moved := regexp.MustCompile(`listen_addr: "127.0.0.1:\d+"`).ReplaceAllString(string(original), fmt.Sprintf(`listen_addr: "127.0.0.1:%d"`, freePort(t)))
+	if err := os.WriteFile(b.ConfigPath, []byte(moved), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_ = b.gateway.cmd.Process.Signal(syscall.SIGHUP)
+	b.GatewayLog.wait(t, regexp.MustCompile(`msg="config reload applied; no reloadable key changed"`), 10*time.Second)
+	b.KillGateway(syscall.SIGTERM)
+	code, out := runToExit(t, b.env, "nexus-broker", "-config", b.ConfigPath, "-launch-spawnd=false")
+	refused(t, "a gateway on the ignored listen_addr edit", code, out, "listen_addr, which nexus-spawnd reads only at boot")
+
+	if err := os.WriteFile(b.ConfigPath, original, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b.StartGateway()
+	conn := b.dial(b.claim(brokerclient.ClaimRequest{}), brokerclient.DialOptions{})
+	if got := say(t, conn, "back"); got != "echo #1: back" {
+		t.Fatalf("after the revert: %q", got)
+	}
+}

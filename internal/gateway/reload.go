@@ -50,7 +50,7 @@ func (g *Gateway) Reload(path string) error {
 	if !res.Applied {
 		return g.reloadRejected(path, errors.New(res.Error))
 	}
-	applied := config.Reloaded(g.boot, next) // boot-only keys keep the values in force
+	applied := core.Reloaded(g.boot, next) // boot-only keys keep the values in force
 	g.cfg.Store(applied)
 	g.setBinaries(res.Binaries)
 	if profiles != nil {

@@ -149,4 +149,18 @@ func TestReloadHoldsToTheGatewaysDigest(t *testing.T) {
 	if resp.Applied || !slices.Equal(resp.BootOnly, []string{"state_dir"}) || !strings.Contains(resp.Error, "state_dir, which nexus-spawnd reads only at boot") {
 		t.Fatalf("Reload changing state_dir with refuse_boot_only = %v, want refused naming state_dir", resp)
 	}
+
+	// A SIGHUP applies the rest and ignores the boot-only edit, which stays
+	// pending: a gateway attaching with that file is still refused, and
+	// one attaching with the file reverted is not.
+	if resp, err = h.client.Reload(h.ctx(), &spawnpb.ReloadRequest{ConfigDigest: bootOnly}); err != nil || !resp.Applied {
+		t.Fatalf("SIGHUP reload with a boot-only edit = %v (%v), want applied", resp, err)
+	}
+	if resp, err = h.client.Reload(h.ctx(), &spawnpb.ReloadRequest{ConfigDigest: bootOnly, RefuseBootOnly: true}); err != nil || resp.Applied || !slices.Equal(resp.BootOnly, []string{"state_dir"}) {
+		t.Fatalf("attaching with the ignored boot-only edit = %v (%v), want refused naming state_dir", resp, err)
+	}
+	reverted := h.writeConfig(defaultYAML + "  vision:\n    path: FAKE\n")
+	if resp, err = h.client.Reload(h.ctx(), &spawnpb.ReloadRequest{ConfigDigest: reverted, RefuseBootOnly: true}); err != nil || !resp.Applied || len(resp.BootOnly) != 0 {
+		t.Fatalf("attaching with the boot-only edit reverted = %v (%v), want applied", resp, err)
+	}
 }

@@ -762,6 +762,15 @@ func (d *Daemon) Reload(_ context.Context, req *spawnpb.ReloadRequest) (*spawnpb
 		d.log.Error("config reload rejected; the configuration already in force is unchanged", "path", d.cfgPath, "error", err)
 		return &spawnpb.ReloadResponse{Applied: false, Error: err.Error(), Binaries: prev.listing(), BootOnly: bootOnly}, nil
 	}
+	// The boot-only values stay those in force, so an ignored edit stays
+	// pending; no version of the file is then wholly in force, and Status
+	// names none, so that a gateway attaching with it is refused.
+	digest := next.cfg.Digest
+	next.cfg = core.Reloaded(prev.cfg, next.cfg)
+	next.cfg.Digest = ""
+	if len(bootOnly) == 0 {
+		next.cfg.Digest = digest
+	}
 	d.mu.Lock()
 	d.settings = next
 	d.mu.Unlock()

@@ -34,3 +34,17 @@ func ReloadDiff[T any](cur, next *T) (reloadable, bootOnly []string) {
 	}
 	return reloadable, bootOnly
 }
+
+// Reloaded is the configuration a SIGHUP puts in force: next's reloadable
+// keys (tagged reload:"sighup") over the boot-only ones in force, so that a
+// boot-only edit the reload ignored is still told apart from what runs.
+func Reloaded[T any](inForce, next *T) *T {
+	out := *inForce
+	dst, src := reflect.ValueOf(&out).Elem(), reflect.ValueOf(next).Elem()
+	for _, f := range YAMLFields(dst.Type()) {
+		if f.Tag.Get("reload") == "sighup" {
+			dst.FieldByIndex(f.Index).Set(src.FieldByIndex(f.Index))
+		}
+	}
+	return &out
+}
