@@ -59,7 +59,12 @@ func Run(o Options) error {
 		return err
 	}
 	for _, w := range cfg.Warnings {
-		log.Warn(w, "listen_addr", cfg.ListenAddr, "advertise_addr", cfg.AdvertiseAddr)
+		// Each with upstream's attributes.
+		if w == config.WarnTLSScheme {
+			log.Warn(w, "advertise_addr", cfg.AdvertiseAddr, "listen_addr", cfg.ListenAddr)
+		} else {
+			log.Warn(w, "listen_addr", cfg.ListenAddr)
+		}
 	}
 	for _, w := range cfg.Deprecations {
 		log.Warn(w, "path", path)

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -62,5 +63,34 @@ func TestNexusBinaryPathIsDeprecatedNotRemoved(t *testing.T) {
 	b.GatewayLog.wait(t, regexp.MustCompile(`msg="config reload applied; no reloadable key changed"`), 10*time.Second)
 	if n := b.GatewayLog.count(deprecated); n != 2 {
 		t.Errorf("deprecation WARNs after boot and one reload = %d, want 2:\n%s", n, b.GatewayLog)
+	}
+}
+
+// TestAdvertiseAddrBootWarnings: a wildcard bind with no advertise_addr,
+// and a TLS scheme this broker does not serve, each log the spec's boot
+// WARN with upstream's attributes (run the make-run way, the gateway
+// launching its spawnd).
+func TestAdvertiseAddrBootWarnings(t *testing.T) {
+	for _, c := range []struct {
+		name, advertise string
+		want            string
+	}{
+		{"wildcard bind", "", `level=WARN msg="advertise_addr is not set and listen_addr names no host: [^"]*" listen_addr=:(\d+)\n`},
+		{"TLS scheme", "advertise_addr: \"wss://broker-1.example.com\"\n",
+			`level=WARN msg="advertise_addr names a TLS scheme but this broker serves cleartext: [^"]*" advertise_addr=wss://broker-1.example.com listen_addr=:(\d+)\n`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			b := newBroker(t, Options{Launch: true})
+			text, err := os.ReadFile(b.ConfigPath)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wide := strings.Replace(string(text), `listen_addr: "127.0.0.1:`, `listen_addr: ":`, 1) + c.advertise
+			if err := os.WriteFile(b.ConfigPath, []byte(wide), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			b.StartGateway()
+			b.GatewayLog.wait(t, regexp.MustCompile(c.want), time.Second)
+		})
 	}
 }
