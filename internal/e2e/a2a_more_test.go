@@ -182,6 +182,12 @@ func TestA2AReloadProfiles(t *testing.T) {
 	if code, _ := b.get("/agents/support/.well-known/agent-card.json"); code != 200 {
 		t.Errorf("after a rejected reload the card answers %d", code)
 	}
+	// The task store's policy is boot-only, named as the spec names it.
+	_ = os.WriteFile(b.ConfigPath, []byte(text+"a2a: {tasks: {ttl: 1h}}\n"), 0o600)
+	if got := b.reload(t); got != "applied" {
+		t.Fatalf("reload %s", got)
+	}
+	b.GatewayLog.wait(t, regexp.MustCompile(`level=WARN msg="config reload: these keys changed in the file but are only read at boot[^"]*" path=\S+ keys=a2a.tasks\n`), time.Second)
 
 	plain := startBroker(t, Options{})
 	data, _ = os.ReadFile(plain.ConfigPath)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -31,6 +32,17 @@ func (g *Gateway) Reload(path string) error {
 		next.Agents = nil
 	}
 	reloadable, bootOnly := core.ReloadDiff(cur, next)
+	// a2a: is named by the part that changed, as the spec names a2a.tasks.
+	if i := slices.Index(bootOnly, "a2a"); i >= 0 {
+		var parts []string
+		if cur.A2A.Tasks != next.A2A.Tasks {
+			parts = append(parts, "a2a.tasks")
+		}
+		if cur.A2A.StateDir != next.A2A.StateDir {
+			parts = append(parts, "a2a.state_dir")
+		}
+		bootOnly = slices.Replace(bootOnly, i, i+1, parts...)
+	}
 	if switchOn {
 		bootOnly = append(bootOnly, "agents")
 	}
