@@ -74,7 +74,7 @@ func TestIdleLeaseIsReleasedAtItsDeadline(t *testing.T) {
 		t.Fatalf("reason = %q", reason)
 	}
 	within(t, "idle lease", activated, time.Second, drained)
-	b.GatewayLog.wait(t, regexp.MustCompile(`msg="releasing lease by policy" lease_id=`+claim.LeaseID+` reason=idle`), time.Second)
+	b.GatewayLog.wait(t, regexp.MustCompile(`level=INFO msg="releasing idle lease" lease_id=`+claim.LeaseID+` idle_timeout=1s reason=idle`), time.Second)
 	b.waitNoInstances(15 * time.Second)
 }
 
@@ -108,7 +108,7 @@ func TestATurnPastMaxTurnDurationIsReleasedAsTurnTimeout(t *testing.T) {
 		t.Fatalf("reason = %q", reason)
 	}
 	within(t, "wedged turn", started, 1500*time.Millisecond, drained)
-	b.GatewayLog.wait(t, regexp.MustCompile(`msg="releasing lease by policy" lease_id=`+claim.LeaseID+` reason="turn timeout"`), time.Second)
+	b.GatewayLog.wait(t, regexp.MustCompile(`level=WARN msg="releasing a lease whose turn outlived max_turn_duration\. The instance never reported its turn finished — it is wedged, a tool never returned, or this workload legitimately takes longer than the configured bound" lease_id=`+claim.LeaseID+` max_turn_duration=1.5s reason="turn timeout"`), time.Second)
 }
 
 func TestIdleTimeoutZeroDisablesBoth(t *testing.T) {
@@ -118,7 +118,7 @@ func TestIdleTimeoutZeroDisablesBoth(t *testing.T) {
 	if got := say(t, conn, "x y z"); got != "echo #1: x y z" {
 		t.Fatalf("turn cut short with idle_timeout 0: %q", got)
 	}
-	if b.GatewayLog.count(regexp.MustCompile(`releasing lease by policy`)) != 0 {
+	if b.GatewayLog.count(regexp.MustCompile(`releasing idle lease|outlived max_turn_duration`)) != 0 {
 		t.Fatal("a policy release happened with idle_timeout: 0")
 	}
 }

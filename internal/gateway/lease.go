@@ -395,6 +395,11 @@ func (l *lease) rearmLocked() {
 	}
 }
 
+// msgTurnOverrun is the WARN a turn_timeout release logs, in upstream's words.
+const msgTurnOverrun = "releasing a lease whose turn outlived max_turn_duration. The instance " +
+	"never reported its turn finished — it is wedged, a tool never returned, or this " +
+	"workload legitimately takes longer than the configured bound"
+
 func (l *lease) policyFired() {
 	l.mu.Lock()
 	l.policyAt = time.Time{}
@@ -410,6 +415,11 @@ func (l *lease) policyFired() {
 		return
 	}
 	l.mu.Unlock()
-	l.g.log.Info("releasing lease by policy", "lease_id", l.id, "reason", reason)
+	cfg := l.g.cfg.Load()
+	if reason == reasonIdle {
+		l.g.log.Info("releasing idle lease", "lease_id", l.id, "idle_timeout", cfg.IdleTimeout.D(), "reason", reason)
+	} else {
+		l.g.log.Warn(msgTurnOverrun, "lease_id", l.id, "max_turn_duration", cfg.MaxTurnDuration.D(), "reason", reason)
+	}
 	l.teardown(reason, teardownGraceful)
 }
