@@ -59,6 +59,9 @@ func TestClaimStreamReleaseResume(t *testing.T) {
 	if want := "ws://" + b.Addr + "/lease/" + claim.LeaseID; claim.WSURL != want {
 		t.Fatalf("ws_url = %q, want %q", claim.WSURL, want)
 	}
+	// Upstream's line and keys, duration ours.
+	b.GatewayLog.wait(t, regexp.MustCompile(`level=INFO msg="claim ready" lease_id=`+claim.LeaseID+` pid=[1-9][0-9]* ws_url=`+
+		regexp.QuoteMeta(claim.WSURL)+` session_id=`+claim.SessionID+` principal_id="" ticket_issued=false binary=nexus duration=`), time.Second)
 	conn := b.dial(claim, brokerclient.DialOptions{})
 	if got := say(t, conn, "hello"); got != "echo #1: hello" {
 		t.Fatalf("answer = %q", got)
@@ -288,7 +291,7 @@ func TestClaimSucceedsWithoutASessionReportAfterTheGrace(t *testing.T) {
 	if claim.SessionID != "" {
 		t.Fatalf("session_id = %q from an instance that never reported one", claim.SessionID)
 	}
-	b.GatewayLog.wait(t, regexp.MustCompile(`instance did not report its session id within session_report_grace; answering the claim without it" lease_id=`+claim.LeaseID), time.Second)
+	b.GatewayLog.wait(t, regexp.MustCompile(`level=WARN msg="instance did not report a session id within grace window" lease_id=`+claim.LeaseID+` `), time.Second)
 	if got := say(t, b.dial(claim, brokerclient.DialOptions{}), "hi"); got != "echo #1: hi" {
 		t.Fatalf("answer = %q", got)
 	}

@@ -29,7 +29,7 @@ func TestAQueuedClaimWhoseClientHangsUpLeavesAtOnce(t *testing.T) {
 	if d := time.Since(start); d > 500*time.Millisecond {
 		t.Fatalf("the abandoned claim left the queue after %s", d)
 	}
-	b.GatewayLog.wait(t, regexp.MustCompile(`claim abandoned by its client`), 5*time.Second)
+	b.GatewayLog.wait(t, regexp.MustCompile(`level=INFO msg="claim cancelled while queued for capacity" error="client went away while queued for capacity"`), 5*time.Second)
 	if v := b.metrics()[`nexus_broker_claims_total{outcome="cancelled"}`]; v != 1 {
 		t.Fatalf("claims_total{cancelled} = %v", v)
 	}

@@ -33,6 +33,9 @@ type claimResponse struct {
 	WSURL     string `json:"ws_url"`
 	SessionID string `json:"session_id,omitempty"` // none reported within session_report_grace
 	Ticket    string `json:"ticket,omitempty"`
+	// For the "claim ready" line; zero when a peer served the claim.
+	pid    int64
+	binary string
 }
 
 // claimError is a refusal: its status, its wire text, and its metrics
@@ -51,6 +54,10 @@ func refuse(status int, outcome, format string, args ...any) *claimError {
 
 // errServedAwayClaim is spawnLease's word that a peer served the claim.
 var errServedAwayClaim = &claimError{outcome: "served_away"}
+
+// textGoneWhileQueued is the log reason of a claim whose client hung up in
+// the capacity queue.
+const textGoneWhileQueued = "client went away while queued for capacity"
 
 // errSpawnerUnavailable is the 503 body of a claim spawnd cannot serve now.
 const errSpawnerUnavailable = "spawner unavailable"
@@ -79,7 +86,11 @@ func (g *Gateway) handleClaim(w http.ResponseWriter, r *http.Request) {
 	g.countClaim(start, cerr)
 	if cerr != nil {
 		if cerr.outcome == "cancelled" {
-			g.log.Info("claim abandoned by its client", "error", cerr.text)
+			msg := "claim abandoned by its client" // while its instance booted: upstream waits that out
+			if cerr.text == textGoneWhileQueued {
+				msg = "claim cancelled while queued for capacity"
+			}
+			g.log.Info(msg, "error", cerr.text)
 			return // nobody is listening
 		}
 		g.log.Warn("claim failed", "status", cerr.status, "reason", cerr.text)
@@ -91,7 +102,8 @@ func (g *Gateway) handleClaim(w http.ResponseWriter, r *http.Request) {
 	}
 	took := time.Since(start)
 	answerNow(w, resp)
-	g.log.Info("claim accepted", "lease_id", resp.LeaseID, "session_id", resp.SessionID, "principal_id", p.ID, "duration", took)
+	g.log.Info("claim ready", "lease_id", resp.LeaseID, "pid", resp.pid, "ws_url", resp.WSURL, "session_id", resp.SessionID,
+		"principal_id", p.ID, "ticket_issued", resp.Ticket != "", "binary", resp.binary, "duration", took)
 }
 
 // answerNow writes a 200 JSON answer and puts it on the wire before the
@@ -198,8 +210,9 @@ func (g *Gateway) claimBody(r *http.Request, p auth.Principal, body []byte, slot
 	}
 	l.mu.Lock()
 	session = l.sessionID
+	pid := l.pid
 	l.mu.Unlock()
-	resp := &claimResponse{LeaseID: l.id, WSURL: g.wsURL(r, l.id), SessionID: session}
+	resp := &claimResponse{LeaseID: l.id, WSURL: g.wsURL(r, l.id), SessionID: session, pid: pid, binary: l.entry}
 	if g.auth.Enabled() {
 		resp.Ticket = g.tickets.Mint(l.id, p)
 	}
@@ -245,7 +258,7 @@ func (g *Gateway) spawnLease(ctx context.Context, principal, entry string, cfgDa
 		case errors.Is(err, errPrincipalQueue):
 			return nil, refuse(http.StatusTooManyRequests, "principal_queue_limit", "queued claim limit reached for this principal")
 		}
-		return nil, refuse(499, "cancelled", "client went away while queued for capacity")
+		return nil, refuse(499, "cancelled", textGoneWhileQueued)
 	}
 	// Checked again: the wait for a slot may have been long.
 	if cerr := g.spawnerUnavailable(); cerr != nil {
@@ -315,7 +328,7 @@ func (g *Gateway) spawnLease(ctx context.Context, principal, entry string, cfgDa
 		select {
 		case <-l.sessionReported:
 		case <-time.After(cfg.SessionReportGrace.D()):
-			g.log.Warn("instance did not report its session id within session_report_grace; answering the claim without it",
+			g.log.Warn("instance did not report a session id within grace window",
 				"lease_id", id, "session_report_grace", cfg.SessionReportGrace.D())
 		}
 	}
