@@ -361,9 +361,9 @@ func TestA2AAdoptsAnIdleInstanceAtOnce(t *testing.T) {
 	if now := b.Instances(); len(now) != 1 || now[0] != pids[0] {
 		t.Errorf("the conversation runs on instances %v, want the surviving %v", now, pids)
 	}
-	b.GatewayLog.wait(t, regexp.MustCompile(`adopted a live lease of its session; its instance is idle`), time.Second)
+	b.GatewayLog.wait(t, regexp.MustCompile(`level=INFO msg="a2a turn adopted a live instance already running its session" profile=support context_id=warm session_id=[0-9a-f]+ lease_id=\S+ held_until_idle=false`), time.Second)
 	// The bound for an instance that never reports idle is 10 s.
-	if took >= 10*time.Second || strings.Contains(b.GatewayLog.String(), "holding the next message") {
+	if took >= 10*time.Second || strings.Contains(b.GatewayLog.String(), "held_until_idle=true") {
 		t.Errorf("the message took %s after the restart: it was held for an idle report an idle instance never sends", took)
 	}
 }

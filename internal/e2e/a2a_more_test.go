@@ -93,9 +93,11 @@ func TestA2ASpawnFailureSettles(t *testing.T) {
 	if task.Status.State != a2a.TaskStateFailed || task.Status.Message == nil {
 		t.Fatalf("task %s %+v, want FAILED with a reason", task.Status.State, task.Status.Message)
 	}
-	if msg := task.Status.Message.Parts[0].Text(); strings.Contains(msg, "lease") {
-		t.Errorf("status message names a lease: %q", msg)
+	if msg := task.Status.Message.Parts[0].Text(); msg != `an agent instance for profile "doomed" could not be started: instance exited before signalling ready` {
+		t.Errorf("status message = %q, want upstream's, naming no lease", msg)
 	}
+	b.GatewayLog.wait(t, regexp.MustCompile(`level=WARN msg="a2a turn could not start an agent instance" profile=doomed context_id=d session_id="" status=502 error="instance exited before signalling ready"`), time.Second)
+	b.GatewayLog.wait(t, regexp.MustCompile(`level=WARN msg="a2a task settled without ever reaching an agent instance" profile=doomed task_id=`+string(task.ID)+` context_id=d state=TASK_STATE_FAILED error=`), time.Second)
 }
 
 // A conversation whose session was created by another binary than its
@@ -122,7 +124,8 @@ func TestA2AResumeUnderAnotherBinaryIsRejected(t *testing.T) {
 		t.Fatalf("reload %s", got)
 	}
 	task := sendTask(t, c, userMsg("tw", "again"))
-	if task.Status.State != a2a.TaskStateRejected || !strings.Contains(statusText(task), `was created by binary "twin" but this claim requests "nexus"`) {
+	if task.Status.State != a2a.TaskStateRejected || !strings.HasPrefix(statusText(task), `this broker refused to start an agent instance for profile "twin": session "`) ||
+		!strings.Contains(statusText(task), `was created by binary "twin" but this claim requests "nexus"`) {
 		t.Errorf("a resume under another binary settled %s %q, want REJECTED naming both binaries", task.Status.State, statusText(task))
 	}
 }

@@ -212,6 +212,8 @@ func TestA2AConversation(t *testing.T) {
 			if first.ContextID != conv {
 				t.Errorf("contextId %q, want %q", first.ContextID, conv)
 			}
+			b.GatewayLog.wait(t, regexp.MustCompile(`level=INFO msg="a2a turn started an agent instance" profile=support context_id=`+regexp.QuoteMeta(conv)+
+				` session_id=[0-9a-f]+ lease_id=\S+ pid=[1-9][0-9]* binary=nexus resumed=false`), time.Second)
 			second := sendTask(t, c, userMsg(conv, "again"))
 			if got := answerOf(t, second); got != "echo #2: again (earlier: hello)" {
 				t.Errorf("second answer %q: not the same session", got)
@@ -292,9 +294,10 @@ func TestA2ASubscribeAndCancel(t *testing.T) {
 			// Cancel a parked question.
 			ask = sendTask(t, c, userMsg("cancel-"+string(binding), "/ask stop?"))
 			canceled, err := c.CancelTask(ctxT(t), &a2a.CancelTaskRequest{ID: ask.ID})
-			if err != nil || canceled.Status.State != a2a.TaskStateCanceled {
+			if err != nil || canceled.Status.State != a2a.TaskStateCanceled || statusText(canceled) != "the task was canceled by the client" {
 				t.Fatalf("CancelTask = %+v, %v", canceled, err)
 			}
+			b.GatewayLog.wait(t, regexp.MustCompile(`level=INFO msg="a2a task canceled" profile=slow task_id=`+string(ask.ID)), time.Second)
 			if _, err := c.CancelTask(ctxT(t), &a2a.CancelTaskRequest{ID: ask.ID}); !errors.Is(err, a2a.ErrTaskNotCancelable) {
 				t.Errorf("cancelling a canceled task: %v", err)
 			}
@@ -361,9 +364,10 @@ func TestA2ACrash(t *testing.T) {
 	b := a2aBroker(t, "", Options{})
 	c := a2aClient(t, b, "crashy", a2a.TransportProtocolJSONRPC)
 	task := sendTask(t, c, userMsg("x", "boom now please"))
-	if task.Status.State != a2a.TaskStateFailed {
-		t.Errorf("crash mid-turn: %s", task.Status.State)
+	if task.Status.State != a2a.TaskStateFailed || statusText(task) != "the agent instance stopped responding before the turn finished" {
+		t.Errorf("crash mid-turn: %s %q", task.Status.State, statusText(task))
 	}
+	b.GatewayLog.wait(t, regexp.MustCompile(`level=INFO msg="a2a agent instance stopped" lease_id=\S+`), time.Second)
 	c = a2aClient(t, b, "late", a2a.TransportProtocolJSONRPC)
 	if got := answerOf(t, sendTask(t, c, userMsg("y", "answer first"))); got != "echo #1: answer first" {
 		t.Errorf("crash after the answer: %q", got)
@@ -415,7 +419,7 @@ func TestA2ARestart(t *testing.T) {
 	if ans != "echo #1: next" {
 		t.Errorf("after the restart the conversation answered %q, want the new message's own turn", ans)
 	}
-	b.GatewayLog.wait(t, regexp.MustCompile(`holding the next message until its instance reports idle`), time.Second)
+	b.GatewayLog.wait(t, regexp.MustCompile(`level=INFO msg="a2a turn adopted a live instance already running its session" profile=slow context_id=inflight session_id=[0-9a-f]+ lease_id=\S+ held_until_idle=true reported=`), time.Second)
 	if took := time.Since(start); took >= 10*time.Second || strings.Contains(b.GatewayLog.String(), "did not report idle") {
 		t.Errorf("the next message took %s: the instance's idle report did not release it", took)
 	}

@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"path/filepath"
@@ -39,13 +40,14 @@ const (
 	sourceA2A        = "broker.a2a"
 )
 
-// Status texts a task settles with; they never name a lease.
+// Status texts a task settles with, in upstream's words where it has them;
+// they never name a lease.
 const (
-	textSpawnFailed  = "the agent could not be started for this conversation: "
-	textSpawnRefused = "the broker refused to start the agent for this conversation: "
-	textInstanceGone = "the agent stopped before it answered"
+	textSpawnFailed  = "an agent instance for profile %q could not be started: %s"
+	textSpawnRefused = "this broker refused to start an agent instance for profile %q: %s"
+	textInstanceGone = "the agent instance stopped responding before the turn finished"
 	textInputTimeout = "no answer to the agent's question arrived within a2a.tasks.input_timeout"
-	textCanceled     = "canceled by the client"
+	textCanceled     = "the task was canceled by the client"
 	textQueueCancel  = "canceled while queued"
 )
 
@@ -318,6 +320,8 @@ func (in *ingress) start(c *conv) {
 	case t == nil:
 		in.kickLocked(c) // canceled while the instance was starting; it stays for the next message
 	case fail != nil:
+		in.g.log.Warn("a2a task settled without ever reaching an agent instance", "profile", c.key.profile, "task_id", t.rec.Task.ID,
+			"context_id", c.key.context, "state", fail.state, "error", fail.text)
 		in.setStateLocked(t, fail.state, fail.text)
 	case l.currentState() == stateDraining:
 		in.setStateLocked(t, a2a.StateFailed, textInstanceGone)
@@ -359,12 +363,12 @@ type spawnFailure struct{ state, text string }
 // something changes) REJECTED, and a spawn that was attempted and did not
 // come up (capacity, a boot that died or timed out) FAILED: a retry may
 // succeed.
-func spawnFailed(cerr *claimError) *spawnFailure {
+func spawnFailed(profile string, cerr *claimError) *spawnFailure {
 	switch cerr.status {
 	case http.StatusBadRequest, http.StatusConflict, http.StatusTooManyRequests:
-		return &spawnFailure{a2a.StateRejected, textSpawnRefused + cerr.text}
+		return &spawnFailure{a2a.StateRejected, fmt.Sprintf(textSpawnRefused, profile, cerr.text)}
 	}
-	return &spawnFailure{a2a.StateFailed, textSpawnFailed + cerr.text}
+	return &spawnFailure{a2a.StateFailed, fmt.Sprintf(textSpawnFailed, profile, cerr.text)}
 }
 
 // leaseFor gets the conversation a live lease: one of its session that is
@@ -373,7 +377,7 @@ func spawnFailed(cerr *claimError) *spawnFailure {
 func (in *ingress) leaseFor(c *conv) (*lease, *spawnFailure) {
 	p := in.profiles.Load().byName[c.key.profile]
 	if p == nil {
-		return nil, &spawnFailure{a2a.StateRejected, textSpawnRefused + "its agent profile is no longer configured"}
+		return nil, &spawnFailure{a2a.StateRejected, fmt.Sprintf(textSpawnRefused, c.key.profile, "the profile is no longer configured")}
 	}
 	in.mu.Lock()
 	session := c.session
@@ -384,7 +388,7 @@ func (in *ingress) leaseFor(c *conv) (*lease, *spawnFailure) {
 		}
 	}
 	if l := in.g.sessionLease(c.key.principal, session); l != nil {
-		in.adopt(c, l)
+		in.adopt(c, l, session)
 		return l, nil
 	}
 	start := time.Now()
@@ -395,22 +399,29 @@ func (in *ingress) leaseFor(c *conv) (*lease, *spawnFailure) {
 	}
 	in.g.countClaim(start, cerr)
 	if cerr != nil {
-		return nil, spawnFailed(cerr)
+		in.g.log.Warn("a2a turn could not start an agent instance", "profile", c.key.profile, "context_id", c.key.context,
+			"session_id", session, "status", cerr.status, "error", cerr.text)
+		return nil, spawnFailed(c.key.profile, cerr)
 	}
 	// Bound under in.mu: a session id recorded from here on reaches the
 	// conversation through sessionRecorded, the one before is in sid.
 	in.mu.Lock()
 	l.mu.Lock()
 	l.a2a = in
-	sid := l.sessionID
+	sid, pid := l.sessionID, l.pid
 	l.mu.Unlock()
 	in.bindLocked(c, l)
 	in.unholdLocked(c)
 	in.bindSessionLocked(c, sid)
 	in.mu.Unlock()
-	in.g.log.Info("A2A conversation bound to a lease", "lease_id", l.id, "profile", c.key.profile, "session_id", sid)
+	in.g.log.Info("a2a turn started an agent instance", "profile", c.key.profile, "context_id", c.key.context,
+		"session_id", sid, "lease_id", l.id, "pid", pid, "binary", entry, "resumed", session != "")
 	return l, nil
 }
+
+// msgAdopted is upstream's line for a conversation that adopted a live
+// lease; held_until_idle (ours) says whether its next input waits.
+const msgAdopted = "a2a turn adopted a live instance already running its session"
 
 // adopt binds a conversation to a live lease of its session it did not
 // start in this process, typically one restored after a gateway restart.
@@ -419,7 +430,7 @@ func (in *ingress) leaseFor(c *conv) (*lease, *spawnFailure) {
 // had a task in flight when the broker stopped. Then it is told to cancel
 // and the next input is held until it reports idle. Otherwise it is idle,
 // and the next input goes at once.
-func (in *ingress) adopt(c *conv, l *lease) {
+func (in *ingress) adopt(c *conv, l *lease, session string) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	// One step under both locks: a status the instance reports from here
@@ -433,13 +444,14 @@ func (in *ingress) adopt(c *conv, l *lease) {
 	interrupted := in.store.TakeInterrupted(c.key.principal, c.key.profile, c.key.context)
 	if reported == brokerframe.StateIdle || reported == "" && !interrupted {
 		in.unholdLocked(c)
-		in.g.log.Info("A2A conversation adopted a live lease of its session; its instance is idle", "lease_id", l.id, "profile", c.key.profile)
+		in.g.log.Info(msgAdopted, "profile", c.key.profile, "context_id", c.key.context, "session_id", session, "lease_id", l.id,
+			"held_until_idle", false)
 		return
 	}
 	in.holdLocked(c, "")
 	in.sendLocked(l, brokerframe.IO{Type: brokerframe.IOCancel, Source: sourceA2A})
-	in.g.log.Info("A2A conversation adopted a live lease of its session; holding the next message until its instance reports idle",
-		"lease_id", l.id, "profile", c.key.profile, "reported", reported)
+	in.g.log.Info(msgAdopted, "profile", c.key.profile, "context_id", c.key.context, "session_id", session, "lease_id", l.id,
+		"held_until_idle", true, "reported", reported)
 }
 
 // holdLocked holds c's next input until the instance reports idle (of
@@ -621,6 +633,7 @@ func (in *ingress) leaseClosed(l *lease) {
 	if c == nil {
 		return
 	}
+	in.g.log.Info("a2a agent instance stopped", "lease_id", l.id)
 	in.bindLocked(c, nil)
 	in.unholdLocked(c)
 	if t := c.active; t != nil && c.sent {
@@ -673,6 +686,14 @@ func (in *ingress) answer(principal, profile string, msg *a2a.Message, text stri
 // one is asked to cancel and settles on the instance's acknowledgement (or
 // at once when no turn is bound yet).
 func (in *ingress) cancel(principal, profile, id string) (*a2a.Task, *a2a.Error) {
+	task, aerr := in.cancelTask(principal, profile, id)
+	if aerr == nil && task.Status.State == a2a.StateCanceled {
+		in.g.log.Info("a2a task canceled", "profile", profile, "task_id", id)
+	}
+	return task, aerr
+}
+
+func (in *ingress) cancelTask(principal, profile, id string) (*a2a.Task, *a2a.Error) {
 	in.mu.Lock()
 	t := in.lookupLocked(principal, profile, id)
 	if t == nil {
