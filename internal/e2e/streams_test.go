@@ -316,6 +316,7 @@ func TestAnInstanceThatAnswersAndExitsStillDeliversItsAnswer(t *testing.T) {
 		if code, text := closeCode(t, conn); code != 4500 || text != "instance crashed" {
 			t.Fatalf("closed with %d %q, want 4500 instance crashed", code, text)
 		}
+		b.GatewayLog.wait(t, regexp.MustCompile(`level=WARN msg="instance exited unexpectedly; treating as crash" lease_id=`+claim.LeaseID+` error="exit status 5" exit_code=5`), time.Second)
 	}
 	b.waitNoInstances(10 * time.Second)
 	if _, inUse := b.slots(); inUse != 0 {

@@ -228,7 +228,7 @@ func (l *lease) teardown(reason string, mode teardownMode) {
 		l.mu.Lock()
 		l.state = stateDraining
 		l.reason = reason
-		inst := l.inst
+		inst, exit := l.inst, l.exit
 		if l.policyTimer != nil {
 			l.policyTimer.Stop()
 		}
@@ -237,6 +237,10 @@ func (l *lease) teardown(reason string, mode teardownMode) {
 		}
 		l.mu.Unlock()
 		l.g.log.Info("lease draining", "lease_id", l.id, "reason", reason)
+		if reason == reasonCrashed {
+			l.g.log.Warn("instance exited unexpectedly; treating as crash", "lease_id", l.id, "error", exitError(exit),
+				"exit_code", exit.GetExitCode(), "signal", exit.GetSignal())
+		}
 
 		if mode != teardownExited {
 			term := func(noWait bool) {
@@ -393,6 +397,15 @@ func (l *lease) rearmLocked() {
 		l.policyTimer.Reset(time.Until(at))
 		l.policyAt = at
 	}
+}
+
+// exitError words an instance's exit as os/exec does ("exit status 5"),
+// which is what upstream's crash line carries.
+func exitError(ev *spawnpb.ExitEvent) string {
+	if s := ev.GetSignal(); s != "" {
+		return "signal: " + s
+	}
+	return fmt.Sprintf("exit status %d", ev.GetExitCode())
 }
 
 // msgTurnOverrun is the WARN a turn_timeout release logs, in upstream's words.
