@@ -85,7 +85,10 @@ func TestARestoredLeaseNobodyReattachesIsReaped(t *testing.T) {
 	if st := b.leaseStates()[claim.LeaseID]; st != "spawning" {
 		t.Fatalf("restored lease state = %q, want spawning", st)
 	}
-	b.GatewayLog.wait(t, regexp.MustCompile(`restored lease was not reattached by its instance within reattach_window; reaping it" lease_id=`+claim.LeaseID), 10*time.Second)
+	b.GatewayLog.wait(t, regexp.MustCompile(`level=INFO msg="restored lease from the journal; awaiting instance reattach" lease_id=`+claim.LeaseID+
+		` pid=[1-9][0-9]* session_id=`+claim.SessionID+` binary=nexus principal_id=""`), 10*time.Second)
+	b.GatewayLog.wait(t, regexp.MustCompile(`level=WARN msg="no instance reattached to a restored lease within reattach_window; reaping it" lease_id=`+claim.LeaseID+
+		` pid=[1-9][0-9]* reattach_window=1s`), 10*time.Second)
 	b.waitNoInstances(15 * time.Second) // SIGKILL reaches a stopped process group
 	if v := b.metrics()[`nexus_broker_restored_leases_total{outcome="reaped"}`]; v != 1 {
 		t.Fatalf("reaped = %v", v)

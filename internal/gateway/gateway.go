@@ -201,14 +201,14 @@ func (g *Gateway) restore(ctx context.Context) error {
 		window := g.boot.ReattachWindow.D()
 		l.reattachTimer = time.AfterFunc(window, func() {
 			if l.currentState() == stateSpawning {
-				g.log.Warn("restored lease was not reattached by its instance within reattach_window; reaping it",
-					"lease_id", l.id, "reattach_window", window)
+				g.log.Warn("no instance reattached to a restored lease within reattach_window; reaping it",
+					"lease_id", l.id, "pid", l.pid, "reattach_window", window)
 				g.m.restoredLeases.inc("reaped")
 				go l.teardown(reasonReattachTimeout, teardownSkipGrace)
 			}
 		})
-		g.log.Info("lease restored; waiting for its instance to redial", "lease_id", l.id, "pid", l.pid,
-			"session_id", l.sessionID, "binary", l.entry)
+		g.log.Info("restored lease from the journal; awaiting instance reattach", "lease_id", l.id, "pid", l.pid,
+			"session_id", l.sessionID, "binary", l.entry, "principal_id", l.principal)
 	}
 	return nil
 }
