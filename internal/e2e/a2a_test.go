@@ -322,6 +322,9 @@ func TestA2AQueue(t *testing.T) {
 	if second.Status.State != a2a.TaskStateSubmitted {
 		t.Errorf("queued task is %s, want SUBMITTED", second.Status.State)
 	}
+	for i, task := range []*a2a.Task{second, third} {
+		b.GatewayLog.wait(t, regexp.MustCompile(fmt.Sprintf(`level=WARN msg="a2a task queued behind the conversation's active turn" profile=slow task_id=%s context_id=q ahead=%d`, task.ID, i+1)), time.Second)
+	}
 	canceled, err := c.CancelTask(ctxT(t), &a2a.CancelTaskRequest{ID: third.ID})
 	if err != nil || canceled.Status.State != a2a.TaskStateCanceled {
 		t.Fatalf("cancelling a queued task: %+v %v", canceled, err)
@@ -368,6 +371,8 @@ func TestA2ACrash(t *testing.T) {
 		t.Errorf("crash mid-turn: %s %q", task.Status.State, statusText(task))
 	}
 	b.GatewayLog.wait(t, regexp.MustCompile(`level=INFO msg="a2a agent instance stopped" lease_id=\S+`), time.Second)
+	b.GatewayLog.wait(t, regexp.MustCompile(`level=WARN msg="a2a task failed because its agent instance went away" profile=crashy task_id=`+
+		string(task.ID)+` reason="the agent instance stopped responding before the turn finished"`), time.Second)
 	c = a2aClient(t, b, "late", a2a.TransportProtocolJSONRPC)
 	if got := answerOf(t, sendTask(t, c, userMsg("y", "answer first"))); got != "echo #1: answer first" {
 		t.Errorf("crash after the answer: %q", got)

@@ -192,6 +192,10 @@ func (in *ingress) submit(principal, profile string, msg *a2a.Message, text stri
 	}
 	c.queue = append(c.queue, t)
 	send := in.advanceLocked(c)
+	if c.active != nil && c.active != t {
+		in.g.log.Warn("a2a task queued behind the conversation's active turn", "profile", profile, "task_id", id,
+			"context_id", msg.ContextID, "ahead", len(c.queue))
+	}
 	in.mu.Unlock()
 	if send != nil {
 		send() // on a warm conversation the input goes from here, with no hop
@@ -324,7 +328,7 @@ func (in *ingress) start(c *conv) {
 			"context_id", c.key.context, "state", fail.state, "error", fail.text)
 		in.setStateLocked(t, fail.state, fail.text)
 	case l.currentState() == stateDraining:
-		in.setStateLocked(t, a2a.StateFailed, textInstanceGone)
+		in.instanceGoneLocked(t)
 	default:
 		in.kickLocked(c)
 	}
@@ -637,10 +641,16 @@ func (in *ingress) leaseClosed(l *lease) {
 	in.bindLocked(c, nil)
 	in.unholdLocked(c)
 	if t := c.active; t != nil && c.sent {
-		in.setStateLocked(t, a2a.StateFailed, textInstanceGone)
+		in.instanceGoneLocked(t)
 	}
 	// An input not sent yet goes to the conversation's next instance.
 	in.kickLocked(c)
+}
+
+// instanceGoneLocked fails a task whose instance went away.
+func (in *ingress) instanceGoneLocked(t *liveTask) {
+	in.g.log.Warn("a2a task failed because its agent instance went away", "profile", t.rec.Profile, "task_id", t.rec.Task.ID, "reason", textInstanceGone)
+	in.setStateLocked(t, a2a.StateFailed, textInstanceGone)
 }
 
 // --- reading and cancelling ---------------------------------------------
