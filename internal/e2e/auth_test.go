@@ -195,6 +195,11 @@ func TestAuthCrossPrincipalAttemptsChangeNothing(t *testing.T) {
 		status, got = rawDial(t, claim.WSURL, "?from_seq=0", tok)
 		wantAnswer(t, tok+" resuming alice's lease", status, got, 404, never)
 	}
+	// Alice's own mint is logged, never its value.
+	if status, got := b.doAs(tokAlice, "POST", "/ticket/"+claim.LeaseID, ""); status != 200 {
+		t.Fatalf("alice minting a ticket for her lease: %d %s", status, got)
+	}
+	b.GatewayLog.wait(t, regexp.MustCompile(`(?m)level=INFO msg="issued lease ticket" route="POST /ticket/\{lease_id\}" lease_id=`+claim.LeaseID+` principal_id=alice issued=true$`), time.Second)
 	// Bob's own valid ticket, for his own lease, does not open alice's.
 	bobClaim := b.claimAs(tokBob)
 	status, got := rawDial(t, claim.WSURL, "?ticket="+bobClaim.Ticket, "")
@@ -511,6 +516,7 @@ func TestAuthAbsentTicketsAreInert(t *testing.T) {
 	}
 	status, got := b.do("POST", "/ticket/"+claim.LeaseID, "")
 	wantAnswer(t, "POST /ticket without auth:", status, got, 200, `{"lease_id":"`+claim.LeaseID+`"}`+"\n")
+	b.GatewayLog.wait(t, regexp.MustCompile(`level=INFO msg="issued lease ticket" route="POST /ticket/\{lease_id\}" lease_id=`+claim.LeaseID+` principal_id="" issued=false`), time.Second)
 	conn := b.dial(claim, brokerclient.DialOptions{Ticket: "ignored"})
 	if got := say(t, conn, "open"); got != "echo #1: open" {
 		t.Fatalf("answer %q", got)

@@ -73,6 +73,8 @@ func (g *Gateway) ticket(r *http.Request, id string, p auth.Principal) (int, any
 	if g.auth.Enabled() {
 		out["ticket"] = g.tickets.Mint(l.id, p)
 	}
+	// Never the value: a ticket is a bearer credential.
+	g.log.Info("issued lease ticket", "route", "POST /ticket/{lease_id}", "lease_id", l.id, "principal_id", p.ID, "issued", out["ticket"] != "")
 	return http.StatusOK, out
 }
 
