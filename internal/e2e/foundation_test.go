@@ -273,6 +273,7 @@ func TestExitBeforeReadyIs502AndFreesTheSlot(t *testing.T) {
 	if !errors.As(err, &ae) || ae.Status != 502 || ae.Message != "instance exited before signalling ready" {
 		t.Fatalf("claim = %v, want 502", err)
 	}
+	b.GatewayLog.wait(t, regexp.MustCompile(`level=WARN msg="claim failed" status=502 reason="instance exited before signalling ready" error="exit status 3"`), time.Second)
 	// The slot came back: a claim on the one-slot broker succeeds.
 	b.claim(brokerclient.ClaimRequest{Binary: "good"})
 	m := b.metrics()

@@ -106,6 +106,7 @@ func TestRunAsWithoutPrivilegeFailsTheClaimAtOnce(t *testing.T) {
 	if e.Status != 500 || e.Message != "spawning instance" {
 		t.Fatalf("claim of a run_as entry = %d %q, want 500 spawning instance", e.Status, e.Message)
 	}
+	b.GatewayLog.wait(t, regexp.MustCompile(`level=WARN msg="claim failed" status=500 reason="spawning instance" error="Spawn: entry \\"nobody\\" runs as 65534:65534, and nexus-spawnd lacks CAP_SETUID and CAP_SETGID"`), 5*time.Second)
 	if d := time.Since(start); d > 5*time.Second {
 		t.Fatalf("the refusal took %s; it must not wait for ready_timeout", d)
 	}

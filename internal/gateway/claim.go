@@ -44,6 +44,7 @@ type claimError struct {
 	status  int
 	text    string
 	outcome string
+	cause   string // the underlying error, for the log only
 }
 
 func (e *claimError) Error() string { return e.text }
@@ -93,7 +94,11 @@ func (g *Gateway) handleClaim(w http.ResponseWriter, r *http.Request) {
 			g.log.Info(msg, "error", cerr.text)
 			return // nobody is listening
 		}
-		g.log.Warn("claim failed", "status", cerr.status, "reason", cerr.text)
+		if cerr.cause != "" {
+			g.log.Warn("claim failed", "status", cerr.status, "reason", cerr.text, "error", cerr.cause)
+		} else {
+			g.log.Warn("claim failed", "status", cerr.status, "reason", cerr.text)
+		}
 		if cerr.status == http.StatusTooManyRequests {
 			g.audit(r, p, cerr.status, cerr.text)
 		}
@@ -311,7 +316,9 @@ func (g *Gateway) spawnLease(ctx context.Context, principal, entry string, cfgDa
 			return nil, refuse(http.StatusInternalServerError, "internal", "writing temp config")
 		}
 		g.m.spawnFailures.inc("exec")
-		return nil, refuse(http.StatusInternalServerError, "spawn_failed", "spawning instance")
+		cerr := refuse(http.StatusInternalServerError, "spawn_failed", "spawning instance")
+		cerr.cause = status.Convert(err).Message()
+		return nil, cerr
 	}
 	l.mu.Lock()
 	l.pid = sr.Pid
@@ -414,7 +421,9 @@ func (g *Gateway) awaitReady(ctx context.Context, l *lease, cfg *config.Config) 
 		// instance cannot write a log line of its own into ours.
 		g.log.Error("instance exited before signalling ready", "lease_id", l.id, "exit_code", ev.GetExitCode(), "signal", ev.GetSignal(),
 			"log", ev.GetLogPath(), "output_tail", ev.GetOutputTail())
-		return refuse(http.StatusBadGateway, "spawn_failed", "instance exited before signalling ready")
+		cerr := refuse(http.StatusBadGateway, "spawn_failed", "instance exited before signalling ready")
+		cerr.cause = exitError(ev)
+		return cerr
 	case <-timer.C:
 		g.m.spawnFailures.inc("ready_timeout")
 		go l.teardown(reasonReadyTimeout, teardownSkipGrace)
