@@ -242,7 +242,7 @@ var (
 	ErrMethodNotFound     = &Error{-32601, 501, "UNIMPLEMENTED", "METHOD_NOT_FOUND", "method not found"}
 	ErrInvalidParams      = &Error{-32602, 400, "INVALID_ARGUMENT", "INVALID_PARAMS", "invalid params"}
 	ErrInternal           = &Error{-32603, 500, "INTERNAL", "INTERNAL_ERROR", "internal error"}
-	ErrTaskNotFound       = &Error{-32001, 404, "NOT_FOUND", "TASK_NOT_FOUND", "task not found"}
+	ErrTaskNotFound       = &Error{-32001, 404, "NOT_FOUND", "TASK_NOT_FOUND", "Task not found"}
 	ErrTaskNotCancelable  = &Error{-32002, 400, "FAILED_PRECONDITION", "TASK_NOT_CANCELABLE", "task cannot be canceled"}
 	ErrPushNotSupported   = &Error{-32003, 400, "FAILED_PRECONDITION", "PUSH_NOTIFICATION_NOT_SUPPORTED", "push notifications are not supported"}
 	ErrUnsupportedOp      = &Error{-32004, 400, "FAILED_PRECONDITION", "UNSUPPORTED_OPERATION", "this operation is not supported"}

@@ -249,8 +249,8 @@ func TestA2AConversation(t *testing.T) {
 				t.Errorf("second page %+v, %v", page2, err)
 			}
 			_, err = c.GetTask(ctxT(t), &a2a.GetTaskRequest{ID: "no-such-task"})
-			if !errors.Is(err, a2a.ErrTaskNotFound) {
-				t.Errorf("unknown task: %v, want TaskNotFound", err)
+			if !errors.Is(err, a2a.ErrTaskNotFound) || !strings.Contains(err.Error(), "Task not found") {
+				t.Errorf("unknown task: %v, want TaskNotFound with upstream's text", err)
 			}
 		})
 	}
@@ -298,8 +298,14 @@ func TestA2ASubscribeAndCancel(t *testing.T) {
 				t.Fatalf("CancelTask = %+v, %v", canceled, err)
 			}
 			b.GatewayLog.wait(t, regexp.MustCompile(`level=INFO msg="a2a task canceled" profile=slow task_id=`+string(ask.ID)), time.Second)
-			if _, err := c.CancelTask(ctxT(t), &a2a.CancelTaskRequest{ID: ask.ID}); !errors.Is(err, a2a.ErrTaskNotCancelable) {
+			if _, err := c.CancelTask(ctxT(t), &a2a.CancelTaskRequest{ID: ask.ID}); !errors.Is(err, a2a.ErrTaskNotCancelable) ||
+				!strings.Contains(err.Error(), "task is in terminal state TASK_STATE_CANCELED and cannot be canceled") {
 				t.Errorf("cancelling a canceled task: %v", err)
+			}
+			// A message naming an ended task is refused in upstream's words.
+			_, err = c.SendMessage(ctxT(t), &a2a.SendMessageRequest{Message: a2a.NewMessageForTask(a2a.MessageRoleUser, ask, a2a.NewTextPart("late"))})
+			if !errors.Is(err, a2a.ErrUnsupportedOperation) || !strings.Contains(err.Error(), fmt.Sprintf("task %q has ended and accepts no further messages; send a message with no taskId to start a new task", ask.ID)) {
+				t.Errorf("a message naming a canceled task: %v", err)
 			}
 			// The conversation still works after the cancel.
 			after := sendTask(t, c, userMsg("cancel-"+string(binding), "still there"))
@@ -321,6 +327,12 @@ func TestA2AQueue(t *testing.T) {
 	third := imm("third")
 	if second.Status.State != a2a.TaskStateSubmitted {
 		t.Errorf("queued task is %s, want SUBMITTED", second.Status.State)
+	}
+	// A message naming a task that is not parked on a question is refused.
+	_, err := c.SendMessage(ctxT(t), &a2a.SendMessageRequest{Message: a2a.NewMessageForTask(a2a.MessageRoleUser, second, a2a.NewTextPart("early"))})
+	if !errors.Is(err, a2a.ErrUnsupportedOperation) || !strings.Contains(err.Error(),
+		fmt.Sprintf("task %q is not waiting for input; a message may only continue a task that reported TASK_STATE_INPUT_REQUIRED", second.ID)) {
+		t.Errorf("a message naming a queued task: %v", err)
 	}
 	for i, task := range []*a2a.Task{second, third} {
 		b.GatewayLog.wait(t, regexp.MustCompile(fmt.Sprintf(`level=WARN msg="a2a task queued behind the conversation's active turn" profile=slow task_id=%s context_id=q ahead=%d`, task.ID, i+1)), time.Second)

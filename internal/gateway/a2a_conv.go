@@ -672,12 +672,12 @@ func (in *ingress) answer(principal, profile string, msg *a2a.Message, text stri
 	t := in.lookupLocked(principal, profile, msg.TaskID)
 	if t == nil {
 		if _, ok := in.store.Get(principal, profile, msg.TaskID); ok {
-			return nil, a2a.ErrUnsupportedOp.With("task %s is already in a terminal state; send a new message without taskId", msg.TaskID)
+			return nil, a2a.ErrUnsupportedOp.With("task %q has ended and accepts no further messages; send a message with no taskId to start a new task", msg.TaskID)
 		}
 		return nil, a2a.ErrTaskNotFound
 	}
 	if t.rec.Task.Status.State != a2a.StateInputRequired || t.conv.lease == nil {
-		return nil, a2a.ErrInvalidParams.With("task %s is not waiting for input; send a new message without taskId", msg.TaskID)
+		return nil, a2a.ErrUnsupportedOp.With("task %q is not waiting for input; a message may only continue a task that reported %s", msg.TaskID, a2a.StateInputRequired)
 	}
 	if msg.ContextID == "" {
 		msg.ContextID = t.rec.Task.ContextID
@@ -708,8 +708,8 @@ func (in *ingress) cancelTask(principal, profile, id string) (*a2a.Task, *a2a.Er
 	t := in.lookupLocked(principal, profile, id)
 	if t == nil {
 		in.mu.Unlock()
-		if _, ok := in.store.Get(principal, profile, id); ok {
-			return nil, a2a.ErrTaskNotCancelable.With("task %s is already in a terminal state", id)
+		if r, ok := in.store.Get(principal, profile, id); ok {
+			return nil, a2a.ErrTaskNotCancelable.With("task is in terminal state %s and cannot be canceled", r.Task.Status.State)
 		}
 		return nil, a2a.ErrTaskNotFound
 	}
