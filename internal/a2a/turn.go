@@ -131,7 +131,7 @@ func InputText(m *Message) (string, *Error) {
 	texts := make([]string, 0, len(m.Parts))
 	for i, p := range m.Parts {
 		if !p.IsText() {
-			return "", ErrContentType.With("message part %d is not a text part; this agent accepts text only", i)
+			return "", ErrContentType.With("message.parts[%d] is a %s part; this agent accepts text parts only", i, p.kind())
 		}
 		texts = append(texts, *p.Text)
 	}

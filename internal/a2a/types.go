@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -65,6 +66,25 @@ func TextPart(s string) Part { return Part{Text: &s} }
 func (p Part) IsText() bool {
 	return p.Text != nil && p.Raw == nil && p.URL == nil && len(p.Data) == 0
 }
+
+// kind names the part's first content member set, as errors name it.
+func (p Part) kind() string {
+	switch {
+	case p.Text != nil:
+		return "text"
+	case p.Raw != nil:
+		return "raw"
+	case p.URL != nil:
+		return "url"
+	case len(p.Data) != 0:
+		return "data"
+	}
+	return ""
+}
+
+// StateName is a task state without its TASK_STATE_ prefix, as messages
+// and log lines name it.
+func StateName(state string) string { return strings.TrimPrefix(state, "TASK_STATE_") }
 
 // Message is an A2A message.
 type Message struct {

@@ -59,6 +59,13 @@ func TestA2AProtocolErrors(t *testing.T) {
 			t.Errorf("%s: no OPERATION_NOT_IMPLEMENTED detail in %v", c.name, out)
 		}
 	}
+	// An inline push config is refused in upstream's words.
+	code, out := b.rpc(t, "support", "SendMessage", `{"message":{"messageId":"m1","role":"ROLE_USER","parts":[{"text":"hi"}]},`+
+		`"configuration":{"taskPushNotificationConfig":{"url":"https://example.com/hook"}}}`)
+	if code != 200 || rpcCode(out) != -32003 || !strings.Contains(fmt.Sprint(out),
+		"this broker does not deliver push notifications; the agent card declares capabilities.pushNotifications as false") {
+		t.Errorf("inline push config: %d %v", code, out)
+	}
 	big := fmt.Sprintf(`{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":{"messageId":"m","role":"ROLE_USER","parts":[{"text":%q}]}}}`, strings.Repeat("x", 1<<20))
 	code, text := b.doAs(b.Token, "POST", "/agents/support/a2a", big)
 	if code != 200 || !strings.Contains(text, "-32600") || !strings.Contains(text, "1048576 bytes") {
@@ -78,7 +85,8 @@ func TestA2AProtocolErrors(t *testing.T) {
 	}
 	c := a2aClient(t, b, "support", a2a.TransportProtocolHTTPJSON)
 	m := a2a.NewMessage(a2a.MessageRoleUser, a2a.NewFileURLPart("https://example.com/a.png", "image/png"))
-	if _, err := c.SendMessage(ctxT(t), &a2a.SendMessageRequest{Message: m}); !errors.Is(err, a2a.ErrUnsupportedContentType) {
+	if _, err := c.SendMessage(ctxT(t), &a2a.SendMessageRequest{Message: m}); !errors.Is(err, a2a.ErrUnsupportedContentType) ||
+		!strings.Contains(err.Error(), "message.parts[0] is a url part; this agent accepts text parts only") {
 		t.Errorf("a file part over HTTP+JSON: %v, want ContentTypeNotSupported", err)
 	}
 }
@@ -97,7 +105,7 @@ func TestA2ASpawnFailureSettles(t *testing.T) {
 		t.Errorf("status message = %q, want upstream's, naming no lease", msg)
 	}
 	b.GatewayLog.wait(t, regexp.MustCompile(`level=WARN msg="a2a turn could not start an agent instance" profile=doomed context_id=d session_id="" status=502 error="instance exited before signalling ready"`), time.Second)
-	b.GatewayLog.wait(t, regexp.MustCompile(`level=WARN msg="a2a task settled without ever reaching an agent instance" profile=doomed task_id=`+string(task.ID)+` context_id=d state=TASK_STATE_FAILED error=`), time.Second)
+	b.GatewayLog.wait(t, regexp.MustCompile(`level=WARN msg="a2a task settled without ever reaching an agent instance" profile=doomed task_id=`+string(task.ID)+` context_id=d state=FAILED error=`), time.Second)
 }
 
 // A conversation whose session was created by another binary than its

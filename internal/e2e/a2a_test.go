@@ -299,7 +299,7 @@ func TestA2ASubscribeAndCancel(t *testing.T) {
 			}
 			b.GatewayLog.wait(t, regexp.MustCompile(`level=INFO msg="a2a task canceled" profile=slow task_id=`+string(ask.ID)), time.Second)
 			if _, err := c.CancelTask(ctxT(t), &a2a.CancelTaskRequest{ID: ask.ID}); !errors.Is(err, a2a.ErrTaskNotCancelable) ||
-				!strings.Contains(err.Error(), "task is in terminal state TASK_STATE_CANCELED and cannot be canceled") {
+				!strings.Contains(err.Error(), "task is in terminal state CANCELED and cannot be canceled") {
 				t.Errorf("cancelling a canceled task: %v", err)
 			}
 			// A message naming an ended task is refused in upstream's words.
@@ -331,7 +331,7 @@ func TestA2AQueue(t *testing.T) {
 	// A message naming a task that is not parked on a question is refused.
 	_, err := c.SendMessage(ctxT(t), &a2a.SendMessageRequest{Message: a2a.NewMessageForTask(a2a.MessageRoleUser, second, a2a.NewTextPart("early"))})
 	if !errors.Is(err, a2a.ErrUnsupportedOperation) || !strings.Contains(err.Error(),
-		fmt.Sprintf("task %q is not waiting for input; a message may only continue a task that reported TASK_STATE_INPUT_REQUIRED", second.ID)) {
+		fmt.Sprintf("task %q is not waiting for input; a message may only continue a task that reported INPUT_REQUIRED", second.ID)) {
 		t.Errorf("a message naming a queued task: %v", err)
 	}
 	for i, task := range []*a2a.Task{second, third} {

@@ -325,7 +325,7 @@ func (in *ingress) start(c *conv) {
 		in.kickLocked(c) // canceled while the instance was starting; it stays for the next message
 	case fail != nil:
 		in.g.log.Warn("a2a task settled without ever reaching an agent instance", "profile", c.key.profile, "task_id", t.rec.Task.ID,
-			"context_id", c.key.context, "state", fail.state, "error", fail.text)
+			"context_id", c.key.context, "state", a2a.StateName(fail.state), "error", fail.text)
 		in.setStateLocked(t, fail.state, fail.text)
 	case l.currentState() == stateDraining:
 		in.instanceGoneLocked(t)
@@ -677,7 +677,7 @@ func (in *ingress) answer(principal, profile string, msg *a2a.Message, text stri
 		return nil, a2a.ErrTaskNotFound
 	}
 	if t.rec.Task.Status.State != a2a.StateInputRequired || t.conv.lease == nil {
-		return nil, a2a.ErrUnsupportedOp.With("task %q is not waiting for input; a message may only continue a task that reported %s", msg.TaskID, a2a.StateInputRequired)
+		return nil, a2a.ErrUnsupportedOp.With("task %q is not waiting for input; a message may only continue a task that reported %s", msg.TaskID, a2a.StateName(a2a.StateInputRequired))
 	}
 	if msg.ContextID == "" {
 		msg.ContextID = t.rec.Task.ContextID
@@ -709,7 +709,7 @@ func (in *ingress) cancelTask(principal, profile, id string) (*a2a.Task, *a2a.Er
 	if t == nil {
 		in.mu.Unlock()
 		if r, ok := in.store.Get(principal, profile, id); ok {
-			return nil, a2a.ErrTaskNotCancelable.With("task is in terminal state %s and cannot be canceled", r.Task.Status.State)
+			return nil, a2a.ErrTaskNotCancelable.With("task is in terminal state %s and cannot be canceled", a2a.StateName(r.Task.Status.State))
 		}
 		return nil, a2a.ErrTaskNotFound
 	}

@@ -276,7 +276,7 @@ func checkSend(req *a2a.SendRequest) (string, *a2a.Error) {
 		return "", a2a.ErrInvalidParams.With("message.parts is empty; send at least one text part")
 	}
 	if req.Configuration != nil && len(req.Configuration.PushConfig) > 0 && string(req.Configuration.PushConfig) != "null" {
-		return "", a2a.ErrPushNotSupported.With("push notifications are not supported by this agent")
+		return "", a2a.ErrPushNotSupported.With("this broker does not deliver push notifications; the agent card declares capabilities.pushNotifications as false")
 	}
 	return a2a.InputText(m)
 }
