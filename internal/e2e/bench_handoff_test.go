@@ -13,7 +13,7 @@ import (
 // queued behind the holder, the time from POST /release of the holder
 // being sent to the queued claim's instance being spawned (the gateway's
 // "instance spawned" line reaching this process). It splits that at the
-// holder's "lease closed" line, which the gateway writes right after it
+// holder's "lease released" line, which the gateway writes right after it
 // frees the slot:
 //
 //   - teardown: release sent → slot freed. The release waits for the
@@ -71,7 +71,7 @@ func BenchmarkSlotHandoff(b *testing.B) {
 		case <-time.After(rttDeadline):
 			b.Fatalf("the queued claim was not answered within %s of the release", rttDeadline)
 		}
-		freed := tail.await(b, mark, regexp.MustCompile(`msg="lease closed" lease_id=`+holder.LeaseID))
+		freed := tail.await(b, mark, regexp.MustCompile(`msg="lease released" lease_id=`+holder.LeaseID))
 		spawned := tail.await(b, mark, regexp.MustCompile(`msg="instance spawned" lease_id=`+got.claim.LeaseID))
 		handoff = append(handoff, spawned.Sub(sent))
 		teardown = append(teardown, freed.Sub(sent))

@@ -74,6 +74,7 @@ func TestClaimStreamReleaseResume(t *testing.T) {
 	if code, text := closeCode(t, conn); code != 1001 || text != "lease closed" {
 		t.Fatalf("client closed with %d %q, want 1001 \"lease closed\"", code, text)
 	}
+	b.GatewayLog.wait(t, regexp.MustCompile(`level=INFO msg="lease released" lease_id=`+claim.LeaseID+` reason="manual release"`), time.Second)
 	b.waitNoInstances(10 * time.Second)
 	if status, body := b.do("POST", "/release/"+claim.LeaseID, ""); status != 404 || strings.TrimSpace(body) != `{"error":"unknown lease"}` {
 		t.Fatalf("second release = %d %s, want 404 unknown lease", status, body)

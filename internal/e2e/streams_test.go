@@ -317,6 +317,7 @@ func TestAnInstanceThatAnswersAndExitsStillDeliversItsAnswer(t *testing.T) {
 			t.Fatalf("closed with %d %q, want 4500 instance crashed", code, text)
 		}
 		b.GatewayLog.wait(t, regexp.MustCompile(`level=WARN msg="instance exited unexpectedly; treating as crash" lease_id=`+claim.LeaseID+` error="exit status 5" exit_code=5`), time.Second)
+		b.GatewayLog.wait(t, regexp.MustCompile(`level=INFO msg="lease removed after crash" lease_id=`+claim.LeaseID+` reason=crashed`), time.Second)
 	}
 	b.waitNoInstances(10 * time.Second)
 	if _, inUse := b.slots(); inUse != 0 {

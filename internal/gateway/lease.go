@@ -284,7 +284,11 @@ func (l *lease) teardown(reason string, mode teardownMode) {
 		l.g.cap.release()
 		l.g.removeLease(l)
 		l.g.console.record(teardownEvent(reason), l, reason)
-		l.g.log.Info("lease closed", "lease_id", l.id, "reason", reason)
+		msg := "lease released"
+		if reason == reasonCrashed {
+			msg = "lease removed after crash" // upstream's two lines
+		}
+		l.g.log.Info(msg, "lease_id", l.id, "reason", reason)
 		close(l.tornDown)
 	})
 	<-l.tornDown
