@@ -69,6 +69,7 @@ func Run(o Options) error {
 	for _, w := range cfg.Deprecations {
 		log.Warn(w, "path", path)
 	}
+	logStarting(cfg, log)
 	logAuth(cfg, log)
 	authn, err := auth.New(cfg.Auth, log)
 	if err != nil {
@@ -101,6 +102,7 @@ func Run(o Options) error {
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(gateway.Listener(ln)) }()
 	base := "http://" + ln.Addr().String()
+	log.Info("http gateway listening", "addr", ln.Addr().String()) // upstream's line
 	log.Info("nexus-broker listening", append([]any{"addr", ln.Addr().String(), "config", path}, bootSummary(ctx, cfg, path, client)...)...)
 	footprint.Booted()
 	if dev {
@@ -206,6 +208,19 @@ func devDir() string {
 // logAuth says at boot whether clients are authenticated: the spec's WARN
 // when they are not, and a plainer second one when the port is reachable
 // from beyond this host.
+// logStarting is upstream's first line after the config loads, with its
+// keys; "nexus-broker listening" adds what the split knows later.
+func logStarting(cfg *config.Config, log *slog.Logger) {
+	scope := ""
+	if cfg.Auth != nil {
+		scope = *cfg.Auth.AdminScope
+	}
+	log.Info("nexus-broker starting", "listen_addr", cfg.ListenAddr, "advertise_addr", cfg.AdvertiseAddr,
+		"binaries", len(cfg.Binaries), "state_dir", cfg.StateDir, "max_concurrent", cfg.MaxConcurrent,
+		"idle_timeout", cfg.IdleTimeout.D(), "queue_wait_timeout", cfg.QueueWaitTimeout.D(),
+		"release_grace", cfg.ReleaseGrace.D(), "reattach_window", cfg.ReattachWindow.D(), "admin_scope", scope)
+}
+
 func logAuth(cfg *config.Config, log *slog.Logger) {
 	if cfg.Auth != nil {
 		types := make([]string, len(cfg.Auth.Validators))
