@@ -86,25 +86,7 @@ func runRelayFloor() {
 // dialing it, and returns n client connections through it.
 func startRelayFloor(b *testing.B, n int) []*brokerclient.Conn {
 	b.Helper()
-	exe, err := os.Executable()
-	if err != nil {
-		b.Fatal(err)
-	}
-	relay := exec.Command(exe)
-	relay.Env = append(os.Environ(), relayFloorRole+"=1")
-	out, err := relay.StdoutPipe()
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := relay.Start(); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = relay.Process.Kill(); _ = relay.Wait() })
-	addr, err := bufio.NewReader(out).ReadString('\n')
-	if err != nil {
-		b.Fatalf("relay floor: %v", err)
-	}
-	addr = strings.TrimSpace(addr)
+	addr := startRole(b, relayFloorRole, "1")
 
 	rig := newInstanceRig(b) // for its HOME and config
 	conns := make([]*brokerclient.Conn, n)
@@ -148,24 +130,8 @@ type rpcFloor struct{ health healthpb.HealthClient }
 
 func startRPCFloor(b *testing.B) *rpcFloor {
 	b.Helper()
-	exe, err := os.Executable()
-	if err != nil {
-		b.Fatal(err)
-	}
 	path := filepath.Join(b.TempDir(), "rpc.sock")
-	srv := exec.Command(exe)
-	srv.Env = append(os.Environ(), rpcFloorRole+"="+path)
-	out, err := srv.StdoutPipe()
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := srv.Start(); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = srv.Process.Kill(); _ = srv.Wait() })
-	if _, err := bufio.NewReader(out).ReadString('\n'); err != nil {
-		b.Fatalf("rpc floor: %v", err)
-	}
+	startRole(b, rpcFloorRole, path)
 	cc, err := grpc.NewClient("unix://"+path, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		b.Fatal(err)
@@ -186,4 +152,30 @@ func (f *rpcFloor) roundTrip(b *testing.B) time.Duration {
 		b.Fatalf("rpc floor: %v", err)
 	}
 	return time.Since(start)
+}
+
+// startRole runs this test binary as a helper process in role (the env var
+// TestMain dispatches on, set to value), killed at cleanup, and returns the
+// first line it prints, which it prints once it serves.
+func startRole(b *testing.B, role, value string) string {
+	b.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		b.Fatal(err)
+	}
+	cmd := exec.Command(exe)
+	cmd.Env = append(os.Environ(), role+"="+value)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		b.Fatalf("%s: %v", role, err)
+	}
+	return strings.TrimSpace(line)
 }
