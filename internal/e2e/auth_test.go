@@ -150,13 +150,20 @@ func TestAuthEveryRouteNeedsACredential(t *testing.T) {
 	if v := m[`nexus_broker_claims_total{outcome="rejected"}`]; v != 2 {
 		t.Errorf(`claims_total{outcome="rejected"} = %v, want 2`, v)
 	}
-	// One audit line per refusal, and never a token.
+	// Upstream's audit records: one "auth denied" per refusal, one "auth
+	// allowed" per authenticated request, and never a token.
 	log := b.GatewayLog.String()
-	if n := strings.Count(log, `msg="request refused"`); n != 2*len(routes)+3 {
-		t.Errorf("%d audit lines, want %d", n, 2*len(routes)+3)
+	if n := strings.Count(log, `level=WARN msg="auth denied" route=`); n != 2*len(routes)+3 {
+		t.Errorf("%d auth denied records, want %d", n, 2*len(routes)+3)
 	}
-	if !strings.Contains(log, `msg="request refused" route="GET /metrics" status=403 reason="no auth.admin_scope" peer=`) {
+	if !strings.Contains(log, `level=WARN msg="auth denied" route="POST /release/{lease_id}" principal_id="" lease_id=x reason="authentication required" status=401 denial=`) {
+		t.Error("a refused release was not audited with its route pattern, lease and reason")
+	}
+	if !strings.Contains(log, `level=WARN msg="auth denied" route="GET /metrics" principal_id="" reason="insufficient scope" status=403 denial="no auth.admin_scope" peer=`) {
 		t.Error("the 403 was not audited with its route and reason")
+	}
+	if !regexp.MustCompile(`level=INFO msg="auth allowed" route="GET /binaries" principal_id=\S+\n`).MatchString(log) {
+		t.Error("the authenticated GET /binaries has no auth allowed record")
 	}
 	for _, tok := range []string{"wrong-token", tokAlice, tokOps} {
 		if strings.Contains(log, tok) {
@@ -219,7 +226,8 @@ func TestAuthCrossPrincipalAttemptsChangeNothing(t *testing.T) {
 	if st, ok := b.lease(claim.LeaseID); !ok || st.State != "active" {
 		t.Errorf("alice's lease: %+v %v", st, ok)
 	}
-	if !strings.Contains(b.GatewayLog.String(), `reason="lease owned by another principal" peer=`) {
+	if !strings.Contains(b.GatewayLog.String(), `level=WARN msg="lease access denied" route="POST /release/{lease_id}" principal_id=`) ||
+		!strings.Contains(b.GatewayLog.String(), ` lease_id=`+claim.LeaseID+` reason="unknown lease or not owned by this principal" peer=`) {
 		t.Error("the cross-principal attempts were not audited")
 	}
 
@@ -375,7 +383,7 @@ func TestAuthPerPrincipalCaps(t *testing.T) {
 	if m[`nexus_broker_claims_total{outcome="principal_lease_limit"}`] != 1 || m[`nexus_broker_claims_total{outcome="principal_queue_limit"}`] != 1 {
 		t.Errorf("claims_total: lease limit %v, queue limit %v", m[`nexus_broker_claims_total{outcome="principal_lease_limit"}`], m[`nexus_broker_claims_total{outcome="principal_queue_limit"}`])
 	}
-	if n := strings.Count(b.GatewayLog.String(), `msg="request refused" route="POST /claim" status=429`); n != 2 {
+	if n := len(regexp.MustCompile(`msg="request refused" route="POST /claim" principal_id=\S+ status=429`).FindAllString(b.GatewayLog.String(), -1)); n != 2 {
 		t.Errorf("%d audited 429s, want 2", n)
 	}
 }

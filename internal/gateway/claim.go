@@ -518,11 +518,8 @@ func (g *Gateway) record(id, session string) bool {
 // one another broker carried.
 func (g *Gateway) release(r *http.Request, id string, p auth.Principal) (int, any) {
 	l := g.lookup(id)
-	if l != nil && l.principal != p.ID {
-		g.audit(r, p, http.StatusNotFound, "lease owned by another principal")
-		l = nil
-	}
-	if l == nil {
+	if l == nil || l.principal != p.ID {
+		g.leaseDenied(r, p, id)
 		return http.StatusNotFound, map[string]string{"error": errUnknownLease}
 	}
 	if g.spawnerDown() != nil {

@@ -162,7 +162,7 @@ func (g *Gateway) consoleViewer(w http.ResponseWriter, r *http.Request) (auth.Pr
 	}
 	switch {
 	case g.auth.Enabled() && !g.auth.IsAdmin(p):
-		g.refuse(w, r, p, auth.NotAdmin)
+		g.refuse(w, r, auth.NotAdmin)
 		return p, false
 	case !g.auth.Enabled() && !g.cfg.Load().Console.AllowRemote && !fromLoopback(r):
 		g.audit(r, p, http.StatusForbidden, "console from a remote peer without auth")

@@ -23,8 +23,11 @@ func (g *Gateway) Authenticate(w http.ResponseWriter, r *http.Request) (auth.Pri
 	}
 	p, ref := g.auth.Authenticate(r)
 	if ref != nil {
-		g.refuse(w, r, p, ref)
+		g.refuse(w, r, ref)
 		return p, false
+	}
+	if g.auth.Enabled() {
+		g.log.Info("auth allowed", auditAttrs(r, p.ID)...)
 	}
 	return p, true
 }
@@ -35,10 +38,8 @@ func (g *Gateway) Authenticate(w http.ResponseWriter, r *http.Request) (auth.Pri
 func (g *Gateway) owned(r *http.Request, id string, p auth.Principal) *lease {
 	l := g.lookup(id)
 	switch {
-	case l == nil:
-		return nil
-	case l.principal != p.ID:
-		g.audit(r, p, http.StatusNotFound, "lease owned by another principal")
+	case l == nil || l.principal != p.ID:
+		g.leaseDenied(r, p, id)
 		return nil
 	case l.currentState() == stateDraining:
 		return nil
@@ -58,20 +59,57 @@ func writeUnknownLease(w http.ResponseWriter) {
 	writeError(w, http.StatusNotFound, errUnknownLease)
 }
 
+// The audit trail is upstream's records (never a token, a ticket or a
+// secret in any): "auth allowed" for each authenticated request, "auth
+// denied" for each authentication refusal, "lease access denied" for each
+// lease a caller may not act on, unknown or another's alike, so the log no
+// more tells the two apart than the answer does. The refusals upstream
+// has no record for (a per-principal cap, the console's loopback rule) are
+// "request refused". Each carries the peer besides.
+
+// ticketDenial is why a ticket was refused, in the record only: the caller
+// is told credential rejected, whatever the cause.
+const ticketDenial = "ticket unknown, expired, spent or for another lease"
+
+// auditAttrs are the keys every audit record starts with: the route as the
+// mux matched it, the principal (empty on a denial), the lease when the
+// route names one.
+func auditAttrs(r *http.Request, principal string) []any {
+	route := r.Pattern
+	if route == "" {
+		route = r.Method + " " + r.URL.Path
+	}
+	attrs := []any{"route", route, "principal_id", principal}
+	if id := r.PathValue("lease_id"); id != "" {
+		attrs = append(attrs, "lease_id", id)
+	}
+	return attrs
+}
+
 // refuse answers an authentication refusal and audits it.
-func (g *Gateway) refuse(w http.ResponseWriter, r *http.Request, p auth.Principal, ref *auth.Refusal) {
-	g.audit(r, p, ref.Status, ref.Reason)
+func (g *Gateway) refuse(w http.ResponseWriter, r *http.Request, ref *auth.Refusal) {
+	g.denied(r, ref.Status, ref.Text, ref.Reason)
 	ref.Write(w)
 }
 
-// audit writes the one log line of a refusal: the route, the principal when
-// known, the reason. Never a token, a ticket or a secret.
-func (g *Gateway) audit(r *http.Request, p auth.Principal, status int, reason string) {
-	attrs := []any{"route", r.Method + " " + r.URL.Path, "status", status, "reason", reason, "peer", r.RemoteAddr}
-	if !p.Anonymous() {
-		attrs = append(attrs, "principal_id", p.ID)
+// denied writes an "auth denied" record: reason is what the caller was
+// told, denial why.
+func (g *Gateway) denied(r *http.Request, status int, reason, denial string) {
+	g.log.Warn("auth denied", append(auditAttrs(r, ""), "reason", reason, "status", status, "denial", denial, "peer", r.RemoteAddr)...)
+}
+
+// leaseDenied writes a "lease access denied" record.
+func (g *Gateway) leaseDenied(r *http.Request, p auth.Principal, id string) {
+	attrs := auditAttrs(r, p.ID)
+	if r.PathValue("lease_id") == "" {
+		attrs = append(attrs, "lease_id", id)
 	}
-	g.log.Warn("request refused", attrs...)
+	g.log.Warn("lease access denied", append(attrs, "reason", "unknown lease or not owned by this principal", "peer", r.RemoteAddr)...)
+}
+
+// audit writes a "request refused" record.
+func (g *Gateway) audit(r *http.Request, p auth.Principal, status int, reason string) {
+	g.log.Warn("request refused", append(auditAttrs(r, p.ID), "status", status, "reason", reason, "peer", r.RemoteAddr)...)
 }
 
 // guarded wraps a handler in authentication.
@@ -93,7 +131,7 @@ func (g *Gateway) clientPrincipal(w http.ResponseWriter, r *http.Request, id str
 	if c := auth.Extract(r, true); c.Ticket != "" {
 		p, ok := g.tickets.Redeem(c.Ticket, id)
 		if !ok {
-			g.refuse(w, r, p, &auth.Refusal{Status: http.StatusUnauthorized, Text: auth.TextRejected, Reason: "ticket unknown, expired, spent or for another lease"})
+			g.refuse(w, r, &auth.Refusal{Status: http.StatusUnauthorized, Text: auth.TextRejected, Reason: ticketDenial})
 			return p, credentialTicket, false
 		}
 		return p, credentialTicket, true

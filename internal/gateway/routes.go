@@ -169,7 +169,7 @@ func (g *Gateway) localLeases(p auth.Principal) leasesJSON {
 // number is a whole-registry aggregate, so it needs auth.admin_scope.
 func (g *Gateway) handleMetrics(w http.ResponseWriter, r *http.Request, p auth.Principal) {
 	if !g.auth.IsAdmin(p) {
-		g.refuse(w, r, p, auth.NotAdmin)
+		g.refuse(w, r, auth.NotAdmin)
 		return
 	}
 	max, inUse, depth, maxDepth := g.cap.snapshot()
