@@ -156,15 +156,11 @@ func (g *Gateway) consoleSnapshot(viewer auth.Principal) *consoleSnapshot {
 // with an auth: block; without one, loopback callers, or anyone when
 // console.allow_remote is set. On false it has answered.
 func (g *Gateway) consoleViewer(w http.ResponseWriter, r *http.Request) (auth.Principal, bool) {
-	p, ok := g.Authenticate(w, r)
+	p, ok := g.authenticate(w, r, true)
 	if !ok {
 		return p, false
 	}
-	switch {
-	case g.auth.Enabled() && !g.auth.IsAdmin(p):
-		g.refuse(w, r, auth.NotAdmin)
-		return p, false
-	case !g.auth.Enabled() && !g.cfg.Load().Console.AllowRemote && !fromLoopback(r):
+	if !g.auth.Enabled() && !g.cfg.Load().Console.AllowRemote && !fromLoopback(r) {
 		g.audit(r, p, http.StatusForbidden, "console from a remote peer without auth")
 		writeError(w, http.StatusForbidden, textConsoleLoopback)
 		return p, false

@@ -421,7 +421,7 @@ func (g *Gateway) Handler() http.Handler {
 	mux.HandleFunc("POST /ticket/{lease_id}", g.guarded(g.ownerRoute(opTicket, g.ticket)))
 	mux.HandleFunc("GET /leases", g.guarded(g.handleLeases))
 	mux.HandleFunc("GET /binaries", g.guarded(g.handleBinaries))
-	mux.HandleFunc("GET /metrics", g.guarded(g.handleMetrics))
+	mux.HandleFunc("GET /metrics", g.guard(true, g.handleMetrics))
 	mux.HandleFunc("GET /openapi.json", g.guarded(g.handleOpenAPI))
 	mux.HandleFunc("GET /console", g.handleConsole)
 	mux.HandleFunc("GET /console/events", g.handleConsoleEvents)

@@ -18,15 +18,26 @@ const (
 // 503 with Retry-After) and written the audit line, and returns false.
 // Without an auth: block every caller is the anonymous principal.
 func (g *Gateway) Authenticate(w http.ResponseWriter, r *http.Request) (auth.Principal, bool) {
-	if p, ok := forwardedPrincipal(r.Context()); ok {
-		return p, true // another broker authenticated it (cluster mode)
+	return g.authenticate(w, r, false)
+}
+
+// authenticate is Authenticate; with admin, a caller without
+// auth.admin_scope is refused 403 insufficient scope, audited as denied
+// only, as upstream's validator chain refuses a missing scope.
+func (g *Gateway) authenticate(w http.ResponseWriter, r *http.Request, admin bool) (auth.Principal, bool) {
+	p, forwarded := forwardedPrincipal(r.Context()) // another broker authenticated it (cluster mode)
+	var ref *auth.Refusal
+	if !forwarded {
+		p, ref = g.auth.Authenticate(r)
 	}
-	p, ref := g.auth.Authenticate(r)
+	if ref == nil && admin && !g.auth.IsAdmin(p) {
+		ref = auth.NotAdmin
+	}
 	if ref != nil {
 		g.refuse(w, r, ref)
 		return p, false
 	}
-	if g.auth.Enabled() {
+	if g.auth.Enabled() && !forwarded {
 		g.log.Info("auth allowed", auditAttrs(r, p.ID)...)
 	}
 	return p, true
@@ -114,8 +125,14 @@ func (g *Gateway) audit(r *http.Request, p auth.Principal, status int, reason st
 
 // guarded wraps a handler in authentication.
 func (g *Gateway) guarded(h func(http.ResponseWriter, *http.Request, auth.Principal)) http.HandlerFunc {
+	return g.guard(false, h)
+}
+
+// guard wraps a handler in authentication, with admin requiring
+// auth.admin_scope.
+func (g *Gateway) guard(admin bool, h func(http.ResponseWriter, *http.Request, auth.Principal)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if p, ok := g.Authenticate(w, r); ok {
+		if p, ok := g.authenticate(w, r, admin); ok {
 			h(w, r, p)
 		}
 	}
