@@ -205,9 +205,6 @@ func devDir() string {
 	return fmt.Sprintf("/tmp/nexus-broker-dev-%d", os.Getuid())
 }
 
-// logAuth says at boot whether clients are authenticated: the spec's WARN
-// when they are not, and a plainer second one when the port is reachable
-// from beyond this host.
 // logStarting is upstream's first line after the config loads, with its
 // keys; "nexus-broker listening" adds what the split knows later.
 func logStarting(cfg *config.Config, log *slog.Logger) {
@@ -221,6 +218,9 @@ func logStarting(cfg *config.Config, log *slog.Logger) {
 		"release_grace", cfg.ReleaseGrace.D(), "reattach_window", cfg.ReattachWindow.D(), "admin_scope", scope)
 }
 
+// logAuth says at boot whether clients are authenticated: the spec's WARN
+// when they are not, and a plainer second one when the port is reachable
+// from beyond this host.
 func logAuth(cfg *config.Config, log *slog.Logger) {
 	if cfg.Auth != nil {
 		types := make([]string, len(cfg.Auth.Validators))

@@ -94,11 +94,11 @@ func (g *Gateway) handleClaim(w http.ResponseWriter, r *http.Request) {
 			g.log.Info(msg, "error", cerr.text)
 			return // nobody is listening
 		}
+		attrs := []any{"status", cerr.status, "reason", cerr.text}
 		if cerr.cause != "" {
-			g.log.Warn("claim failed", "status", cerr.status, "reason", cerr.text, "error", cerr.cause)
-		} else {
-			g.log.Warn("claim failed", "status", cerr.status, "reason", cerr.text)
+			attrs = append(attrs, "error", cerr.cause)
 		}
+		g.log.Warn("claim failed", attrs...)
 		if cerr.status == http.StatusTooManyRequests {
 			g.audit(r, p, cerr.status, cerr.text)
 		}
