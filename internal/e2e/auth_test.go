@@ -159,7 +159,7 @@ func TestAuthEveryRouteNeedsACredential(t *testing.T) {
 	if !strings.Contains(log, `level=WARN msg="auth denied" route="POST /release/{lease_id}" principal_id="" lease_id=x reason="authentication required" status=401 denial=`) {
 		t.Error("a refused release was not audited with its route pattern, lease and reason")
 	}
-	if !strings.Contains(log, `level=WARN msg="auth denied" route="GET /metrics" principal_id="" reason="insufficient scope" status=403 denial="no auth.admin_scope" peer=`) {
+	if !strings.Contains(log, `level=WARN msg="auth denied" route="GET /metrics" principal_id=alice reason="insufficient scope" status=403 denial="no auth.admin_scope" peer=`) {
 		t.Error("the 403 was not audited with its route and reason")
 	}
 	if !strings.Contains(log, `level=INFO msg="auth allowed" route="GET /binaries" principal_id=alice`+"\n") {

@@ -34,7 +34,7 @@ func (g *Gateway) authenticate(w http.ResponseWriter, r *http.Request, admin boo
 		ref = auth.NotAdmin
 	}
 	if ref != nil {
-		g.refuse(w, r, ref)
+		g.refuse(w, r, p, ref)
 		return p, false
 	}
 	if g.auth.Enabled() && !forwarded {
@@ -83,7 +83,7 @@ func writeUnknownLease(w http.ResponseWriter) {
 const ticketDenial = "ticket unknown, expired, spent or for another lease"
 
 // auditAttrs are the keys every audit record starts with: the route as the
-// mux matched it, the principal (empty on a denial), the lease when the
+// mux matched it, the principal (empty when unknown), the lease when the
 // route names one.
 func auditAttrs(r *http.Request, principal string) []any {
 	route := r.Pattern
@@ -97,16 +97,17 @@ func auditAttrs(r *http.Request, principal string) []any {
 	return attrs
 }
 
-// refuse answers an authentication refusal and audits it.
-func (g *Gateway) refuse(w http.ResponseWriter, r *http.Request, ref *auth.Refusal) {
-	g.denied(r, ref.Status, ref.Text, ref.Reason)
+// refuse answers an authentication refusal and audits it, naming p when
+// it is known (a caller without the admin scope).
+func (g *Gateway) refuse(w http.ResponseWriter, r *http.Request, p auth.Principal, ref *auth.Refusal) {
+	g.denied(r, p.ID, ref.Status, ref.Text, ref.Reason)
 	ref.Write(w)
 }
 
 // denied writes an "auth denied" record: reason is what the caller was
 // told, denial why.
-func (g *Gateway) denied(r *http.Request, status int, reason, denial string) {
-	g.log.Warn("auth denied", append(auditAttrs(r, ""), "reason", reason, "status", status, "denial", denial, "peer", r.RemoteAddr)...)
+func (g *Gateway) denied(r *http.Request, principal string, status int, reason, denial string) {
+	g.log.Warn("auth denied", append(auditAttrs(r, principal), "reason", reason, "status", status, "denial", denial, "peer", r.RemoteAddr)...)
 }
 
 // leaseDenied writes a "lease access denied" record.
@@ -148,7 +149,7 @@ func (g *Gateway) clientPrincipal(w http.ResponseWriter, r *http.Request, id str
 	if c := auth.Extract(r, true); c.Ticket != "" {
 		p, ok := g.tickets.Redeem(c.Ticket, id)
 		if !ok {
-			g.refuse(w, r, &auth.Refusal{Status: http.StatusUnauthorized, Text: auth.TextRejected, Reason: ticketDenial})
+			g.refuse(w, r, p, &auth.Refusal{Status: http.StatusUnauthorized, Text: auth.TextRejected, Reason: ticketDenial})
 			return p, credentialTicket, false
 		}
 		return p, credentialTicket, true

@@ -273,7 +273,7 @@ func (g *Gateway) relayAttach(_ context.Context, from string, body json.RawMessa
 	case a.Ticket != "":
 		var ok bool
 		if p, ok = g.tickets.Redeem(a.Ticket, a.Lease); !ok {
-			g.denied(forwarded(http.MethodGet, path, from), http.StatusUnauthorized, auth.TextRejected, ticketDenial)
+			g.denied(forwarded(http.MethodGet, path, from), p.ID, http.StatusUnauthorized, auth.TextRejected, ticketDenial)
 			return attachAnswer{Status: http.StatusUnauthorized, Error: auth.TextRejected}, nil
 		}
 		credential = credentialTicket
