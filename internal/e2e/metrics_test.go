@@ -81,12 +81,35 @@ func TestMetricsExposition(t *testing.T) {
 	if g := families["nexus_broker_max_concurrent"].Metric[0].GetGauge().GetValue(); g != 8 {
 		t.Errorf("max_concurrent = %v", g)
 	}
-	// The two HELP lines the manual's example scrape prints.
-	if h := families["nexus_broker_claims_total"].GetHelp(); !strings.HasPrefix(h, "Instance claims handled by the shared spawn spine, by outcome. ") {
-		t.Errorf("claims_total HELP = %q", h)
+	// Every HELP line reads as upstream's, and the families come in its
+	// order, so a scrape diffed against upstream's differs only in numbers.
+	help := []struct{ name, text string }{
+		{"claims_total", "Instance claims handled by the shared spawn spine, by outcome. Covers POST /claim and the A2A ingress."},
+		{"claim_duration_seconds", "Wall time of an ACCEPTED claim, from request to a ready instance."},
+		{"spawn_failures_total", "Instance spawns that produced no ready instance, by reason."},
+		{"frames_dropped_total", "Broker frames discarded rather than relayed, by reason."},
+		{"replay_gaps_total", "Stream-gap notices served to a resuming client, by reason."},
+		{"client_evictions_total", "Client WebSockets displaced by a newer connection on the same lease."},
+		{"config_reloads_total", "SIGHUP configuration reloads, by outcome."},
+		{"restored_leases_total", "Leases adopted from the journal at boot, and what became of them."},
+		{"slots_in_use", "Capacity slots currently held: one per live lease."},
+		{"max_concurrent", "Configured max_concurrent ceiling. 0 means unlimited."},
+		{"queue_depth", "Claims currently parked in the FIFO capacity queue."},
+		{"max_queue_depth", "Configured max_queue_depth ceiling on parked claims. 0 means unlimited."},
+		{"leases", "Live leases by operator-facing state."},
+		{"tickets_outstanding", "Issued, unredeemed WebSocket tickets the broker still holds."},
 	}
-	if h := families["nexus_broker_slots_in_use"].GetHelp(); h != "Capacity slots currently held: one per live lease." {
-		t.Errorf("slots_in_use HELP = %q", h)
+	last := -1
+	for _, h := range help {
+		name := "nexus_broker_" + h.name
+		if got := families[name].GetHelp(); got != h.text {
+			t.Errorf("%s HELP = %q, want %q", name, got, h.text)
+		}
+		at := strings.Index(text, "# HELP "+name+" ")
+		if at < last {
+			t.Errorf("%s is out of upstream's order", name)
+		}
+		last = at
 	}
 }
 

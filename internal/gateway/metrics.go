@@ -136,7 +136,7 @@ func (m *metrics) write(w io.Writer, g gauges) {
 	gauge := func(name, help string, val int) {
 		fmt.Fprintf(w, "# HELP %s%s %s\n# TYPE %s%s gauge\n%s%s %d\n", ns, name, help, ns, name, ns, name, val)
 	}
-	vec("claims_total", "Instance claims handled by the shared spawn spine, by outcome. POST /claim and the A2A ingress alike.", m.claims)
+	vec("claims_total", "Instance claims handled by the shared spawn spine, by outcome. Covers POST /claim and the A2A ingress.", m.claims)
 
 	m.claimDuration.mu.Lock()
 	counts := append([]uint64(nil), m.claimDuration.counts...)
@@ -145,7 +145,7 @@ func (m *metrics) write(w io.Writer, g gauges) {
 	}
 	sum, n := m.claimDuration.sum, m.claimDuration.n
 	m.claimDuration.mu.Unlock()
-	fmt.Fprintf(w, "# HELP %sclaim_duration_seconds Wall time of an accepted claim, from its arrival to a ready instance.\n# TYPE %sclaim_duration_seconds histogram\n", ns, ns)
+	fmt.Fprintf(w, "# HELP %sclaim_duration_seconds Wall time of an ACCEPTED claim, from request to a ready instance.\n# TYPE %sclaim_duration_seconds histogram\n", ns, ns)
 	var cum uint64
 	for i, le := range claimBuckets {
 		cum += counts[i]
@@ -155,21 +155,21 @@ func (m *metrics) write(w io.Writer, g gauges) {
 	fmt.Fprintf(w, "%sclaim_duration_seconds_bucket{le=\"+Inf\"} %d\n", ns, cum)
 	fmt.Fprintf(w, "%sclaim_duration_seconds_sum %s\n%sclaim_duration_seconds_count %d\n", ns, formatFloat(sum), ns, n)
 
-	vec("spawn_failures_total", "Instances that failed to come up, by reason.", m.spawnFailures)
-	vec("frames_dropped_total", "Frames the broker could not deliver, by reason.", m.framesDropped)
-	vec("replay_gaps_total", "stream-gap notices sent to resuming clients, by reason.", m.replayGaps)
-	fmt.Fprintf(w, "# HELP %sclient_evictions_total Client connections displaced by a newer one.\n# TYPE %sclient_evictions_total counter\n%sclient_evictions_total %d\n", ns, ns, ns, m.clientEvictions.Load())
-	vec("config_reloads_total", "SIGHUP reloads, by outcome.", m.configReloads)
-	vec("restored_leases_total", "Leases restored after a gateway restart, by outcome.", m.restoredLeases)
+	vec("spawn_failures_total", "Instance spawns that produced no ready instance, by reason.", m.spawnFailures)
+	vec("frames_dropped_total", "Broker frames discarded rather than relayed, by reason.", m.framesDropped)
+	vec("replay_gaps_total", "Stream-gap notices served to a resuming client, by reason.", m.replayGaps)
+	fmt.Fprintf(w, "# HELP %sclient_evictions_total Client WebSockets displaced by a newer connection on the same lease.\n# TYPE %sclient_evictions_total counter\n%sclient_evictions_total %d\n", ns, ns, ns, m.clientEvictions.Load())
+	vec("config_reloads_total", "SIGHUP configuration reloads, by outcome.", m.configReloads)
+	vec("restored_leases_total", "Leases adopted from the journal at boot, and what became of them.", m.restoredLeases)
 	gauge("slots_in_use", "Capacity slots currently held: one per live lease.", g.slotsInUse)
-	gauge("max_concurrent", "Configured max_concurrent (0 = unlimited).", g.maxConcurrent)
-	gauge("queue_depth", "Claims parked in the capacity queue.", g.queueDepth)
-	gauge("max_queue_depth", "Configured max_queue_depth (0 = unlimited).", g.maxQueueDepth)
-	gauge("tickets_outstanding", "WebSocket tickets minted and not yet redeemed or expired.", g.ticketsOutstanding)
-	fmt.Fprintf(w, "# HELP %sleases Live leases, by state.\n# TYPE %sleases gauge\n", ns, ns)
+	gauge("max_concurrent", "Configured max_concurrent ceiling. 0 means unlimited.", g.maxConcurrent)
+	gauge("queue_depth", "Claims currently parked in the FIFO capacity queue.", g.queueDepth)
+	gauge("max_queue_depth", "Configured max_queue_depth ceiling on parked claims. 0 means unlimited.", g.maxQueueDepth)
+	fmt.Fprintf(w, "# HELP %sleases Live leases by operator-facing state.\n# TYPE %sleases gauge\n", ns, ns)
 	for _, s := range leaseStates {
 		fmt.Fprintf(w, "%sleases{state=%q} %d\n", ns, s, g.leases[s])
 	}
+	gauge("tickets_outstanding", "Issued, unredeemed WebSocket tickets the broker still holds.", g.ticketsOutstanding)
 	if c := g.cluster; c != nil {
 		gauge("cluster_peers_reachable", "Other brokers whose heartbeat is current.", c.peersReachable)
 		gauge("cluster_nats_failures", "Consecutive failed NATS connection attempts (3 or more: GET /readyz is 503).", c.natsFailures)
