@@ -334,6 +334,13 @@ func TestOnlyIOTravelsClientToInstanceAndBarePayloadsAreWrapped(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// Neither a frame nor a payload, and a frame naming another lease: both
+	// dropped, counted and logged in upstream's words.
+	for _, raw := range []string{`not a frame`, `{"version":1,"lease_id":"another-lease","signal":"io","payload":{"type":"input","content":"stray"}}`} {
+		if err := conn.WriteRaw([]byte(raw)); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if err := conn.WriteRaw([]byte(`{"type":"input","content":"bare"}`)); err != nil {
 		t.Fatal(err)
 	}
@@ -344,9 +351,14 @@ func TestOnlyIOTravelsClientToInstanceAndBarePayloadsAreWrapped(t *testing.T) {
 	if n := len(b.Instances()); n != 1 {
 		t.Fatalf("a client-sent shutdown reached the instance: %d instances alive", n)
 	}
-	if v := b.metrics()[`nexus_broker_frames_dropped_total{reason="client_control"}`]; v != 3 {
-		t.Fatalf("client_control drops = %v, want 3", v)
+	m := b.metrics()
+	for reason, want := range map[string]float64{"client_control": 3, "undecodable": 1, "lease_mismatch": 1} {
+		if v := m[`nexus_broker_frames_dropped_total{reason="`+reason+`"}`]; v != want {
+			t.Errorf("%s drops = %v, want %v", reason, v, want)
+		}
 	}
+	b.GatewayLog.wait(t, regexp.MustCompile(`level=WARN msg="dropping undecodable frame" lease_id=`+claim.LeaseID+` error=".+"`), time.Second)
+	b.GatewayLog.wait(t, regexp.MustCompile(`level=WARN msg="dropping frame with mismatched lease" bound_lease=`+claim.LeaseID+` frame_lease=another-lease`), time.Second)
 }
 
 func TestGatewayShutdownClosesClientsWith1001AndKeepsInstances(t *testing.T) {

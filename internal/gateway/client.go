@@ -431,12 +431,12 @@ func (l *lease) forInstance(data []byte) ([]byte, bool) {
 			Type string `json:"type"`
 		}
 		if json.Unmarshal(data, &bare) != nil || bare.Type == "" {
-			g.m.framesDropped.inc("undecodable")
+			l.dropUndecodable(err)
 			return nil, false
 		}
 		f = brokerframe.Frame{Signal: brokerframe.SignalIO, Payload: data}
 	case f.LeaseID != "" && f.LeaseID != l.id:
-		g.m.framesDropped.inc("lease_mismatch")
+		l.dropMismatched(f.LeaseID)
 		return nil, false
 	case f.Signal != brokerframe.SignalIO:
 		g.m.framesDropped.inc("client_control")

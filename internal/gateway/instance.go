@@ -229,11 +229,11 @@ func (ic *instanceConn) readPump(l *lease) {
 		}
 		f, err := brokerframe.Decode(data)
 		if err != nil {
-			g.m.framesDropped.inc("undecodable")
+			l.dropUndecodable(err)
 			continue
 		}
 		if f.LeaseID != l.id {
-			g.m.framesDropped.inc("lease_mismatch")
+			l.dropMismatched(f.LeaseID)
 			continue
 		}
 		state := ""
@@ -275,6 +275,18 @@ func (ic *instanceConn) readPump(l *lease) {
 			obs.payload(l, f.Payload)
 		}
 	}
+}
+
+// dropUndecodable and dropMismatched count and log a frame either pump
+// drops, in upstream's words: the count alone does not say which lease.
+func (l *lease) dropUndecodable(err error) {
+	l.g.m.framesDropped.inc("undecodable")
+	l.g.log.Warn("dropping undecodable frame", "lease_id", l.id, "error", err)
+}
+
+func (l *lease) dropMismatched(frameLease string) {
+	l.g.m.framesDropped.inc("lease_mismatch")
+	l.g.log.Warn("dropping frame with mismatched lease", "bound_lease", l.id, "frame_lease", frameLease)
 }
 
 var statusType = []byte(`"status"`)
