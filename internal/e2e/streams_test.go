@@ -385,7 +385,7 @@ func TestADeadClientIsDetachedAndTheLeaseSurvives(t *testing.T) {
 	// Stop reading: gorilla answers pings only from a read loop, so this
 	// client now answers nothing.
 	start := time.Now()
-	b.GatewayLog.wait(t, regexp.MustCompile(`level=WARN msg="peer stopped answering pings; closing its socket so the lease detaches[^"]*" lease_id=`+claim.LeaseID+` peer=client`), 10*time.Second)
+	b.GatewayLog.wait(t, regexp.MustCompile(`level=WARN msg="peer stopped answering pings; closing its socket so the lease detaches[^"]*" lease_id=`+claim.LeaseID+` peer=client silent_for=\d+(\.\d+)?s deadline=1\.5s error=".*i/o timeout"`), 10*time.Second)
 	if d := time.Since(start); d < 1400*time.Millisecond || d > 3*time.Second {
 		t.Fatalf("detached after %s, want within [timeout, timeout+2 intervals] = [1.5s, ~2.1s]", d)
 	}

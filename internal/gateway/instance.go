@@ -97,7 +97,7 @@ func (g *Gateway) serveInstance(conn *websocket.Conn, remote string) {
 		return
 	}
 	conn.SetReadLimit(maxMessage)
-	_ = conn.SetReadDeadline(time.Now().Add(peerTimeout))
+	_ = ws.heardNow()
 	ws.leaseID = l.id
 	ic := &instanceConn{ws: ws, drained: make(chan struct{})}
 

@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -89,6 +90,9 @@ type wsConn struct {
 	log           *slog.Logger
 
 	c *websocket.Conn
+	// heard is when the peer last answered or sent a ping (unix nanos): the
+	// silence a liveness give-up reports.
+	heard atomic.Int64
 	// bc is c's connection when it combines writes (see bufConn), else
 	// nil and data frames go through gorilla one write at a time.
 	bc   *bufConn
@@ -112,10 +116,10 @@ func newWSConn(c *websocket.Conn, log *slog.Logger, peer, leaseID string) *wsCon
 		w.bc = bc
 	}
 	c.SetReadLimit(maxMessage)
-	_ = c.SetReadDeadline(time.Now().Add(peerTimeout))
-	c.SetPongHandler(func(string) error { return c.SetReadDeadline(time.Now().Add(peerTimeout)) })
+	w.heardNow()
+	c.SetPongHandler(func(string) error { return w.heardNow() })
 	c.SetPingHandler(func(data string) error {
-		_ = c.SetReadDeadline(time.Now().Add(peerTimeout))
+		_ = w.heardNow()
 		err := c.WriteControl(websocket.PongMessage, []byte(data), time.Now().Add(writeWait))
 		if errors.Is(err, websocket.ErrCloseSent) {
 			return nil
@@ -124,6 +128,13 @@ func newWSConn(c *websocket.Conn, log *slog.Logger, peer, leaseID string) *wsCon
 	})
 	w.pinger = time.AfterFunc(pingInterval, w.probe)
 	return w
+}
+
+// heardNow notes that the peer is alive and pushes the liveness deadline.
+func (w *wsConn) heardNow() error {
+	now := time.Now()
+	w.heard.Store(now.UnixNano())
+	return w.c.SetReadDeadline(now.Add(peerTimeout))
 }
 
 // read returns the next message. The liveness deadline is pushed out by the
@@ -135,7 +146,7 @@ func (w *wsConn) read() ([]byte, error) {
 	if err != nil {
 		var ne net.Error
 		if errors.As(err, &ne) && ne.Timeout() && !w.closing() {
-			w.giveUp()
+			w.giveUp(err)
 		}
 		return nil, err
 	}
@@ -243,11 +254,12 @@ func (w *wsConn) probe() {
 
 // giveUp tears an unresponsive peer down without waiting for a close
 // handshake it will never answer.
-func (w *wsConn) giveUp() {
+func (w *wsConn) giveUp(err error) {
 	w.log.Warn("peer stopped answering pings; closing its socket so the lease detaches. "+
 		"The connection is half-open — the peer's host slept, moved network, or had its flow "+
 		"dropped by a NAT — and would otherwise have looked healthy until the OS keepalive noticed",
-		"lease_id", w.leaseID, "peer", w.peer, "deadline", peerTimeout)
+		"lease_id", w.leaseID, "peer", w.peer, "silent_for", time.Since(time.Unix(0, w.heard.Load())),
+		"deadline", peerTimeout, "error", err)
 	w.closeNow(websocket.CloseGoingAway, closeUnresponsive)
 }
 
