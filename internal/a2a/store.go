@@ -36,7 +36,7 @@ const (
 	FragmentSize  = 8 << 10
 	MaxTasks      = 2048 // the spec's fixed global ceiling
 	compactEvery  = 512
-	inflightFault = "the broker stopped while this task was in flight; send the message again"
+	inflightFault = "the broker stopped while this task was still running, so it will never complete" // upstream's words
 )
 
 // Manifest is where a long text lives: its fragments in order, its length
@@ -149,18 +149,24 @@ func OpenStore(dir string, p Policy, log *slog.Logger) *Store {
 	s.path = filepath.Join(dir, TasksFile)
 	s.frags = filepath.Join(dir, FragmentsDir)
 	atomicfile.RemoveTemps(s.path)
-	if err := s.replay(); err != nil {
+	skipped, err := s.replay()
+	if err != nil {
 		s.off(err)
 		return s
 	}
 	now := time.Now()
+	orphans := 0
 	for _, e := range s.records() {
 		if r := e.rec; !Terminal(r.Task.Status.State) {
 			r.Task.Status = Status{State: StateFailed, Timestamp: &now, Message: AgentMessage(r.Task, inflightFault)}
 			r.Updated = now
 			s.putLocked(r)
 			s.interrupted[e.scope()] = true
+			orphans++
 		}
+	}
+	if orphans > 0 {
+		s.log.Warn("a2a tasks were left in flight by a previous broker and have been failed", "tasks", orphans)
 	}
 	for _, l := range s.convs {
 		s.trimConvLocked(l)
@@ -168,7 +174,9 @@ func OpenStore(dir string, p Policy, log *slog.Logger) *Store {
 	s.expireLocked(now)
 	if err := s.compactLocked(); err != nil {
 		s.off(err)
+		return s
 	}
+	s.log.Info("a2a task store opened", "path", s.path, "tasks", len(s.tasks), "settled_orphans", orphans, "skipped_records", skipped)
 	return s
 }
 
@@ -182,33 +190,42 @@ func (s *Store) off(err error) {
 	s.path = ""
 }
 
-func (s *Store) replay() error {
+// replay folds the file into memory and reports how many lines it skipped:
+// one torn by a crash mid-write (or edited), or a task whose long text
+// cannot be read back whole. One WARN counts them, in upstream's words,
+// naming the first line skipped and why.
+func (s *Store) replay() (int, error) {
 	data, err := os.ReadFile(s.path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return os.MkdirAll(s.frags, 0o700)
+		return 0, os.MkdirAll(s.frags, 0o700)
 	}
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if err := os.MkdirAll(s.frags, 0o700); err != nil {
-		return err
+		return 0, err
 	}
-	n := 0
+	n, read, skipped, first := 0, 0, 0, []any(nil)
 	for line := range bytes.Lines(data) {
 		n++
 		r, err := DecodeRecord(line)
+		if err == nil {
+			err = s.inflate(&r.Task)
+		}
 		if err != nil {
-			s.log.Warn("skipping an A2A task store line that is not a whole record (torn by a crash mid-write, or edited)",
-				"path", s.path, "line", n, "error", err)
+			if skipped++; first == nil {
+				first = []any{"first_line", n, "error", err}
+			}
 			continue
 		}
-		if err := s.inflate(&r.Task); err != nil {
-			s.log.Warn("skipping an A2A task whose long text cannot be read back whole", "path", s.path, "line", n, "task_id", r.Task.ID, "error", err)
-			continue
-		}
+		read++
 		s.putLocked(r)
 	}
-	return nil
+	if skipped > 0 {
+		s.log.Warn("skipped unreadable a2a task records; the broker was most likely killed mid-write",
+			append([]any{"path", s.path, "skipped", skipped, "read", read}, first...)...)
+	}
+	return skipped, nil
 }
 
 // DecodeRecord parses one store line, refusing what a reader could not use.

@@ -143,10 +143,13 @@ func TestA2ATaskCap(t *testing.T) {
 		lines.Write(line)
 		lines.WriteByte('\n')
 	}
+	lines.WriteString(`{"principal":"","profile":"supp`) // torn by a crash mid-write
 	if err := os.WriteFile(filepath.Join(state, "a2a-tasks.jsonl"), []byte(lines.String()), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	b := a2aBroker(t, "", Options{StateDir: true, Dir: dir})
+	b.GatewayLog.wait(t, regexp.MustCompile(`level=WARN msg="skipped unreadable a2a task records; the broker was most likely killed mid-write" path=\S+/a2a-tasks.jsonl skipped=1 read=2048 first_line=2049 error=`), time.Second)
+	b.GatewayLog.wait(t, regexp.MustCompile(`level=INFO msg="a2a task store opened" path=\S+/a2a-tasks.jsonl tasks=2048 settled_orphans=0 skipped_records=1\n`), time.Second)
 	c := a2aClient(t, b, "support", a2a.TransportProtocolJSONRPC)
 	total := func() int {
 		list, err := c.ListTasks(ctxT(t), &a2a.ListTasksRequest{PageSize: 1})

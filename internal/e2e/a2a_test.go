@@ -423,9 +423,13 @@ func TestA2ARestart(t *testing.T) {
 	}
 	slow = a2aClient(t, b, "slow", a2a.TransportProtocolHTTPJSON)
 	got, err := slow.GetTask(ctxT(t), &a2a.GetTaskRequest{ID: inflight.ID})
-	if err != nil || got.Status.State != a2a.TaskStateFailed {
-		t.Errorf("the in-flight task reads %+v, %v; want FAILED", got, err)
+	if err != nil || got.Status.State != a2a.TaskStateFailed || got.Status.Message == nil ||
+		got.Status.Message.Parts[0].Text() != "the broker stopped while this task was still running, so it will never complete" {
+		t.Errorf("the in-flight task reads %+v, %v; want FAILED saying the broker stopped", got, err)
 	}
+	// Upstream's lines: the orphan settled, then the store opened.
+	b.GatewayLog.wait(t, regexp.MustCompile(`level=WARN msg="a2a tasks were left in flight by a previous broker and have been failed" tasks=1\n`+
+		`.*level=INFO msg="a2a task store opened" path=\S+/a2a-tasks.jsonl tasks=2 settled_orphans=1 skipped_records=0\n`), time.Second)
 	// The conversation carries on, on the instance that survived, which
 	// is still inside the interrupted turn: it is told to cancel, and the
 	// next message goes once it reports idle, so the two never mix (the
