@@ -84,6 +84,7 @@ type Index[B any] struct {
 	// next append starts a new line.
 	torn    bool
 	appends int
+	skipped int // lines replay could not use
 	order   *list.List
 	byKey   map[string]*list.Element
 }
@@ -137,6 +138,7 @@ func OpenRequired[B any](spec Spec[B], log *slog.Logger) (*Index[B], error) {
 		}
 		if !ok {
 			log.Warn(spec.Skip, "path", spec.Path, "line", n)
+			x.skipped++
 			continue
 		}
 		x.remember(key, b, slices.Clone(bytes.TrimSuffix(raw, []byte("\n"))))
@@ -275,6 +277,14 @@ func (x *Index[B]) compact() error {
 	}
 	x.f, x.torn = f, false
 	return nil
+}
+
+// Opened is how many records the open kept and how many lines it skipped,
+// for a caller's boot line.
+func (x *Index[B]) Opened() (records, skipped int) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.order.Len(), x.skipped
 }
 
 // Close closes the file; later Puts are dropped.

@@ -194,6 +194,12 @@ func TestA2ACard(t *testing.T) {
 	if code, body := b.get("/agents/nobody/.well-known/agent-card.json"); code != 404 || !strings.Contains(body, `"unknown agent profile"`) {
 		t.Errorf("unknown profile: %d %s", code, body)
 	}
+	// The boot states the ingress in upstream's lines.
+	q := regexp.QuoteMeta
+	b.GatewayLog.wait(t, regexp.MustCompile(`level=INFO msg="a2a ingress enabled" profiles=5 base_url=`+q(b.Base)+`\n`+
+		`.*level=INFO msg="a2a task retention" state_dir="" durable=false ttl=24h0m0s max_per_context=50 max_tasks=2048 input_timeout=15m0s max_store_bytes=268435456\n`+
+		`(?s:.*)level=INFO msg="a2a agent profile" name=support binary=nexus config=/\S+/support.yaml agent_card=`+q(b.Base)+`/agents/support/.well-known/agent-card.json jsonrpc=`+
+		q(b.Base)+`/agents/support/a2a rest=`+q(b.Base)+`/agents/support/a2a/v1\n`), time.Second)
 }
 
 // TestA2AConversation: over each binding, blocking sends on one context
@@ -427,6 +433,7 @@ func TestA2ARestart(t *testing.T) {
 		got.Status.Message.Parts[0].Text() != "the broker stopped while this task was still running, so it will never complete" {
 		t.Errorf("the in-flight task reads %+v, %v; want FAILED saying the broker stopped", got, err)
 	}
+	b.GatewayLog.wait(t, regexp.MustCompile(`level=INFO msg="a2a context index opened" path=\S+/a2a-contexts.jsonl bindings=2 skipped_records=0\n`), time.Second)
 	// Upstream's lines: the orphan settled, then the store opened.
 	b.GatewayLog.wait(t, regexp.MustCompile(`level=WARN msg="a2a tasks were left in flight by a previous broker and have been failed" tasks=1\n`+
 		`.*level=INFO msg="a2a task store opened" path=\S+/a2a-tasks.jsonl tasks=2 settled_orphans=1 skipped_records=0\n`), time.Second)

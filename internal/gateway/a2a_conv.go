@@ -132,12 +132,15 @@ func newIngress(g *Gateway, cfg *config.Config, dir string, log *slog.Logger) *i
 		},
 		What: "A2A context → session index",
 		Off:  "conversation continuity lasts only as long as this process",
-		Skip: "skipping a A2A context → session index line that is not a whole binding (torn by a crash mid-write, or edited)",
+		Skip: "skipped unreadable a2a context index records; the broker was most likely killed mid-write", // upstream's words, one line each
 		Lost: "this binding is kept in memory only",
 	}
 	if dir != "" {
 		spec.Path = filepath.Join(dir, contextsFile)
-		in.contexts = bindindex.Open(spec, log)
+		if in.contexts = bindindex.Open(spec, log); in.contexts != nil {
+			n, skipped := in.contexts.Opened()
+			log.Info("a2a context index opened", "path", spec.Path, "bindings", n, "skipped_records", skipped)
+		}
 	}
 	if in.contexts == nil {
 		// In memory: continuity lasts as long as this process, with the

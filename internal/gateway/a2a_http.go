@@ -34,6 +34,7 @@ const errUnknownProfile = "unknown agent profile"
 type profile struct {
 	name   string
 	entry  string
+	path   string // the config file, resolved
 	config []byte
 	card   []byte
 }
@@ -68,7 +69,7 @@ func buildProfiles(cfg *config.Config, boot *config.Config, base string) (*profi
 		if err != nil {
 			return nil, fmt.Errorf("agents.%s.card: %w", name, err)
 		}
-		ps.byName[name] = &profile{name: name, entry: a.Binary, config: data, card: card}
+		ps.byName[name] = &profile{name: name, entry: a.Binary, path: path, config: data, card: card}
 	}
 	return ps, nil
 }
@@ -122,7 +123,7 @@ var textModes = []string{"text/plain"}
 // interfaces it serves, its capabilities, and the credential its auth:
 // chain accepts.
 func renderCard(name string, a *config.Agent, base string, authCfg *config.Auth) cardJSON {
-	root := base + "/agents/" + name + "/a2a"
+	root := agentRoot(base, name) + "/a2a"
 	c := cardJSON{
 		Name: a.Card.Name, Description: a.Card.Description, Version: a.Card.Version,
 		SupportedInterfaces: []cardInterface{
@@ -184,6 +185,25 @@ func securityOf(a *config.Auth) (map[string]any, []map[string]any) {
 // a2aBase is the origin cards advertise (agents: needs advertise_addr or
 // an explicit listen host, so it is never empty).
 func (g *Gateway) a2aBase() string { return g.origin("http", "https") }
+
+// agentRoot is where a profile's routes live.
+func agentRoot(base, name string) string { return base + "/agents/" + name }
+
+// logA2ABoot states the ingress at boot in upstream's lines: the ingress,
+// the task retention in force (the store is durable with a dir), and one
+// line per profile naming its binary, its config and the URLs it publishes.
+func (g *Gateway) logA2ABoot(ps *profileSet, dir string) {
+	base := g.a2aBase()
+	g.log.Info("a2a ingress enabled", "profiles", len(ps.byName), "base_url", base)
+	t := g.boot.A2A.Tasks
+	g.log.Info("a2a task retention", "state_dir", dir, "durable", dir != "", "ttl", t.TTL.D(), "max_per_context", t.MaxPerContext,
+		"max_tasks", a2a.MaxTasks, "input_timeout", t.InputTimeout.D(), "max_store_bytes", t.MaxStoreBytes)
+	for _, n := range ps.names() {
+		p, root := ps.byName[n], agentRoot(base, n)
+		g.log.Info("a2a agent profile", "name", n, "binary", p.entry, "config", p.path,
+			"agent_card", root+"/.well-known/agent-card.json", "jsonrpc", root+"/a2a", "rest", root+"/a2a/v1")
+	}
+}
 
 // --- routes ---------------------------------------------------------------
 

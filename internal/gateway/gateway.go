@@ -12,7 +12,6 @@ import (
 	"log/slog"
 	"net/http"
 	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -155,7 +154,7 @@ func (g *Gateway) Start(ctx context.Context) error {
 		}
 		g.a2a = newIngress(g, g.boot, dir, g.log)
 		g.a2a.profiles.Store(ps)
-		g.log.Info("A2A ingress serving", "profiles", strings.Join(ps.names(), ","), "base", g.a2aBase())
+		g.logA2ABoot(ps, dir)
 	}
 	if err := g.restore(ctx); err != nil {
 		return err
