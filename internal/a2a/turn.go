@@ -1,6 +1,7 @@
 package a2a
 
 import (
+	"cmp"
 	"encoding/json"
 	"strings"
 
@@ -27,6 +28,26 @@ type Question struct {
 	Prompt    string               `json:"prompt"`
 	Mode      string               `json:"mode"`
 	Choices   []brokerframe.Choice `json:"choices"`
+}
+
+// defaultQuestion stands in for a question that came with no prompt.
+const defaultQuestion = "the agent is waiting for input"
+
+// Text is the question as the client is asked it, in upstream's rendering:
+// the prompt, then each option's id (what an answer echoes) and label.
+func (q *Question) Text() string {
+	out := q.Prompt
+	if out == "" {
+		out = defaultQuestion
+	}
+	if len(q.Choices) == 0 {
+		return out
+	}
+	out += "\n\nAnswer with one of these option ids:"
+	for _, c := range q.Choices {
+		out += "\n  " + c.ID + " — " + cmp.Or(c.Label, c.ID)
+	}
+	return out
 }
 
 // Turn translates one task's instance payloads into A2A steps, exactly as

@@ -238,9 +238,11 @@ func TestA2AInputTimeout(t *testing.T) {
 		t.Errorf("the queued task after a timed-out question: %v", s)
 	}
 	got, err := c.GetTask(ctxT(t), &a2a.GetTaskRequest{ID: ask.ID})
-	if err != nil || got.Status.State != a2a.TaskStateFailed || !strings.Contains(got.Status.Message.Parts[0].Text(), "input_timeout") {
+	if err != nil || got.Status.State != a2a.TaskStateFailed || got.Status.Message.Parts[0].Text() != "the agent asked a question and no answer arrived within 1s, so the turn was abandoned" {
 		t.Errorf("the unanswered task reads %+v, %v", got, err)
 	}
+	b.GatewayLog.wait(t, regexp.MustCompile(`level=WARN msg="a2a task abandoned: the agent's question went unanswered" profile=support task_id=`+
+		regexp.QuoteMeta(string(ask.ID))+` context_id=t input_timeout=1s\n`), time.Second)
 }
 
 // Continuity is keyed by profile too: one contextId on two profiles is two

@@ -288,8 +288,12 @@ func TestA2ASubscribeAndCancel(t *testing.T) {
 
 			// INPUT_REQUIRED and its answer.
 			ask := sendTask(t, c, userMsg("ask-"+string(binding), "/ask proceed?"))
-			if ask.Status.State != a2a.TaskStateInputRequired || ask.Status.Message == nil || ask.Status.Message.Parts[0].Text() != "proceed?" {
+			if ask.Status.State != a2a.TaskStateInputRequired || ask.Status.Message == nil ||
+				ask.Status.Message.Parts[0].Text() != "proceed?\n\nAnswer with one of these option ids:\n  yes — Yes\n  no — No" {
 				t.Fatalf("ask task %s %+v", ask.Status.State, ask.Status.Message)
+			}
+			if id, _ := ask.Status.Message.Metadata["nexus.hitl.requestId"].(string); id == "" {
+				t.Errorf("the question carries no nexus.hitl.requestId: %v", ask.Status.Message.Metadata)
 			}
 			reply := a2a.NewMessageForTask(a2a.MessageRoleUser, ask, a2a.NewTextPart("yes"))
 			done := sendTask(t, c, &a2a.SendMessageRequest{Message: reply})

@@ -46,7 +46,7 @@ const (
 	textSpawnFailed  = "an agent instance for profile %q could not be started: %s"
 	textSpawnRefused = "this broker refused to start an agent instance for profile %q: %s"
 	textInstanceGone = "the agent instance stopped responding before the turn finished"
-	textInputTimeout = "no answer to the agent's question arrived within a2a.tasks.input_timeout"
+	textInputTimeout = "the agent asked a question and no answer arrived within %s, so the turn was abandoned"
 	textCanceled     = "the task was canceled by the client"
 	textQueueCancel  = "canceled while queued"
 )
@@ -598,8 +598,9 @@ func (in *ingress) abandonTurnLocked(c *conv, t *liveTask) {
 
 func (in *ingress) askLocked(t *liveTask) {
 	q := t.turn.Question()
-	msg := a2a.AgentMessage(t.rec.Task, q.Prompt)
-	msg.Metadata = map[string]any{"nexus.hitl": map[string]any{"request_id": q.RequestID, "mode": q.Mode, "choices": q.Choices}}
+	msg := a2a.AgentMessage(t.rec.Task, q.Text())
+	// upstream's key, then ours with the whole question
+	msg.Metadata = map[string]any{"nexus.hitl.requestId": q.RequestID, "nexus.hitl": map[string]any{"request_id": q.RequestID, "mode": q.Mode, "choices": q.Choices}}
 	now := time.Now()
 	t.rec.Task.Status = a2a.Status{State: a2a.StateInputRequired, Message: msg, Timestamp: &now}
 	close(t.parked)
@@ -619,8 +620,11 @@ func (in *ingress) inputTimedOut(t *liveTask) {
 	if isSettled(t) || t.rec.Task.Status.State != a2a.StateInputRequired {
 		return
 	}
+	d := in.policy.InputTimeout.D()
 	in.abandonTurnLocked(t.conv, t)
-	in.setStateLocked(t, a2a.StateFailed, textInputTimeout)
+	in.setStateLocked(t, a2a.StateFailed, fmt.Sprintf(textInputTimeout, d))
+	in.g.log.Warn("a2a task abandoned: the agent's question went unanswered", "profile", t.rec.Profile, "task_id", t.rec.Task.ID,
+		"context_id", t.rec.Task.ContextID, "input_timeout", d)
 }
 
 func (in *ingress) completeLocked(t *liveTask) {
