@@ -236,6 +236,9 @@ func TestA2AConversation(t *testing.T) {
 			if err != nil || answerOf(t, read) != "echo #1: hello" {
 				t.Errorf("GetTask = %+v, %v", read, err)
 			}
+			if a := read.Artifacts[0]; string(a.ID) != string(first.ID)+"-response" || a.Name != "response" {
+				t.Errorf("the answer artifact is %q named %q, want upstream's <task id>-response named response", a.ID, a.Name)
+			}
 			// A message without contextId gets one minted.
 			m := a2a.NewMessage(a2a.MessageRoleUser, a2a.NewTextPart("fresh"))
 			fresh := sendTask(t, c, &a2a.SendMessageRequest{Message: m})

@@ -628,7 +628,9 @@ func (in *ingress) inputTimedOut(t *liveTask) {
 }
 
 func (in *ingress) completeLocked(t *liveTask) {
-	art := a2a.Artifact{ArtifactID: a2a.NewID(), Name: "answer", Parts: []a2a.Part{a2a.TextPart(t.turn.Answer())}}
+	// The id and name are upstream's (and nexus.io.a2a's): one answer per
+	// task, so the task id makes the artifact id unique.
+	art := a2a.Artifact{ArtifactID: t.rec.Task.ID + "-response", Name: "response", Parts: []a2a.Part{a2a.TextPart(t.turn.Answer())}}
 	t.rec.Task.Artifacts = append(t.rec.Task.Artifacts, art)
 	up := a2a.Event{ArtifactUpdate: &a2a.ArtifactUpdate{TaskID: t.rec.Task.ID, ContextID: t.rec.Task.ContextID, Artifact: art, LastChunk: true}}
 	in.setStateLocked(t, a2a.StateCompleted, "", up)
