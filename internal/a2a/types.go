@@ -259,7 +259,7 @@ func (e *Error) With(format string, args ...any) *Error {
 var (
 	ErrParse              = &Error{-32700, 400, "INVALID_ARGUMENT", "PARSE_ERROR", "parse error"}
 	ErrInvalidRequest     = &Error{-32600, 400, "INVALID_ARGUMENT", "INVALID_REQUEST", "invalid request"}
-	ErrMethodNotFound     = &Error{-32601, 501, "UNIMPLEMENTED", "METHOD_NOT_FOUND", "method not found"}
+	ErrMethodNotFound     = &Error{-32601, 404, "NOT_FOUND", "METHOD_NOT_FOUND", "method not found"}
 	ErrInvalidParams      = &Error{-32602, 400, "INVALID_ARGUMENT", "INVALID_PARAMS", "invalid params"}
 	ErrInternal           = &Error{-32603, 500, "INTERNAL", "INTERNAL_ERROR", "internal error"}
 	ErrTaskNotFound       = &Error{-32001, 404, "NOT_FOUND", "TASK_NOT_FOUND", "Task not found"}

@@ -79,9 +79,18 @@ func TestA2AProtocolErrors(t *testing.T) {
 	if code != 400 || !strings.Contains(text, "VERSION_NOT_SUPPORTED") {
 		t.Errorf("HTTP+JSON other version: %d %s", code, text)
 	}
+	// An unknown profile is a 404 in each binding's own shape, as upstream
+	// answers it, and a WARN naming the profile asked for.
 	code, text = b.doAs(b.Token, "GET", "/agents/nobody/a2a/v1/tasks", "")
-	if code != 404 || strings.TrimSpace(text) != `{"error":"unknown agent profile"}` {
-		t.Errorf("unknown profile: %d %s", code, text)
+	if code != 404 || !strings.Contains(text, `"code":404`) || !strings.Contains(text, `"status":"NOT_FOUND"`) ||
+		!strings.Contains(text, `"message":"unknown agent profile: no A2A agent is mounted at /agents/nobody/a2a/v1/tasks"`) {
+		t.Errorf("unknown profile over HTTP+JSON: %d %s", code, text)
+	}
+	b.GatewayLog.wait(t, regexp.MustCompile(`level=WARN msg="a2a request for an unknown agent profile" route="GET /agents/\{name\}/a2a/v1/tasks" profile=nobody path=/agents/nobody/a2a/v1/tasks\n`), time.Second)
+	code, out = b.rpc(t, "nobody", "GetTask", `{"id":"x"}`)
+	if e, _ := out["error"].(map[string]any); code != 404 || rpcCode(out) != -32601 || out["id"] != nil ||
+		e["message"] != "unknown agent profile: no A2A agent is mounted at /agents/nobody/a2a" {
+		t.Errorf("unknown profile over JSON-RPC: %d %v", code, out)
 	}
 	c := a2aClient(t, b, "support", a2a.TransportProtocolHTTPJSON)
 	m := a2a.NewMessage(a2a.MessageRoleUser, a2a.NewFileURLPart("https://example.com/a.png", "image/png"))

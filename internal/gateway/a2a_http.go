@@ -222,25 +222,46 @@ func (in *ingress) routes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /agents/{name}/a2a/v1/extendedAgentCard", in.restExtendedCard)
 }
 
+// binding is the shape a route answers a refusal in.
+type binding int
+
+const (
+	cardRoute binding = iota // the broker's {"error": "..."}
+	rpcRoute                 // a JSON-RPC error
+	restRoute                // a google.rpc.Status
+)
+
 // caller authenticates the request (the same guard as /claim, the card
 // included) and resolves its profile, answering the refusal itself when
 // either fails. Without an auth: block every caller is the anonymous
-// principal.
-func (in *ingress) caller(w http.ResponseWriter, r *http.Request) (string, *profile, bool) {
+// principal. An unknown profile is a 404 in the binding's own shape (so an
+// A2A client can parse it) and a WARN naming the name asked for, as
+// upstream answers and logs it.
+func (in *ingress) caller(w http.ResponseWriter, r *http.Request, b binding) (string, *profile, bool) {
 	who, ok := in.g.Authenticate(w, r)
 	if !ok {
 		return "", nil, false
 	}
-	p := in.profiles.Load().byName[r.PathValue("name")]
+	name := r.PathValue("name")
+	p := in.profiles.Load().byName[name]
 	if p == nil {
-		writeError(w, http.StatusNotFound, errUnknownProfile)
+		in.g.log.Warn("a2a request for an unknown agent profile", "route", r.Pattern, "profile", name, "path", r.URL.Path)
+		e := a2a.ErrMethodNotFound.With("%s: no A2A agent is mounted at %s", errUnknownProfile, r.URL.Path)
+		switch b {
+		case rpcRoute:
+			writeJSON(w, http.StatusNotFound, rpcFail(nil, e, false))
+		case restRoute:
+			writeRESTError(w, e, false)
+		default:
+			writeError(w, http.StatusNotFound, errUnknownProfile)
+		}
 		return "", nil, false
 	}
 	return who.ID, p, true
 }
 
 func (in *ingress) handleCard(w http.ResponseWriter, r *http.Request) {
-	_, p, ok := in.caller(w, r)
+	_, p, ok := in.caller(w, r, cardRoute)
 	if !ok {
 		return
 	}

@@ -116,7 +116,7 @@ var pushMethods = map[string]bool{
 
 // handleJSONRPC is POST /agents/{name}/a2a.
 func (in *ingress) handleJSONRPC(w http.ResponseWriter, r *http.Request) {
-	principal, p, ok := in.caller(w, r)
+	principal, p, ok := in.caller(w, r, rpcRoute)
 	if !ok {
 		return
 	}
@@ -273,7 +273,7 @@ func writeRESTError(w http.ResponseWriter, e *a2a.Error, unimpl bool) {
 
 // restBegin is the common start of every HTTP+JSON route.
 func (in *ingress) restBegin(w http.ResponseWriter, r *http.Request) (string, *profile, bool) {
-	principal, p, ok := in.caller(w, r)
+	principal, p, ok := in.caller(w, r, restRoute)
 	if !ok {
 		return "", nil, false
 	}
