@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -193,6 +194,41 @@ func TestA2ACard(t *testing.T) {
 	}
 	if code, body := b.get("/agents/nobody/.well-known/agent-card.json"); code != 404 || !strings.Contains(body, `"unknown agent profile"`) {
 		t.Errorf("unknown profile: %d %s", code, body)
+	}
+	// The card carries upstream's validators; a matching If-None-Match is a
+	// 304, HEAD its headers alone. The bindings' answers say A2A-Version.
+	cardURL := b.Base + "/agents/support/.well-known/agent-card.json"
+	resp, err := http.Get(cardURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	etag := resp.Header.Get("ETag")
+	if !regexp.MustCompile(`^"[0-9a-f]{32}"$`).MatchString(etag) || resp.Header.Get("Cache-Control") != "public, max-age=300" {
+		t.Errorf("card headers %v, want a quoted 32-hex ETag and Cache-Control public, max-age=300", resp.Header)
+	}
+	for _, m := range []string{etag, "W/" + etag + ", \"other\"", "*"} {
+		req, _ := http.NewRequest(http.MethodGet, cardURL, nil)
+		req.Header.Set("If-None-Match", m)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusNotModified || len(body) != 0 || resp.Header.Get("ETag") != etag {
+			t.Errorf("If-None-Match %s: %d %q", m, resp.StatusCode, body)
+		}
+	}
+	if resp, err := http.Head(cardURL); err != nil || resp.StatusCode != 200 || resp.Header.Get("ETag") != etag {
+		t.Errorf("HEAD of the card: %v %v", resp, err)
+	}
+	for _, u := range []string{"/agents/support/a2a/v1/tasks", "/agents/nobody/a2a/v1/tasks"} {
+		if resp, err := http.Get(b.Base + u); err != nil || resp.Header.Get("A2A-Version") != "1.0" {
+			t.Errorf("GET %s: %v %v, want A2A-Version 1.0", u, resp, err)
+		} else {
+			_ = resp.Body.Close()
+		}
 	}
 	// The boot states the ingress in upstream's lines.
 	q := regexp.QuoteMeta

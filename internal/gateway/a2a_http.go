@@ -2,6 +2,8 @@ package gateway
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -37,6 +39,7 @@ type profile struct {
 	path   string // the config file, resolved
 	config []byte
 	card   []byte
+	etag   string // of card, its content's digest
 }
 
 // profileSet is every profile, swapped whole on a reload.
@@ -69,7 +72,8 @@ func buildProfiles(cfg *config.Config, boot *config.Config, base string) (*profi
 		if err != nil {
 			return nil, fmt.Errorf("agents.%s.card: %w", name, err)
 		}
-		ps.byName[name] = &profile{name: name, entry: a.Binary, path: path, config: data, card: card}
+		sum := sha256.Sum256(card)
+		ps.byName[name] = &profile{name: name, entry: a.Binary, path: path, config: data, card: card, etag: `"` + hex.EncodeToString(sum[:16]) + `"`}
 	}
 	return ps, nil
 }
@@ -242,6 +246,9 @@ func (in *ingress) caller(w http.ResponseWriter, r *http.Request, b binding) (st
 	if !ok {
 		return "", nil, false
 	}
+	if b != cardRoute {
+		w.Header().Set("A2A-Version", a2a.ProtocolVersion) // on every binding's answer, as upstream's
+	}
 	name := r.PathValue("name")
 	p := in.profiles.Load().byName[name]
 	if p == nil {
@@ -260,13 +267,35 @@ func (in *ingress) caller(w http.ResponseWriter, r *http.Request, b binding) (st
 	return who.ID, p, true
 }
 
+// handleCard serves a card (GET and HEAD) with upstream's validators: an
+// ETag of its content and a five-minute max-age, a matching If-None-Match
+// answering 304.
 func (in *ingress) handleCard(w http.ResponseWriter, r *http.Request) {
 	_, p, ok := in.caller(w, r, cardRoute)
 	if !ok {
 		return
 	}
-	w.Header().Set("Content-Type", "application/json")
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("ETag", p.etag)
+	h.Set("Cache-Control", "public, max-age=300")
+	if m := r.Header.Get("If-None-Match"); m != "" && etagMatches(m, p.etag) {
+		w.WriteHeader(http.StatusNotModified)
+		return
+	}
 	_, _ = w.Write(p.card)
+}
+
+// etagMatches is If-None-Match against one strong validator: a list, "*",
+// and weak forms compared weakly.
+func etagMatches(header, etag string) bool {
+	for c := range strings.SplitSeq(header, ",") {
+		c = strings.TrimPrefix(strings.TrimSpace(c), "W/")
+		if c == "*" || c == etag {
+			return true
+		}
+	}
+	return false
 }
 
 // versionOK: an absent A2A-Version means 1.0; anything else but 1.0 is
