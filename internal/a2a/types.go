@@ -244,6 +244,8 @@ type Error struct {
 	Status     string
 	Reason     string
 	Message    string
+	// Metadata is the ErrorInfo's metadata, when the error has any.
+	Metadata map[string]string
 }
 
 func (e *Error) Error() string { return e.Message }
@@ -257,18 +259,18 @@ func (e *Error) With(format string, args ...any) *Error {
 
 // The A2A errors the ingress answers, with A2A 1.0's codes.
 var (
-	ErrParse              = &Error{-32700, 400, "INVALID_ARGUMENT", "PARSE_ERROR", "parse error"}
-	ErrInvalidRequest     = &Error{-32600, 400, "INVALID_ARGUMENT", "INVALID_REQUEST", "invalid request"}
-	ErrMethodNotFound     = &Error{-32601, 404, "NOT_FOUND", "METHOD_NOT_FOUND", "method not found"}
-	ErrInvalidParams      = &Error{-32602, 400, "INVALID_ARGUMENT", "INVALID_PARAMS", "invalid params"}
-	ErrInternal           = &Error{-32603, 500, "INTERNAL", "INTERNAL_ERROR", "internal error"}
-	ErrTaskNotFound       = &Error{-32001, 404, "NOT_FOUND", "TASK_NOT_FOUND", "Task not found"}
-	ErrTaskNotCancelable  = &Error{-32002, 400, "FAILED_PRECONDITION", "TASK_NOT_CANCELABLE", "task cannot be canceled"}
-	ErrPushNotSupported   = &Error{-32003, 400, "FAILED_PRECONDITION", "PUSH_NOTIFICATION_NOT_SUPPORTED", "push notifications are not supported"}
-	ErrUnsupportedOp      = &Error{-32004, 400, "FAILED_PRECONDITION", "UNSUPPORTED_OPERATION", "this operation is not supported"}
-	ErrContentType        = &Error{-32005, 400, "INVALID_ARGUMENT", "CONTENT_TYPE_NOT_SUPPORTED", "incompatible content types"}
-	ErrExtendedCard       = &Error{-32007, 400, "FAILED_PRECONDITION", "EXTENDED_AGENT_CARD_NOT_CONFIGURED", "extended agent card not configured"}
-	ErrVersionUnsupported = &Error{-32009, 400, "FAILED_PRECONDITION", "VERSION_NOT_SUPPORTED", "this version is not supported"}
+	ErrParse              = &Error{-32700, 400, "INVALID_ARGUMENT", "PARSE_ERROR", "parse error", nil}
+	ErrInvalidRequest     = &Error{-32600, 400, "INVALID_ARGUMENT", "INVALID_REQUEST", "invalid request", nil}
+	ErrMethodNotFound     = &Error{-32601, 404, "NOT_FOUND", "METHOD_NOT_FOUND", "method not found", nil}
+	ErrInvalidParams      = &Error{-32602, 400, "INVALID_ARGUMENT", "INVALID_PARAMS", "invalid params", nil}
+	ErrInternal           = &Error{-32603, 500, "INTERNAL", "INTERNAL_ERROR", "internal error", nil}
+	ErrTaskNotFound       = &Error{-32001, 404, "NOT_FOUND", "TASK_NOT_FOUND", "Task not found", nil}
+	ErrTaskNotCancelable  = &Error{-32002, 400, "FAILED_PRECONDITION", "TASK_NOT_CANCELABLE", "task cannot be canceled", nil}
+	ErrPushNotSupported   = &Error{-32003, 400, "FAILED_PRECONDITION", "PUSH_NOTIFICATION_NOT_SUPPORTED", "push notifications are not supported", nil}
+	ErrUnsupportedOp      = &Error{-32004, 400, "FAILED_PRECONDITION", "UNSUPPORTED_OPERATION", "this operation is not supported", nil}
+	ErrContentType        = &Error{-32005, 400, "INVALID_ARGUMENT", "CONTENT_TYPE_NOT_SUPPORTED", "incompatible content types", nil}
+	ErrExtendedCard       = &Error{-32007, 400, "FAILED_PRECONDITION", "EXTENDED_AGENT_CARD_NOT_CONFIGURED", "extended agent card not configured", nil}
+	ErrVersionUnsupported = &Error{-32009, 400, "FAILED_PRECONDITION", "VERSION_NOT_SUPPORTED", "this version is not supported", nil}
 )
 
 // AsError returns err as an *Error, ErrInternal for anything else.

@@ -55,9 +55,22 @@ func TestA2AProtocolErrors(t *testing.T) {
 		if code != 200 || rpcCode(out) != c.code {
 			t.Errorf("%s: %d %v, want code %v", c.name, code, out, c.code)
 		}
-		if c.detail && !strings.Contains(fmt.Sprint(out), "OPERATION_NOT_IMPLEMENTED") {
-			t.Errorf("%s: no OPERATION_NOT_IMPLEMENTED detail in %v", c.name, out)
+		if c.detail {
+			// Upstream's words, the ErrorInfo naming the operation.
+			e, _ := out["error"].(map[string]any)
+			data, _ := e["data"].([]any)
+			info, _ := data[0].(map[string]any)
+			md, _ := info["metadata"].(map[string]any)
+			if e["message"] != fmt.Sprintf("operation %q is not yet implemented by this broker's A2A ingress", c.method) ||
+				info["reason"] != "UNSUPPORTED_OPERATION" || md["operation"] != c.method || md["detail"] != "OPERATION_NOT_IMPLEMENTED" {
+				t.Errorf("%s: %v, want upstream's not-yet-implemented error", c.name, out)
+			}
 		}
+	}
+	code, text := b.doAs(b.Token, "DELETE", "/agents/support/a2a/v1/tasks/x/pushNotificationConfigs/c", "")
+	if code != 400 || !strings.Contains(text, `"message":"operation \"DeleteTaskPushNotificationConfig\" is not yet implemented by this broker's A2A ingress"`) ||
+		!strings.Contains(text, `"metadata":{"detail":"OPERATION_NOT_IMPLEMENTED","operation":"DeleteTaskPushNotificationConfig"}`) {
+		t.Errorf("HTTP+JSON push config delete: %d %s", code, text)
 	}
 	// An inline push config is refused in upstream's words.
 	code, out := b.rpc(t, "support", "SendMessage", `{"message":{"messageId":"m1","role":"ROLE_USER","parts":[{"text":"hi"}]},`+
@@ -67,7 +80,7 @@ func TestA2AProtocolErrors(t *testing.T) {
 		t.Errorf("inline push config: %d %v", code, out)
 	}
 	big := fmt.Sprintf(`{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":{"messageId":"m","role":"ROLE_USER","parts":[{"text":%q}]}}}`, strings.Repeat("x", 1<<20))
-	code, text := b.doAs(b.Token, "POST", "/agents/support/a2a", big)
+	code, text = b.doAs(b.Token, "POST", "/agents/support/a2a", big)
 	if code != 200 || !strings.Contains(text, "-32600") || !strings.Contains(text, "1048576 bytes") {
 		t.Errorf("over-size JSON-RPC body: %d %.200s", code, text)
 	}

@@ -135,10 +135,10 @@ type a2aTarget struct {
 // stream's as its one event), else an HTTP+JSON one.
 func (t a2aTarget) refuse(w http.ResponseWriter, e *a2a.Error) {
 	if t.rpc {
-		writeRPCFail(w, t.rpcID, t.stream, e, false)
+		writeRPCFail(w, t.rpcID, t.stream, e)
 		return
 	}
-	writeRESTError(w, e, false)
+	writeRESTError(w, e)
 }
 
 // targetOf reads an A2A request's target: from the JSON-RPC method and

@@ -256,9 +256,9 @@ func (in *ingress) caller(w http.ResponseWriter, r *http.Request, b binding) (st
 		e := a2a.ErrMethodNotFound.With("%s: no A2A agent is mounted at %s", errUnknownProfile, r.URL.Path)
 		switch b {
 		case rpcRoute:
-			writeJSON(w, http.StatusNotFound, rpcFail(nil, e, false))
+			writeJSON(w, http.StatusNotFound, rpcFail(nil, e))
 		case restRoute:
-			writeRESTError(w, e, false)
+			writeRESTError(w, e)
 		default:
 			writeError(w, http.StatusNotFound, errUnknownProfile)
 		}

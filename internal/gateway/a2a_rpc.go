@@ -14,27 +14,30 @@ import (
 
 const (
 	errorInfoType = "type.googleapis.com/google.rpc.ErrorInfo"
-	structType    = "type.googleapis.com/google.protobuf.Struct"
 	a2aDomain     = "a2a-protocol.org"
 	// notImplemented is the detail the push-notification operations and
 	// GetExtendedAgentCard carry with their UnsupportedOperationError.
 	notImplemented = "OPERATION_NOT_IMPLEMENTED"
 )
 
-// errorDetails renders an error's google.rpc details: its ErrorInfo, and
-// the not-implemented detail where it applies.
-func errorDetails(e *a2a.Error, unimplemented bool) []map[string]any {
-	d := []map[string]any{{"@type": errorInfoType, "reason": e.Reason, "domain": a2aDomain}}
-	if unimplemented {
-		d = append(d, map[string]any{"@type": structType, "detail": notImplemented})
+// errorDetails renders an error's google.rpc details: its ErrorInfo, with
+// the error's metadata when it has any.
+func errorDetails(e *a2a.Error) []map[string]any {
+	d := map[string]any{"@type": errorInfoType, "reason": e.Reason, "domain": a2aDomain}
+	if len(e.Metadata) > 0 {
+		d["metadata"] = e.Metadata
 	}
-	return d
+	return []map[string]any{d}
 }
 
 // unimplemented is the answer of every operation this ingress does not
-// offer (push notifications, the extended card).
+// offer (push notifications, the extended card), in upstream's words: its
+// ErrorInfo names the operation, and its detail says not yet rather than
+// never.
 func unimplemented(op string) *a2a.Error {
-	return a2a.ErrUnsupportedOp.With("%s is not implemented by this agent", op)
+	e := a2a.ErrUnsupportedOp.With("operation %q is not yet implemented by this broker's A2A ingress", op)
+	e.Metadata = map[string]string{"operation": op, "detail": notImplemented}
+	return e
 }
 
 type rpcRequest struct {
@@ -85,18 +88,18 @@ type rpcResponse struct {
 	Error   *rpcError       `json:"error,omitempty"`
 }
 
-func rpcFail(id json.RawMessage, e *a2a.Error, unimpl bool) rpcResponse {
+func rpcFail(id json.RawMessage, e *a2a.Error) rpcResponse {
 	if id == nil {
 		id = json.RawMessage("null")
 	}
-	return rpcResponse{JSONRPC: "2.0", ID: id, Error: &rpcError{Code: e.Code, Message: e.Message, Data: errorDetails(e, unimpl)}}
+	return rpcResponse{JSONRPC: "2.0", ID: id, Error: &rpcError{Code: e.Code, Message: e.Message, Data: errorDetails(e)}}
 }
 
 // writeRPCFail answers a JSON-RPC request of id with e: on a stream as its
 // one SSE event, since the client reads a stream's answer from SSE data
 // lines only.
-func writeRPCFail(w http.ResponseWriter, id json.RawMessage, stream bool, e *a2a.Error, unimpl bool) {
-	resp := rpcFail(id, e, unimpl)
+func writeRPCFail(w http.ResponseWriter, id json.RawMessage, stream bool, e *a2a.Error) {
+	resp := rpcFail(id, e)
 	if stream {
 		data, _ := json.Marshal(resp)
 		writeSSEOnce(w, data)
@@ -122,27 +125,27 @@ func (in *ingress) handleJSONRPC(w http.ResponseWriter, r *http.Request) {
 	}
 	body, aerr, _ := readBody(r)
 	if aerr != nil {
-		writeJSON(w, http.StatusOK, rpcFail(nil, aerr, false))
+		writeJSON(w, http.StatusOK, rpcFail(nil, aerr))
 		return
 	}
 	req, sent, err := decodeRPC(body)
 	if err != nil {
-		writeJSON(w, http.StatusOK, rpcFail(nil, a2a.ErrParse.With("request is not JSON: %v", err), false))
+		writeJSON(w, http.StatusOK, rpcFail(nil, a2a.ErrParse.With("request is not JSON: %v", err)))
 		return
 	}
 	if req.JSONRPC != "2.0" || req.Method == "" || !validRPCID(req.ID) {
-		writeJSON(w, http.StatusOK, rpcFail(req.ID, a2a.ErrInvalidRequest.With("not a JSON-RPC 2.0 request: jsonrpc must be \"2.0\", method a string, id a string or number"), false))
+		writeJSON(w, http.StatusOK, rpcFail(req.ID, a2a.ErrInvalidRequest.With("not a JSON-RPC 2.0 request: jsonrpc must be \"2.0\", method a string, id a string or number")))
 		return
 	}
 	stream := req.Method == "SendStreamingMessage" || req.Method == "SubscribeToTask"
-	fail := func(e *a2a.Error, unimpl bool) { writeRPCFail(w, req.ID, stream, e, unimpl) }
+	fail := func(e *a2a.Error) { writeRPCFail(w, req.ID, stream, e) }
 	if e := versionOK(r); e != nil {
-		fail(e, false)
+		fail(e)
 		return
 	}
 	params := func(v any) bool {
 		if len(req.Params) == 0 || json.Unmarshal(req.Params, v) != nil {
-			fail(a2a.ErrInvalidParams.With("params do not match %s's request", req.Method), false)
+			fail(a2a.ErrInvalidParams.With("params do not match %s's request", req.Method))
 			return false
 		}
 		return true
@@ -158,7 +161,7 @@ func (in *ingress) handleJSONRPC(w http.ResponseWriter, r *http.Request) {
 		}
 		t, s, aerr := in.send(principal, p, sr, stream)
 		if aerr != nil {
-			fail(aerr, false)
+			fail(aerr)
 			return
 		}
 		if stream {
@@ -177,7 +180,7 @@ func (in *ingress) handleJSONRPC(w http.ResponseWriter, r *http.Request) {
 		}
 		task, aerr := in.get(principal, p, &tr)
 		if aerr != nil {
-			fail(aerr, false)
+			fail(aerr)
 			return
 		}
 		writeJSON(w, http.StatusOK, rpcOK(req.ID, task))
@@ -188,7 +191,7 @@ func (in *ingress) handleJSONRPC(w http.ResponseWriter, r *http.Request) {
 		}
 		out, missing, aerr := in.list(r.Context(), principal, p, &lr)
 		if aerr != nil {
-			fail(aerr, false)
+			fail(aerr)
 			return
 		}
 		unanswered(w, missing)
@@ -200,7 +203,7 @@ func (in *ingress) handleJSONRPC(w http.ResponseWriter, r *http.Request) {
 		}
 		task, aerr := in.cancel(principal, p.name, tr.ID)
 		if aerr != nil {
-			fail(aerr, false)
+			fail(aerr)
 			return
 		}
 		writeJSON(w, http.StatusOK, rpcOK(req.ID, task))
@@ -211,7 +214,7 @@ func (in *ingress) handleJSONRPC(w http.ResponseWriter, r *http.Request) {
 		}
 		s, stop, aerr := in.subscribe(principal, p.name, tr.ID)
 		if aerr != nil {
-			fail(aerr, false)
+			fail(aerr)
 			return
 		}
 		sse(w, r, s, stop, func(ev a2a.Event) []byte {
@@ -219,13 +222,13 @@ func (in *ingress) handleJSONRPC(w http.ResponseWriter, r *http.Request) {
 			return data
 		})
 	case "GetExtendedAgentCard":
-		fail(unimplemented(req.Method), true)
+		fail(unimplemented(req.Method))
 	default:
 		if pushMethods[req.Method] {
-			fail(unimplemented(req.Method), true)
+			fail(unimplemented(req.Method))
 			return
 		}
-		fail(a2a.ErrMethodNotFound.With("method %q is not an A2A 1.0 method", req.Method), false)
+		fail(a2a.ErrMethodNotFound.With("method %q is not an A2A 1.0 method", req.Method))
 	}
 }
 
@@ -265,9 +268,9 @@ func (in *ingress) result(r *http.Request, t *liveTask, cfg *a2a.SendConfig) a2a
 
 // --- HTTP+JSON --------------------------------------------------------------
 
-func writeRESTError(w http.ResponseWriter, e *a2a.Error, unimpl bool) {
+func writeRESTError(w http.ResponseWriter, e *a2a.Error) {
 	writeJSON(w, e.HTTPStatus, map[string]any{"error": map[string]any{
-		"code": e.HTTPStatus, "status": e.Status, "message": e.Message, "details": errorDetails(e, unimpl),
+		"code": e.HTTPStatus, "status": e.Status, "message": e.Message, "details": errorDetails(e),
 	}})
 }
 
@@ -278,7 +281,7 @@ func (in *ingress) restBegin(w http.ResponseWriter, r *http.Request) (string, *p
 		return "", nil, false
 	}
 	if e := versionOK(r); e != nil {
-		writeRESTError(w, e, false)
+		writeRESTError(w, e)
 		return "", nil, false
 	}
 	return principal, p, true
@@ -291,12 +294,12 @@ func (in *ingress) restSendRequest(w http.ResponseWriter, r *http.Request) (*a2a
 		return nil, false
 	}
 	if aerr != nil {
-		writeRESTError(w, aerr, false)
+		writeRESTError(w, aerr)
 		return nil, false
 	}
 	var sr a2a.SendRequest
 	if err := json.Unmarshal(body, &sr); err != nil {
-		writeRESTError(w, a2a.ErrParse.With("request is not a SendMessageRequest: %v", err), false)
+		writeRESTError(w, a2a.ErrParse.With("request is not a SendMessageRequest: %v", err))
 		return nil, false
 	}
 	return &sr, true
@@ -320,7 +323,7 @@ func (in *ingress) restSend(w http.ResponseWriter, r *http.Request) {
 	}
 	t, _, aerr := in.send(principal, p, sr, false)
 	if aerr != nil {
-		writeRESTError(w, aerr, false)
+		writeRESTError(w, aerr)
 		return
 	}
 	task := in.result(r, t, sr.Configuration)
@@ -334,7 +337,7 @@ func (in *ingress) restStream(w http.ResponseWriter, r *http.Request) {
 	}
 	t, s, aerr := in.send(principal, p, sr, true)
 	if aerr != nil {
-		writeRESTError(w, aerr, false)
+		writeRESTError(w, aerr)
 		return
 	}
 	sse(w, r, s, func() { in.unsubscribe(t, s) }, restFrame)
@@ -361,12 +364,12 @@ func (in *ingress) restList(w http.ResponseWriter, r *http.Request) {
 		lr.HistoryLength = &n
 	}
 	if bad != nil {
-		writeRESTError(w, bad, false)
+		writeRESTError(w, bad)
 		return
 	}
 	out, missing, aerr := in.list(r.Context(), principal, p, &lr)
 	if aerr != nil {
-		writeRESTError(w, aerr, false)
+		writeRESTError(w, aerr)
 		return
 	}
 	unanswered(w, missing)
@@ -399,47 +402,57 @@ func (in *ingress) restTask(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Query().Has("historyLength") {
 			n, bad := queryInt(r.URL.Query().Get("historyLength"), "historyLength")
 			if bad != nil {
-				writeRESTError(w, bad, false)
+				writeRESTError(w, bad)
 				return
 			}
 			tr.HistoryLength = &n
 		}
 		task, aerr := in.get(principal, p, &tr)
 		if aerr != nil {
-			writeRESTError(w, aerr, false)
+			writeRESTError(w, aerr)
 			return
 		}
 		writeJSON(w, http.StatusOK, task)
 	case verb == "cancel" && r.Method == http.MethodPost:
 		task, aerr := in.cancel(principal, p.name, id)
 		if aerr != nil {
-			writeRESTError(w, aerr, false)
+			writeRESTError(w, aerr)
 			return
 		}
 		writeJSON(w, http.StatusOK, task)
 	case verb == "subscribe":
 		s, stop, aerr := in.subscribe(principal, p.name, id)
 		if aerr != nil {
-			writeRESTError(w, aerr, false)
+			writeRESTError(w, aerr)
 			return
 		}
 		sse(w, r, s, stop, restFrame)
 	default:
-		writeRESTError(w, a2a.ErrMethodNotFound.With("%s %s is not an A2A 1.0 HTTP+JSON route", r.Method, r.URL.Path), false)
+		writeRESTError(w, a2a.ErrMethodNotFound.With("%s %s is not an A2A 1.0 HTTP+JSON route", r.Method, r.URL.Path))
 	}
 }
 
-// restPush answers the push-notification routes.
+// restPush answers the push-notification routes, naming the operation the
+// route is.
 func (in *ingress) restPush(w http.ResponseWriter, r *http.Request) {
 	if _, _, ok := in.restBegin(w, r); !ok {
 		return
 	}
-	writeRESTError(w, unimplemented("push notification configuration"), true)
+	op := "CreateTaskPushNotificationConfig"
+	switch {
+	case r.Method == http.MethodDelete:
+		op = "DeleteTaskPushNotificationConfig"
+	case r.PathValue("config") != "":
+		op = "GetTaskPushNotificationConfig"
+	case r.Method == http.MethodGet:
+		op = "ListTaskPushNotificationConfigs"
+	}
+	writeRESTError(w, unimplemented(op))
 }
 
 func (in *ingress) restExtendedCard(w http.ResponseWriter, r *http.Request) {
 	if _, _, ok := in.restBegin(w, r); !ok {
 		return
 	}
-	writeRESTError(w, unimplemented("GetExtendedAgentCard"), true)
+	writeRESTError(w, unimplemented("GetExtendedAgentCard"))
 }
