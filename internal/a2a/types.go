@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -254,6 +255,18 @@ func (e *Error) Error() string { return e.Message }
 func (e *Error) With(format string, args ...any) *Error {
 	c := *e
 	c.Message = fmt.Sprintf(format, args...)
+	return &c
+}
+
+// WithMeta returns a copy of e whose ErrorInfo metadata also carries the
+// key, value pairs kv.
+func (e *Error) WithMeta(kv ...string) *Error {
+	c := *e
+	c.Metadata = make(map[string]string, len(e.Metadata)+len(kv)/2)
+	maps.Copy(c.Metadata, e.Metadata)
+	for i := 0; i+1 < len(kv); i += 2 {
+		c.Metadata[kv[i]] = kv[i+1]
+	}
 	return &c
 }
 

@@ -33,6 +33,17 @@ func rpcCode(out map[string]any) float64 {
 	return c
 }
 
+// errorInfo is a JSON-RPC error's ErrorInfo detail.
+func errorInfo(out map[string]any) map[string]any {
+	e, _ := out["error"].(map[string]any)
+	data, _ := e["data"].([]any)
+	if len(data) == 0 {
+		return nil
+	}
+	info, _ := data[0].(map[string]any)
+	return info
+}
+
 // TestA2AProtocolErrors: the A2A errors and their codes, on both bindings.
 func TestA2AProtocolErrors(t *testing.T) {
 	b := a2aBroker(t, "", Options{})
@@ -58,8 +69,7 @@ func TestA2AProtocolErrors(t *testing.T) {
 		if c.detail {
 			// Upstream's words, the ErrorInfo naming the operation.
 			e, _ := out["error"].(map[string]any)
-			data, _ := e["data"].([]any)
-			info, _ := data[0].(map[string]any)
+			info := errorInfo(out)
 			md, _ := info["metadata"].(map[string]any)
 			if e["message"] != fmt.Sprintf("operation %q is not yet implemented by this broker's A2A ingress", c.method) ||
 				info["reason"] != "UNSUPPORTED_OPERATION" || md["operation"] != c.method || md["detail"] != "OPERATION_NOT_IMPLEMENTED" {
@@ -72,8 +82,13 @@ func TestA2AProtocolErrors(t *testing.T) {
 		!strings.Contains(text, `"metadata":{"detail":"OPERATION_NOT_IMPLEMENTED","operation":"DeleteTaskPushNotificationConfig"}`) {
 		t.Errorf("HTTP+JSON push config delete: %d %s", code, text)
 	}
+	// Upstream's refusals name the task in their ErrorInfo.
+	_, out := b.rpc(t, "support", "GetTask", `{"id":"nope"}`)
+	if md := errorInfo(out)["metadata"]; fmt.Sprint(md) != "map[taskId:nope]" {
+		t.Errorf("unknown task's ErrorInfo metadata %v, want taskId", md)
+	}
 	// An inline push config is refused in upstream's words.
-	code, out := b.rpc(t, "support", "SendMessage", `{"message":{"messageId":"m1","role":"ROLE_USER","parts":[{"text":"hi"}]},`+
+	code, out = b.rpc(t, "support", "SendMessage", `{"message":{"messageId":"m1","role":"ROLE_USER","parts":[{"text":"hi"}]},`+
 		`"configuration":{"taskPushNotificationConfig":{"url":"https://example.com/hook"}}}`)
 	if code != 200 || rpcCode(out) != -32003 || !strings.Contains(fmt.Sprint(out),
 		"this broker does not deliver push notifications; the agent card declares capabilities.pushNotifications as false") {

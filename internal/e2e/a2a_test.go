@@ -334,6 +334,13 @@ func TestA2ASubscribeAndCancel(t *testing.T) {
 			if id, _ := ask.Status.Message.Metadata["nexus.hitl.requestId"].(string); id == "" {
 				t.Errorf("the question carries no nexus.hitl.requestId: %v", ask.Status.Message.Metadata)
 			}
+			// An answer naming another context is refused, in upstream's words.
+			astray := a2a.NewMessageForTask(a2a.MessageRoleUser, ask, a2a.NewTextPart("yes"))
+			astray.ContextID = "elsewhere"
+			if _, err := c.SendMessage(ctxT(t), &a2a.SendMessageRequest{Message: astray}); !errors.Is(err, a2a.ErrUnsupportedOperation) || !strings.Contains(err.Error(),
+				fmt.Sprintf("message names task %q but context \"elsewhere\"; a task is continued by naming the context it belongs to, %q", ask.ID, ask.ContextID)) {
+				t.Errorf("an answer naming another context: %v", err)
+			}
 			reply := a2a.NewMessageForTask(a2a.MessageRoleUser, ask, a2a.NewTextPart("yes"))
 			done := sendTask(t, c, &a2a.SendMessageRequest{Message: reply})
 			if got := answerOf(t, done); got != "answered: yes" || done.ID != ask.ID {
@@ -387,7 +394,7 @@ func TestA2AQueue(t *testing.T) {
 		b.GatewayLog.wait(t, regexp.MustCompile(fmt.Sprintf(`level=WARN msg="a2a task queued behind the conversation's active turn" profile=slow task_id=%s context_id=q ahead=%d`, task.ID, i+1)), time.Second)
 	}
 	canceled, err := c.CancelTask(ctxT(t), &a2a.CancelTaskRequest{ID: third.ID})
-	if err != nil || canceled.Status.State != a2a.TaskStateCanceled {
+	if err != nil || canceled.Status.State != a2a.TaskStateCanceled || statusText(canceled) != "the task was canceled by the client" {
 		t.Fatalf("cancelling a queued task: %+v %v", canceled, err)
 	}
 	evs := events(t, c.SubscribeToTask(ctxT(t), &a2a.SubscribeToTaskRequest{ID: second.ID}))

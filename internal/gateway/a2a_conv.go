@@ -48,7 +48,14 @@ const (
 	textInstanceGone = "the agent instance stopped responding before the turn finished"
 	textInputTimeout = "the agent asked a question and no answer arrived within %s, so the turn was abandoned"
 	textCanceled     = "the task was canceled by the client"
-	textQueueCancel  = "canceled while queued"
+)
+
+// The ErrorInfo details upstream's refusals of a message naming a task
+// carry, for a client to branch on rather than on prose.
+const (
+	detailTerminal        = "TASK_ALREADY_TERMINAL"
+	detailNotAwaiting     = "TASK_NOT_AWAITING_INPUT"
+	detailContextMismatch = "TASK_CONTEXT_MISMATCH"
 )
 
 // contextBinding is one line of a2a-contexts.jsonl.
@@ -681,12 +688,18 @@ func (in *ingress) answer(principal, profile string, msg *a2a.Message, text stri
 	t := in.lookupLocked(principal, profile, msg.TaskID)
 	if t == nil {
 		if _, ok := in.store.Get(principal, profile, msg.TaskID); ok {
-			return nil, a2a.ErrUnsupportedOp.With("task %q has ended and accepts no further messages; send a message with no taskId to start a new task", msg.TaskID)
+			return nil, a2a.ErrUnsupportedOp.With("task %q has ended and accepts no further messages; send a message with no taskId to start a new task", msg.TaskID).
+				WithMeta("taskId", msg.TaskID, "detail", detailTerminal)
 		}
-		return nil, a2a.ErrTaskNotFound
+		return nil, a2a.ErrTaskNotFound.WithMeta("taskId", msg.TaskID)
+	}
+	if msg.ContextID != "" && msg.ContextID != t.rec.Task.ContextID {
+		return nil, a2a.ErrUnsupportedOp.With("message names task %q but context %q; a task is continued by naming the context it belongs to, %q",
+			msg.TaskID, msg.ContextID, t.rec.Task.ContextID).WithMeta("taskId", msg.TaskID, "contextId", t.rec.Task.ContextID, "detail", detailContextMismatch)
 	}
 	if t.rec.Task.Status.State != a2a.StateInputRequired || t.conv.lease == nil {
-		return nil, a2a.ErrUnsupportedOp.With("task %q is not waiting for input; a message may only continue a task that reported %s", msg.TaskID, a2a.StateName(a2a.StateInputRequired))
+		return nil, a2a.ErrUnsupportedOp.With("task %q is not waiting for input; a message may only continue a task that reported %s", msg.TaskID, a2a.StateName(a2a.StateInputRequired)).
+			WithMeta("taskId", msg.TaskID, "detail", detailNotAwaiting)
 	}
 	if msg.ContextID == "" {
 		msg.ContextID = t.rec.Task.ContextID
@@ -718,15 +731,15 @@ func (in *ingress) cancelTask(principal, profile, id string) (*a2a.Task, *a2a.Er
 	if t == nil {
 		in.mu.Unlock()
 		if r, ok := in.store.Get(principal, profile, id); ok {
-			return nil, a2a.ErrTaskNotCancelable.With("task is in terminal state %s and cannot be canceled", a2a.StateName(r.Task.Status.State))
+			return nil, a2a.ErrTaskNotCancelable.With("task is in terminal state %s and cannot be canceled", a2a.StateName(r.Task.Status.State)).WithMeta("taskId", id)
 		}
-		return nil, a2a.ErrTaskNotFound
+		return nil, a2a.ErrTaskNotFound.WithMeta("taskId", id)
 	}
 	c := t.conv
 	for i, q := range c.queue {
 		if q == t {
 			c.queue = append(c.queue[:i:i], c.queue[i+1:]...)
-			in.setStateLocked(t, a2a.StateCanceled, textQueueCancel)
+			in.setStateLocked(t, a2a.StateCanceled, textCanceled)
 			snap := t.rec.Task.Clone()
 			in.mu.Unlock()
 			return &snap, nil
@@ -767,7 +780,7 @@ func (in *ingress) subscribe(principal, profile, id string) (*sseStream, func(),
 	}
 	r, ok := in.store.Get(principal, profile, id)
 	if !ok {
-		return nil, nil, a2a.ErrTaskNotFound
+		return nil, nil, a2a.ErrTaskNotFound.WithMeta("taskId", id)
 	}
 	s := newStream(a2a.Event{Task: &r.Task})
 	s.end()

@@ -447,7 +447,7 @@ func (in *ingress) matching(principal, profile string, req *a2a.ListRequest, lim
 func (in *ingress) get(principal string, p *profile, req *a2a.TaskRequest) (*a2a.Task, *a2a.Error) {
 	r, ok := in.store.Get(principal, p.name, req.ID)
 	if !ok {
-		return nil, a2a.ErrTaskNotFound
+		return nil, a2a.ErrTaskNotFound.WithMeta("taskId", req.ID)
 	}
 	trimTask(&r.Task, req.HistoryLength, true)
 	return &r.Task, nil
