@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"syscall"
@@ -176,6 +177,10 @@ func TestSIGHUPReload(t *testing.T) {
 
 func TestSpawndShutdownLeavesInstancesForTheNextOne(t *testing.T) {
 	b := startBroker(t, Options{StateDir: true})
+	journal := filepath.Join(b.Dir, "state", "leases.jsonl")
+	index := filepath.Join(b.Dir, "state", "session-binaries.jsonl")
+	b.SpawndLog.wait(t, regexp.MustCompile(`level=INFO msg="lease journal opened" path=`+regexp.QuoteMeta(journal)+` live_leases=0 skipped_records=0`), 5*time.Second)
+	b.SpawndLog.wait(t, regexp.MustCompile(`level=INFO msg="session binary index opened" path=`+regexp.QuoteMeta(index)+` bindings=0 skipped_records=0`), 5*time.Second)
 	claim := b.claim(brokerclient.ClaimRequest{})
 	conn := b.dial(claim, brokerclient.DialOptions{})
 
@@ -195,8 +200,20 @@ func TestSpawndShutdownLeavesInstancesForTheNextOne(t *testing.T) {
 	if got := say(t, conn, "spawnd is down"); got != "echo #1: spawnd is down" {
 		t.Fatalf("the stream stopped with spawnd: %q", got)
 	}
+	// A record torn by a crash mid-write is skipped, and said so once in
+	// upstream's words; the whole ones are read.
+	f, err := os.OpenFile(journal, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString(`{"kind":"minted","lease_id":"torn`); err != nil {
+		t.Fatal(err)
+	}
+	_ = f.Close()
 	b.StartSpawnd()
 	b.SpawndLog.wait(t, regexp.MustCompile(`msg="instance re-adopted" lease_id=`+claim.LeaseID), 10*time.Second)
+	b.SpawndLog.wait(t, regexp.MustCompile(`level=WARN msg="skipped unreadable lease journal records; the broker was most likely killed mid-write" path=`+regexp.QuoteMeta(journal)+` skipped=1 read=[1-9]\d*\n`), time.Second)
+	b.SpawndLog.wait(t, regexp.MustCompile(`level=INFO msg="lease journal opened" path=`+regexp.QuoteMeta(journal)+` live_leases=1 skipped_records=1`), time.Second)
 	if status, _ := b.do("POST", "/release/"+claim.LeaseID, ""); status != 200 {
 		t.Fatalf("release through the new spawnd = %d", status)
 	}

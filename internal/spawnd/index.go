@@ -33,8 +33,9 @@ type binding struct {
 // started; one that cannot be rewritten turns the index off (nil). An empty
 // session id is never bound (Key refuses it).
 func openSessionIndex(stateDir string, limit int, log *slog.Logger) *bindindex.Index[binding] {
-	return bindindex.Open(bindindex.Spec[binding]{
-		Path:  filepath.Join(stateDir, indexFile),
+	path := filepath.Join(stateDir, indexFile)
+	idx := bindindex.Open(bindindex.Spec[binding]{
+		Path:  path,
 		Limit: limit,
 		Key: func(b binding) (string, bool) {
 			return b.SessionID, sessionid.Validate(b.SessionID) == nil && b.Entry != ""
@@ -48,4 +49,9 @@ func openSessionIndex(stateDir string, limit int, log *slog.Logger) *bindindex.I
 		SetAside: "the session → binary index is not nexus-spawnd's own, so it was set aside and a fresh one started; " +
 			"resumes of sessions it recorded are not checked against their binary",
 	}, log)
+	if idx != nil {
+		n, _ := idx.Opened()
+		logOpened(log, idx, path, "session binary index", "bindings", n)
+	}
+	return idx
 }
