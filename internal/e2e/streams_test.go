@@ -1,12 +1,15 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"regexp"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -223,6 +226,44 @@ func TestEvictionSendsAGapNamingTheMissingRange(t *testing.T) {
 	m := b.metrics()
 	if m[`nexus_broker_replay_gaps_total{reason="evicted"}`] != 1 || m[`nexus_broker_replay_gaps_total{reason="restarted"}`] != 1 {
 		t.Fatalf("replay_gaps_total: %v %v", m[`nexus_broker_replay_gaps_total{reason="evicted"}`], m[`nexus_broker_replay_gaps_total{reason="restarted"}`])
+	}
+}
+
+// TestAStalledClientLosesTheOldestFramesAndTheGatewaySaysSo: a client that
+// stops reading falls more than client_replay_buffer_bytes behind; what it
+// loses is counted as client_buffer_full and logged in upstream's words.
+func TestAStalledClientLosesTheOldestFramesAndTheGatewaySaysSo(t *testing.T) {
+	b := startBroker(t, Options{YAML: "client_replay_buffer_bytes: 3000\n"})
+	claim := b.claim(brokerclient.ClaimRequest{})
+	// A receive buffer too small to hide that this client reads nothing.
+	d := websocket.Dialer{NetDialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		nd := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
+			var serr error
+			if err := c.Control(func(fd uintptr) {
+				serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096)
+			}); err != nil {
+				return err
+			}
+			return serr
+		}}
+		return nd.DialContext(ctx, network, addr)
+	}}
+	ws, _, err := d.Dial(claim.WSURL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.Close()
+	in, err := brokerframe.Encode(brokerframe.Frame{LeaseID: claim.LeaseID, Signal: brokerframe.SignalIO,
+		Payload: json.RawMessage(`{"type":"input","content":"/big 50000"}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ws.WriteMessage(websocket.TextMessage, in); err != nil {
+		t.Fatal(err)
+	}
+	b.GatewayLog.wait(t, regexp.MustCompile(`level=WARN msg="peer send buffer full, dropping frame" lease_id=`+claim.LeaseID+` signal=io frames=[1-9]`), 60*time.Second)
+	if v := b.metrics()[`nexus_broker_frames_dropped_total{reason="client_buffer_full"}`]; v == 0 {
+		t.Fatal("frames_dropped_total{client_buffer_full} = 0 after a logged loss")
 	}
 }
 

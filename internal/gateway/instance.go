@@ -257,7 +257,10 @@ func (ic *instanceConn) readPump(l *lease) {
 			continue
 		}
 		if lost > 0 {
+			// Upstream's words for a client that stopped draining; here the
+			// frames lost are the oldest its cursor had not reached.
 			g.m.framesDropped.add("client_buffer_full", uint64(lost))
+			g.log.Warn("peer send buffer full, dropping frame", "lease_id", l.id, "signal", f.Signal, "frames", lost)
 		}
 		// Recorded in the step that reads the observer: a conversation
 		// adopting this lease sees either this state or this payload.
