@@ -5,9 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -253,6 +256,47 @@ func TestRegistrationRefusalsAreIdenticalOnTheWireAndNamedInTheLog(t *testing.T)
 			}
 			b.waitNoInstances(15 * time.Second)
 		})
+	}
+}
+
+// TestANonHandshakeIsRefusedInUpstreamsWords: a request to a WebSocket
+// route that is not a handshake is refused as upstream's WebSocket library
+// refuses it (426 naming the missing token, with the headers asking for an
+// upgrade; 400 for a version other than 13), and logged as upstream does.
+func TestANonHandshakeIsRefusedInUpstreamsWords(t *testing.T) {
+	b := startBroker(t, Options{})
+	claim := b.claim(brokerclient.ClaimRequest{})
+	cases := []struct {
+		path, peer string
+		header     []string
+		status     int
+		text       string
+		want       [2]string // a header the refusal carries
+	}{
+		{"/lease/" + claim.LeaseID, "client", nil, 426, `WebSocket protocol violation: Connection header "" does not contain Upgrade`, [2]string{"Upgrade", "websocket"}},
+		{"/instance", "instance", []string{"Connection", "Upgrade"}, 426, `WebSocket protocol violation: Upgrade header "" does not contain websocket`, [2]string{"Connection", "Upgrade"}},
+		{"/lease/" + claim.LeaseID, "client", []string{"Connection", "Upgrade", "Upgrade", "websocket", "Sec-WebSocket-Version", "8"}, 400,
+			`unsupported WebSocket protocol version (only 13 is supported): "8"`, [2]string{"Sec-WebSocket-Version", "13"}},
+	}
+	for _, c := range cases {
+		req, err := http.NewRequest(http.MethodGet, b.Base+c.path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i+1 < len(c.header); i += 2 {
+			req.Header.Set(c.header[i], c.header[i+1])
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		if resp.StatusCode != c.status || strings.TrimSpace(string(body)) != c.text || resp.Header.Get(c.want[0]) != c.want[1] {
+			t.Errorf("GET %s %v = %d %q (%s: %q), want %d %q", c.path, c.header, resp.StatusCode, body, c.want[0], resp.Header.Get(c.want[0]), c.status, c.text)
+		}
+		logged := strconv.Quote("failed to accept WebSocket connection: " + c.text)
+		b.GatewayLog.wait(t, regexp.MustCompile(`level=ERROR msg="`+c.peer+` websocket accept failed" error=`+regexp.QuoteMeta(logged)), time.Second)
 	}
 }
 

@@ -243,6 +243,7 @@ func (g *Gateway) handleClient(w http.ResponseWriter, r *http.Request) {
 	turn := l.clientTicket()
 	conn, err := upgrader.Upgrade(w, r, nil)
 	if err != nil {
+		g.logAcceptFailed("client", r, err)
 		return
 	}
 	// As for instances: return, so net/http can drop its per-connection

@@ -57,7 +57,8 @@ func (ic *instanceConn) sendShutdown() {
 func (g *Gateway) handleInstance(w http.ResponseWriter, r *http.Request) {
 	conn, err := upgrader.Upgrade(w, r, nil)
 	if err != nil {
-		return // the upgrader has answered
+		g.logAcceptFailed("instance", r, err) // the upgrader has answered
+		return
 	}
 	// Serve the socket on a fresh goroutine and return: a handler that never
 	// returns pins net/http's per-connection buffers, request and contexts

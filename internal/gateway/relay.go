@@ -459,6 +459,7 @@ func (g *Gateway) relayClient(w http.ResponseWriter, r *http.Request, owner, id 
 	}
 	conn, err := upgrader.Upgrade(w, r, nil)
 	if err != nil {
+		g.logAcceptFailed("client", r, err)
 		g.detachRelay(owner, id, ans.Conn)
 		return
 	}

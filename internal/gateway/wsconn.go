@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -79,6 +80,56 @@ var upgrader = websocket.Upgrader{
 	// the broker is not a cookie-authenticated site, so any origin may
 	// connect; authorization is by credential and lease ownership.
 	CheckOrigin: func(*http.Request) bool { return true },
+	Error: func(w http.ResponseWriter, r *http.Request, status int, reason error) {
+		status, text := handshakeRefusal(r, w.Header(), status, reason)
+		http.Error(w, text, status)
+	},
+}
+
+// handshakeRefusal is how upstream's WebSocket library refuses a request it
+// cannot upgrade, checked in its order: 426 when the Connection or Upgrade
+// token is missing (asking for both), 400 for a version other than 13 or no
+// key. Anything else keeps gorilla's status and reason. hdr, when not nil,
+// gets the headers the refusal carries.
+func handshakeRefusal(r *http.Request, hdr http.Header, status int, reason error) (int, string) {
+	set := func(kv ...string) {
+		for i := 0; hdr != nil && i+1 < len(kv); i += 2 {
+			hdr.Set(kv[i], kv[i+1])
+		}
+	}
+	switch {
+	case !hasToken(r.Header, "Connection", "upgrade"):
+		set("Connection", "Upgrade", "Upgrade", "websocket")
+		return http.StatusUpgradeRequired, fmt.Sprintf("WebSocket protocol violation: Connection header %q does not contain Upgrade", r.Header.Get("Connection"))
+	case !hasToken(r.Header, "Upgrade", "websocket"):
+		set("Connection", "Upgrade", "Upgrade", "websocket")
+		return http.StatusUpgradeRequired, fmt.Sprintf("WebSocket protocol violation: Upgrade header %q does not contain websocket", r.Header.Get("Upgrade"))
+	case r.Header.Get("Sec-WebSocket-Version") != "13":
+		set("Sec-WebSocket-Version", "13")
+		return http.StatusBadRequest, fmt.Sprintf("unsupported WebSocket protocol version (only 13 is supported): %q", r.Header.Get("Sec-WebSocket-Version"))
+	case r.Header.Get("Sec-WebSocket-Key") == "":
+		return http.StatusBadRequest, "WebSocket protocol violation: missing Sec-WebSocket-Key"
+	}
+	return status, reason.Error()
+}
+
+// hasToken reports whether header key lists token (case-insensitively).
+func hasToken(h http.Header, key, token string) bool {
+	for _, v := range h.Values(key) {
+		for t := range strings.SplitSeq(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(t), token) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// logAcceptFailed logs a refused handshake as upstream does ("client
+// websocket accept failed", "instance websocket accept failed").
+func (g *Gateway) logAcceptFailed(peer string, r *http.Request, err error) {
+	_, text := handshakeRefusal(r, nil, 0, err)
+	g.log.Error(peer+" websocket accept failed", "error", "failed to accept WebSocket connection: "+text)
 }
 
 // wsConn serializes data writes on one gorilla connection (gorilla allows one
