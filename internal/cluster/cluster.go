@@ -164,15 +164,18 @@ func (n *Node) ID() string { return n.id }
 
 type handler struct {
 	h       Handler
-	timeout time.Duration
+	timeout func() time.Duration
 }
 
 // Handle registers h for op, answered within CallTimeout; call before Start.
-func (n *Node) Handle(op string, h Handler) { n.HandleFor(op, CallTimeout, h) }
+func (n *Node) Handle(op string, h Handler) {
+	n.HandleFor(op, func() time.Duration { return CallTimeout }, h)
+}
 
-// HandleFor registers h for op, answered within timeout (a claim waits for
-// its instance to boot).
-func (n *Node) HandleFor(op string, timeout time.Duration, h Handler) {
+// HandleFor registers h for op, answered within timeout() as it is when
+// each request arrives (a claim waits for its instance to boot, by keys a
+// reload may change).
+func (n *Node) HandleFor(op string, timeout func() time.Duration, h Handler) {
 	n.handlers[op] = handler{h: h, timeout: timeout}
 }
 
@@ -512,7 +515,7 @@ func (n *Node) serve(msg *nats.Msg) {
 		if !ok {
 			err = fmt.Errorf("unknown op %q", op)
 		} else {
-			ctx, cancel := context.WithTimeout(n.ctx, h.timeout)
+			ctx, cancel := context.WithTimeout(n.ctx, h.timeout())
 			out, err = h.h(ctx, from, body)
 			cancel()
 		}

@@ -95,6 +95,12 @@ func (g *Gateway) offerTimeout() time.Duration {
 	return cfg.ReadyTimeout.D() + cfg.SessionReportGrace.D() + 30*time.Second
 }
 
+// resumeTimeout bounds a resume sent to the broker holding its session,
+// which may queue it there for up to queue_wait_timeout before the spawn.
+func (g *Gateway) resumeTimeout() time.Duration {
+	return g.offerTimeout() + g.cfg.Load().QueueWaitTimeout.D()
+}
+
 // offerClaim offers a claim this full broker would queue to its reachable
 // peers, one at a time in random order, until one with a free slot spawns
 // it: each takes a slot only if one is free at that moment, so exactly one

@@ -64,8 +64,7 @@ func (g *Gateway) routeResume(ctx context.Context, p auth.Principal, session str
 		return nil, nil, false, mine
 	}
 	var a offerAnswer
-	timeout := g.offerTimeout() + g.cfg.Load().QueueWaitTimeout.D()
-	if err := g.node.CallFor(ctx, timeout, holder, opResume, offerCall{Principal: p, Claim: body}, &a); err != nil {
+	if err := g.node.CallFor(ctx, g.resumeTimeout(), holder, opResume, offerCall{Principal: p, Claim: body}, &a); err != nil {
 		g.log.Warn("cluster: the broker holding a resumed session did not take the claim", "peer", holder, "session_id", session, "error", err)
 		return nil, refuse(http.StatusServiceUnavailable, "spawn_failed", errSessionBrokerUnavailable), true, false
 	}

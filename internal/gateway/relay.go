@@ -168,8 +168,10 @@ func (g *Gateway) registerClusterOps(n *cluster.Node) {
 		}
 		return g.localLeases(c.Principal), nil
 	})
-	n.HandleFor(opClaim, g.offerTimeout(), g.takeOffer)
-	n.HandleFor(opResume, g.offerTimeout()+g.cfg.Load().QueueWaitTimeout.D(), g.takeResume)
+	// Each deadline is read per request, so a SIGHUP's ready_timeout,
+	// session_report_grace, queue_wait_timeout or max_turn_duration applies.
+	n.HandleFor(opClaim, g.offerTimeout, g.takeOffer)
+	n.HandleFor(opResume, g.resumeTimeout, g.takeResume)
 	n.Handle(opSession, g.answerSession)
 	n.Handle(opCount, func(_ context.Context, _ string, body json.RawMessage) (any, error) {
 		var c countCall
@@ -177,7 +179,7 @@ func (g *Gateway) registerClusterOps(n *cluster.Node) {
 		return countAnswer{Leases: g.localCount(c.Principal)}, err
 	})
 	n.Handle(opContext, g.answerContext)
-	n.HandleFor(opHTTP, g.carriedTimeout(), g.serveCarried)
+	n.HandleFor(opHTTP, g.carriedTimeout, g.serveCarried)
 	n.Handle(opStreamOpen, g.openStream)
 	n.Handle(opStreamRead, g.readStream)
 	n.Handle(opStreamClose, g.closeStream)
