@@ -5,10 +5,10 @@ package main
 
 import (
 	"flag"
-	"fmt"
 	"log/slog"
 	"os"
 
+	"github.com/nexus-broker/nexus-broker/internal/bootlog"
 	"github.com/nexus-broker/nexus-broker/internal/brokerd"
 )
 
@@ -25,7 +25,8 @@ func main() {
 		run = brokerd.Stop
 	}
 	if err := run(o); err != nil {
-		fmt.Fprintln(os.Stderr, "nexus-broker:", err)
+		// As upstream: the failure is one record of this log, then exit 1.
+		bootlog.Log(log, err, brokerd.Failed)
 		os.Exit(1)
 	}
 }

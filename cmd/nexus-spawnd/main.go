@@ -7,13 +7,13 @@ package main
 import (
 	"context"
 	"flag"
-	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
 	"time"
 
+	"github.com/nexus-broker/nexus-broker/internal/bootlog"
 	"github.com/nexus-broker/nexus-broker/internal/config/core"
 	"github.com/nexus-broker/nexus-broker/internal/footprint"
 	"github.com/nexus-broker/nexus-broker/internal/spawnd"
@@ -40,20 +40,21 @@ func main() {
 		}
 	}()
 	if err := run(*configPath, *runDir, *idleExit, log); err != nil {
-		fmt.Fprintln(os.Stderr, "nexus-spawnd:", err)
+		bootlog.Log(log, err, "nexus-spawnd failed") // one record, as the gateway's
 		os.Exit(1)
 	}
 }
 
 func run(cfgPath, runDir string, idleExit time.Duration, log *slog.Logger) error {
 	footprint.Tune(spawnd.Procs)
+	given := cfgPath
 	cfgPath, err := core.Canonical(cfgPath)
 	if err != nil {
-		return err
+		return bootlog.Wrap(bootlog.LoadConfig, err, "path", given)
 	}
 	cfg, err := core.Load(cfgPath)
 	if err != nil {
-		return err
+		return bootlog.Wrap(bootlog.LoadConfig, err, "path", given)
 	}
 	if runDir == "" {
 		runDir = spawnrpc.RunDir(cfg.Spawnd.RunDir, cfgPath)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/nexus-broker/nexus-broker/internal/atomicfile"
 	"github.com/nexus-broker/nexus-broker/internal/auth"
+	"github.com/nexus-broker/nexus-broker/internal/bootlog"
 	"github.com/nexus-broker/nexus-broker/internal/config"
 	"github.com/nexus-broker/nexus-broker/internal/config/core"
 	"github.com/nexus-broker/nexus-broker/internal/footprint"
@@ -41,6 +42,19 @@ type Options struct {
 	SpawndPath string
 	Logger     *slog.Logger
 }
+
+// Records of a failed start or stop with no upstream counterpart, beside
+// bootlog's.
+const (
+	AttachSpawnd     = "failed to attach to nexus-spawnd"
+	GracefulShutdown = "graceful shutdown failed" // upstream's
+	// Failed is the record of any other error of Run or Stop.
+	Failed = "nexus-broker failed"
+)
+
+// shutdownGrace bounds how long open HTTP requests may finish after
+// SIGTERM (upstream's 10 s); WebSockets are closed by the gateway first.
+const shutdownGrace = 10 * time.Second
 
 //go:embed dev.yaml
 var devYAML string
@@ -73,7 +87,7 @@ func Run(o Options) error {
 	logAuth(cfg, log)
 	authn, err := auth.New(cfg.Auth, log)
 	if err != nil {
-		return err
+		return bootlog.Wrap(bootlog.LoadConfig, err, "path", path)
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -84,13 +98,13 @@ func Run(o Options) error {
 		RunDir: spawnrpc.RunDir(cfg.Spawnd.RunDir, path), ConfigPath: path, ConfigDigest: cfg.Digest, Launch: o.LaunchSpawnd, SpawndPath: o.SpawndPath, Logger: log,
 	})
 	if err != nil {
-		return err
+		return bootlog.Wrap(AttachSpawnd, err)
 	}
 	defer client.Close()
 
 	ln, err := net.Listen("tcp", cfg.ListenAddr)
 	if err != nil {
-		return fmt.Errorf("listen_addr %q: %w", cfg.ListenAddr, err)
+		return bootlog.Wrap(bootlog.HTTPGateway, fmt.Errorf("listen_addr %q: %w", cfg.ListenAddr, err))
 	}
 	defer ln.Close()
 
@@ -115,13 +129,17 @@ func Run(o Options) error {
 			_ = g.Reload(path) // logged either way; the config in force stays on failure
 		case err := <-serveErr:
 			g.Shutdown()
-			return err
+			return bootlog.Wrap(bootlog.HTTPGateway, err)
 		case <-ctx.Done():
-			log.Info("shutting down; instances keep running for the next gateway to reattach", "release_them_with", "nexus-broker -stop -config "+path)
+			// Upstream's lines; ours adds that the instances stay.
+			log.Info("shutdown signal received, draining", "instances", "keep running for the next gateway to reattach", "release_them_with", "nexus-broker -stop -config "+path)
 			g.Shutdown()
-			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
 			defer cancel()
-			_ = srv.Shutdown(sctx)
+			if err := srv.Shutdown(sctx); err != nil {
+				return bootlog.Wrap(GracefulShutdown, err)
+			}
+			log.Info("nexus-broker stopped")
 			return nil
 		}
 	}
@@ -148,14 +166,25 @@ func bootSummary(ctx context.Context, cfg *config.Config, path string, client *s
 		"max_concurrent", cfg.MaxConcurrent, "state_dir", cfg.StateDir, "run_dir", spawnrpc.RunDir(cfg.Spawnd.RunDir, path), "spawnd_pid", client.Endpoint().Pid}
 }
 
-// loadConfig resolves, canonicalises and loads the config file of o.
+// loadConfig resolves, canonicalises and loads the config file of o. Its
+// errors carry upstream's "failed to load config" record, naming the path
+// as given (else the one chosen).
 func loadConfig(o Options) (path string, dev bool, cfg *config.Config, err error) {
+	defer func() {
+		given := o.ConfigPath
+		if given == "" {
+			given = path
+		}
+		err = bootlog.Wrap(bootlog.LoadConfig, err, "path", given)
+	}()
 	if path, dev, err = resolveConfig(o.ConfigPath, o.Logger); err != nil {
 		return "", false, nil, err
 	}
-	if path, err = core.Canonical(path); err != nil {
-		return "", false, nil, err
+	canon, err := core.Canonical(path)
+	if err != nil {
+		return path, false, nil, err
 	}
+	path = canon
 	cfg, err = config.Load(path)
 	return path, dev, cfg, err
 }

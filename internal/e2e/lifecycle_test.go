@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -77,6 +78,35 @@ func TestOverlongSocketPathRefused(t *testing.T) {
 	}
 }
 
+// TestConfigLoadFailureIsOneRecord: a config that fails to load is, on
+// stderr, upstream's one record and nothing else, from the gateway and from
+// spawnd alike: level=ERROR msg="failed to load config", the path as given
+// and our error text as error=, then exit status 1.
+func TestConfigLoadFailureIsOneRecord(t *testing.T) {
+	dir := t.TempDir()
+	cfg := writeConfig(t, dir, fmt.Sprintf("listen_addr: \"127.0.0.1:%d\"\nbogus_key: 1\nbinaries:\n  nexus:\n    path: %q\n", freePort(t), bin("nexus-echo")))
+	missing := filepath.Join(dir, "missing.yaml")
+	for _, c := range []struct {
+		name, path, err string
+	}{
+		{"nexus-broker", cfg, "broker config: bogus_key: unknown key; the keys allowed here are "},
+		{"nexus-spawnd", cfg, "broker config: bogus_key: unknown key; the keys allowed here are "},
+		{"nexus-broker", missing, "broker config: lstat " + missing + ": no such file or directory (check the -config path)"},
+		{"nexus-spawnd", missing, "broker config: lstat " + missing + ": no such file or directory (check the -config path)"},
+	} {
+		code, out := runToExit(t, nil, c.name, "-config", c.path)
+		record := regexp.MustCompile(`^time=\S+ level=ERROR msg="failed to load config" path=` + regexp.QuoteMeta(c.path) + ` error=("[^\n]*")\n$`)
+		m := record.FindStringSubmatch(out)
+		if code != 1 || m == nil {
+			t.Errorf("%s -config %s: exit %d, stderr not the one failed to load config record:\n%s", c.name, c.path, code, out)
+			continue
+		}
+		if got, _ := strconv.Unquote(m[1]); !strings.HasPrefix(got, c.err) {
+			t.Errorf("%s -config %s: error=%s, want it to start %q", c.name, c.path, m[1], c.err)
+		}
+	}
+}
+
 // TestMissingBinaryRefusedBeforeListening: a config naming a binary that
 // does not exist never has the gateway open its port. It exits non-zero
 // quoting spawnd's message for this attempt, and only this attempt's: the
@@ -94,8 +124,11 @@ func TestMissingBinaryRefusedBeforeListening(t *testing.T) {
 		if strings.Contains(out, "nexus-broker listening") {
 			t.Errorf("the gateway listened before spawnd's verdict:\n%s", out)
 		}
-		if !strings.Contains(out, missing) {
-			t.Errorf("the refusal does not quote spawnd's message about %s:\n%s", missing, out)
+		// spawnd's refusal, relayed as upstream's record of a registry
+		// entry that does not resolve.
+		relayed := regexp.MustCompile(`level=ERROR msg="failed to load config" path=\S+ error="broker config: binaries: nexus: path \\"` + missing + `\\" \(resolved ` + missing + `\) does not exist; [^"]*" spawnd_pid=\d+\n`)
+		if !relayed.MatchString(out) {
+			t.Errorf("the refusal does not relay spawnd's record about %s:\n%s", missing, out)
 		}
 		if missing == "/nonexistent/second-nexus" && strings.Contains(out, "first-nexus") {
 			t.Errorf("the second attempt's refusal quotes the first attempt's lines:\n%s", out)
@@ -435,5 +468,61 @@ func TestNothingLeftInTMPDIR(t *testing.T) {
 	b.KillSpawnd(syscall.SIGTERM)
 	if left, _ := os.ReadDir(b.Tmp); len(left) != 0 {
 		t.Errorf("spawnd left %d entries in TMPDIR, the first %s", len(left), left[0].Name())
+	}
+}
+
+// TestNoStateDirWarnedOncePerLog: without a state_dir, a gateway that
+// launched its spawnd says so once, in upstream's words (spawnd's own WARN
+// stays in spawnd.log, not relayed); run separately, as under systemd, each
+// process says it in its own log.
+func TestNoStateDirWarnedOncePerLog(t *testing.T) {
+	gatewayWarn := regexp.MustCompile(`level=WARN msg="state_dir is not set: lease state is in-memory only and a restart will lose track of every instance this broker spawned" restart=`)
+	spawndWarn := regexp.MustCompile(`level=WARN msg="state_dir is not set: leases are kept in memory only`)
+	anyWarn := regexp.MustCompile(`msg="state_dir is not set`)
+	launched := startBroker(t, Options{Launch: true})
+	if n := launched.GatewayLog.count(anyWarn); n != 1 || launched.GatewayLog.count(gatewayWarn) != 1 {
+		t.Errorf("launch mode: the gateway's log has %d state_dir WARNs, want upstream's once:\n%s", n, launched.GatewayLog)
+	}
+	if log, _ := os.ReadFile(filepath.Join(launched.RunDir, spawnclient.LogFile)); len(spawndWarn.FindAll(log, -1)) != 1 {
+		t.Errorf("launch mode: spawnd.log does not keep spawnd's own WARN once:\n%s", log)
+	}
+	split := startBroker(t, Options{})
+	if n := split.GatewayLog.count(anyWarn); n != 1 || split.GatewayLog.count(gatewayWarn) != 1 {
+		t.Errorf("split: the gateway's log has %d state_dir WARNs, want upstream's once:\n%s", n, split.GatewayLog)
+	}
+	if n := split.SpawndLog.count(anyWarn); n != 1 || split.SpawndLog.count(spawndWarn) != 1 {
+		t.Errorf("split: spawnd's log has %d state_dir WARNs, want its own once:\n%s", n, split.SpawndLog)
+	}
+}
+
+// TestShutdownLinesAreUpstreams: SIGTERM has the gateway log upstream's
+// drain and stop lines, in that order, the stop line last, and exit 0; a
+// listen_addr it cannot bind is upstream's "http gateway failed" record
+// and exit status 1.
+func TestShutdownLinesAreUpstreams(t *testing.T) {
+	b := startBroker(t, Options{})
+	b.KillGateway(syscall.SIGTERM)
+	if code := b.gateway.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Errorf("SIGTERM: the gateway exited %d", code)
+	}
+	drain := regexp.MustCompile(`(?m)^time=\S+ level=INFO msg="shutdown signal received, draining" instances="keep running for the next gateway to reattach" release_them_with="nexus-broker -stop -config ` + regexp.QuoteMeta(b.ConfigPath) + `"\n(?:.*\n)*time=\S+ level=INFO msg="nexus-broker stopped"\n$`)
+	if !drain.MatchString(b.GatewayLog.String()) {
+		t.Errorf("SIGTERM: the log does not end with the drain line and, last, nexus-broker stopped:\n%s", b.GatewayLog)
+	}
+
+	text, err := os.ReadFile(b.ConfigPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := regexp.MustCompile(`listen_addr: "([^"]+)"`).FindSubmatch(text)
+	ln, err := net.Listen("tcp", string(addr[1]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	code, out := runToExit(t, b.env, "nexus-broker", "-config", b.ConfigPath, "-launch-spawnd=false")
+	failed := regexp.MustCompile(`(?m)^time=\S+ level=ERROR msg="http gateway failed" error="listen_addr \\"` + regexp.QuoteMeta(string(addr[1])) + `\\": listen tcp ` + regexp.QuoteMeta(string(addr[1])) + `: bind: address already in use"\n$`)
+	if code != 1 || !failed.MatchString(out) {
+		t.Errorf("a taken listen_addr: exit %d, and the log does not end with upstream's http gateway failed record:\n%s", code, out)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -40,6 +41,30 @@ func rootOnlyFile(t *testing.T) (path string, untouched func() bool) {
 	}
 }
 
+// unquoted is out with every quoted value of its log records unquoted, so
+// a test can look for an error's own words (quotes included) in it.
+func unquoted(out string) string {
+	var b strings.Builder
+	for rest := out; rest != ""; {
+		i := strings.IndexByte(rest, '"')
+		if i < 0 {
+			b.WriteString(rest)
+			break
+		}
+		b.WriteString(rest[:i])
+		q, err := strconv.QuotedPrefix(rest[i:])
+		if err != nil {
+			b.WriteByte('"')
+			rest = rest[i+1:]
+			continue
+		}
+		v, _ := strconv.Unquote(q) // QuotedPrefix vouched for it
+		b.WriteString(v)
+		rest = rest[i+len(q):]
+	}
+	return b.String()
+}
+
 // refused checks that a boot failed, naming every phrase of want, and
 // leaked nothing of the root-only file.
 func refused(t *testing.T, what string, code int, out string, want ...string) {
@@ -48,7 +73,7 @@ func refused(t *testing.T, what string, code int, out string, want ...string) {
 		t.Fatalf("%s: the boot went ahead:\n%s", what, out)
 	}
 	for _, w := range want {
-		if !strings.Contains(out, w) {
+		if !strings.Contains(unquoted(out), w) {
 			t.Errorf("%s: refused, but does not say %q:\n%s", what, w, out)
 		}
 	}

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/nexus-broker/nexus-broker/internal/auth"
+	"github.com/nexus-broker/nexus-broker/internal/bootlog"
 	"github.com/nexus-broker/nexus-broker/internal/cluster"
 	"github.com/nexus-broker/nexus-broker/internal/config"
 	"github.com/nexus-broker/nexus-broker/internal/safedir"
@@ -91,6 +92,10 @@ type Gateway struct {
 	wg     sync.WaitGroup
 }
 
+// buildProfilesFailed is upstream's record of agents: profiles that cannot
+// be served.
+const buildProfilesFailed = "failed to build the a2a agent profiles"
+
 // New builds a gateway; nothing runs until Start.
 func New(o Options) *Gateway {
 	ctx, cancel := context.WithCancel(context.Background())
@@ -133,15 +138,16 @@ func (g *Gateway) Start(ctx context.Context) error {
 	}
 	g.setBinaries(st.Binaries)
 	if g.boot.StateDir == "" {
-		g.log.Warn("state_dir is not set: lease state is in-memory only; a gateway restart keeps every lease " +
-			"(nexus-spawnd holds them), but a nexus-spawnd restart loses track of every instance it spawned")
+		// Upstream's words; "a restart" here is nexus-spawnd's, as the key says.
+		g.log.Warn("state_dir is not set: lease state is in-memory only and a restart will lose track of every instance this broker spawned",
+			"restart", "a nexus-spawnd restart loses every lease; a gateway restart keeps them (nexus-spawnd holds them)")
 	} else {
 		g.log.Info("lease durability enabled", "state_dir", g.boot.StateDir, "broker_id", st.BrokerId)
 	}
 	if g.a2a != nil {
 		ps, err := buildProfiles(g.boot, g.boot, g.a2aBase())
 		if err != nil {
-			return fmt.Errorf("broker config: %w", err)
+			return bootlog.Wrap(buildProfilesFailed, fmt.Errorf("broker config: %w", err))
 		}
 		if d := g.boot.A2A.StateDir; d != "" {
 			if err := safedir.PrivateKey(d, "a2a.state_dir", "the gateway's user", "A2A tasks and answers", g.log); err != nil {

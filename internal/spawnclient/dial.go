@@ -694,10 +694,14 @@ func (c *Client) launchAndAttach(ctx context.Context, why error) (*conn, error) 
 	}
 	c.log.Info("launched nexus-spawnd", "pid", l.pid, "path", l.path, "log", l.logPath, "reason", why.Error())
 	ep, err := l.awaitEndpoint(ctx, c.opts.RunDir)
+	// Also, and above all, when it failed: spawnd logged why.
+	stray := l.relayBoot(c.log)
 	if err != nil {
+		if len(stray) > 0 {
+			err = fmt.Errorf("%w; it also wrote: %s", err, strings.Join(stray, " | "))
+		}
 		return nil, err
 	}
-	l.relayBoot(c.log)
 	return c.attach(ctx, ep)
 }
 

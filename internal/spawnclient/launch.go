@@ -2,7 +2,6 @@ package spawnclient
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -17,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nexus-broker/nexus-broker/internal/config/core"
 	"github.com/nexus-broker/nexus-broker/internal/safedir"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc"
 )
@@ -168,7 +168,7 @@ func (l *launched) awaitEndpoint(ctx context.Context, runDir string) (spawnrpc.E
 		select {
 		case err := <-l.exited:
 			t.Stop()
-			return spawnrpc.Endpoint{}, fmt.Errorf("nexus-spawnd (pid %d) exited during startup (%v); it said (%s):\n%s", l.pid, err, l.logPath, logTail(l.logPath, l.logStart, 8))
+			return spawnrpc.Endpoint{}, fmt.Errorf("nexus-spawnd (pid %d) exited during startup (%v); its log is %s", l.pid, err, l.logPath)
 		case <-deadline.C:
 			t.Stop()
 			return spawnrpc.Endpoint{}, fmt.Errorf("nexus-spawnd (pid %d) did not publish %s within %v; see %s", l.pid, spawnrpc.EndpointFile, launchTimeout, l.logPath)
@@ -189,52 +189,40 @@ func (l *launched) awaitEndpoint(ctx context.Context, runDir string) (spawnrpc.E
 const relayBootBytes = 64 << 10
 
 // relayBoot repeats in the gateway's log what a launched spawnd said at boot
-// that an operator must see (its registry lines, every WARN and ERROR):
-// spawnd.log is not where someone running make run looks. Each record is
-// logged again as itself (level, message, attributes, re-quoted by this
-// log's handler, so no value can pose as a line of its own) and tagged
-// spawnd_pid; a line of another shape is quoted whole.
-func (l *launched) relayBoot(log *slog.Logger) {
+// that an operator must see (its registry lines, every WARN and ERROR, such
+// as why it refused to start): spawnd.log is not where someone running make
+// run looks. Each record is logged again as itself (level, message,
+// attributes, re-quoted by this log's handler, so no value can pose as a
+// line of its own) and tagged spawnd_pid. It returns the last few lines
+// that are not records (a flag error, a panic), for an error to quote.
+func (l *launched) relayBoot(log *slog.Logger) (stray []string) {
 	f, err := safedir.OpenFile(l.logPath, os.O_RDONLY, 0)
 	if err != nil {
-		return
+		return nil
 	}
 	defer f.Close()
 	sc := bufio.NewScanner(io.NewSectionReader(f, l.logStart, relayBootBytes))
 	for sc.Scan() {
 		line := sc.Text()
-		if !strings.Contains(line, " level=WARN ") && !strings.Contains(line, " level=ERROR ") &&
-			!strings.Contains(line, ` msg="binary registry entry" `) {
-			continue
-		}
 		level, msg, attrs, ok := parseTextRecord(line)
-		if !ok {
-			log.Warn("nexus-spawnd said", "pid", l.pid, "line", line)
-			continue
+		switch {
+		case !ok && strings.TrimSpace(line) != "":
+			stray = append(stray, line)
+			if len(stray) > maxStray {
+				stray = stray[1:]
+			}
+		case ok && msg == core.NoStateDirWarning:
+			// The gateway says it itself, once, in upstream's words.
+		case ok && (level >= slog.LevelWarn || msg == "binary registry entry"):
+			log.Log(context.Background(), level, msg, append(attrs, "spawnd_pid", l.pid)...)
 		}
-		log.Log(context.Background(), level, msg, append(attrs, "spawnd_pid", l.pid)...)
 	}
+	return stray
 }
 
-// logTail returns the last n lines of the file at path written after
-// offset start, read from no more than its last 8 KiB.
-func logTail(path string, start int64, n int) string {
-	f, err := safedir.OpenFile(path, os.O_RDONLY, 0)
-	if err != nil {
-		return "  (" + err.Error() + ")"
-	}
-	defer f.Close()
-	const window = 8 << 10
-	if st, err := f.Stat(); err == nil {
-		start = max(start, st.Size()-window)
-	}
-	data, _ := io.ReadAll(io.NewSectionReader(f, start, window))
-	lines := bytes.Split(bytes.TrimRight(data, "\n"), []byte("\n"))
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return "  " + string(bytes.Join(lines, []byte("\n  ")))
-}
+// maxStray is how many of a launched spawnd's non-record lines an error
+// quotes.
+const maxStray = 8
 
 // flock opens path as safedir.OpenFile does and takes an flock on it (how:
 // unix.LOCK_EX or unix.LOCK_SH, optionally | unix.LOCK_NB). Closing the

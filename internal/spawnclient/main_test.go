@@ -59,7 +59,9 @@ func fakeSpawndMain() int {
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	if msg := os.Getenv(bootErrEnv); msg != "" {
-		fmt.Fprintln(os.Stderr, "nexus-spawnd:", msg)
+		// As the real one refuses a config: one record, then a stray line.
+		log.Error("failed to load config", "path", "test.yaml", "error", msg)
+		fmt.Fprintln(os.Stderr, "goroutine 1 [running]:")
 		return 1
 	}
 	allowed := os.Getuid()

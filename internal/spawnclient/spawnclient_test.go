@@ -487,10 +487,15 @@ func TestLaunchBootRefusal(t *testing.T) {
 	t.Setenv(roleEnv, roleServer)
 	t.Setenv(bootErrEnv, "broker config: binaries.vision.path: /nope does not exist")
 	runDir := shortTempDir(t)
-	_, log := newLogSink(t)
+	sink, log := newLogSink(t)
 	_, err := Dial(ctxT(t, waitLong), DialOptions{RunDir: runDir, ConfigPath: "test.yaml", Launch: true, SpawndPath: testExe(t), Logger: log})
-	if err == nil || !strings.Contains(err.Error(), "exited during startup") || !strings.Contains(err.Error(), "binaries.vision.path: /nope does not exist") {
-		t.Fatalf("Dial: %v; want the boot refusal from spawnd.log", err)
+	if err == nil || !strings.Contains(err.Error(), "exited during startup") || !strings.Contains(err.Error(), "it also wrote: goroutine 1 [running]:") {
+		t.Fatalf("Dial: %v; want the exit, quoting the line of spawnd.log that is not a record", err)
+	}
+	// spawnd's own record of why, relayed as itself before Dial returned.
+	want := "ERROR failed to load config path=test.yaml error=broker config: binaries.vision.path: /nope does not exist spawnd_pid="
+	if !strings.Contains(sink.String(), want) {
+		t.Fatalf("the gateway's log does not relay spawnd's refusal %q:\n%s", want, sink.String())
 	}
 }
 

@@ -43,6 +43,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/nexus-broker/nexus-broker/internal/bindindex"
+	"github.com/nexus-broker/nexus-broker/internal/bootlog"
 	"github.com/nexus-broker/nexus-broker/internal/config/core"
 	"github.com/nexus-broker/nexus-broker/internal/safedir"
 	"github.com/nexus-broker/nexus-broker/pkg/sessionid"
@@ -185,11 +186,11 @@ func New(cfgPath string, cfg *core.Config, log *slog.Logger) (_ *Daemon, err err
 	}
 	s, err := resolve(cfg)
 	if err != nil {
-		return nil, err
+		return nil, bootlog.Wrap(bootlog.LoadConfig, err, "path", cfgPath)
 	}
 	stateDir, err := core.ExpandHome(cfg.StateDir)
 	if err != nil {
-		return nil, fmt.Errorf("broker config: state_dir: %w", err)
+		return nil, bootlog.Wrap(bootlog.LoadConfig, fmt.Errorf("broker config: state_dir: %w", err), "path", cfgPath)
 	}
 	d := &Daemon{
 		log:        log,
@@ -212,21 +213,19 @@ func New(cfgPath string, cfg *core.Config, log *slog.Logger) (_ *Daemon, err err
 		}
 	}()
 	if stateDir == "" {
-		log.Warn("state_dir is not set: leases are kept in memory only, so after a nexus-spawnd restart no running instance " +
-			"is re-adopted or can prove its identity again, and resumes are not checked against the binary that created their session; " +
-			"set state_dir to keep them")
+		log.Warn(core.NoStateDirWarning)
 	} else {
 		if err := safedir.PrivateKey(stateDir, "state_dir", "nexus-spawnd's user", "the spawn-key, the lease journal and instance output", log); err != nil {
-			return nil, err
+			return nil, bootlog.Wrap(bootlog.OpenState, err, "state_dir", stateDir)
 		}
 		// Before anything in state_dir is read: a second spawnd must not
 		// even replay a journal another one appends to.
 		if d.stateLock, err = lockStateDir(stateDir); err != nil {
-			return nil, err
+			return nil, bootlog.Wrap(bootlog.OpenState, err, "state_dir", stateDir)
 		}
 	}
 	if d.key, err = loadSpawnKey(stateDir); err != nil {
-		return nil, err
+		return nil, bootlog.Wrap(bootlog.LoadSpawnKey, err, "state_dir", stateDir)
 	}
 	if d.brokerID, err = loadBrokerID(cfg.BrokerID, stateDir); err != nil {
 		return nil, err
@@ -252,7 +251,7 @@ func New(cfgPath string, cfg *core.Config, log *slog.Logger) (_ *Daemon, err err
 	if stateDir != "" {
 		var live []leaseRecord
 		if d.journal, live, err = openJournal(stateDir, d.brokerID, log); err != nil {
-			return nil, err
+			return nil, bootlog.Wrap(bootlog.OpenState, err, "state_dir", stateDir)
 		}
 		adopted = d.recoverLeases(live)
 		d.index = openSessionIndex(stateDir, maxBindings, log)

@@ -108,6 +108,12 @@ func (s Spawnd) Gateway(own int) int {
 // ReservedEntry is always present: what a claim naming no binary spawns.
 const ReservedEntry = "nexus"
 
+// NoStateDirWarning is nexus-spawnd's boot WARN without a state_dir. A
+// gateway that launched spawnd does not repeat it: it logs upstream's own.
+const NoStateDirWarning = "state_dir is not set: leases are kept in memory only, so after a nexus-spawnd restart no running instance " +
+	"is re-adopted or can prove its identity again, and resumes are not checked against the binary that created their session; " +
+	"set state_dir to keep them"
+
 // Defaults of the spec for these keys.
 const (
 	DefaultListenAddr   = ":8080"
