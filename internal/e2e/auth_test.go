@@ -114,7 +114,7 @@ func wantAnswer(t *testing.T, what string, status int, body string, wantStatus i
 // one (credential rejected); /metrics needs the admin scope on top.
 func TestAuthEveryRouteNeedsACredential(t *testing.T) {
 	b := startAuthBroker(t, "", Options{})
-	b.GatewayLog.wait(t, regexp.MustCompile(`msg="client authentication enabled" validators=static`), time.Second)
+	b.GatewayLog.wait(t, regexp.MustCompile(`msg="client authentication enabled" validators=\[static\]`), time.Second)
 	if strings.Contains(b.GatewayLog.String(), "client authentication is DISABLED") {
 		t.Error("the no-auth WARN was logged with an auth: block")
 	}

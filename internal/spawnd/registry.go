@@ -280,9 +280,10 @@ func (d *Daemon) describe(s *settings) {
 		}
 	}
 	if len(missing) > 0 {
-		d.log.Warn("inherit_env names variables nexus-spawnd's own environment does not hold, so no spawned instance will carry them; "+
-			"export them into nexus-spawnd's environment or set them under binaries.<name>.env",
-			"missing", strings.Join(missing, ","))
+		// Upstream's words; "this broker" is nexus-spawnd, as the key says.
+		d.log.Warn("inherit_env names variables this broker's own environment does not hold, so no spawned instance will carry them; "+
+			"export them into the broker's environment or set them under binaries.<name>.env",
+			"missing", strings.Join(missing, ","), "environment", "nexus-spawnd's")
 	}
 	if len(asRoot) > 0 {
 		// Upstream's "runs as the broker's uid" is root here: spawnd execs.

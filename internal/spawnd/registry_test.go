@@ -159,9 +159,9 @@ binaries:
 			t.Errorf("%s logs run_as without one configured", entries[i]["name"])
 		}
 	}
-	warn := logs.await(t, "inherit_env names variables nexus-spawnd's own environment does not hold, so no spawned instance will carry them; "+
-		"export them into nexus-spawnd's environment or set them under binaries.<name>.env")
-	if warn["level"] != "WARN" || warn["missing"] != "SPAWND_TEST_MISSING" {
+	warn := logs.await(t, "inherit_env names variables this broker's own environment does not hold, so no spawned instance will carry them; "+
+		"export them into the broker's environment or set them under binaries.<name>.env")
+	if warn["level"] != "WARN" || warn["missing"] != "SPAWND_TEST_MISSING" || warn["environment"] != "nexus-spawnd's" {
 		t.Errorf("missing inherit_env WARN = %v", warn)
 	}
 	if strings.Contains(logs.text(), "secret value") {
