@@ -74,7 +74,7 @@ func run(cfgPath, runDir string, idleExit time.Duration, log *slog.Logger) error
 
 	d, err := spawnd.New(cfgPath, cfg, log)
 	if err != nil {
-		return err
+		return bootlog.Config(err, given)
 	}
 	// Close stops watching; instances keep running, which is the point of
 	// the split.

@@ -7,6 +7,7 @@ package bootlog
 import (
 	"errors"
 	"log/slog"
+	"strings"
 )
 
 // Upstream's messages for a start that fails at each of these steps.
@@ -38,6 +39,20 @@ func Wrap(msg string, err error, attrs ...any) error {
 		return err
 	}
 	return &Error{Msg: msg, Attrs: attrs, Err: err}
+}
+
+// configPrefix starts every error that names a broker.yaml key.
+const configPrefix = "broker config: "
+
+// Config gives an error that names a broker.yaml key, and has no record
+// yet, upstream's "failed to load config" record for path: a value the
+// file gives that this machine refuses (an entry's binary, a cgroup limit)
+// is a config that did not load, as upstream, which checks them on load.
+func Config(err error, path string) error {
+	if err == nil || !strings.HasPrefix(err.Error(), configPrefix) {
+		return err
+	}
+	return Wrap(LoadConfig, err, "path", path)
 }
 
 // Log writes err's record at ERROR, with its attributes and error=; an

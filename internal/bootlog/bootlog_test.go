@@ -30,7 +30,18 @@ func TestRecord(t *testing.T) {
 			t.Errorf("Log(%v) = %q, want one record ending %q", c.err, got, c.want)
 		}
 	}
-	if Wrap(LoadConfig, nil) != nil {
+	// A key's error gets the config record; another error, or one with a
+	// record, keeps what it has.
+	if got := logged(Config(errors.New("broker config: binaries: x"), "b.yaml")); !strings.Contains(got, `msg="failed to load config" path=b.yaml error="broker config: binaries: x"`) {
+		t.Errorf("Config of a key's error logged %q", got)
+	}
+	if got := logged(Config(errors.New("cgroup: EIO"), "b.yaml")); !strings.Contains(got, `msg="it failed" error="cgroup: EIO"`) {
+		t.Errorf("Config of another error logged %q", got)
+	}
+	if got := logged(Config(Wrap(OpenState, errors.New("broker config: state_dir: x")), "b.yaml")); !strings.Contains(got, `msg="failed to open lease state"`) {
+		t.Errorf("Config of an error with a record logged %q", got)
+	}
+	if Config(nil, "b.yaml") != nil || Wrap(LoadConfig, nil) != nil {
 		t.Error("Wrap of nil is not nil")
 	}
 }

@@ -110,7 +110,7 @@ func Run(o Options) error {
 
 	g := gateway.New(gateway.Options{Config: cfg, Spawner: client.Spawner(), Ready: client.Ready, Logger: log, ListenPort: ln.Addr().(*net.TCPAddr).Port, Auth: authn})
 	if err := g.Start(ctx); err != nil {
-		return err
+		return bootlog.Config(err, path)
 	}
 	srv := gateway.Server(g.Handler())
 	serveErr := make(chan error, 1)

@@ -86,9 +86,15 @@ func TestConfigLoadFailureIsOneRecord(t *testing.T) {
 	dir := t.TempDir()
 	cfg := writeConfig(t, dir, fmt.Sprintf("listen_addr: \"127.0.0.1:%d\"\nbogus_key: 1\nbinaries:\n  nexus:\n    path: %q\n", freePort(t), bin("nexus-echo")))
 	missing := filepath.Join(dir, "missing.yaml")
+	// A value this machine refuses once the file has parsed is a config
+	// that did not load too (upstream checks its registry on load).
+	refusedEnv := filepath.Join(t.TempDir(), "broker.yaml")
+	writeConfig(t, filepath.Dir(refusedEnv), fmt.Sprintf("spawnd:\n  run_dir: %q\ninherit_env: [NEXUS_BROKER_SPAWN_SECRET]\nbinaries:\n  nexus:\n    path: %q\n",
+		filepath.Join(sockdir.New(t, "nxc"), "run"), bin("nexus-echo")))
 	for _, c := range []struct {
 		name, path, err string
 	}{
+		{"nexus-spawnd", refusedEnv, "broker config: inherit_env[0]: NEXUS_BROKER_SPAWN_SECRET is set by the broker on every spawn"},
 		{"nexus-broker", cfg, "broker config: bogus_key: unknown key; the keys allowed here are "},
 		{"nexus-spawnd", cfg, "broker config: bogus_key: unknown key; the keys allowed here are "},
 		{"nexus-broker", missing, "broker config: lstat " + missing + ": no such file or directory (check the -config path)"},

@@ -186,11 +186,11 @@ func New(cfgPath string, cfg *core.Config, log *slog.Logger) (_ *Daemon, err err
 	}
 	s, err := resolve(cfg)
 	if err != nil {
-		return nil, bootlog.Wrap(bootlog.LoadConfig, err, "path", cfgPath)
+		return nil, err
 	}
 	stateDir, err := core.ExpandHome(cfg.StateDir)
 	if err != nil {
-		return nil, bootlog.Wrap(bootlog.LoadConfig, fmt.Errorf("broker config: state_dir: %w", err), "path", cfgPath)
+		return nil, fmt.Errorf("broker config: state_dir: %w", err)
 	}
 	d := &Daemon{
 		log:        log,
