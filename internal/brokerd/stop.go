@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nexus-broker/nexus-broker/internal/bootlog"
 	"github.com/nexus-broker/nexus-broker/internal/spawnclient"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
@@ -41,7 +42,7 @@ func Stop(o Options) error {
 		return nil
 	}
 	if err != nil {
-		return err
+		return bootlog.Wrap(AttachSpawnd, err)
 	}
 	defer client.Close()
 	sp := client.Spawner()

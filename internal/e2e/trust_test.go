@@ -1,15 +1,18 @@
 package e2e
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/nexus-broker/nexus-broker/internal/sockdir"
+	"github.com/nexus-broker/nexus-broker/pkg/brokerclient"
 )
 
 // asNobody runs a command as uid and gid 65534 with no groups, as a local
@@ -184,5 +187,46 @@ func TestPlantedFilesRefused(t *testing.T) {
 				t.Errorf("a spawnd published %s despite the planted file", ep)
 			}
 		})
+	}
+}
+
+// TestAnotherUserCannotStopSpawndsLeases: a local user who writes a config
+// naming the run directory of a spawnd it may not reach, and runs
+// nexus-broker -stop with it, is told so (exit 1), never "nothing to
+// stop", and the owner's lease lives on.
+func TestAnotherUserCannotStopSpawndsLeases(t *testing.T) {
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil || os.Geteuid() != 0 {
+		t.Skip("needs root and setpriv to act as another local user")
+	}
+	b := startBroker(t, Options{})
+	claim := b.claim(brokerclient.ClaimRequest{})
+	// Only the run directory's own mode keeps the user out.
+	if err := os.Chmod(filepath.Dir(b.RunDir), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dir := sockdir.New(t, "nxn")
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(dir, "broker.yaml")
+	yaml := fmt.Sprintf("listen_addr: \"127.0.0.1:%d\"\nspawnd:\n  run_dir: %q\nbinaries:\n  nexus:\n    path: %q\n", freePort(t), b.RunDir, bin("nexus-echo"))
+	if err := os.WriteFile(cfg, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(setpriv, "--reuid", fmt.Sprint(nobody), "--regid", fmt.Sprint(nobody), "--clear-groups", "--", bin("nexus-broker"), "-stop", "-config", cfg)
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + dir}
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+		t.Fatalf("nexus-broker -stop as uid %d: %v, want exit 1:\n%s", nobody, err, out)
+	}
+	want := regexp.MustCompile(`level=ERROR msg="failed to attach to nexus-spawnd" error="nexus-spawnd refused this connection: open ` + regexp.QuoteMeta(filepath.Join(b.RunDir, "spawnd.json")) +
+		`: permission denied, so uid 65534 may not reach the nexus-spawnd of run directory ` + regexp.QuoteMeta(b.RunDir) + `; run as the user spawnd.gateway_uid names`)
+	if !want.Match(out) || strings.Contains(string(out), "nothing to stop") {
+		t.Fatalf("-stop by another user does not say it may not reach spawnd:\n%s", out)
+	}
+	if code, body := b.get("/leases"); code != 200 || !strings.Contains(body, claim.LeaseID) {
+		t.Fatalf("the lease is gone after another user's -stop: %d %s", code, body)
 	}
 }

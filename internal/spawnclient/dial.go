@@ -13,6 +13,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -402,6 +403,10 @@ func (c *Client) attachPublished(ctx context.Context) (*conn, error) {
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		err = fmt.Errorf("%w for run directory %s (no %s)", ErrNotRunning, c.opts.RunDir, spawnrpc.EndpointFile)
+	case errors.Is(err, fs.ErrPermission):
+		// Not "not running": a spawnd may well serve there, for other users.
+		err = fmt.Errorf("%w: %v, so uid %d may not reach the nexus-spawnd of run directory %s; "+
+			"run as the user spawnd.gateway_uid names (or in spawnd.socket_gid's group)", ErrRefused, err, os.Getuid(), c.opts.RunDir)
 	case err != nil:
 		err = fmt.Errorf("%w (%w: %v)", ErrNotRunning, ErrStale, err)
 	default:
