@@ -72,6 +72,12 @@ func Run(o Options) error {
 	if err != nil {
 		return err
 	}
+	// Part of loading the file, as upstream's chain is: nothing is said of
+	// a configuration that does not load.
+	authn, err := auth.New(cfg.Auth, log)
+	if err != nil {
+		return bootlog.Wrap(bootlog.LoadConfig, err, "path", givenPath(o, path))
+	}
 	for _, w := range cfg.Warnings {
 		// Each with upstream's attributes.
 		if w == config.WarnTLSScheme {
@@ -85,10 +91,6 @@ func Run(o Options) error {
 	}
 	logStarting(cfg, log)
 	logAuth(cfg, log)
-	authn, err := auth.New(cfg.Auth, log)
-	if err != nil {
-		return bootlog.Wrap(bootlog.LoadConfig, err, "path", path)
-	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -170,13 +172,7 @@ func bootSummary(ctx context.Context, cfg *config.Config, path string, client *s
 // errors carry upstream's "failed to load config" record, naming the path
 // as given (else the one chosen).
 func loadConfig(o Options) (path string, dev bool, cfg *config.Config, err error) {
-	defer func() {
-		given := o.ConfigPath
-		if given == "" {
-			given = path
-		}
-		err = bootlog.Wrap(bootlog.LoadConfig, err, "path", given)
-	}()
+	defer func() { err = bootlog.Wrap(bootlog.LoadConfig, err, "path", givenPath(o, path)) }()
 	if path, dev, err = resolveConfig(o.ConfigPath, o.Logger); err != nil {
 		return "", false, nil, err
 	}
@@ -187,6 +183,15 @@ func loadConfig(o Options) (path string, dev bool, cfg *config.Config, err error
 	path = canon
 	cfg, err = config.Load(path)
 	return path, dev, cfg, err
+}
+
+// givenPath is the config path as the command line gave it (upstream's
+// record names it so), else the one chosen.
+func givenPath(o Options, chosen string) string {
+	if o.ConfigPath != "" {
+		return o.ConfigPath
+	}
+	return chosen
 }
 
 // resolveConfig picks the config file. With no -config and no ./broker.yaml

@@ -91,9 +91,12 @@ func TestConfigLoadFailureIsOneRecord(t *testing.T) {
 	refusedEnv := filepath.Join(t.TempDir(), "broker.yaml")
 	writeConfig(t, filepath.Dir(refusedEnv), fmt.Sprintf("spawnd:\n  run_dir: %q\ninherit_env: [NEXUS_BROKER_SPAWN_SECRET]\nbinaries:\n  nexus:\n    path: %q\n",
 		filepath.Join(sockdir.New(t, "nxc"), "run"), bin("nexus-echo")))
+	// auth: is part of the file: nothing is logged before its refusal.
+	unsetToken := writeConfig(t, t.TempDir(), fmt.Sprintf("listen_addr: \"127.0.0.1:%d\"\nauth:\n  validators: [{type: static, tokens: [{token_env: NEXUS_E2E_SURELY_UNSET, principal: p}]}]\n", freePort(t)))
 	for _, c := range []struct {
 		name, path, err string
 	}{
+		{"nexus-broker", unsetToken, "broker config: auth.validators[0].tokens[0].token_env: the environment variable NEXUS_E2E_SURELY_UNSET is not set or empty"},
 		{"nexus-spawnd", refusedEnv, "broker config: inherit_env[0]: NEXUS_BROKER_SPAWN_SECRET is set by the broker on every spawn"},
 		{"nexus-broker", cfg, "broker config: bogus_key: unknown key; the keys allowed here are "},
 		{"nexus-spawnd", cfg, "broker config: bogus_key: unknown key; the keys allowed here are "},

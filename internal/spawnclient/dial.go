@@ -342,7 +342,7 @@ func (c *Client) reattach() *conn {
 		}
 		c.setLastErr(err)
 		if msg := err.Error(); msg != logged {
-			c.log.Warn("nexus-spawnd not reachable yet; retrying", "err", err)
+			c.log.Warn("nexus-spawnd not reachable yet; retrying", "error", err)
 			logged = msg
 		}
 		t := time.NewTimer(backoff)

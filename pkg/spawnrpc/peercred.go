@@ -76,7 +76,7 @@ type serverCreds struct {
 func (c *serverCreds) ServerHandshake(conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
 	pc, err := ReadPeerCred(conn)
 	if err != nil {
-		c.log.Warn("refused spawnrpc connection: cannot read peer credentials", "err", err)
+		c.log.Warn("refused spawnrpc connection: cannot read peer credentials", "error", err)
 		return nil, nil, err
 	}
 	if pc.UID != c.allowedUID {

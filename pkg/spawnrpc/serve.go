@@ -137,7 +137,7 @@ func Serve(ctx context.Context, opts ServeOptions) error {
 		runErr = errors.New("spawnrpc server stopped on its own (see the log above)")
 	}
 	if err := removeEndpointIfOurs(runDir, ep.Pid); err != nil {
-		log.Warn("cannot withdraw spawnd.json", "err", err)
+		log.Warn("cannot withdraw spawnd.json", "error", err)
 	}
 	log.Info("spawnrpc stopped", "addr", ep.Addr)
 	return runErr
