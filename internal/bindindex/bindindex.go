@@ -21,6 +21,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 
@@ -52,6 +53,9 @@ type Spec[B any] struct {
 	What string
 	// Off says what is lost while the index is off, and the remedy.
 	Off string
+	// Failed, when set, is the WARN of a file that cannot be opened (the
+	// message of upstream's counterpart), Off then a key of it.
+	Failed string
 	// Skip is the WARN of a line that is not a whole record.
 	Skip string
 	// Lost says what a failed append costs.
@@ -94,7 +98,11 @@ type Index[B any] struct {
 func Open[B any](spec Spec[B], log *slog.Logger) *Index[B] {
 	x, err := OpenRequired(spec, log)
 	if err != nil {
-		log.Warn("the "+spec.What+" cannot be used, so "+spec.Off, "path", spec.Path, "error", err)
+		if spec.Failed != "" {
+			log.Warn(spec.Failed, "state_dir", filepath.Dir(spec.Path), "error", err, "path", spec.Path, "remedy", spec.Off)
+		} else {
+			log.Warn("the "+spec.What+" cannot be used, so "+spec.Off, "path", spec.Path, "error", err)
+		}
 		return nil
 	}
 	return x

@@ -53,3 +53,31 @@ func TestAppendAfterATornTailStartsANewLine(t *testing.T) {
 		t.Errorf("replayed %+v, want the one record appended after the torn line", all)
 	}
 }
+
+// TestOpenFailureIsTheSpecsWARN: a file that cannot be opened turns the
+// index off with one WARN: Failed (upstream's words) with the state_dir and
+// the error when the spec has one, else the generic line naming What.
+func TestOpenFailureIsTheSpecsWARN(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "f.jsonl")
+	if err := os.Mkdir(path, 0o700); err != nil { // a directory: unreadable as a file
+		t.Fatal(err)
+	}
+	for failed, want := range map[string]string{
+		"":                             `level=WARN msg="the test file cannot be used, so it is off" path=` + path + ` error=`,
+		"failed to open the test file": `level=WARN msg="failed to open the test file" state_dir=` + dir + ` error=`,
+	} {
+		var logs bytes.Buffer
+		spec, log := testSpec(path, &logs)
+		spec.Durable, spec.Off, spec.Failed = false, "it is off", failed
+		if x := Open(spec, log); x != nil {
+			t.Fatalf("Open of a directory returned an index")
+		}
+		if !bytes.Contains(logs.Bytes(), []byte(want)) || bytes.Count(logs.Bytes(), []byte("\n")) != 1 {
+			t.Errorf("Failed %q: logged\n%s\nwant one line with %s", failed, logs.String(), want)
+		}
+	}
+}

@@ -248,8 +248,8 @@ func logStarting(cfg *config.Config, log *slog.Logger) {
 	}
 	log.Info("nexus-broker starting", "listen_addr", cfg.ListenAddr, "advertise_addr", cfg.AdvertiseAddr,
 		"binaries", len(cfg.Binaries), "state_dir", cfg.StateDir, "max_concurrent", cfg.MaxConcurrent,
-		"idle_timeout", cfg.IdleTimeout.D(), "queue_wait_timeout", cfg.QueueWaitTimeout.D(),
-		"release_grace", cfg.ReleaseGrace.D(), "reattach_window", cfg.ReattachWindow.D(), "admin_scope", scope)
+		"idle_timeout", cfg.IdleTimeout.D(), "max_turn_duration", cfg.MaxTurnDuration.D(), "queue_wait_timeout", cfg.QueueWaitTimeout.D(),
+		"release_grace", cfg.ReleaseGrace.D(), "ready_timeout", cfg.ReadyTimeout.D(), "reattach_window", cfg.ReattachWindow.D(), "admin_scope", scope)
 }
 
 // validatorNames names the validators in chain order as upstream does: by

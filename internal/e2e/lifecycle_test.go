@@ -383,7 +383,7 @@ func TestLaunchedSpawndLifecycle(t *testing.T) {
 	b.GatewayLog.wait(t, regexp.MustCompile(fmt.Sprintf(`msg="nexus-broker listening" .* entries="nexus=%s" .* state_dir="" run_dir=%s spawnd_pid=%d`,
 		regexp.QuoteMeta(bin("nexus-echo")), regexp.QuoteMeta(b.RunDir), pid)), 5*time.Second)
 	// Upstream's two boot lines, with its keys.
-	b.GatewayLog.wait(t, regexp.MustCompile(`level=INFO msg="nexus-broker starting" listen_addr=127\.0\.0\.1:\d+ advertise_addr="" binaries=1 state_dir="" max_concurrent=\d+ idle_timeout=\S+ queue_wait_timeout=\S+ release_grace=\S+ reattach_window=\S+ admin_scope=""\n`), time.Second)
+	b.GatewayLog.wait(t, regexp.MustCompile(`level=INFO msg="nexus-broker starting" listen_addr=127\.0\.0\.1:\d+ advertise_addr="" binaries=1 state_dir="" max_concurrent=\d+ idle_timeout=\S+ max_turn_duration=\S+ queue_wait_timeout=\S+ release_grace=\S+ ready_timeout=\S+ reattach_window=\S+ admin_scope=""\n`), time.Second)
 	b.GatewayLog.wait(t, regexp.MustCompile(`level=INFO msg="http gateway listening" addr=`+regexp.QuoteMeta(b.Addr)+`\n`), time.Second)
 	claim := b.claim(brokerclient.ClaimRequest{})
 	b.KillGateway(syscall.SIGTERM)

@@ -41,8 +41,9 @@ func openSessionIndex(stateDir string, limit int, log *slog.Logger) *bindindex.I
 			return b.SessionID, sessionid.Validate(b.SessionID) == nil && b.Entry != ""
 		},
 		What: "session → binary index",
-		Off: "resumes are not checked against the binary that created their session; " +
-			"fix or remove the file and restart nexus-spawnd to turn the check back on",
+		Failed: "failed to open the session binary index; resume will not know which binary " +
+			"served a session whose lease has already been released",
+		Off:  "fix or remove the file and restart nexus-spawnd to turn the check back on",
 		Skip: "skipping a session → binary index line that is not a whole binding (torn by a crash mid-write, edited, or written before session ids were checked)",
 		Lost: "this binding is kept in memory only",
 		Read: safedir.ReadOwned,
