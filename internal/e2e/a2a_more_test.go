@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"regexp"
@@ -106,6 +107,32 @@ func TestA2AProtocolErrors(t *testing.T) {
 	code, text = b.doAs(b.Token, "GET", "/agents/support/a2a/v1/tasks/nope", "", "A2A-Version", "2.0")
 	if code != 400 || !strings.Contains(text, "VERSION_NOT_SUPPORTED") {
 		t.Errorf("HTTP+JSON other version: %d %s", code, text)
+	}
+	// A path no HTTP+JSON operation is at is upstream's 404; one an
+	// operation is at under another method its 405, naming the method.
+	for _, c := range []struct {
+		method, path string
+		client       *http.Client // unchecked: openapi.json has no such route
+		code         int
+		allow, text  string
+	}{
+		{"GET", "/agents/support/a2a/v1/nothing/here", unchecked, 404, "", `"message":"no A2A operation is mounted at /agents/support/a2a/v1/nothing/here"`},
+		{"GET", "/agents/support/a2a/v1/tasks/x:bogus", http.DefaultClient, 404, "", `"message":"no A2A operation is mounted at /agents/support/a2a/v1/tasks/x:bogus"`},
+		{"PUT", "/agents/support/a2a/v1/message:send", unchecked, 405, "POST, OPTIONS", `"message":"PUT is not allowed on /agents/support/a2a/v1/message:send"`},
+		{"DELETE", "/agents/support/a2a/v1/tasks/x/pushNotificationConfigs", unchecked, 405, "GET, POST, OPTIONS", `"status":"METHOD_NOT_ALLOWED"`},
+		{"POST", "/agents/support/a2a/v1/tasks/x", http.DefaultClient, 405, "GET, OPTIONS", `"message":"POST is not allowed on /agents/support/a2a/v1/tasks/x"`},
+		{"GET", "/agents/support/a2a/v1/tasks/x:cancel", http.DefaultClient, 405, "POST, OPTIONS", `"code":405`},
+	} {
+		req, _ := http.NewRequest(c.method, b.Base+c.path, nil)
+		resp, err := c.client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		if resp.StatusCode != c.code || resp.Header.Get("Allow") != c.allow || !strings.Contains(string(body), c.text) {
+			t.Errorf("%s %s: %d Allow %q %s, want %d Allow %q with %s", c.method, c.path, resp.StatusCode, resp.Header.Get("Allow"), body, c.code, c.allow, c.text)
+		}
 	}
 	// An unknown profile is a 404 in each binding's own shape, as upstream
 	// answers it, and a WARN naming the profile asked for.

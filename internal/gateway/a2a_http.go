@@ -211,7 +211,11 @@ func (g *Gateway) logA2ABoot(ps *profileSet, dir string) {
 
 // --- routes ---------------------------------------------------------------
 
+// restRoot is the pattern of every HTTP+JSON path no route names.
+const restRoot = "/agents/{name}/a2a/v1/{rest...}"
+
 func (in *ingress) routes(mux *http.ServeMux) {
+	mux.HandleFunc(restRoot, in.restUnmatched)
 	mux.HandleFunc("GET /agents/{name}/.well-known/agent-card.json", in.handleCard)
 	mux.HandleFunc("POST /agents/{name}/a2a", in.clustered(in.handleJSONRPC))
 	mux.HandleFunc("POST /agents/{name}/a2a/v1/message:send", in.clustered(in.restSend))

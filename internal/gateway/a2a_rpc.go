@@ -3,6 +3,7 @@ package gateway
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 
@@ -427,9 +428,45 @@ func (in *ingress) restTask(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		sse(w, r, s, stop, restFrame)
+	case verb == "":
+		restMiss(w, r, http.MethodGet)
+	case verb == "cancel":
+		restMiss(w, r, http.MethodPost)
 	default:
-		writeRESTError(w, a2a.ErrMethodNotFound.With("%s %s is not an A2A 1.0 HTTP+JSON route", r.Method, r.URL.Path))
+		restMiss(w, r, "")
 	}
+}
+
+// restUnmatched is every other path under an HTTP+JSON root: one some
+// operation is at under other methods, or none.
+func (in *ingress) restUnmatched(w http.ResponseWriter, r *http.Request) {
+	if _, _, ok := in.restBegin(w, r); !ok {
+		return
+	}
+	var allow []string
+	mux := in.g.mux.Load()
+	for _, m := range []string{http.MethodGet, http.MethodPost, http.MethodDelete} {
+		probe := r.Clone(r.Context())
+		probe.Method = m
+		if _, pat := mux.Handler(probe); pat != "" && pat != restRoot {
+			allow = append(allow, m)
+		}
+	}
+	restMiss(w, r, strings.Join(allow, ", "))
+}
+
+// restMiss answers a request no operation takes, as upstream does: a path
+// an operation is at under allow's methods is a 405 naming them, any other
+// a 404 MethodNotFound.
+func restMiss(w http.ResponseWriter, r *http.Request, allow string) {
+	if allow == "" {
+		writeRESTError(w, a2a.ErrMethodNotFound.With("no A2A operation is mounted at %s", r.URL.Path))
+		return
+	}
+	w.Header().Set("Allow", allow+", OPTIONS")
+	writeJSON(w, http.StatusMethodNotAllowed, map[string]any{"error": map[string]any{
+		"code": http.StatusMethodNotAllowed, "status": "METHOD_NOT_ALLOWED", "message": fmt.Sprintf("%s is not allowed on %s", r.Method, r.URL.Path),
+	}})
 }
 
 // restPush answers the push-notification routes, naming the operation the
