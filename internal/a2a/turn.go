@@ -154,7 +154,12 @@ func InputText(m *Message) (string, *Error) {
 		if !p.IsText() {
 			return "", ErrContentType.With("message.parts[%d] is a %s part; this agent accepts text parts only", i, p.kind())
 		}
-		texts = append(texts, *p.Text)
+		if strings.TrimSpace(*p.Text) != "" { // a blank part adds nothing
+			texts = append(texts, *p.Text)
+		}
+	}
+	if len(texts) == 0 {
+		return "", InvalidField("message.parts", "at least one part must carry non-empty text")
 	}
 	return strings.Join(texts, "\n\n"), nil
 }

@@ -200,6 +200,14 @@ type SendConfig struct {
 	PushConfig          json.RawMessage `json:"taskPushNotificationConfig,omitempty"`
 }
 
+// OutputModes is the request's acceptedOutputModes; none for a nil config.
+func (c *SendConfig) OutputModes() []string {
+	if c == nil {
+		return nil
+	}
+	return c.AcceptedOutputModes
+}
+
 // SendRequest is SendMessageRequest.
 type SendRequest struct {
 	Tenant        string         `json:"tenant,omitempty"`
@@ -247,6 +255,23 @@ type Error struct {
 	Message    string
 	// Metadata is the ErrorInfo's metadata, when the error has any.
 	Metadata map[string]string
+	// Violations are the request fields an InvalidParams error names (a
+	// google.rpc.BadRequest detail).
+	Violations []FieldViolation
+}
+
+// FieldViolation is one request field that failed validation, and why.
+type FieldViolation struct {
+	Field       string `json:"field"`
+	Description string `json:"description"`
+}
+
+// InvalidField is upstream's InvalidParamsError for one field: the
+// standard message, the field and why in a BadRequest detail.
+func InvalidField(field, format string, args ...any) *Error {
+	e := ErrInvalidParams.With("Invalid parameters")
+	e.Violations = []FieldViolation{{Field: field, Description: fmt.Sprintf(format, args...)}}
+	return e
 }
 
 func (e *Error) Error() string { return e.Message }
@@ -272,18 +297,18 @@ func (e *Error) WithMeta(kv ...string) *Error {
 
 // The A2A errors the ingress answers, with A2A 1.0's codes.
 var (
-	ErrParse              = &Error{-32700, 400, "INVALID_ARGUMENT", "PARSE_ERROR", "parse error", nil}
-	ErrInvalidRequest     = &Error{-32600, 400, "INVALID_ARGUMENT", "INVALID_REQUEST", "invalid request", nil}
-	ErrMethodNotFound     = &Error{-32601, 404, "NOT_FOUND", "METHOD_NOT_FOUND", "method not found", nil}
-	ErrInvalidParams      = &Error{-32602, 400, "INVALID_ARGUMENT", "INVALID_PARAMS", "invalid params", nil}
-	ErrInternal           = &Error{-32603, 500, "INTERNAL", "INTERNAL_ERROR", "internal error", nil}
-	ErrTaskNotFound       = &Error{-32001, 404, "NOT_FOUND", "TASK_NOT_FOUND", "Task not found", nil}
-	ErrTaskNotCancelable  = &Error{-32002, 400, "FAILED_PRECONDITION", "TASK_NOT_CANCELABLE", "task cannot be canceled", nil}
-	ErrPushNotSupported   = &Error{-32003, 400, "FAILED_PRECONDITION", "PUSH_NOTIFICATION_NOT_SUPPORTED", "push notifications are not supported", nil}
-	ErrUnsupportedOp      = &Error{-32004, 400, "FAILED_PRECONDITION", "UNSUPPORTED_OPERATION", "this operation is not supported", nil}
-	ErrContentType        = &Error{-32005, 400, "INVALID_ARGUMENT", "CONTENT_TYPE_NOT_SUPPORTED", "incompatible content types", nil}
-	ErrExtendedCard       = &Error{-32007, 400, "FAILED_PRECONDITION", "EXTENDED_AGENT_CARD_NOT_CONFIGURED", "extended agent card not configured", nil}
-	ErrVersionUnsupported = &Error{-32009, 400, "FAILED_PRECONDITION", "VERSION_NOT_SUPPORTED", "this version is not supported", nil}
+	ErrParse              = &Error{-32700, 400, "INVALID_ARGUMENT", "PARSE_ERROR", "parse error", nil, nil}
+	ErrInvalidRequest     = &Error{-32600, 400, "INVALID_ARGUMENT", "INVALID_REQUEST", "invalid request", nil, nil}
+	ErrMethodNotFound     = &Error{-32601, 404, "NOT_FOUND", "METHOD_NOT_FOUND", "method not found", nil, nil}
+	ErrInvalidParams      = &Error{-32602, 400, "INVALID_ARGUMENT", "INVALID_PARAMS", "invalid params", nil, nil}
+	ErrInternal           = &Error{-32603, 500, "INTERNAL", "INTERNAL_ERROR", "internal error", nil, nil}
+	ErrTaskNotFound       = &Error{-32001, 404, "NOT_FOUND", "TASK_NOT_FOUND", "Task not found", nil, nil}
+	ErrTaskNotCancelable  = &Error{-32002, 400, "FAILED_PRECONDITION", "TASK_NOT_CANCELABLE", "task cannot be canceled", nil, nil}
+	ErrPushNotSupported   = &Error{-32003, 400, "FAILED_PRECONDITION", "PUSH_NOTIFICATION_NOT_SUPPORTED", "push notifications are not supported", nil, nil}
+	ErrUnsupportedOp      = &Error{-32004, 400, "FAILED_PRECONDITION", "UNSUPPORTED_OPERATION", "this operation is not supported", nil, nil}
+	ErrContentType        = &Error{-32005, 400, "INVALID_ARGUMENT", "CONTENT_TYPE_NOT_SUPPORTED", "incompatible content types", nil, nil}
+	ErrExtendedCard       = &Error{-32007, 400, "FAILED_PRECONDITION", "EXTENDED_AGENT_CARD_NOT_CONFIGURED", "extended agent card not configured", nil, nil}
+	ErrVersionUnsupported = &Error{-32009, 400, "FAILED_PRECONDITION", "VERSION_NOT_SUPPORTED", "this version is not supported", nil, nil}
 )
 
 // AsError returns err as an *Error, ErrInternal for anything else.

@@ -83,6 +83,34 @@ func TestA2AProtocolErrors(t *testing.T) {
 		!strings.Contains(text, `"metadata":{"detail":"OPERATION_NOT_IMPLEMENTED","operation":"DeleteTaskPushNotificationConfig"}`) {
 		t.Errorf("HTTP+JSON push config delete: %d %s", code, text)
 	}
+	// Refusals of a request's fields in upstream's words: InvalidParams
+	// names the field in a BadRequest detail.
+	for _, c := range []struct {
+		name, method, params string
+		code                 float64
+		message, field, why  string
+	}{
+		{"agent role", "SendMessage", `{"message":{"messageId":"m1","role":"ROLE_AGENT","parts":[{"text":"hi"}]}}`, -32602,
+			"Invalid parameters", "message.role", `an inbound message must carry ROLE_USER, got "ROLE_AGENT"`},
+		{"blank parts", "SendMessage", `{"message":{"messageId":"m1","role":"ROLE_USER","parts":[{"text":" "},{"text":""}]}}`, -32602,
+			"Invalid parameters", "message.parts", "at least one part must carry non-empty text"},
+		{"foreign page token", "ListTasks", `{"pageToken":"zz"}`, -32602,
+			"Invalid parameters", "pageToken", "must be a nextPageToken returned by a previous ListTasks call"},
+		{"no text output", "SendMessage", `{"message":{"messageId":"m1","role":"ROLE_USER","parts":[{"text":"hi"}]},"configuration":{"acceptedOutputModes":["image/png"]}}`, -32005,
+			"this agent produces text/plain; the request accepts only image/png", "", ""},
+	} {
+		_, out := b.rpc(t, "support", c.method, c.params)
+		e, _ := out["error"].(map[string]any)
+		ok := rpcCode(out) == c.code && e["message"] == c.message
+		if c.field != "" {
+			data, _ := e["data"].([]any)
+			ok = ok && len(data) == 2 && fmt.Sprint(data[1]) ==
+				fmt.Sprintf("map[@type:type.googleapis.com/google.rpc.BadRequest fieldViolations:[map[description:%s field:%s]]]", c.why, c.field)
+		}
+		if !ok {
+			t.Errorf("%s: %v", c.name, out)
+		}
+	}
 	// Upstream's refusals name the task in their ErrorInfo.
 	_, out := b.rpc(t, "support", "GetTask", `{"id":"nope"}`)
 	if md := errorInfo(out)["metadata"]; fmt.Sprint(md) != "map[taskId:nope]" {

@@ -338,21 +338,33 @@ func readBody(r *http.Request) ([]byte, *a2a.Error, bool) {
 func checkSend(req *a2a.SendRequest) (string, *a2a.Error) {
 	m := req.Message
 	if m == nil {
-		return "", a2a.ErrInvalidParams.With("params.message is required")
+		return "", a2a.InvalidField("message", "a message is required")
 	}
 	if m.MessageID == "" {
 		return "", a2a.ErrInvalidParams.With("message.messageId is required")
 	}
 	if m.Role != a2a.RoleUser {
-		return "", a2a.ErrInvalidParams.With("message.role must be %s, got %q", a2a.RoleUser, m.Role)
-	}
-	if len(m.Parts) == 0 {
-		return "", a2a.ErrInvalidParams.With("message.parts is empty; send at least one text part")
+		return "", a2a.InvalidField("message.role", "an inbound message must carry %s, got %q", a2a.RoleUser, m.Role)
 	}
 	if req.Configuration != nil && len(req.Configuration.PushConfig) > 0 && string(req.Configuration.PushConfig) != "null" {
 		return "", a2a.ErrPushNotSupported.With("this broker does not deliver push notifications; the agent card declares capabilities.pushNotifications as false")
 	}
+	if modes := req.Configuration.OutputModes(); len(modes) > 0 && !acceptsText(modes) {
+		return "", a2a.ErrContentType.With("this agent produces %s; the request accepts only %s", textModes[0], strings.Join(modes, ", "))
+	}
 	return a2a.InputText(m)
+}
+
+// acceptsText reports whether acceptedOutputModes admit the text/plain
+// every answer is.
+func acceptsText(modes []string) bool {
+	for _, m := range modes {
+		switch strings.ToLower(strings.TrimSpace(m)) {
+		case "text/plain", "text/*", "*/*", "text":
+			return true
+		}
+	}
+	return false
 }
 
 // send starts (or answers) a task. With stream the returned stream carries
@@ -409,7 +421,7 @@ func (in *ingress) list(ctx context.Context, principal string, p *profile, req *
 	if req.PageToken != "" {
 		n, err := strconv.Atoi(req.PageToken)
 		if err != nil || n < 0 {
-			return nil, nil, a2a.ErrInvalidParams.With("pageToken %q is not one this agent issued", req.PageToken)
+			return nil, nil, a2a.InvalidField("pageToken", "must be a nextPageToken returned by a previous ListTasks call")
 		}
 		off = n
 	}

@@ -14,19 +14,24 @@ import (
 // and HTTP+JSON under /agents/{name}/a2a/v1. Streams are SSE on both.
 
 const (
-	errorInfoType = "type.googleapis.com/google.rpc.ErrorInfo"
-	a2aDomain     = "a2a-protocol.org"
+	errorInfoType  = "type.googleapis.com/google.rpc.ErrorInfo"
+	badRequestType = "type.googleapis.com/google.rpc.BadRequest"
+	a2aDomain      = "a2a-protocol.org"
 	// notImplemented is the detail the push-notification operations and
 	// GetExtendedAgentCard carry with their UnsupportedOperationError.
 	notImplemented = "OPERATION_NOT_IMPLEMENTED"
 )
 
 // errorDetails renders an error's google.rpc details: its ErrorInfo, with
-// the error's metadata when it has any.
+// the error's metadata when it has any, and the fields an InvalidParams
+// error names as a BadRequest.
 func errorDetails(e *a2a.Error) []map[string]any {
 	d := map[string]any{"@type": errorInfoType, "reason": e.Reason, "domain": a2aDomain}
 	if len(e.Metadata) > 0 {
 		d["metadata"] = e.Metadata
+	}
+	if len(e.Violations) > 0 {
+		return []map[string]any{d, {"@type": badRequestType, "fieldViolations": e.Violations}}
 	}
 	return []map[string]any{d}
 }
