@@ -155,35 +155,51 @@ func renderCard(name string, a *config.Agent, base string, authCfg *config.Auth)
 	return c
 }
 
-// bearerScheme names the card's one security scheme.
-const bearerScheme = "bearer"
-
-// securityOf derives the card's security from the auth: chain: a bearer
-// token when a validator takes one (a JWT when jwks is the only one), none
-// without auth: or when only proxy_headers is configured (its identity is
-// set by a proxy, not presented by the client).
+// securityOf derives the card's security from the auth: chain as upstream
+// does: one bearer scheme per validator a client presents a credential to,
+// named as the chain names it (its type, "jwks#2" for the second jwks), with
+// upstream's description, and one requirement per scheme since any one
+// validator suffices. proxy_headers takes no client credential and is not
+// advertised; without auth: there is no security at all. (A requirement's
+// scopes are an array, which the A2A clients read.)
 func securityOf(a *config.Auth) (map[string]any, []map[string]any) {
 	if a == nil {
 		return nil, nil
 	}
-	bearer, jwtOnly := false, true
+	schemes := map[string]any{}
+	var reqs []map[string]any
+	seen := map[string]int{}
 	for _, v := range a.Validators {
-		switch v.Type {
-		case config.ValidatorStatic, config.ValidatorIntrospect:
-			bearer, jwtOnly = true, false
-		case config.ValidatorJWKS:
-			bearer = true
+		seen[v.Type]++
+		name := v.Type
+		if n := seen[v.Type]; n > 1 {
+			name = fmt.Sprintf("%s#%d", v.Type, n)
 		}
+		scheme := map[string]any{"scheme": "Bearer"}
+		switch v.Type {
+		case config.ValidatorStatic:
+			scheme["description"] = "Shared bearer token issued out-of-band by the operator of this broker."
+		case config.ValidatorJWKS:
+			d := "OIDC JWT access token, verified against the issuer's published key set."
+			if iss := strings.TrimSpace(v.Issuer); iss != "" {
+				d += " Issuer: " + iss + "."
+			}
+			if aud := strings.Join(v.Audience, ", "); aud != "" {
+				d += " Audience: " + aud + "."
+			}
+			scheme["description"], scheme["bearerFormat"] = d, "JWT"
+		case config.ValidatorIntrospect:
+			scheme["description"] = "Opaque bearer token, verified by RFC 7662 introspection at the issuer."
+		default:
+			continue
+		}
+		schemes[name] = map[string]any{"httpAuthSecurityScheme": scheme}
+		reqs = append(reqs, map[string]any{"schemes": map[string]any{name: []string{}}})
 	}
-	if !bearer {
+	if len(schemes) == 0 {
 		return nil, nil
 	}
-	scheme := map[string]any{"scheme": "Bearer"}
-	if jwtOnly {
-		scheme["bearerFormat"] = "JWT"
-	}
-	return map[string]any{bearerScheme: map[string]any{"httpAuthSecurityScheme": scheme}},
-		[]map[string]any{{"schemes": map[string]any{bearerScheme: []string{}}}}
+	return schemes, reqs
 }
 
 // a2aBase is the origin cards advertise (agents: needs advertise_addr or
