@@ -33,7 +33,11 @@ type Card struct {
 	DocumentationURL string        `yaml:"documentation_url"`
 	IconURL          string        `yaml:"icon_url"`
 	Provider         *CardProvider `yaml:"provider"`
-	Skills           []Skill       `yaml:"skills"`
+	// The media types the agent takes and gives when a message does not
+	// say: upstream's keys; unset, text/plain, all the IO envelope carries.
+	DefaultInputModes  []string `yaml:"default_input_modes"`
+	DefaultOutputModes []string `yaml:"default_output_modes"`
+	Skills             []Skill  `yaml:"skills"`
 }
 
 // CardProvider is the card's provider block.
@@ -49,6 +53,9 @@ type Skill struct {
 	Description string   `yaml:"description"`
 	Tags        []string `yaml:"tags"`
 	Examples    []string `yaml:"examples"`
+	// InputModes and OutputModes narrow the card's defaults for this skill.
+	InputModes  []string `yaml:"input_modes"`
+	OutputModes []string `yaml:"output_modes"`
 }
 
 // A2A is the a2a: block: one retention policy for the broker's one task

@@ -50,7 +50,8 @@ agents:
       name: Support Agent
       description: Answers questions.
       version: "1.2.0"
-      skills: [{id: answer, name: Answer questions, description: Answers a question.}]
+      default_output_modes: [text/plain, text/markdown]
+      skills: [{id: answer, name: Answer questions, description: Answers a question., input_modes: [text/plain]}]
   crashy: {binary: crashy, config: %q, card: {name: C, description: D, version: "1"}}
   late: {binary: late, config: %q, card: {name: L, description: D, version: "1"}}
   slow: {binary: slow, config: %q, card: {name: S, description: D, version: "1"}}
@@ -175,6 +176,10 @@ func TestA2ACard(t *testing.T) {
 	}
 	if card.Name != "Support Agent" || card.Version != "1.2.0" || len(card.Skills) != 1 || card.Skills[0].ID != "answer" {
 		t.Errorf("card identity = %+v", card)
+	}
+	// Upstream's mode keys: configured where given, text/plain where not.
+	if fmt.Sprint(card.DefaultInputModes, card.DefaultOutputModes, card.Skills[0].InputModes, card.Skills[0].OutputModes) != "[text/plain] [text/plain text/markdown] [text/plain] []" {
+		t.Errorf("card modes %v %v, skill %v %v", card.DefaultInputModes, card.DefaultOutputModes, card.Skills[0].InputModes, card.Skills[0].OutputModes)
 	}
 	if !card.Capabilities.Streaming || card.Capabilities.PushNotifications || card.Capabilities.ExtendedAgentCard {
 		t.Errorf("capabilities = %+v", card.Capabilities)

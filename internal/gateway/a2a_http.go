@@ -112,6 +112,8 @@ type cardSkill struct {
 	Description string   `json:"description"`
 	Tags        []string `json:"tags"`
 	Examples    []string `json:"examples,omitempty"`
+	InputModes  []string `json:"inputModes,omitempty"`
+	OutputModes []string `json:"outputModes,omitempty"`
 }
 
 type cardProvider struct {
@@ -122,6 +124,14 @@ type cardProvider struct {
 // textModes is what the ingress accepts and produces: the IO envelope
 // carries one string each way.
 var textModes = []string{"text/plain"}
+
+// orText is modes, or text/plain when the operator named none.
+func orText(modes []string) []string {
+	if len(modes) == 0 {
+		return textModes
+	}
+	return modes
+}
 
 // renderCard is the operator's identity plus what the broker derives: the
 // interfaces it serves, its capabilities, and the credential its auth:
@@ -135,8 +145,8 @@ func renderCard(name string, a *config.Agent, base string, authCfg *config.Auth)
 			{URL: root + "/v1", ProtocolBinding: "HTTP+JSON", ProtocolVersion: a2a.ProtocolVersion},
 		},
 		Capabilities:       cardCapabilities{Streaming: true},
-		DefaultInputModes:  textModes,
-		DefaultOutputModes: textModes,
+		DefaultInputModes:  orText(a.Card.DefaultInputModes),
+		DefaultOutputModes: orText(a.Card.DefaultOutputModes),
 		Skills:             []cardSkill{},
 		DocumentationURL:   a.Card.DocumentationURL,
 		IconURL:            a.Card.IconURL,
@@ -150,7 +160,8 @@ func renderCard(name string, a *config.Agent, base string, authCfg *config.Auth)
 		if tags == nil {
 			tags = []string{}
 		}
-		c.Skills = append(c.Skills, cardSkill{ID: s.ID, Name: s.Name, Description: s.Description, Tags: tags, Examples: s.Examples})
+		c.Skills = append(c.Skills, cardSkill{ID: s.ID, Name: s.Name, Description: s.Description, Tags: tags, Examples: s.Examples,
+			InputModes: s.InputModes, OutputModes: s.OutputModes})
 	}
 	return c
 }
