@@ -280,6 +280,14 @@ func TestA2AConversation(t *testing.T) {
 			if a := read.Artifacts[0]; string(a.ID) != string(first.ID)+"-response" || a.Name != "response" {
 				t.Errorf("the answer artifact is %q named %q, want upstream's <task id>-response named response", a.ID, a.Name)
 			}
+			// A tool approval request has no A2A meaning: the task is not
+			// touched, and the gateway says so in upstream's WARN.
+			appr := sendTask(t, c, userMsg("approve-"+string(binding), "/approve rm -rf /tmp/x"))
+			if got := answerOf(t, appr); got != "approval requested for rm -rf /tmp/x" {
+				t.Errorf("approval turn answered %q", got)
+			}
+			b.GatewayLog.wait(t, regexp.MustCompile(`level=WARN msg="a2a ingress received a tool approval request it cannot express; the turn will wait for an approval no A2A client can send" profile=support task_id=`+
+				regexp.QuoteMeta(string(appr.ID))+` prompt_id=[0-9a-f]+\n`), time.Second)
 			// A message without contextId gets one minted.
 			m := a2a.NewMessage(a2a.MessageRoleUser, a2a.NewTextPart("fresh"))
 			fresh := sendTask(t, c, &a2a.SendMessageRequest{Message: m})

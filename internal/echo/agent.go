@@ -26,7 +26,10 @@ const (
 	// output; served only with EnvAllowRun set.
 	cmdRun = "/run "
 	cmdAsk = "/ask "
-	cmdBig = "/big "
+	// cmdApprove asks for a tool approval (approval.request) and answers
+	// without waiting for one: a payload an A2A client cannot answer.
+	cmdApprove = "/approve "
+	cmdBig     = "/big "
 	// cmdDrop drops the broker connection abruptly and stays away for the
 	// given duration before redialing: it exercises the broker holding
 	// client frames while an instance redials.
@@ -206,6 +209,10 @@ func (a *agent) compute(ctx context.Context, t *turn, n int, input string) (repl
 	}
 	if q, ok := strings.CutPrefix(input, cmdAsk); ok && q != "" {
 		return a.ask(ctx, t, q)
+	}
+	if call, ok := strings.CutPrefix(input, cmdApprove); ok && call != "" {
+		a.send.io(brokerframe.IO{Type: brokerframe.IOApprovalRequest, TurnID: t.id, PromptID: newID(8), ToolCall: call, Description: "run " + call})
+		return words("approval requested for " + call), nil
 	}
 	if s, ok := strings.CutPrefix(input, cmdDrop); ok {
 		if d, err := time.ParseDuration(s); err == nil && d >= 0 && a.drop != nil {

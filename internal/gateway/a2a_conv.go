@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -564,6 +565,8 @@ func (in *ingress) payloadLocked(l *lease, p json.RawMessage) {
 		return // not this task's: its input has not gone yet
 	}
 	switch t.turn.Apply(p) {
+	case a2a.StepNone:
+		in.approvalLocked(t, p)
 	case a2a.StepWorking:
 		in.setStateLocked(t, a2a.StateWorking, "")
 	case a2a.StepInputRequired:
@@ -577,6 +580,20 @@ func (in *ingress) payloadLocked(l *lease, p json.RawMessage) {
 		in.holdLocked(c, t.turn.TurnID())
 		in.setStateLocked(t, a2a.StateCanceled, textCanceled)
 	}
+}
+
+// approvalLocked logs a tool approval request, which has no A2A meaning:
+// the turn waits for an answer no A2A client can send (upstream's WARN).
+func (in *ingress) approvalLocked(t *liveTask, p json.RawMessage) {
+	if !bytes.Contains(p, []byte(brokerframe.IOApprovalRequest)) {
+		return // the common case: a delta
+	}
+	var io brokerframe.IO
+	if json.Unmarshal(p, &io) != nil || io.Type != brokerframe.IOApprovalRequest {
+		return
+	}
+	in.g.log.Warn("a2a ingress received a tool approval request it cannot express; the turn will wait for an approval no A2A client can send",
+		"profile", t.rec.Profile, "task_id", t.rec.Task.ID, "prompt_id", io.PromptID)
 }
 
 // watchIdleLocked ends a conversation's wait for a turn no task owns.
