@@ -15,6 +15,7 @@ import (
 
 	"github.com/gorilla/websocket"
 
+	"github.com/nexus-broker/nexus-broker/internal/echo"
 	"github.com/nexus-broker/nexus-broker/pkg/brokerclient"
 	"github.com/nexus-broker/nexus-broker/pkg/brokerframe"
 )
@@ -400,6 +401,25 @@ func TestOnlyIOTravelsClientToInstanceAndBarePayloadsAreWrapped(t *testing.T) {
 	}
 	b.GatewayLog.wait(t, regexp.MustCompile(`level=WARN msg="dropping undecodable frame" lease_id=`+claim.LeaseID+` error=".+"`), time.Second)
 	b.GatewayLog.wait(t, regexp.MustCompile(`level=WARN msg="dropping frame with mismatched lease" bound_lease=`+claim.LeaseID+` frame_lease=another-lease`), time.Second)
+}
+
+// TestAnInstanceFrameWithoutLeaseIDIsTheSocketsLease: the envelope's
+// lease_id may be absent; an instance's frame without one belongs to the
+// lease its socket registered for and reaches the client, as upstream
+// forwards it, and nothing is counted or logged as dropped.
+func TestAnInstanceFrameWithoutLeaseIDIsTheSocketsLease(t *testing.T) {
+	b := startBroker(t, Options{NoNexusEntry: true, YAML: fmt.Sprintf("binaries:\n  nexus:\n    path: %q\n    env: {%s: \"1\"}\n", bin("nexus-echo"), echo.EnvOmitLeaseID)})
+	claim := b.claim(brokerclient.ClaimRequest{})
+	conn := b.dial(claim, brokerclient.DialOptions{})
+	if got := say(t, conn, "hi"); got != "echo #1: hi" {
+		t.Fatalf("answer = %q", got)
+	}
+	if v := b.metrics()[`nexus_broker_frames_dropped_total{reason="lease_mismatch"}`]; v != 0 {
+		t.Fatalf("lease_mismatch drops = %v", v)
+	}
+	if strings.Contains(b.GatewayLog.String(), "mismatched lease") {
+		t.Fatalf("a frame without lease_id was logged as mismatched:\n%s", b.GatewayLog)
+	}
 }
 
 func TestGatewayShutdownClosesClientsWith1001AndKeepsInstances(t *testing.T) {

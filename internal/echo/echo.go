@@ -113,7 +113,11 @@ func Run(opts Options) int {
 	}
 
 	out := newOutbox(outboxLimit)
-	ag := newAgent(sess, &sender{leaseID: leaseID, out: out, log: log}, k, log, stop)
+	send := &sender{leaseID: leaseID, out: out, log: log}
+	if k.OmitLeaseID {
+		send.leaseID = ""
+	}
+	ag := newAgent(sess, send, k, log, stop)
 	agentDone := make(chan struct{})
 	go func() {
 		defer close(agentDone)

@@ -41,6 +41,9 @@ const (
 	// place of thinking: any string, so a test can report each state of
 	// the manual's turn-liveness table, or one it does not list.
 	EnvWorkState = "NEXUS_ECHO_WORK_STATE"
+	// EnvOmitLeaseID sends io frames without lease_id, which a broker
+	// forwards as the socket's lease (the frame envelope allows it).
+	EnvOmitLeaseID = "NEXUS_ECHO_OMIT_LEASE_ID"
 )
 
 // The values EnvCrash accepts.
@@ -77,6 +80,7 @@ type knobs struct {
 	FloodReports    int    // extra session-id reports after the handshake
 	FloodBytes      int    // the size of each
 	WorkState       string // EnvWorkState; "" reports thinking
+	OmitLeaseID     bool   // io frames carry no lease_id
 }
 
 // loadKnobs reads the knobs through getenv (os.Getenv in production). An unset
@@ -99,6 +103,7 @@ func loadKnobs(getenv func(string) string) (knobs, error) {
 		{EnvWrongSecret, &k.WrongSecret},
 		{EnvNoSessionReport, &k.NoSessionReport},
 		{EnvAllowRun, &k.AllowRun},
+		{EnvOmitLeaseID, &k.OmitLeaseID},
 	}
 	for _, b := range bools {
 		v := getenv(b.name)

@@ -233,7 +233,9 @@ func (ic *instanceConn) readPump(l *lease) {
 			l.dropUndecodable(err)
 			continue
 		}
-		if f.LeaseID != l.id {
+		// A frame without lease_id is the socket's lease's, as upstream
+		// reads it.
+		if f.LeaseID != "" && f.LeaseID != l.id {
 			l.dropMismatched(f.LeaseID)
 			continue
 		}
