@@ -269,8 +269,17 @@ type FieldViolation struct {
 // InvalidField is upstream's InvalidParamsError for one field: the
 // standard message, the field and why in a BadRequest detail.
 func InvalidField(field, format string, args ...any) *Error {
-	e := ErrInvalidParams.With("Invalid parameters")
-	e.Violations = []FieldViolation{{Field: field, Description: fmt.Sprintf(format, args...)}}
+	return violation(ErrInvalidParams.With("Invalid parameters"), field, fmt.Sprintf(format, args...))
+}
+
+// InvalidEnvelope is upstream's InvalidRequestError for one field of a
+// JSON-RPC envelope.
+func InvalidEnvelope(field, format string, args ...any) *Error {
+	return violation(ErrInvalidRequest.With("Request payload validation error"), field, fmt.Sprintf(format, args...))
+}
+
+func violation(e *Error, field, why string) *Error {
+	e.Violations = []FieldViolation{{Field: field, Description: why}}
 	return e
 }
 

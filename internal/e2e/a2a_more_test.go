@@ -111,6 +111,35 @@ func TestA2AProtocolErrors(t *testing.T) {
 			t.Errorf("%s: %v", c.name, out)
 		}
 	}
+	// The JSON-RPC envelope and params refused in upstream's words.
+	for _, c := range []struct {
+		name, body string
+		code       float64
+		message    string
+		violation  string // the BadRequest detail, when there is one
+	}{
+		{"not JSON", `{"jsonrpc":`, -32700, "Invalid JSON payload", ""},
+		{"not an envelope", `{"jsonrpc":"2.0","id":3,"method":7}`, -32600, "malformed JSON-RPC envelope: ", ""},
+		{"another version", `{"jsonrpc":"1.0","id":3,"method":"GetTask","params":{"id":"x"}}`, -32600, "Request payload validation error", `map[description:must be "2.0", got "1.0" field:jsonrpc]`},
+		{"no method", `{"jsonrpc":"2.0","id":3,"params":{}}`, -32600, "Request payload validation error", `map[description:must be a non-empty A2A operation name field:method]`},
+		{"unknown method", `{"jsonrpc":"2.0","id":3,"method":"message/send","params":{}}`, -32601, `unknown A2A operation "message/send"`, ""},
+		{"no params", `{"jsonrpc":"2.0","id":3,"method":"GetTask"}`, -32602, "Invalid parameters", `map[description:GetTask requires a parameter object field:params]`},
+		{"no task id", `{"jsonrpc":"2.0","id":3,"method":"CancelTask","params":{"id":""}}`, -32602, "Invalid parameters", `map[description:task id is required field:id]`},
+	} {
+		_, text := b.doAs(b.Token, "POST", "/agents/support/a2a", c.body)
+		var out map[string]any
+		_ = json.Unmarshal([]byte(text), &out)
+		e, _ := out["error"].(map[string]any)
+		msg, _ := e["message"].(string)
+		data, _ := e["data"].([]any)
+		ok := rpcCode(out) == c.code && strings.HasPrefix(msg, c.message)
+		if c.violation != "" {
+			ok = ok && len(data) == 2 && strings.Contains(fmt.Sprint(data[1]), "fieldViolations:["+c.violation+"]")
+		}
+		if !ok {
+			t.Errorf("%s: %s", c.name, text)
+		}
+	}
 	// Upstream's refusals name the task in their ErrorInfo.
 	_, out := b.rpc(t, "support", "GetTask", `{"id":"nope"}`)
 	if md := errorInfo(out)["metadata"]; fmt.Sprint(md) != "map[taskId:nope]" {

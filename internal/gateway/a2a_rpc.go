@@ -134,13 +134,28 @@ func (in *ingress) handleJSONRPC(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, rpcFail(nil, aerr))
 		return
 	}
+	// The envelope's refusals are upstream's, in its order: not JSON, not
+	// an envelope, the jsonrpc version, the method; and ours, an id that
+	// is neither a string nor a number.
 	req, sent, err := decodeRPC(body)
-	if err != nil {
-		writeJSON(w, http.StatusOK, rpcFail(nil, a2a.ErrParse.With("request is not JSON: %v", err)))
-		return
+	var bad *a2a.Error
+	switch {
+	case err != nil && !json.Valid(body):
+		bad = a2a.ErrParse.With("Invalid JSON payload")
+	case err != nil:
+		bad = a2a.ErrInvalidRequest.With("malformed JSON-RPC envelope: %v", err)
+	case req.JSONRPC != "2.0":
+		bad = a2a.InvalidEnvelope("jsonrpc", "must be %q, got %q", "2.0", req.JSONRPC)
+	case req.Method == "":
+		bad = a2a.InvalidEnvelope("method", "must be a non-empty A2A operation name")
+	case !validRPCID(req.ID):
+		bad = a2a.InvalidEnvelope("id", "must be a string, a number or null")
 	}
-	if req.JSONRPC != "2.0" || req.Method == "" || !validRPCID(req.ID) {
-		writeJSON(w, http.StatusOK, rpcFail(req.ID, a2a.ErrInvalidRequest.With("not a JSON-RPC 2.0 request: jsonrpc must be \"2.0\", method a string, id a string or number")))
+	if bad != nil {
+		if err != nil || !validRPCID(req.ID) {
+			req.ID = nil
+		}
+		writeJSON(w, http.StatusOK, rpcFail(req.ID, bad))
 		return
 	}
 	stream := req.Method == "SendStreamingMessage" || req.Method == "SubscribeToTask"
@@ -149,9 +164,26 @@ func (in *ingress) handleJSONRPC(w http.ResponseWriter, r *http.Request) {
 		fail(e)
 		return
 	}
+	// params decodes the operation's parameters, refused as upstream's
+	// codec refuses them.
 	params := func(v any) bool {
-		if len(req.Params) == 0 || json.Unmarshal(req.Params, v) != nil {
-			fail(a2a.ErrInvalidParams.With("params do not match %s's request", req.Method))
+		if len(req.Params) == 0 || string(bytes.TrimSpace(req.Params)) == "null" {
+			fail(a2a.InvalidField("params", "%s requires a parameter object", req.Method))
+			return false
+		}
+		if err := json.Unmarshal(req.Params, v); err != nil {
+			fail(a2a.ErrInvalidParams.With("decode %s params: %v", req.Method, err))
+			return false
+		}
+		return true
+	}
+	// taskParams is params for the operations naming a task by id.
+	taskParams := func(tr *a2a.TaskRequest) bool {
+		if !params(tr) {
+			return false
+		}
+		if tr.ID == "" {
+			fail(a2a.InvalidField("id", "task id is required"))
 			return false
 		}
 		return true
@@ -181,7 +213,7 @@ func (in *ingress) handleJSONRPC(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, rpcOK(req.ID, a2a.Event{Task: &task}))
 	case "GetTask":
 		var tr a2a.TaskRequest
-		if !params(&tr) {
+		if !taskParams(&tr) {
 			return
 		}
 		task, aerr := in.get(principal, p, &tr)
@@ -192,7 +224,7 @@ func (in *ingress) handleJSONRPC(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, rpcOK(req.ID, task))
 	case "ListTasks":
 		var lr a2a.ListRequest
-		if len(req.Params) > 0 && !params(&lr) {
+		if !params(&lr) {
 			return
 		}
 		out, missing, aerr := in.list(r.Context(), principal, p, &lr)
@@ -204,7 +236,7 @@ func (in *ingress) handleJSONRPC(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, rpcOK(req.ID, out))
 	case "CancelTask":
 		var tr a2a.TaskRequest
-		if !params(&tr) {
+		if !taskParams(&tr) {
 			return
 		}
 		task, aerr := in.cancel(principal, p.name, tr.ID)
@@ -215,7 +247,7 @@ func (in *ingress) handleJSONRPC(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, rpcOK(req.ID, task))
 	case "SubscribeToTask":
 		var tr a2a.TaskRequest
-		if !params(&tr) {
+		if !taskParams(&tr) {
 			return
 		}
 		s, stop, aerr := in.subscribe(principal, p.name, tr.ID)
@@ -234,7 +266,7 @@ func (in *ingress) handleJSONRPC(w http.ResponseWriter, r *http.Request) {
 			fail(unimplemented(req.Method))
 			return
 		}
-		fail(a2a.ErrMethodNotFound.With("method %q is not an A2A 1.0 method", req.Method))
+		fail(a2a.ErrMethodNotFound.With("unknown A2A operation %q", req.Method))
 	}
 }
 
