@@ -140,6 +140,24 @@ func TestA2AProtocolErrors(t *testing.T) {
 			t.Errorf("%s: %s", c.name, text)
 		}
 	}
+	// HTTP+JSON ListTasks query parameters, read and refused as upstream's.
+	for q, want := range map[string]string{
+		"pageSize=x":                "fieldViolations\":[{\"field\":\"pageSize\",\"description\":\"must be an integer, got \\\"x\\\"\"}]",
+		"includeArtifacts=maybe":    "fieldViolations\":[{\"field\":\"includeArtifacts\",\"description\":\"must be true or false, got \\\"maybe\\\"\"}]",
+		"statusTimestampAfter=soon": "fieldViolations\":[{\"field\":\"statusTimestampAfter\",\"description\":\"must be an ISO 8601 timestamp, got \\\"soon\\\"\"}]",
+	} {
+		if code, text := b.doAs(b.Token, "GET", "/agents/support/a2a/v1/tasks?"+q, ""); code != 400 || !strings.Contains(text, `"message":"Invalid parameters"`) || !strings.Contains(text, want) {
+			t.Errorf("ListTasks ?%s: %d %s", q, code, text)
+		}
+	}
+	if code, out := b.rpc(t, "support", "SendMessage", send); code != 200 || out["error"] != nil {
+		t.Fatalf("SendMessage: %d %v", code, out)
+	}
+	for q, n := range map[string]string{"2000-01-01T00:00:00Z": `"totalSize":1`, "2999-01-01T00:00:00Z": `"totalSize":0`} {
+		if code, text := b.doAs(b.Token, "GET", "/agents/support/a2a/v1/tasks?statusTimestampAfter="+q, ""); code != 200 || !strings.Contains(text, n) {
+			t.Errorf("ListTasks after %s: %d %s, want %s", q, code, text, n)
+		}
+	}
 	// Upstream's refusals name the task in their ErrorInfo.
 	_, out := b.rpc(t, "support", "GetTask", `{"id":"nope"}`)
 	if md := errorInfo(out)["metadata"]; fmt.Sprint(md) != "map[taskId:nope]" {

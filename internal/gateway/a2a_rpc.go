@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/nexus-broker/nexus-broker/internal/a2a"
 )
@@ -392,14 +394,26 @@ func (in *ingress) restList(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	q := r.URL.Query()
-	lr := a2a.ListRequest{ContextID: q.Get("contextId"), Status: q.Get("status"), PageToken: q.Get("pageToken"),
-		IncludeArtifacts: q.Get("includeArtifacts") == "true"}
+	lr := a2a.ListRequest{ContextID: q.Get("contextId"), Status: q.Get("status"), PageToken: q.Get("pageToken")}
 	var bad *a2a.Error
 	lr.PageSize, bad = queryInt(q.Get("pageSize"), "pageSize")
 	if bad == nil && q.Has("historyLength") {
 		var n int
 		n, bad = queryInt(q.Get("historyLength"), "historyLength")
 		lr.HistoryLength = &n
+	}
+	if v := q.Get("includeArtifacts"); bad == nil && v != "" {
+		var err error
+		if lr.IncludeArtifacts, err = strconv.ParseBool(v); err != nil {
+			bad = a2a.InvalidField("includeArtifacts", "must be true or false, got %q", v)
+		}
+	}
+	if v := q.Get("statusTimestampAfter"); bad == nil && v != "" {
+		ts, err := time.Parse(time.RFC3339Nano, v)
+		if err != nil {
+			bad = a2a.InvalidField("statusTimestampAfter", "must be an ISO 8601 timestamp, got %q", v)
+		}
+		lr.StatusTimestampAfter = &ts
 	}
 	if bad != nil {
 		writeRESTError(w, bad)
@@ -420,7 +434,7 @@ func queryInt(s, name string) (int, *a2a.Error) {
 	}
 	var n int
 	if err := json.Unmarshal([]byte(s), &n); err != nil {
-		return 0, a2a.ErrInvalidParams.With("%s %q is not a whole number", name, s)
+		return 0, a2a.InvalidField(name, "must be an integer, got %q", s)
 	}
 	return n, nil
 }
