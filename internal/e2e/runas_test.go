@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nexus-broker/nexus-broker/internal/sockdir"
 	"github.com/nexus-broker/nexus-broker/pkg/brokerclient"
 )
 
@@ -116,4 +117,39 @@ func TestRunAsWithoutPrivilegeFailsTheClaimAtOnce(t *testing.T) {
 	}
 	// Entries without run_as still spawn.
 	b.claim(brokerclient.ClaimRequest{})
+}
+
+// TestRunAsOnANonRootSpawndIsUpstreamsWARN: a nexus-spawnd that does not
+// run as root, with run_as entries, says so at boot in upstream's words
+// and keys (euid), naming the entries.
+func TestRunAsOnANonRootSpawndIsUpstreamsWARN(t *testing.T) {
+	setpriv, err := exec.LookPath("setpriv")
+	if os.Getuid() != 0 || err != nil {
+		t.Skip("needs root and setpriv to start nexus-spawnd as another user")
+	}
+	dir := sockdir.New(t, "nxu")
+	if err := os.Chown(dir, nobody, nobody); err != nil {
+		t.Fatal(err)
+	}
+	cfg := filepath.Join(dir, "broker.yaml")
+	yaml := fmt.Sprintf("listen_addr: \"127.0.0.1:%d\"\nspawnd:\n  run_dir: %q\nbinaries:\n  nexus:\n    path: %q\n    run_as: {uid: 65533, gid: 65533}\n    env: {HOME: /}\n",
+		freePort(t), filepath.Join(dir, "run"), bin("nexus-echo"))
+	if err := os.WriteFile(cfg, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tmp := filepath.Join(dir, "tmp")
+	if err := os.Mkdir(tmp, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(tmp, nobody, nobody); err != nil {
+		t.Fatal(err)
+	}
+	log := newLogBuffer()
+	cmd := exec.Command(setpriv, "--reuid", fmt.Sprint(nobody), "--regid", fmt.Sprint(nobody), "--clear-groups", "--", bin("nexus-spawnd"), "-config", cfg)
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + dir, "TMPDIR=" + tmp}
+	cmd.Stdout, cmd.Stderr = log, log
+	p := startProc(t, cmd)
+	defer p.signal(syscall.SIGTERM)
+	log.wait(t, regexp.MustCompile(`level=WARN msg="run_as is configured but this broker does not run as root, so it cannot set a spawned instance's credentials at all — every claim selecting such an entry will fail to spawn\. `+
+		`Run the broker as root \(or grant it CAP_SETUID and CAP_SETGID\) or remove run_as" euid=65534 entries=nexus\n`), 10*time.Second)
 }

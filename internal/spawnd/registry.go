@@ -300,7 +300,15 @@ func (d *Daemon) describe(s *settings) {
 			"fine for one user's development setup, otherwise run the gateway as its own user (spawnd.gateway_uid) and give the entries another",
 			"entries", strings.Join(runAsGateway, ","), "uid", os.Getuid())
 	}
-	if len(runAs) > 0 && !d.privileged {
+	switch {
+	case len(runAs) == 0 || d.privileged:
+	case os.Geteuid() != 0:
+		// Upstream's words and key; the entries are ours.
+		d.log.Warn("run_as is configured but this broker does not run as root, so it cannot set a spawned "+
+			"instance's credentials at all — every claim selecting such an entry will fail to spawn. "+
+			"Run the broker as root (or grant it CAP_SETUID and CAP_SETGID) or remove run_as",
+			"euid", os.Geteuid(), "entries", strings.Join(runAs, ","))
+	default: // root without the capabilities (a bounding set, a container)
 		d.log.Warn("run_as is configured but nexus-spawnd lacks CAP_SETUID and CAP_SETGID, so every spawn of these entries will be refused; "+
 			"run nexus-spawnd as root (or grant it both capabilities) or remove run_as",
 			"entries", strings.Join(runAs, ","))
