@@ -30,6 +30,16 @@ const (
 	StateRejected      = "TASK_STATE_REJECTED"
 )
 
+// KnownState reports whether state is one A2A 1.0 defines.
+func KnownState(state string) bool {
+	switch state {
+	case StateSubmitted, StateWorking, StateInputRequired, "TASK_STATE_AUTH_REQUIRED",
+		StateCompleted, StateFailed, StateCanceled, StateRejected:
+		return true
+	}
+	return false
+}
+
 // Message roles.
 const (
 	RoleUser  = "ROLE_USER"

@@ -364,14 +364,22 @@ func readBody(r *http.Request) ([]byte, *a2a.Error, bool) {
 // checkSend validates a SendMessageRequest and returns its input text.
 func checkSend(req *a2a.SendRequest) (string, *a2a.Error) {
 	m := req.Message
-	if m == nil {
-		return "", a2a.InvalidField("message", "a message is required")
-	}
-	if m.MessageID == "" {
-		return "", a2a.ErrInvalidParams.With("message.messageId is required")
-	}
-	if m.Role != a2a.RoleUser {
+	switch {
+	case m == nil:
+		return "", a2a.InvalidField("message", "message is required")
+	case m.MessageID == "":
+		return "", a2a.InvalidField("message.messageId", "message id is required")
+	case m.Role != a2a.RoleUser && m.Role != a2a.RoleAgent:
+		return "", a2a.InvalidField("message.role", "role must be %s or %s, got %q", a2a.RoleUser, a2a.RoleAgent, m.Role)
+	case len(m.Parts) == 0:
+		return "", a2a.InvalidField("message.parts", "at least one part is required")
+	case m.Role != a2a.RoleUser:
 		return "", a2a.InvalidField("message.role", "an inbound message must carry %s, got %q", a2a.RoleUser, m.Role)
+	}
+	if req.Configuration != nil {
+		if bad := nonNegative(req.Configuration.HistoryLength, "configuration.historyLength"); bad != nil {
+			return "", bad
+		}
 	}
 	if req.Configuration != nil && len(req.Configuration.PushConfig) > 0 && string(req.Configuration.PushConfig) != "null" {
 		return "", a2a.ErrPushNotSupported.With("this broker does not deliver push notifications; the agent card declares capabilities.pushNotifications as false")
@@ -442,7 +450,13 @@ func (in *ingress) list(ctx context.Context, principal string, p *profile, req *
 	case size == 0:
 		size = defaultPageSize
 	case size < 0 || size > maxPageSize:
-		return nil, nil, a2a.ErrInvalidParams.With("pageSize must be between 1 and %d, got %d", maxPageSize, size)
+		return nil, nil, a2a.InvalidField("pageSize", "must be between 1 and %d, got %d", maxPageSize, size)
+	}
+	if req.Status != "" && !a2a.KnownState(req.Status) {
+		return nil, nil, a2a.InvalidField("status", "unknown task state %q", req.Status)
+	}
+	if bad := nonNegative(req.HistoryLength, "historyLength"); bad != nil {
+		return nil, nil, bad
 	}
 	off := 0
 	if req.PageToken != "" {
@@ -486,8 +500,19 @@ func (in *ingress) matching(principal, profile string, req *a2a.ListRequest, lim
 	return out, len(rs)
 }
 
+// nonNegative refuses a negative historyLength as upstream's codec does.
+func nonNegative(n *int, field string) *a2a.Error {
+	if n != nil && *n < 0 {
+		return a2a.InvalidField(field, "must not be negative, got %d", *n)
+	}
+	return nil
+}
+
 // get is GetTask, from the record.
 func (in *ingress) get(principal string, p *profile, req *a2a.TaskRequest) (*a2a.Task, *a2a.Error) {
+	if bad := nonNegative(req.HistoryLength, "historyLength"); bad != nil {
+		return nil, bad
+	}
 	r, ok := in.store.Get(principal, p.name, req.ID)
 	if !ok {
 		return nil, a2a.ErrTaskNotFound.WithMeta("taskId", req.ID)
