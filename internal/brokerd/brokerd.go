@@ -252,27 +252,12 @@ func logStarting(cfg *config.Config, log *slog.Logger) {
 		"release_grace", cfg.ReleaseGrace.D(), "ready_timeout", cfg.ReadyTimeout.D(), "reattach_window", cfg.ReattachWindow.D(), "admin_scope", scope)
 }
 
-// validatorNames names the validators in chain order as upstream does: by
-// type, a repeated type numbered from its second (jwks, jwks#2).
-func validatorNames(a *config.Auth) []string {
-	names := make([]string, len(a.Validators))
-	seen := map[string]int{}
-	for i, v := range a.Validators {
-		seen[v.Type]++
-		names[i] = v.Type
-		if n := seen[v.Type]; n > 1 {
-			names[i] = fmt.Sprintf("%s#%d", v.Type, n)
-		}
-	}
-	return names
-}
-
 // logAuth says at boot whether clients are authenticated: the spec's WARN
 // when they are not, and a plainer second one when the port is reachable
 // from beyond this host.
 func logAuth(cfg *config.Config, log *slog.Logger) {
 	if cfg.Auth != nil {
-		log.Info("client authentication enabled", "validators", validatorNames(cfg.Auth), "admin_scope", *cfg.Auth.AdminScope)
+		log.Info("client authentication enabled", "validators", cfg.Auth.ValidatorNames(), "admin_scope", *cfg.Auth.AdminScope)
 		return
 	}
 	log.Warn("client authentication is DISABLED: broker config has no auth block, so any caller that can reach this broker can claim, release and list leases")

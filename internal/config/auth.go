@@ -86,6 +86,21 @@ type StaticToken struct {
 // Words is a whitespace-separated string or a YAML list of strings.
 type Words []string
 
+// ValidatorNames names the validators in chain order as upstream does: by
+// type, a repeated type numbered from its second (jwks, jwks#2).
+func (a *Auth) ValidatorNames() []string {
+	names := make([]string, len(a.Validators))
+	seen := map[string]int{}
+	for i, v := range a.Validators {
+		seen[v.Type]++
+		names[i] = v.Type
+		if n := seen[v.Type]; n > 1 {
+			names[i] = fmt.Sprintf("%s#%d", v.Type, n)
+		}
+	}
+	return names
+}
+
 // Strings is one string or a YAML list of strings.
 type Strings []string
 

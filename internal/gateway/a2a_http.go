@@ -179,13 +179,9 @@ func securityOf(a *config.Auth) (map[string]any, []map[string]any) {
 	}
 	schemes := map[string]any{}
 	var reqs []map[string]any
-	seen := map[string]int{}
-	for _, v := range a.Validators {
-		seen[v.Type]++
-		name := v.Type
-		if n := seen[v.Type]; n > 1 {
-			name = fmt.Sprintf("%s#%d", v.Type, n)
-		}
+	names := a.ValidatorNames()
+	for i, v := range a.Validators {
+		name := names[i]
 		scheme := map[string]any{"scheme": "Bearer"}
 		switch v.Type {
 		case config.ValidatorStatic:
