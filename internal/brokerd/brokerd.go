@@ -128,7 +128,7 @@ func Run(o Options) error {
 	for {
 		select {
 		case <-hup:
-			_ = g.Reload(path) // logged either way; the config in force stays on failure
+			_ = g.Reload(ctx, path) // logged either way; the config in force stays on failure
 		case err := <-serveErr:
 			g.Shutdown()
 			return bootlog.Wrap(bootlog.HTTPGateway, err)

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"errors"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -94,4 +95,26 @@ func fmtInts(xs []int) string {
 		sb.WriteString(strconv.Itoa(x))
 	}
 	return sb.String()
+}
+
+// TestASIGTERMIsNotHeldBehindAReloadSpawndDoesNotAnswer: a SIGHUP while
+// spawnd is down waits up to 30 s for it to come back and judge the file; a
+// SIGTERM in that wait stops the gateway at once, and the rejected reload
+// says in words that spawnd did not answer, not as a raw RPC status.
+func TestASIGTERMIsNotHeldBehindAReloadSpawndDoesNotAnswer(t *testing.T) {
+	b := startBroker(t, Options{})
+	b.KillSpawnd(syscall.SIGKILL)
+	_ = b.gateway.cmd.Process.Signal(syscall.SIGHUP)
+	b.GatewayLog.wait(t, regexp.MustCompile(`msg="SIGHUP received, reloading config"`), 10*time.Second)
+	_ = b.gateway.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-b.gateway.done:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("the gateway still runs 20 s after SIGTERM, behind a reload spawnd does not answer:\n%s", b.GatewayLog)
+	}
+	b.GatewayLog.wait(t, regexp.MustCompile(`level=ERROR msg="config reload rejected; the configuration already in force is unchanged" path=\S+ error="nexus-spawnd did not answer the reload: [^"]+"`), time.Second)
+	if strings.Contains(b.GatewayLog.String(), "rpc error:") {
+		t.Errorf("the rejection is a raw RPC status:\n%s", b.GatewayLog)
+	}
+	b.GatewayLog.wait(t, regexp.MustCompile(`msg="nexus-broker stopped"`), time.Second)
 }

@@ -8,16 +8,22 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/grpc/status"
+
 	"github.com/nexus-broker/nexus-broker/internal/config"
 	"github.com/nexus-broker/nexus-broker/internal/config/core"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
 )
 
+// reloadTimeout bounds the wait for spawnd's verdict on a reload.
+const reloadTimeout = 30 * time.Second
+
 // Reload is SIGHUP: validate the file, have spawnd validate and swap its own
 // keys, then swap the gateway's. A rejection at any step leaves everything
 // in force. No live instance is signalled, but every live lease's idle and
-// turn deadlines move to the new values at once.
-func (g *Gateway) Reload(path string) error {
+// turn deadlines move to the new values at once. ctx ends the wait for
+// spawnd's answer, so a SIGTERM is not held behind a hung spawnd.
+func (g *Gateway) Reload(ctx context.Context, path string) error {
 	g.log.Info("SIGHUP received, reloading config", "path", path)
 	next, err := config.Load(path)
 	if err != nil {
@@ -51,13 +57,13 @@ func (g *Gateway) Reload(path string) error {
 			return g.reloadRejected(path, fmt.Errorf("broker config: %w", err))
 		}
 	}
-	ctx, cancel := context.WithTimeout(g.ctx, 30*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, reloadTimeout)
 	defer cancel()
 	// spawnd re-reads the file itself, and applies it only if it is still
 	// the version validated here.
 	res, err := g.sp.Reload(ctx, &spawnpb.ReloadRequest{ConfigDigest: next.Digest})
 	if err != nil {
-		return g.reloadRejected(path, err)
+		return g.reloadRejected(path, fmt.Errorf("nexus-spawnd did not answer the reload: %s", status.Convert(err).Message()))
 	}
 	if !res.Applied {
 		return g.reloadRejected(path, errors.New(res.Error))
