@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"time"
 
 	"github.com/nexus-broker/nexus-broker/internal/a2a"
 )
@@ -60,7 +61,20 @@ type sseOut struct {
 	// pending is rendered bytes a direct writer found no room for; the
 	// handler writes them first.
 	pending bool
+	// parked: the last state written is INPUT_REQUIRED, so the stream is
+	// silent until the client answers (see keepaliveEvery).
+	parked bool
 }
+
+// keepaliveEvery is how often a parked stream gets keepaliveComment, as
+// upstream writes it: a proxy in front of the broker reads a silent
+// response as a dead one (many close after 60 s), and a question may wait
+// on a human for minutes. A stream that is working is not pinged; its own
+// events keep it alive.
+const keepaliveEvery = 20 * time.Second
+
+// keepaliveComment is an SSE comment line, which clients ignore.
+const keepaliveComment = ": ping\n\n"
 
 // newStream is a stream whose first event is first.
 func newStream(first a2a.Event) *sseStream {
@@ -154,12 +168,19 @@ func (s *sseStream) writeDirect() {
 // and the trailing CRLF.
 const chunkOverhead = 16
 
-// render appends evs' data lines to buf and recycles the slice.
+// render appends evs' data lines to buf, notes whether the last state
+// left the stream parked, and recycles the slice.
 func (o *sseOut) render(evs []a2a.Event) {
 	for i, ev := range evs {
 		o.buf = append(o.buf, "data: "...)
 		o.buf = append(o.buf, o.frame(ev)...)
 		o.buf = append(o.buf, '\n', '\n')
+		switch {
+		case ev.StatusUpdate != nil:
+			o.parked = ev.StatusUpdate.Status.State == a2a.StateInputRequired
+		case ev.Task != nil:
+			o.parked = ev.Task.Status.State == a2a.StateInputRequired
+		}
 		evs[i] = a2a.Event{}
 	}
 	o.spare = evs[:0]
@@ -201,7 +222,7 @@ func (s *sseStream) serve(w http.ResponseWriter, r *http.Request, frame func(a2a
 		s.out = nil
 		s.turn.Unlock()
 	}()
-	ended, ok := s.writeQueued(o)
+	ended, ok := s.writeQueued(o, false)
 	if conn != nil {
 		// Measured here, after the snapshot left and while the instance
 		// works, so that a direct write usually spends budget rather
@@ -209,22 +230,37 @@ func (s *sseStream) serve(w http.ResponseWriter, r *http.Request, frame func(a2a
 		o.room, _ = sendRoom(conn)
 	}
 	s.turn.Unlock()
+	if ended || !ok {
+		return
+	}
+	// One ticker per open stream, running whether or not it is parked
+	// (as upstream's does): a tick only looks at the state the last
+	// event left, so events pay nothing for it.
+	keepalive := time.NewTicker(keepaliveEvery)
+	defer keepalive.Stop()
 	for !ended && ok {
+		ping := false
 		select {
 		case <-s.wake:
+		case <-keepalive.C:
+			ping = true
 		case <-r.Context().Done():
 			return
 		}
 		s.turn.Lock()
-		ended, ok = s.writeQueued(o)
+		ended, ok = s.writeQueued(o, ping)
 		s.turn.Unlock()
 	}
 }
 
-// writeQueued writes what is queued, under turn. The last event of an
+// writeQueued writes what is queued, under turn, and with ping the
+// keepalive comment if that leaves the stream parked. The last event of an
 // ended stream is not flushed. ok is false when the client is gone.
-func (s *sseStream) writeQueued(o *sseOut) (ended, ok bool) {
+func (s *sseStream) writeQueued(o *sseOut, ping bool) (ended, ok bool) {
 	evs, ended := s.take(o.spare)
 	o.render(evs)
+	if ping && o.parked && !ended {
+		o.buf = append(o.buf, keepaliveComment...)
+	}
 	return ended, len(o.buf) == 0 || o.flush(!ended)
 }
