@@ -69,7 +69,8 @@ func nextLine(t *testing.T, lines <-chan string, within time.Duration) string {
 // TestA2AKeepalive: a stream parked on a question gets upstream's SSE
 // keepalive comment (": ping", every 20 s) on both bindings, and still
 // carries the answer's events to the end afterwards. It waits out the
-// real interval, so it runs in parallel with the other parallel tests.
+// real interval, so it runs beside the other parallel tests (the
+// launched spawnd's idle exits) rather than adding to the suite.
 func TestA2AKeepalive(t *testing.T) {
 	t.Parallel()
 	b := a2aBroker(t, "", Options{})

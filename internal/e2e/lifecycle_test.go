@@ -366,7 +366,10 @@ func TestAnotherConfigOnTheSameRunDirRefused(t *testing.T) {
 // holds a lease, even with no gateway attached, and the lease reattaches
 // when a gateway comes back; nexus-broker -stop releases every lease; with
 // no lease and no gateway the spawnd exits on its own about 10 s later.
+// Mostly waiting out those idle exits, it runs beside the other parallel
+// tests (TestA2AKeepalive's 20 s wait) rather than adding to the suite.
 func TestLaunchedSpawndLifecycle(t *testing.T) {
+	t.Parallel()
 	b := startBroker(t, Options{Launch: true})
 	pid := b.launchedSpawnd()
 	if pid <= 0 {
