@@ -24,16 +24,19 @@ const (
 	StateSubmitted     = "TASK_STATE_SUBMITTED"
 	StateWorking       = "TASK_STATE_WORKING"
 	StateInputRequired = "TASK_STATE_INPUT_REQUIRED"
-	StateCompleted     = "TASK_STATE_COMPLETED"
-	StateFailed        = "TASK_STATE_FAILED"
-	StateCanceled      = "TASK_STATE_CANCELED"
-	StateRejected      = "TASK_STATE_REJECTED"
+	// StateAuthRequired is never reported by this broker; a ListTasks
+	// filter may still name it.
+	StateAuthRequired = "TASK_STATE_AUTH_REQUIRED"
+	StateCompleted    = "TASK_STATE_COMPLETED"
+	StateFailed       = "TASK_STATE_FAILED"
+	StateCanceled     = "TASK_STATE_CANCELED"
+	StateRejected     = "TASK_STATE_REJECTED"
 )
 
 // KnownState reports whether state is one A2A 1.0 defines.
 func KnownState(state string) bool {
 	switch state {
-	case StateSubmitted, StateWorking, StateInputRequired, "TASK_STATE_AUTH_REQUIRED",
+	case StateSubmitted, StateWorking, StateInputRequired, StateAuthRequired,
 		StateCompleted, StateFailed, StateCanceled, StateRejected:
 		return true
 	}
@@ -208,14 +211,6 @@ type SendConfig struct {
 	ReturnImmediately   bool            `json:"returnImmediately,omitempty"`
 	HistoryLength       *int            `json:"historyLength,omitempty"`
 	PushConfig          json.RawMessage `json:"taskPushNotificationConfig,omitempty"`
-}
-
-// OutputModes is the request's acceptedOutputModes; none for a nil config.
-func (c *SendConfig) OutputModes() []string {
-	if c == nil {
-		return nil
-	}
-	return c.AcceptedOutputModes
 }
 
 // SendRequest is SendMessageRequest.

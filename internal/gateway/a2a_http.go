@@ -372,16 +372,16 @@ func checkSend(req *a2a.SendRequest) (string, *a2a.Error) {
 	case m.Role != a2a.RoleUser:
 		return "", a2a.InvalidField("message.role", "an inbound message must carry %s, got %q", a2a.RoleUser, m.Role)
 	}
-	if req.Configuration != nil {
-		if bad := nonNegative(req.Configuration.HistoryLength, "configuration.historyLength"); bad != nil {
+	if c := req.Configuration; c != nil {
+		if bad := nonNegative(c.HistoryLength, "configuration.historyLength"); bad != nil {
 			return "", bad
 		}
-	}
-	if req.Configuration != nil && len(req.Configuration.PushConfig) > 0 && string(req.Configuration.PushConfig) != "null" {
-		return "", a2a.ErrPushNotSupported.With("this broker does not deliver push notifications; the agent card declares capabilities.pushNotifications as false")
-	}
-	if modes := req.Configuration.OutputModes(); len(modes) > 0 && !acceptsText(modes) {
-		return "", a2a.ErrContentType.With("this agent produces %s; the request accepts only %s", textModes[0], strings.Join(modes, ", "))
+		if len(c.PushConfig) > 0 && string(c.PushConfig) != "null" {
+			return "", a2a.ErrPushNotSupported.With("this broker does not deliver push notifications; the agent card declares capabilities.pushNotifications as false")
+		}
+		if modes := c.AcceptedOutputModes; len(modes) > 0 && !acceptsText(modes) {
+			return "", a2a.ErrContentType.With("this agent produces %s; the request accepts only %s", textModes[0], strings.Join(modes, ", "))
+		}
 	}
 	return a2a.InputText(m)
 }

@@ -43,9 +43,8 @@ func errorDetails(e *a2a.Error) []map[string]any {
 // ErrorInfo names the operation, and its detail says not yet rather than
 // never.
 func unimplemented(op string) *a2a.Error {
-	e := a2a.ErrUnsupportedOp.With("operation %q is not yet implemented by this broker's A2A ingress", op)
-	e.Metadata = map[string]string{"operation": op, "detail": notImplemented}
-	return e
+	return a2a.ErrUnsupportedOp.With("operation %q is not yet implemented by this broker's A2A ingress", op).
+		WithMeta("operation", op, "detail", notImplemented)
 }
 
 type rpcRequest struct {
