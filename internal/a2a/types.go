@@ -297,6 +297,10 @@ func (e *Error) With(format string, args ...any) *Error {
 	return &c
 }
 
+// TaskNotFound is ErrTaskNotFound for id, its ErrorInfo naming the task as
+// upstream's does.
+func TaskNotFound(id string) *Error { return ErrTaskNotFound.WithMeta("taskId", id) }
+
 // WithMeta returns a copy of e whose ErrorInfo metadata also carries the
 // key, value pairs kv.
 func (e *Error) WithMeta(kv ...string) *Error {

@@ -708,7 +708,7 @@ func (in *ingress) answer(principal, profile string, msg *a2a.Message, text stri
 			return nil, a2a.ErrUnsupportedOp.With("task %q has ended and accepts no further messages; send a message with no taskId to start a new task", msg.TaskID).
 				WithMeta("taskId", msg.TaskID, "detail", detailTerminal)
 		}
-		return nil, a2a.ErrTaskNotFound.WithMeta("taskId", msg.TaskID)
+		return nil, a2a.TaskNotFound(msg.TaskID)
 	}
 	if msg.ContextID != "" && msg.ContextID != t.rec.Task.ContextID {
 		return nil, a2a.ErrUnsupportedOp.With("message names task %q but context %q; a task is continued by naming the context it belongs to, %q",
@@ -750,7 +750,7 @@ func (in *ingress) cancelTask(principal, profile, id string) (*a2a.Task, *a2a.Er
 		if r, ok := in.store.Get(principal, profile, id); ok {
 			return nil, a2a.ErrTaskNotCancelable.With("task is in terminal state %s and cannot be canceled", a2a.StateName(r.Task.Status.State)).WithMeta("taskId", id)
 		}
-		return nil, a2a.ErrTaskNotFound.WithMeta("taskId", id)
+		return nil, a2a.TaskNotFound(id)
 	}
 	c := t.conv
 	for i, q := range c.queue {
@@ -797,7 +797,7 @@ func (in *ingress) subscribe(principal, profile, id string) (*sseStream, func(),
 	}
 	r, ok := in.store.Get(principal, profile, id)
 	if !ok {
-		return nil, nil, a2a.ErrTaskNotFound.WithMeta("taskId", id)
+		return nil, nil, a2a.TaskNotFound(id)
 	}
 	s := newStream(a2a.Event{Task: &r.Task})
 	s.end()

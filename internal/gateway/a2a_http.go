@@ -511,7 +511,7 @@ func (in *ingress) get(principal string, p *profile, req *a2a.TaskRequest) (*a2a
 	}
 	r, ok := in.store.Get(principal, p.name, req.ID)
 	if !ok {
-		return nil, a2a.ErrTaskNotFound.WithMeta("taskId", req.ID)
+		return nil, a2a.TaskNotFound(req.ID)
 	}
 	trimTask(&r.Task, req.HistoryLength, true)
 	return &r.Task, nil
