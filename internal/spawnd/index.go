@@ -51,8 +51,8 @@ func openSessionIndex(stateDir string, limit int, log *slog.Logger) *bindindex.I
 			"resumes of sessions it recorded are not checked against their binary",
 	}, log)
 	if idx != nil {
-		n, _ := idx.Opened()
-		logOpened(log, idx, path, "session binary index", "bindings", n)
+		n, skipped := idx.Opened()
+		logOpened(log, path, "session binary index", n, skipped, "bindings", n)
 	}
 	return idx
 }

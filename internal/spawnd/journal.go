@@ -148,15 +148,15 @@ func openJournal(stateDir, brokerID string, log *slog.Logger) (*bindindex.Index[
 			live = append(live, jl.leaseRecord)
 		}
 	}
-	logOpened(log, idx, spec.Path, "lease journal", "live_leases", len(live))
+	records, skipped := idx.Opened()
+	logOpened(log, spec.Path, "lease journal", records, skipped, "live_leases", len(live))
 	return idx, live, nil
 }
 
 // logOpened writes upstream's boot lines of a replayed state file: one WARN
 // counting the torn records it skipped, and "<what> opened" with count
 // under countKey.
-func logOpened[B any](log *slog.Logger, idx *bindindex.Index[B], path, what, countKey string, count int) {
-	records, skipped := idx.Opened()
+func logOpened(log *slog.Logger, path, what string, records, skipped int, countKey string, count int) {
 	if skipped > 0 {
 		log.Warn("skipped unreadable "+what+" records; the broker was most likely killed mid-write", "path", path, "skipped", skipped, "read", records)
 	}
