@@ -27,7 +27,6 @@ import (
 	"github.com/nexus-broker/nexus-broker/internal/safedir"
 	"github.com/nexus-broker/nexus-broker/internal/spawnclient"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc"
-	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
 )
 
 // Options are cmd/nexus-broker's flags.
@@ -110,7 +109,7 @@ func Run(o Options) error {
 	}
 	defer ln.Close()
 
-	g := gateway.New(gateway.Options{Config: cfg, Spawner: client.Spawner(), Ready: client.Ready, Logger: log, ListenPort: ln.Addr().(*net.TCPAddr).Port, Auth: authn})
+	g := gateway.New(gateway.Options{Config: cfg, Spawner: client, Ready: client.Ready, Logger: log, ListenPort: ln.Addr().(*net.TCPAddr).Port, Auth: authn})
 	if err := g.Start(ctx); err != nil {
 		return bootlog.Config(err, path)
 	}
@@ -154,7 +153,7 @@ func bootSummary(ctx context.Context, cfg *config.Config, path string, client *s
 	entries := "(spawnd did not answer)"
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if st, err := client.Spawner().Status(ctx, &spawnpb.StatusRequest{}); err == nil {
+	if st, err := client.Status(ctx); err == nil {
 		var es []string
 		for _, b := range st.Binaries {
 			es = append(es, b.Name+"="+b.ResolvedPath)

@@ -9,9 +9,9 @@ import (
 	"time"
 
 	"github.com/nexus-broker/nexus-broker/internal/bootlog"
+	gwspawner "github.com/nexus-broker/nexus-broker/internal/gateway/spawner"
 	"github.com/nexus-broker/nexus-broker/internal/spawnclient"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc"
-	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
 )
 
 // stopTimeout bounds -stop: every teardown runs in parallel inside spawnd,
@@ -45,18 +45,17 @@ func Stop(o Options) error {
 		return bootlog.Wrap(AttachSpawnd, err)
 	}
 	defer client.Close()
-	sp := client.Spawner()
-	list, err := sp.List(ctx, &spawnpb.ListRequest{})
+	list, err := client.List(ctx)
 	if err != nil {
 		return fmt.Errorf("listing nexus-spawnd's leases: %w", err)
 	}
 	var wg sync.WaitGroup
-	errs := make([]error, len(list.Leases))
-	for i, l := range list.Leases {
+	errs := make([]error, len(list))
+	for i, l := range list {
 		wg.Go(func() {
 			// No socket to ask the instance over from here: its grace
 			// starts at SIGTERM, which nexus answers with a clean exit.
-			_, errs[i] = sp.Terminate(ctx, &spawnpb.TerminateRequest{LeaseId: l.LeaseId, Reason: stopReason, SkipGrace: true})
+			errs[i] = client.Terminate(ctx, gwspawner.Termination{LeaseID: l.LeaseID, Reason: stopReason, SkipGrace: true})
 		})
 	}
 	wg.Wait()
@@ -64,7 +63,7 @@ func Stop(o Options) error {
 	for i, err := range errs {
 		if err != nil {
 			failed++
-			o.Logger.Error("releasing lease failed", "lease_id", list.Leases[i].LeaseId, "error", err)
+			o.Logger.Error("releasing lease failed", "lease_id", list[i].LeaseID, "error", err)
 		}
 	}
 	fmt.Fprintf(os.Stdout, "released %d of %d leases of nexus-spawnd pid %d (%s)\n", len(errs)-failed, len(errs), client.Endpoint().Pid, path)

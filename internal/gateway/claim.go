@@ -12,14 +12,11 @@ import (
 	"strings"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
 	"github.com/nexus-broker/nexus-broker/internal/auth"
 	"github.com/nexus-broker/nexus-broker/internal/config"
 	"github.com/nexus-broker/nexus-broker/internal/config/core"
+	"github.com/nexus-broker/nexus-broker/internal/gateway/spawner"
 	"github.com/nexus-broker/nexus-broker/pkg/sessionid"
-	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
 )
 
 type claimRequest struct {
@@ -287,44 +284,44 @@ func (g *Gateway) spawnLease(ctx context.Context, principal, entry string, cfgDa
 	// cancelling it half-way could leave a process spawnd started and
 	// nobody tracks. A claimant gone by then is handled by awaitReady.
 	spawnCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	sr, err := g.sp.Spawn(spawnCtx, &spawnpb.SpawnRequest{
-		LeaseId: id, Entry: entry, Config: cfgData, RecallSessionId: session,
+	pid, err := g.sp.Spawn(spawnCtx, spawner.SpawnRequest{
+		LeaseID: id, Entry: entry, Config: cfgData, RecallSession: session,
 		Principal: principal, ListenPort: g.listenPort,
 	})
 	cancel()
-	if status.Code(err) == codes.FailedPrecondition {
+	if spawner.CodeOf(err) == spawner.FailedPrecondition {
 		// The session was bound to another entry after resumeEntry asked.
 		g.removeLease(l)
 		g.cap.release()
 		return nil, refuse(http.StatusConflict, "rejected", "session %q was bound to another binary while this claim was admitted; omit `binary` to inherit it, or start a new session", session)
 	}
-	if status.Code(err) == codes.Unavailable {
+	if spawner.CodeOf(err) == spawner.Unavailable {
 		// spawnd stopped answering under this call: it may not even have
 		// read it.
 		g.removeLease(l)
 		g.cap.release()
-		g.log.Error("spawning instance failed: nexus-spawnd is not answering", "lease_id", id, "binary", entry, "error", status.Convert(err).Message())
+		g.log.Error("spawning instance failed: nexus-spawnd is not answering", "lease_id", id, "binary", entry, "error", spawner.MessageOf(err))
 		return nil, refuse(http.StatusServiceUnavailable, "spawn_failed", errSpawnerUnavailable)
 	}
 	if err != nil {
 		g.removeLease(l)
 		g.cap.release()
-		g.log.Error("spawning instance failed", "lease_id", id, "binary", entry, "error", status.Convert(err).Message(), "code", status.Code(err))
-		if failedStep(err) == spawnpb.SpawnStep_SPAWN_STEP_TEMP_CONFIG {
+		g.log.Error("spawning instance failed", "lease_id", id, "binary", entry, "error", spawner.MessageOf(err), "code", spawner.CodeOf(err))
+		if spawner.StepOf(err) == spawner.StepTempConfig {
 			// No process was involved: a broker-side fault, not a spawn
 			// failure of the instance.
 			return nil, refuse(http.StatusInternalServerError, "internal", "writing temp config")
 		}
 		g.m.spawnFailures.inc("exec")
 		cerr := refuse(http.StatusInternalServerError, "spawn_failed", "spawning instance")
-		cerr.cause = status.Convert(err).Message()
+		cerr.cause = spawner.MessageOf(err)
 		return nil, cerr
 	}
 	l.mu.Lock()
-	l.pid = sr.Pid
+	l.pid = pid
 	l.spawned = true
 	l.mu.Unlock()
-	g.log.Info("instance spawned", "lease_id", id, "binary", entry, "pid", sr.Pid, "session_id", session)
+	g.log.Info("instance spawned", "lease_id", id, "binary", entry, "pid", pid, "session_id", session)
 
 	if cerr := g.awaitReady(ctx, l, cfg); cerr != nil {
 		return nil, cerr
@@ -350,17 +347,6 @@ func (g *Gateway) spawnLease(ctx context.Context, principal, entry string, cfgDa
 	return l, nil
 }
 
-// failedStep is the step a Spawn error names in its SpawnFailure detail;
-// unspecified when it carries none (a refusal before any step ran).
-func failedStep(err error) spawnpb.SpawnStep {
-	for _, d := range status.Convert(err).Details() {
-		if f, ok := d.(*spawnpb.SpawnFailure); ok {
-			return f.GetStep()
-		}
-	}
-	return spawnpb.SpawnStep_SPAWN_STEP_UNSPECIFIED
-}
-
 // resumeEntry picks the entry a claim spawns. A resume is reconciled against
 // the entry spawnd recorded for the session: omitting binary inherits it, and
 // naming another is a 409, as is a recorded entry this broker no longer
@@ -371,12 +357,12 @@ func (g *Gateway) resumeEntry(ctx context.Context, session, requested string) (s
 	recorded := ""
 	if session != "" {
 		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		res, err := g.sp.Binding(ctx, &spawnpb.BindingRequest{SessionId: session})
+		entry, err := g.sp.Binding(ctx, session)
 		cancel()
 		if err != nil {
 			g.log.Warn("could not ask nexus-spawnd which binary created a session; resuming unchecked", "session_id", session, "error", err)
 		} else {
-			recorded = res.Entry
+			recorded = entry
 		}
 	}
 	switch {
@@ -419,8 +405,8 @@ func (g *Gateway) awaitReady(ctx context.Context, l *lease, cfg *config.Config) 
 		l.mu.Unlock()
 		// The tail comes escaped from spawnd, and is quoted here again: an
 		// instance cannot write a log line of its own into ours.
-		g.log.Error("instance exited before signalling ready", "lease_id", l.id, "exit_code", ev.GetExitCode(), "signal", ev.GetSignal(),
-			"log", ev.GetLogPath(), "output_tail", ev.GetOutputTail())
+		g.log.Error("instance exited before signalling ready", "lease_id", l.id, "exit_code", ev.ExitCode, "signal", ev.Signal,
+			"log", ev.LogPath, "output_tail", ev.OutputTail)
 		cerr := refuse(http.StatusBadGateway, "spawn_failed", "instance exited before signalling ready")
 		cerr.cause = exitError(ev)
 		return cerr
@@ -497,15 +483,15 @@ func (g *Gateway) binaryNames() []string {
 func (g *Gateway) record(id, session string) bool {
 	ctx, cancel := context.WithTimeout(g.ctx, 10*time.Second)
 	defer cancel()
-	_, err := g.sp.Record(ctx, &spawnpb.RecordRequest{LeaseId: id, SessionId: session})
-	switch status.Code(err) {
-	case codes.OK:
+	err := g.sp.Record(ctx, id, session)
+	switch spawner.CodeOf(err) {
+	case spawner.OK:
 		return true
-	case codes.NotFound:
+	case spawner.NotFound:
 		return false // the lease is gone; nothing carries the id
-	case codes.InvalidArgument, codes.FailedPrecondition, codes.ResourceExhausted:
+	case spawner.InvalidArgument, spawner.FailedPrecondition, spawner.ResourceExhausted:
 		g.log.Warn("instance's session-id report refused by nexus-spawnd; the lease keeps running with the session id it had",
-			"lease_id", id, "error", status.Convert(err).Message())
+			"lease_id", id, "error", spawner.MessageOf(err))
 		return false
 	}
 	g.log.Warn("recording a lease's session id with nexus-spawnd failed", "lease_id", id, "error", err)

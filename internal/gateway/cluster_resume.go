@@ -6,7 +6,6 @@ import (
 	"net/http"
 
 	"github.com/nexus-broker/nexus-broker/internal/auth"
-	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
 )
 
 // A session lives on the host that ran it (its transcript is under that
@@ -27,8 +26,8 @@ type sessionCall struct {
 // holdsSession reports whether this host's session index (or a live lease)
 // has the session. A spawnd that cannot be asked holds nothing.
 func (g *Gateway) holdsSession(ctx context.Context, session string) bool {
-	res, err := g.sp.Binding(ctx, &spawnpb.BindingRequest{SessionId: session})
-	return err == nil && res.Entry != ""
+	entry, err := g.sp.Binding(ctx, session)
+	return err == nil && entry != ""
 }
 
 // answerSession is a peer's side of sessionHolder.

@@ -16,16 +16,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
 	"github.com/nexus-broker/nexus-broker/internal/auth"
 	"github.com/nexus-broker/nexus-broker/internal/bootlog"
 	"github.com/nexus-broker/nexus-broker/internal/cluster"
 	"github.com/nexus-broker/nexus-broker/internal/config"
+	"github.com/nexus-broker/nexus-broker/internal/gateway/spawner"
 	"github.com/nexus-broker/nexus-broker/internal/safedir"
-	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
 )
 
 // Options wires a Gateway.
@@ -33,7 +29,7 @@ type Options struct {
 	Config *config.Config
 	// Spawner is spawnd. Calls made while spawnd restarts are expected to
 	// wait for the new connection within their context.
-	Spawner spawnpb.SpawnerClient
+	Spawner spawner.Spawner
 	Logger  *slog.Logger
 	// ListenPort is the port the listener bound, reported with each spawn:
 	// spawnd builds NEXUS_BROKER_ADDR from its own listen_addr and takes
@@ -50,13 +46,13 @@ type Options struct {
 // serve Handler, and Shutdown when done.
 type Gateway struct {
 	log        *slog.Logger
-	sp         spawnpb.SpawnerClient
+	sp         spawner.Spawner
 	ready      func() error
 	listenPort uint32
 	// boot holds the keys read only at boot; cfg the reloadable ones in force.
 	boot     *config.Config
 	cfg      atomic.Pointer[config.Config]
-	binaries atomic.Pointer[[]*spawnpb.Binary]
+	binaries atomic.Pointer[[]spawner.Binary]
 	cap      *capacity
 	m        *metrics
 	// auth is nil without an auth: block; tickets are minted only with one.
@@ -124,7 +120,7 @@ func New(o Options) *Gateway {
 	if len(o.Config.Agents) > 0 {
 		g.a2a = &ingress{g: g}
 	}
-	empty := []*spawnpb.Binary{}
+	empty := []spawner.Binary{}
 	g.binaries.Store(&empty)
 	return g
 }
@@ -132,7 +128,7 @@ func New(o Options) *Gateway {
 // Start reads spawnd's registry, restores the leases spawnd still holds
 // (a gateway restart kills nothing), and starts following instance exits.
 func (g *Gateway) Start(ctx context.Context) error {
-	st, err := g.sp.Status(ctx, &spawnpb.StatusRequest{})
+	st, err := g.sp.Status(ctx)
 	if err != nil {
 		return fmt.Errorf("asking nexus-spawnd for its registry: %w", err)
 	}
@@ -142,7 +138,7 @@ func (g *Gateway) Start(ctx context.Context) error {
 		g.log.Warn("state_dir is not set: lease state is in-memory only and a restart will lose track of every instance this broker spawned",
 			"restart", "a nexus-spawnd restart loses every lease; a gateway restart keeps them (nexus-spawnd holds them)")
 	} else {
-		g.log.Info("lease durability enabled", "state_dir", g.boot.StateDir, "broker_id", st.BrokerId)
+		g.log.Info("lease durability enabled", "state_dir", g.boot.StateDir, "broker_id", st.BrokerID)
 	}
 	if g.a2a != nil {
 		ps, err := buildProfiles(g.boot, g.boot, g.a2aBase())
@@ -174,13 +170,13 @@ func (g *Gateway) Start(ctx context.Context) error {
 	g.wg.Add(1)
 	go g.watchExits(stream)
 	if g.boot.Cluster != nil {
-		return g.joinCluster(st.BrokerId)
+		return g.joinCluster(st.BrokerID)
 	}
 	return nil
 }
 
-func (g *Gateway) setBinaries(bs []*spawnpb.Binary) {
-	bs = append([]*spawnpb.Binary(nil), bs...)
+func (g *Gateway) setBinaries(bs []spawner.Binary) {
+	bs = append([]spawner.Binary(nil), bs...)
 	sort.Slice(bs, func(i, j int) bool { return bs[i].Name < bs[j].Name })
 	g.binaries.Store(&bs)
 }
@@ -188,13 +184,13 @@ func (g *Gateway) setBinaries(bs []*spawnpb.Binary) {
 // restore re-creates the gateway side of every lease spawnd holds. Each waits
 // as spawning for its instance to redial, up to reattach_window.
 func (g *Gateway) restore(ctx context.Context) error {
-	list, err := g.sp.List(ctx, &spawnpb.ListRequest{})
+	list, err := g.sp.List(ctx)
 	if err != nil {
 		return fmt.Errorf("listing nexus-spawnd's live leases: %w", err)
 	}
-	for _, rl := range list.Leases {
-		l := g.newLease(rl.LeaseId, rl.Principal, rl.Entry, time.Unix(0, rl.CreatedUnixNano))
-		l.sessionID = rl.SessionId
+	for _, rl := range list {
+		l := g.newLease(rl.LeaseID, rl.Principal, rl.Entry, rl.Created)
+		l.sessionID = rl.SessionID
 		l.pid = rl.Pid
 		l.spawned = true
 		l.restored = true
@@ -220,7 +216,7 @@ func (g *Gateway) restore(ctx context.Context) error {
 
 // watchExits follows spawnd's exit stream for the gateway's lifetime,
 // re-subscribing across spawnd restarts and reconciling what it missed.
-func (g *Gateway) watchExits(stream grpc.ServerStreamingClient[spawnpb.ExitEvent]) {
+func (g *Gateway) watchExits(stream spawner.Exits) {
 	defer g.wg.Done()
 	backoff := 50 * time.Millisecond
 	for g.ctx.Err() == nil {
@@ -246,7 +242,7 @@ func (g *Gateway) watchExits(stream grpc.ServerStreamingClient[spawnpb.ExitEvent
 			if err != nil {
 				break
 			}
-			if l := g.lookup(ev.LeaseId); l != nil {
+			if l := g.lookup(ev.LeaseID); l != nil {
 				l.onExit(ev)
 			}
 		}
@@ -254,15 +250,11 @@ func (g *Gateway) watchExits(stream grpc.ServerStreamingClient[spawnpb.ExitEvent
 	}
 }
 
-// followExits opens a Watch stream and waits for its header, which spawnd
-// sends once the stream is subscribed (the call returning says nothing of
-// that): every exit from then on reaches it, and one before it is found by
-// difference.
-func (g *Gateway) followExits() (grpc.ServerStreamingClient[spawnpb.ExitEvent], error) {
-	stream, err := g.sp.Watch(g.ctx, &spawnpb.WatchRequest{})
-	if err == nil {
-		_, err = stream.Header()
-	}
+// followExits opens a Watch stream, which returns once spawnd has
+// subscribed it: every exit from then on reaches it, and one before it is
+// found by difference.
+func (g *Gateway) followExits() (spawner.Exits, error) {
+	stream, err := g.sp.Watch(g.ctx)
 	if err == nil {
 		err = g.reconcile()
 	}
@@ -283,27 +275,27 @@ func (g *Gateway) reconcile() error {
 		}
 	}
 	g.mu.Unlock()
-	list, err := g.sp.List(g.ctx, &spawnpb.ListRequest{})
+	list, err := g.sp.List(g.ctx)
 	if err != nil {
 		return err
 	}
 	live := map[string]bool{}
-	for _, rl := range list.Leases {
-		live[rl.LeaseId] = true
+	for _, rl := range list {
+		live[rl.LeaseID] = true
 	}
 	for _, l := range spawned {
 		if !live[l.id] {
 			g.log.Warn("nexus-spawnd no longer holds this lease's instance; closing the lease as crashed", "lease_id", l.id, "pid", l.pid)
-			l.onExit(&spawnpb.ExitEvent{LeaseId: l.id, Pid: l.pid, ExitCode: -1})
+			l.onExit(spawner.Exit{LeaseID: l.id, Pid: l.pid, ExitCode: -1})
 		}
 	}
 	// A lease is known here before its Spawn is sent, so one spawnd holds
 	// and the gateway does not is a Spawn the gateway gave up on (spawnd
 	// stopped answering under it) that spawnd carried out later.
-	for _, rl := range list.Leases {
-		if g.lookup(rl.LeaseId) == nil {
-			g.log.Warn("nexus-spawnd holds a lease whose claim already failed here; terminating its instance", "lease_id", rl.LeaseId, "pid", rl.Pid)
-			go g.terminateAbandoned(rl.LeaseId)
+	for _, rl := range list {
+		if g.lookup(rl.LeaseID) == nil {
+			g.log.Warn("nexus-spawnd holds a lease whose claim already failed here; terminating its instance", "lease_id", rl.LeaseID, "pid", rl.Pid)
+			go g.terminateAbandoned(rl.LeaseID)
 		}
 	}
 	return nil
@@ -313,7 +305,7 @@ func (g *Gateway) reconcile() error {
 func (g *Gateway) terminateAbandoned(id string) {
 	ctx, cancel := context.WithTimeout(g.ctx, g.cfg.Load().ReleaseGrace.D()*3+30*time.Second)
 	defer cancel()
-	if _, err := g.sp.Terminate(ctx, &spawnpb.TerminateRequest{LeaseId: id, Reason: reasonClaimAbandoned, SkipGrace: true}); err != nil && status.Code(err) != codes.NotFound {
+	if err := g.sp.Terminate(ctx, spawner.Termination{LeaseID: id, Reason: reasonClaimAbandoned, SkipGrace: true}); err != nil && spawner.CodeOf(err) != spawner.NotFound {
 		g.log.Warn("terminating an abandoned instance failed", "lease_id", id, "error", err)
 	}
 }
@@ -396,12 +388,12 @@ func (g *Gateway) newLeaseID() (string, error) {
 // the exit (or, with req.NoWait, for the teardown to have begun), retrying
 // across a spawnd restart. A lease spawnd does not hold has nothing left to
 // terminate.
-func (g *Gateway) terminate(l *lease, req *spawnpb.TerminateRequest) {
+func (g *Gateway) terminate(l *lease, req spawner.Termination) {
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), g.cfg.Load().ReleaseGrace.D()*3+30*time.Second)
-		_, err := g.sp.Terminate(ctx, req)
+		err := g.sp.Terminate(ctx, req)
 		cancel()
-		if err == nil || status.Code(err) == codes.NotFound {
+		if err == nil || spawner.CodeOf(err) == spawner.NotFound {
 			return
 		}
 		select {

@@ -12,8 +12,8 @@ import (
 
 	"github.com/gorilla/websocket"
 
+	"github.com/nexus-broker/nexus-broker/internal/gateway/spawner"
 	"github.com/nexus-broker/nexus-broker/pkg/brokerframe"
-	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
 )
 
 // registerWait bounds how long a dialer has to send its register frame.
@@ -163,7 +163,7 @@ const (
 func (g *Gateway) admitInstance(ctx context.Context, f brokerframe.Frame) (*lease, refusal) {
 	ctx, cancel := context.WithTimeout(ctx, registerWait)
 	defer cancel()
-	res, err := g.sp.Verify(ctx, &spawnpb.VerifyRequest{LeaseId: f.LeaseID, Secret: f.Secret})
+	verdict, err := g.sp.Verify(ctx, f.LeaseID, f.Secret)
 	l := g.lookup(f.LeaseID)
 	switch {
 	case err != nil:
@@ -172,15 +172,15 @@ func (g *Gateway) admitInstance(ctx context.Context, f brokerframe.Frame) (*leas
 	case f.Version != brokerframe.Version:
 		return nil, refusedVersionSkew
 	}
-	switch res.Result {
-	case spawnpb.VerifyResult_VERIFY_RESULT_OK:
+	switch verdict {
+	case spawner.VerdictOK:
 		if l == nil || l.currentState() == stateDraining {
 			return nil, refusedUnknownLease
 		}
 		return l, 0
-	case spawnpb.VerifyResult_VERIFY_RESULT_NO_SECRET:
+	case spawner.VerdictNoSecret:
 		return nil, refusedNoSecret
-	case spawnpb.VerifyResult_VERIFY_RESULT_WRONG_SECRET:
+	case spawner.VerdictWrongSecret:
 		return nil, refusedWrongSecret
 	}
 	return nil, refusedUnknownLease

@@ -6,9 +6,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nexus-broker/nexus-broker/internal/gateway/spawner"
 	"github.com/nexus-broker/nexus-broker/pkg/brokerframe"
 	"github.com/nexus-broker/nexus-broker/pkg/sessionid"
-	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
 )
 
 // Lease states as GET /leases reports them.
@@ -113,7 +113,7 @@ type lease struct {
 	recording    chan struct{}
 	exited       chan struct{}
 	exitOnce     sync.Once
-	exit         *spawnpb.ExitEvent
+	exit         spawner.Exit
 	teardownOnce sync.Once
 	tornDown     chan struct{}
 }
@@ -209,7 +209,7 @@ func (l *lease) settleSession() {
 }
 
 // onExit is spawnd's word that the instance process is gone.
-func (l *lease) onExit(ev *spawnpb.ExitEvent) {
+func (l *lease) onExit(ev spawner.Exit) {
 	l.exitOnce.Do(func() {
 		l.mu.Lock()
 		l.exit = ev
@@ -239,12 +239,12 @@ func (l *lease) teardown(reason string, mode teardownMode) {
 		l.g.log.Info("lease draining", "lease_id", l.id, "reason", reason)
 		if reason == reasonCrashed {
 			l.g.log.Warn("instance exited unexpectedly; treating as crash", "lease_id", l.id, "error", exitError(exit),
-				"exit_code", exit.GetExitCode(), "signal", exit.GetSignal())
+				"exit_code", exit.ExitCode, "signal", exit.Signal)
 		}
 
 		if mode != teardownExited {
 			term := func(noWait bool) {
-				l.g.terminate(l, &spawnpb.TerminateRequest{LeaseId: l.id, Reason: reason, SkipGrace: mode == teardownSkipGrace, NoWait: noWait})
+				l.g.terminate(l, spawner.Termination{LeaseID: l.id, Reason: reason, SkipGrace: mode == teardownSkipGrace, NoWait: noWait})
 			}
 			if inst != nil && mode == teardownGraceful {
 				// Begun before the shutdown frame goes, so that an instance
@@ -405,11 +405,11 @@ func (l *lease) rearmLocked() {
 
 // exitError words an instance's exit as os/exec does ("exit status 5"),
 // which is what upstream's crash line carries.
-func exitError(ev *spawnpb.ExitEvent) string {
-	if s := ev.GetSignal(); s != "" {
+func exitError(ev spawner.Exit) string {
+	if s := ev.Signal; s != "" {
 		return "signal: " + s
 	}
-	return fmt.Sprintf("exit status %d", ev.GetExitCode())
+	return fmt.Sprintf("exit status %d", ev.ExitCode)
 }
 
 // msgTurnOverrun is the WARN a turn_timeout release logs, in upstream's words.

@@ -8,11 +8,9 @@ import (
 	"strings"
 	"time"
 
-	"google.golang.org/grpc/status"
-
 	"github.com/nexus-broker/nexus-broker/internal/config"
 	"github.com/nexus-broker/nexus-broker/internal/config/core"
-	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
+	"github.com/nexus-broker/nexus-broker/internal/gateway/spawner"
 )
 
 // reloadTimeout bounds the wait for spawnd's verdict on a reload.
@@ -61,9 +59,9 @@ func (g *Gateway) Reload(ctx context.Context, path string) error {
 	defer cancel()
 	// spawnd re-reads the file itself, and applies it only if it is still
 	// the version validated here.
-	res, err := g.sp.Reload(ctx, &spawnpb.ReloadRequest{ConfigDigest: next.Digest})
+	res, err := g.sp.Reload(ctx, next.Digest)
 	if err != nil {
-		return g.reloadRejected(path, fmt.Errorf("nexus-spawnd did not answer the reload: %s", status.Convert(err).Message()))
+		return g.reloadRejected(path, fmt.Errorf("nexus-spawnd did not answer the reload: %s", spawner.MessageOf(err)))
 	}
 	if !res.Applied {
 		return g.reloadRejected(path, errors.New(res.Error))

@@ -1,0 +1,189 @@
+// Package spawner is what the gateway needs of nexus-spawnd, said in the
+// gateway's own types: the Spawner interface and the values its nine verbs
+// take and answer. internal/spawnclient implements it over pkg/spawnrpc.
+//
+// It holds no logic and imports nothing of the project: no generated
+// spawnpb type, no gRPC package, no gateway package. The gateway's layers
+// import it; it imports none of them.
+package spawner
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Spawner is spawnd as the gateway uses it. Calls made while spawnd
+// restarts wait for the next connection within their context. Every error
+// a call returns is an *Error.
+type Spawner interface {
+	// Status is spawnd's registry listing and broker id.
+	Status(ctx context.Context) (Status, error)
+	// List is the leases spawnd holds.
+	List(ctx context.Context) ([]Held, error)
+	// Spawn starts the instance of a new lease and answers its pid.
+	Spawn(ctx context.Context, r SpawnRequest) (pid int64, err error)
+	// Verify says whether secret is the spawn secret of lease.
+	Verify(ctx context.Context, lease, secret string) (Verdict, error)
+	// Terminate ends a lease's process group.
+	Terminate(ctx context.Context, t Termination) error
+	// Watch follows every instance exit. It returns once spawnd has
+	// subscribed the stream, so every exit from then on reaches it.
+	Watch(ctx context.Context) (Exits, error)
+	// Record remembers the session id a lease reported.
+	Record(ctx context.Context, lease, session string) error
+	// Reload asks spawnd to re-read its keys of the file whose digest the
+	// gateway validated.
+	Reload(ctx context.Context, digest string) (Reloaded, error)
+	// Binding is the entry that ran session, "" for no opinion.
+	Binding(ctx context.Context, session string) (entry string, err error)
+}
+
+// Binary is one registry entry as spawnd resolved it.
+type Binary struct {
+	Name string
+	// Label and Description are nil when the operator wrote none, and ""
+	// when the operator wrote an empty string.
+	Label, Description *string
+	// ResolvedPath is for the boot summary only.
+	ResolvedPath string
+}
+
+// Status is spawnd's answer to Status.
+type Status struct {
+	Binaries []Binary
+	BrokerID string
+}
+
+// Held is a lease spawnd holds.
+type Held struct {
+	LeaseID, Principal, SessionID, Entry string
+	Pid                                  int64
+	Created                              time.Time
+}
+
+// SpawnRequest names what a new lease runs.
+type SpawnRequest struct {
+	LeaseID, Entry, RecallSession, Principal string
+	// Config is the claim's nexus config (YAML text).
+	Config []byte
+	// ListenPort is the port the gateway's listener bound.
+	ListenPort uint32
+}
+
+// Verdict is Verify's answer.
+type Verdict int
+
+// The verdicts.
+const (
+	VerdictUnknownLease Verdict = iota
+	VerdictOK
+	VerdictNoSecret
+	VerdictWrongSecret
+)
+
+// Termination asks for a lease's end.
+type Termination struct {
+	LeaseID, Reason string
+	// SkipGrace sends SIGTERM at once; NoWait answers once the teardown
+	// has begun rather than at the exit.
+	SkipGrace, NoWait bool
+}
+
+// Exit is spawnd's word that an instance process is gone.
+type Exit struct {
+	LeaseID  string
+	Pid      int64
+	ExitCode int32
+	// Signal names the terminating signal ("SIGKILL"), "" otherwise.
+	Signal string
+	// LogPath and OutputTail are, for an instance that exited on its own,
+	// where its output is kept and its last bytes (escaped by spawnd).
+	LogPath, OutputTail string
+}
+
+// Exits is a followed exit stream; Recv fails once the stream ends.
+type Exits interface {
+	Recv() (Exit, error)
+}
+
+// Reloaded is spawnd's answer to Reload.
+type Reloaded struct {
+	// Applied is false when the reload was rejected; Error says why.
+	Applied  bool
+	Error    string
+	Binaries []Binary
+}
+
+// Code names why a call failed, in gRPC's words ("NotFound").
+type Code string
+
+// The codes the gateway tells apart.
+const (
+	OK                 Code = "OK"
+	NotFound           Code = "NotFound"
+	FailedPrecondition Code = "FailedPrecondition"
+	Unavailable        Code = "Unavailable"
+	InvalidArgument    Code = "InvalidArgument"
+	ResourceExhausted  Code = "ResourceExhausted"
+	Unknown            Code = "Unknown"
+)
+
+// Step is the step of a spawn that failed.
+type Step int
+
+// The steps.
+const (
+	StepUnspecified Step = iota
+	StepTempConfig
+	StepExec
+)
+
+// Error is a call's failure: spawnd's refusal, or the connection's.
+type Error struct {
+	Code Code
+	// Message is spawnd's (or the connection's) words.
+	Message string
+	// Step is, for Spawn, the step that failed.
+	Step Step
+	// Text is the whole error as the transport said it.
+	Text string
+}
+
+func (e *Error) Error() string { return e.Text }
+
+// String makes a Code log as its name.
+func (c Code) String() string { return string(c) }
+
+// CodeOf is err's code: OK for nil, Unknown for an error that is no *Error.
+func CodeOf(err error) Code {
+	if err == nil {
+		return OK
+	}
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return Unknown
+}
+
+// MessageOf is err's message without the transport's wrapping.
+func MessageOf(err error) string {
+	if err == nil {
+		return ""
+	}
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Message
+	}
+	return err.Error()
+}
+
+// StepOf is the spawn step err names; unspecified when it names none.
+func StepOf(err error) Step {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Step
+	}
+	return StepUnspecified
+}

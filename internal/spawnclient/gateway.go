@@ -1,0 +1,159 @@
+package spawnclient
+
+import (
+	"context"
+	"time"
+
+	"google.golang.org/grpc/status"
+
+	gwspawner "github.com/nexus-broker/nexus-broker/internal/gateway/spawner"
+	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
+)
+
+// The gateway's spawner.Spawner is implemented by Client itself: each verb
+// goes to Spawner() and its messages are translated here, the one place
+// the gateway side meets spawnpb.
+var _ gwspawner.Spawner = (*Client)(nil)
+
+// callError is err in the gateway's words; nil stays nil.
+func callError(err error) error {
+	if err == nil {
+		return nil
+	}
+	st := status.Convert(err)
+	e := &gwspawner.Error{Code: gwspawner.Code(st.Code().String()), Message: st.Message(), Text: err.Error()}
+	for _, d := range st.Details() {
+		if f, ok := d.(*spawnpb.SpawnFailure); ok {
+			e.Step = spawnStep(f.GetStep())
+		}
+	}
+	return e
+}
+
+func spawnStep(s spawnpb.SpawnStep) gwspawner.Step {
+	switch s {
+	case spawnpb.SpawnStep_SPAWN_STEP_TEMP_CONFIG:
+		return gwspawner.StepTempConfig
+	case spawnpb.SpawnStep_SPAWN_STEP_EXEC:
+		return gwspawner.StepExec
+	}
+	return gwspawner.StepUnspecified
+}
+
+func binaries(bs []*spawnpb.Binary) []gwspawner.Binary {
+	out := make([]gwspawner.Binary, len(bs))
+	for i, b := range bs {
+		out[i] = gwspawner.Binary{Name: b.Name, Label: b.Label, Description: b.Description, ResolvedPath: b.ResolvedPath}
+	}
+	return out
+}
+
+// Status implements spawner.Spawner.
+func (c *Client) Status(ctx context.Context) (gwspawner.Status, error) {
+	st, err := c.spawner.Status(ctx, &spawnpb.StatusRequest{})
+	if err != nil {
+		return gwspawner.Status{}, callError(err)
+	}
+	return gwspawner.Status{Binaries: binaries(st.Binaries), BrokerID: st.BrokerId}, nil
+}
+
+// List implements spawner.Spawner.
+func (c *Client) List(ctx context.Context) ([]gwspawner.Held, error) {
+	list, err := c.spawner.List(ctx, &spawnpb.ListRequest{})
+	if err != nil {
+		return nil, callError(err)
+	}
+	out := make([]gwspawner.Held, len(list.Leases))
+	for i, l := range list.Leases {
+		out[i] = gwspawner.Held{LeaseID: l.LeaseId, Principal: l.Principal, SessionID: l.SessionId, Entry: l.Entry,
+			Pid: l.Pid, Created: time.Unix(0, l.CreatedUnixNano)}
+	}
+	return out, nil
+}
+
+// Spawn implements spawner.Spawner.
+func (c *Client) Spawn(ctx context.Context, r gwspawner.SpawnRequest) (int64, error) {
+	res, err := c.spawner.Spawn(ctx, &spawnpb.SpawnRequest{
+		LeaseId: r.LeaseID, Entry: r.Entry, Config: r.Config, RecallSessionId: r.RecallSession,
+		Principal: r.Principal, ListenPort: r.ListenPort,
+	})
+	if err != nil {
+		return 0, callError(err)
+	}
+	return res.Pid, nil
+}
+
+// Verify implements spawner.Spawner.
+func (c *Client) Verify(ctx context.Context, lease, secret string) (gwspawner.Verdict, error) {
+	res, err := c.spawner.Verify(ctx, &spawnpb.VerifyRequest{LeaseId: lease, Secret: secret})
+	if err != nil {
+		return gwspawner.VerdictUnknownLease, callError(err)
+	}
+	switch res.Result {
+	case spawnpb.VerifyResult_VERIFY_RESULT_OK:
+		return gwspawner.VerdictOK, nil
+	case spawnpb.VerifyResult_VERIFY_RESULT_NO_SECRET:
+		return gwspawner.VerdictNoSecret, nil
+	case spawnpb.VerifyResult_VERIFY_RESULT_WRONG_SECRET:
+		return gwspawner.VerdictWrongSecret, nil
+	}
+	return gwspawner.VerdictUnknownLease, nil
+}
+
+// Terminate implements spawner.Spawner.
+func (c *Client) Terminate(ctx context.Context, t gwspawner.Termination) error {
+	_, err := c.spawner.Terminate(ctx, &spawnpb.TerminateRequest{LeaseId: t.LeaseID, Reason: t.Reason, SkipGrace: t.SkipGrace, NoWait: t.NoWait})
+	return callError(err)
+}
+
+// exits adapts a Watch stream.
+type exits struct {
+	recv func() (*spawnpb.ExitEvent, error)
+}
+
+func (x exits) Recv() (gwspawner.Exit, error) {
+	ev, err := x.recv()
+	if err != nil {
+		return gwspawner.Exit{}, callError(err)
+	}
+	return gwspawner.Exit{LeaseID: ev.LeaseId, Pid: ev.Pid, ExitCode: ev.ExitCode, Signal: ev.Signal,
+		LogPath: ev.LogPath, OutputTail: ev.OutputTail}, nil
+}
+
+// Watch implements spawner.Spawner: it waits for the stream's header,
+// which spawnd sends once the stream is subscribed (the call returning
+// says nothing of that).
+func (c *Client) Watch(ctx context.Context) (gwspawner.Exits, error) {
+	stream, err := c.spawner.Watch(ctx, &spawnpb.WatchRequest{})
+	if err == nil {
+		_, err = stream.Header()
+	}
+	if err != nil {
+		return nil, callError(err)
+	}
+	return exits{recv: stream.Recv}, nil
+}
+
+// Record implements spawner.Spawner.
+func (c *Client) Record(ctx context.Context, lease, session string) error {
+	_, err := c.spawner.Record(ctx, &spawnpb.RecordRequest{LeaseId: lease, SessionId: session})
+	return callError(err)
+}
+
+// Reload implements spawner.Spawner.
+func (c *Client) Reload(ctx context.Context, digest string) (gwspawner.Reloaded, error) {
+	res, err := c.spawner.Reload(ctx, &spawnpb.ReloadRequest{ConfigDigest: digest})
+	if err != nil {
+		return gwspawner.Reloaded{}, callError(err)
+	}
+	return gwspawner.Reloaded{Applied: res.Applied, Error: res.Error, Binaries: binaries(res.Binaries)}, nil
+}
+
+// Binding implements spawner.Spawner.
+func (c *Client) Binding(ctx context.Context, session string) (string, error) {
+	res, err := c.spawner.Binding(ctx, &spawnpb.BindingRequest{SessionId: session})
+	if err != nil {
+		return "", callError(err)
+	}
+	return res.Entry, nil
+}
