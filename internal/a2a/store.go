@@ -3,16 +3,12 @@ package a2a
 import (
 	"bytes"
 	"container/list"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"time"
 
@@ -38,14 +34,6 @@ const (
 	compactEvery  = 512
 	inflightFault = "the broker stopped while this task was still running, so it will never complete" // upstream's words
 )
-
-// Manifest is where a long text lives: its fragments in order, its length
-// and its digest.
-type Manifest struct {
-	Len    int      `json:"len"`
-	SHA256 string   `json:"sha256"`
-	Frags  []string `json:"frags"`
-}
 
 // Policy is the retention the a2a.tasks block configures.
 type Policy struct {
@@ -90,22 +78,6 @@ func each(t *Task, f func(*Part)) {
 			f(&t.Artifacts[i].Parts[j])
 		}
 	}
-}
-
-// scope is a conversation: the unit max_per_context counts in.
-type scope struct{ principal, profile, context string }
-
-// entry is one stored task with its places in the two retention orders.
-type entry struct {
-	rec    *Record
-	size   int64         // text bytes, counted against MaxBytes
-	all    *list.Element // in Store.order
-	conv   *list.Element // in its conversation's list, convOf
-	convOf *list.List
-}
-
-func (e *entry) scope() scope {
-	return scope{e.rec.Principal, e.rec.Profile, e.rec.Task.ContextID}
 }
 
 // Store holds every task in memory and mirrors it to the file. A nil dir is
@@ -246,48 +218,6 @@ func DecodeRecord(line []byte) (*Record, error) {
 	return &r, bad
 }
 
-func (m *Manifest) check() error {
-	if m.Len < 0 || len(m.SHA256) != 64 || len(m.Frags) != (m.Len+FragmentSize-1)/FragmentSize {
-		return fmt.Errorf("a text manifest of %d bytes in %d fragments is inconsistent", m.Len, len(m.Frags))
-	}
-	for _, f := range m.Frags {
-		if len(f) != 64 || strings.Trim(f, "0123456789abcdef") != "" {
-			return fmt.Errorf("fragment name %q is not a sha256 digest", f)
-		}
-	}
-	return nil
-}
-
-// inflate reads every fragmented text of t back into its part, checking
-// length and digest.
-func (s *Store) inflate(t *Task) error {
-	var err error
-	each(t, func(p *Part) {
-		m := p.Frag
-		if m == nil || err != nil {
-			return
-		}
-		var b strings.Builder
-		b.Grow(m.Len)
-		for _, name := range m.Frags {
-			data, rerr := os.ReadFile(filepath.Join(s.frags, name))
-			if rerr != nil {
-				err = rerr
-				return
-			}
-			b.Write(data)
-		}
-		text := b.String()
-		sum := sha256.Sum256([]byte(text))
-		if len(text) != m.Len || hex.EncodeToString(sum[:]) != m.SHA256 {
-			err = fmt.Errorf("fragments give %d bytes, the manifest says %d with another digest", len(text), m.Len)
-			return
-		}
-		p.Text, p.Frag = &text, nil
-	})
-	return err
-}
-
 // Update stores r's current status in memory only, for a change that
 // moves a task between states short of terminal and touches nothing else
 // (its history, its artifacts). A reopen settles such a task FAILED
@@ -338,49 +268,6 @@ func (s *Store) storeLocked(r *Record, write bool) {
 	}
 	s.trimConvLocked(e.convOf)
 	s.expireLocked(now)
-}
-
-// putLocked makes r its task's record, at the back of both orders.
-func (s *Store) putLocked(r *Record) *entry {
-	if old := s.tasks[r.Task.ID]; old != nil {
-		if old.scope() == (scope{r.Principal, r.Profile, r.Task.ContextID}) {
-			old.rec = r
-			s.touchLocked(old)
-			return old
-		}
-		s.dropLocked(old)
-	}
-	e := &entry{rec: r, size: r.bytes()}
-	l := s.convs[e.scope()]
-	if l == nil {
-		l = list.New()
-		s.convs[e.scope()] = l
-	}
-	e.all, e.conv, e.convOf = s.order.PushBack(e), l.PushBack(e), l
-	s.tasks[r.Task.ID] = e
-	s.bytes += e.size
-	return e
-}
-
-// touchLocked recounts e's bytes after its record changed and moves it to
-// the back of both orders.
-func (s *Store) touchLocked(e *entry) {
-	s.bytes -= e.size
-	e.size = e.rec.bytes()
-	s.bytes += e.size
-	s.order.MoveToBack(e.all)
-	e.convOf.MoveToBack(e.conv)
-}
-
-func (s *Store) dropLocked(e *entry) {
-	s.order.Remove(e.all)
-	l := e.convOf
-	l.Remove(e.conv)
-	if l.Len() == 0 {
-		delete(s.convs, e.scope())
-	}
-	delete(s.tasks, e.rec.Task.ID)
-	s.bytes -= e.size
 }
 
 func (s *Store) appendLocked(r *Record) {
@@ -436,27 +323,6 @@ func (s *Store) encodeLocked(r *Record) ([]byte, error) {
 	return s.line.Bytes(), err
 }
 
-func (s *Store) writeFragments(text string) (*Manifest, error) {
-	sum := sha256.Sum256([]byte(text))
-	m := &Manifest{Len: len(text), SHA256: hex.EncodeToString(sum[:])}
-	for off := 0; off < len(text); off += FragmentSize {
-		chunk := []byte(text[off:min(off+FragmentSize, len(text))])
-		fs := sha256.Sum256(chunk)
-		name := hex.EncodeToString(fs[:])
-		path := filepath.Join(s.frags, name)
-		if _, err := os.Stat(path); err != nil {
-			// Content-addressed and immutable: an existing one is this one.
-			f, err := atomicfile.Replace(path, chunk, false, nil)
-			if err != nil {
-				return nil, err
-			}
-			_ = f.Close()
-		}
-		m.Frags = append(m.Frags, name)
-	}
-	return m, nil
-}
-
 // compactLocked rewrites the file as one line per task, oldest first, and
 // removes the fragments no line points at.
 func (s *Store) compactLocked() error {
@@ -487,68 +353,6 @@ func (s *Store) compactLocked() error {
 	s.f, s.appends = rf, 0
 	s.sweepFragmentsLocked(rs)
 	return nil
-}
-
-func (s *Store) sweepFragmentsLocked(rs []*entry) {
-	live := map[string]bool{}
-	for _, e := range rs {
-		each(&e.rec.Task, func(p *Part) {
-			if p.Text == nil || len(*p.Text) <= FragmentSize {
-				return
-			}
-			for off := 0; off < len(*p.Text); off += FragmentSize {
-				sum := sha256.Sum256([]byte((*p.Text)[off:min(off+FragmentSize, len(*p.Text))]))
-				live[hex.EncodeToString(sum[:])] = true
-			}
-		})
-	}
-	entries, err := os.ReadDir(s.frags)
-	if err != nil {
-		return
-	}
-	for _, e := range entries {
-		if !live[e.Name()] {
-			_ = os.Remove(filepath.Join(s.frags, e.Name()))
-		}
-	}
-}
-
-// records is every entry, oldest change first.
-func (s *Store) records() []*entry {
-	rs := make([]*entry, 0, s.order.Len())
-	for el := s.order.Front(); el != nil; el = el.Next() {
-		rs = append(rs, el.Value.(*entry))
-	}
-	return rs
-}
-
-// trimConvLocked applies max_per_context to one conversation: its oldest
-// finished tasks go first. Only the conversation a change touched can have
-// grown past it.
-func (s *Store) trimConvLocked(l *list.List) {
-	for el := l.Front(); el != nil && l.Len() > s.policy.MaxPerContext; {
-		next := el.Next()
-		if e := el.Value.(*entry); Terminal(e.rec.Task.Status.State) {
-			s.dropLocked(e)
-		}
-		el = next
-	}
-}
-
-// expireLocked applies the TTL, the global ceiling and the byte bound,
-// oldest change first. A task still in flight is never evicted.
-func (s *Store) expireLocked(now time.Time) {
-	for el := s.order.Front(); el != nil; {
-		e := el.Value.(*entry)
-		if now.Sub(e.rec.Updated) <= s.policy.TTL && len(s.tasks) <= MaxTasks && s.bytes <= s.policy.MaxBytes {
-			return
-		}
-		next := el.Next()
-		if Terminal(e.rec.Task.Status.State) {
-			s.dropLocked(e)
-		}
-		el = next
-	}
 }
 
 // Get is the task id in the caller's scope; a task outside it does not
