@@ -19,7 +19,6 @@ import (
 type Config struct {
 	core.Config `yaml:",inline"`
 
-	MaxConcurrent         int           `yaml:"max_concurrent" reload:"sighup"`
 	IdleTimeout           core.Duration `yaml:"idle_timeout" reload:"sighup"`
 	MaxTurnDuration       core.Duration `yaml:"max_turn_duration" reload:"sighup"`
 	QueueWaitTimeout      core.Duration `yaml:"queue_wait_timeout" reload:"sighup"`
@@ -28,7 +27,6 @@ type Config struct {
 	MaxQueuedPerPrincipal int           `yaml:"max_queued_per_principal"`
 	ReadyTimeout          core.Duration `yaml:"ready_timeout" reload:"sighup"`
 	SessionReportGrace    core.Duration `yaml:"session_report_grace" reload:"sighup"`
-	MaxClaimBody          core.Size     `yaml:"max_claim_body" reload:"sighup"`
 	ReattachWindow        core.Duration `yaml:"reattach_window"`
 	// ClientReplayBufferBytes bounds each lease's replay buffer; 0 keeps
 	// sequencing and retains nothing.
@@ -70,14 +68,14 @@ type Console struct {
 
 // Defaults of the spec for the gateway's keys.
 const (
-	DefaultMaxConcurrent           = 8
+	DefaultMaxConcurrent           = core.DefaultMaxConcurrent
 	DefaultIdleTimeout             = 5 * time.Minute
 	DefaultMaxTurnDuration         = 30 * time.Minute
 	DefaultQueueWaitTimeout        = 30 * time.Second
 	DefaultMaxQueueDepth           = 64
 	DefaultReadyTimeout            = 30 * time.Second
 	DefaultSessionReportGrace      = 5 * time.Second
-	DefaultMaxClaimBody            = 1 << 20
+	DefaultMaxClaimBody            = core.DefaultMaxClaimBody
 	DefaultReattachWindow          = 60 * time.Second
 	DefaultClientReplayBufferBytes = 1 << 20
 )
@@ -87,14 +85,12 @@ const (
 func Default() *Config {
 	return &Config{
 		Config:                  *core.Default(),
-		MaxConcurrent:           DefaultMaxConcurrent,
 		IdleTimeout:             core.Duration(DefaultIdleTimeout),
 		MaxTurnDuration:         core.Duration(DefaultMaxTurnDuration),
 		QueueWaitTimeout:        core.Duration(DefaultQueueWaitTimeout),
 		MaxQueueDepth:           DefaultMaxQueueDepth,
 		ReadyTimeout:            core.Duration(DefaultReadyTimeout),
 		SessionReportGrace:      core.Duration(DefaultSessionReportGrace),
-		MaxClaimBody:            DefaultMaxClaimBody,
 		ReattachWindow:          core.Duration(DefaultReattachWindow),
 		ClientReplayBufferBytes: DefaultClientReplayBufferBytes,
 		A2A:                     defaultA2A(),

@@ -8,7 +8,7 @@ import (
 
 // Unlimited is the max_concurrent and max_queue_depth that sets no bound;
 // any value below it is normalized to it.
-const Unlimited = 0
+const Unlimited = core.Unlimited
 
 // validate applies the rules of the gateway's keys, after core's, and
 // normalizes what the gateway reads (unlimited caps, the default a zero
@@ -27,12 +27,7 @@ func (c *Config) validate() error {
 		// Zero would make a new session's id unreportable to every claim.
 		return fmt.Errorf("broker config: session_report_grace: must be positive (it is how long a claim waits for the instance's session id), got %s; raise it, or remove the key for the default %s", c.SessionReportGrace.D(), DefaultSessionReportGrace)
 	}
-	if c.MaxClaimBody <= 0 {
-		return fmt.Errorf("broker config: max_claim_body: must be positive (a claim body carries the whole engine config), got %d; remove the key for the default %d (1 MiB)", c.MaxClaimBody, DefaultMaxClaimBody)
-	}
-	// "<= 0 = unlimited": one value for it, so GET /leases and the gauges
-	// report 0 rather than the negative number written.
-	c.MaxConcurrent = max(c.MaxConcurrent, Unlimited)
+	// "<= 0 = unlimited", as max_concurrent (core's checkLimits).
 	c.MaxQueueDepth = max(c.MaxQueueDepth, Unlimited)
 	if c.ReattachWindow <= 0 {
 		// 0 is not "wait forever": an unbounded wait is the orphan the

@@ -295,6 +295,13 @@ func (g *Gateway) spawnLease(ctx context.Context, principal, entry string, cfgDa
 		g.cap.release()
 		return nil, refuse(http.StatusConflict, "rejected", "session %q was bound to another binary while this claim was admitted; omit `binary` to inherit it, or start a new session", session)
 	}
+	if spawner.CodeOf(err) == spawner.ResourceExhausted {
+		// spawnd's own bound (spawnd.max_leases, max_config_bytes).
+		g.removeLease(l)
+		g.cap.release()
+		g.log.Warn("spawning instance refused: nexus-spawnd is at its own bound", "lease_id", id, "binary", entry, "error", spawner.MessageOf(err))
+		return nil, refuse(http.StatusServiceUnavailable, "no_capacity", "no capacity")
+	}
 	if spawner.CodeOf(err) == spawner.Unavailable {
 		// spawnd stopped answering under this call: it may not even have
 		// read it.

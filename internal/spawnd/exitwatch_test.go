@@ -34,7 +34,7 @@ func threads(t *testing.T) int {
 // cost no OS thread each; and every exit is still reported.
 func TestSupervisorsPinNoThreadPerLease(t *testing.T) {
 	const leases = 40
-	h := newHarness(t, defaultYAML)
+	h := newHarness(t, defaultYAML+"max_concurrent: 0\n")
 	before := threads(t)
 	var m0, m1 runtime.MemStats
 	runtime.GC()

@@ -350,8 +350,9 @@ func (s *settings) listing() []*spawnpb.Binary {
 // spawndKeys are the keys whose changes a reload reports; the gateway
 // reports its own. listen_addr is one: NEXUS_BROKER_ADDR is built from
 // spawnd's boot copy, so a gateway restarted on another port must not attach
-// to a spawnd sending instances to the old one.
-var spawndKeys = []string{"binaries", "broker_id", "inherit_env", "listen_addr", "release_grace", "run_as", "spawnd", "state_dir"}
+// to a spawnd sending instances to the old one. max_concurrent and
+// max_claim_body are: spawnd's own bounds derive from them (limits.go).
+var spawndKeys = []string{"binaries", "broker_id", "inherit_env", "listen_addr", "max_claim_body", "max_concurrent", "release_grace", "run_as", "spawnd", "state_dir"}
 
 // ownKeys keeps the keys of a core.ReloadDiff list that spawnd reads.
 func ownKeys(keys []string) []string {

@@ -20,7 +20,8 @@
 // environment), process.go (exec, supervision, escalation), cgroup.go,
 // secrets.go (spawn-key, broker id), watch.go (exit fan-out), logcap.go
 // (output bounds), journal.go (lease journal, state_dir lock), recover.go
-// (re-adoption), index.go (session → binary index).
+// (re-adoption), index.go (session → binary index), limits.go (spawnd's own
+// bounds).
 package spawnd
 
 import (
@@ -108,6 +109,9 @@ type lease struct {
 	// configPath is the temp config to remove when the instance is gone;
 	// empty for an adopted lease whose record named none spawnd would trust.
 	configPath string
+	// configBytes is the size of configPath while it exists (0 for an
+	// adopted lease), for spawnd.max_config_bytes.
+	configBytes int64
 	// adopted: re-adopted from the journal, so spawnd is not the
 	// instance's parent and cannot reap it (see signalGroup).
 	adopted bool
@@ -453,6 +457,11 @@ func (d *Daemon) Spawn(_ context.Context, req *spawnpb.SpawnRequest) (*spawnpb.S
 			"lease_id", id, "entry", e.name, "run_as", e.runAs.String())
 		return nil, status.Errorf(codes.PermissionDenied, "Spawn: entry %q runs as %s, and nexus-spawnd lacks CAP_SETUID and CAP_SETGID", e.name, e.runAs)
 	}
+	if err := d.capacityRefusal(len(req.GetConfig())); err != nil {
+		d.mu.Unlock()
+		d.log.Warn("spawning instance refused: nexus-spawnd is at its own bound", "lease_id", id, "entry", e.name, "error", status.Convert(err).Message())
+		return nil, err
+	}
 	if owner := d.sessionOwner(recall, nil); owner != "" && owner != e.name {
 		d.mu.Unlock()
 		d.log.Warn("spawning instance refused: the session it resumes belongs to another entry",
@@ -472,9 +481,10 @@ func (d *Daemon) Spawn(_ context.Context, req *spawnpb.SpawnRequest) (*spawnpb.S
 			AdvertiseAddr: d.advertise,
 			ConfigPath:    d.configFor(id),
 		},
-		state: stateSpawning,
-		pidfd: -1,
-		gone:  make(chan struct{}),
+		state:       stateSpawning,
+		pidfd:       -1,
+		configBytes: int64(len(req.GetConfig())),
+		gone:        make(chan struct{}),
 	}
 	d.leases[id] = l
 	d.spent[id] = struct{}{}

@@ -22,10 +22,16 @@ type Config struct {
 	Binaries map[string]*Entry `yaml:"binaries" reload:"sighup"`
 	// NexusBinaryPath is the deprecated alias for binaries.nexus.path.
 	NexusBinaryPath *string `yaml:"nexus_binary_path"`
+	// MaxConcurrent is the gateway's cap on live instances (0: unlimited);
+	// spawnd derives spawnd.max_leases from it.
+	MaxConcurrent int `yaml:"max_concurrent" reload:"sighup"`
 
 	ReleaseGrace Duration `yaml:"release_grace" reload:"sighup"`
-	StateDir     string   `yaml:"state_dir"`
-	BrokerID     string   `yaml:"broker_id"`
+	// MaxClaimBody bounds a claim's body, which carries its config; spawnd
+	// derives spawnd.max_config_bytes from it.
+	MaxClaimBody Size   `yaml:"max_claim_body" reload:"sighup"`
+	StateDir     string `yaml:"state_dir"`
+	BrokerID     string `yaml:"broker_id"`
 
 	// InheritEnv names broker environment variables a spawn may carry.
 	InheritEnv []string `yaml:"inherit_env" reload:"sighup"`
@@ -44,7 +50,7 @@ type Config struct {
 // mistakes in; internal/config's tests keep the list equal to its schema.
 var GatewayKeys = []string{
 	"a2a", "agents", "auth", "client_replay_buffer_bytes", "cluster", "console", "idle_timeout",
-	"max_claim_body", "max_concurrent", "max_leases_per_principal", "max_queue_depth",
+	"max_leases_per_principal", "max_queue_depth",
 	"max_queued_per_principal", "max_turn_duration", "queue_wait_timeout",
 	"ready_timeout", "reattach_window", "session_report_grace",
 }
@@ -92,7 +98,38 @@ type Spawnd struct {
 	// <broker_id>/<lease_id>; empty means spawnd's own cgroup when systemd
 	// delegated it, else none (process groups only).
 	CgroupRoot string `yaml:"cgroup_root"`
+	// MaxLeases bounds the leases spawnd holds that are not being torn
+	// down; nil is DefaultMaxLeases.
+	MaxLeases *int `yaml:"max_leases"`
+	// MaxConfigBytes bounds the live temp configs' total size; nil is
+	// max_leases × max_claim_body.
+	MaxConfigBytes *Size `yaml:"max_config_bytes"`
 }
+
+// Leases is spawnd.max_leases in force: as written, else twice
+// max_concurrent, else (max_concurrent unlimited) UnlimitedMaxLeases.
+func (c *Config) Leases() int {
+	switch {
+	case c.Spawnd.MaxLeases != nil:
+		return *c.Spawnd.MaxLeases
+	case c.MaxConcurrent > 0:
+		return 2 * c.MaxConcurrent
+	}
+	return UnlimitedMaxLeases
+}
+
+// ConfigBytes is spawnd.max_config_bytes in force: as written, else
+// max_leases × max_claim_body.
+func (c *Config) ConfigBytes() int64 {
+	if c.Spawnd.MaxConfigBytes != nil {
+		return int64(*c.Spawnd.MaxConfigBytes)
+	}
+	return int64(c.Leases()) * int64(c.MaxClaimBody)
+}
+
+// UnlimitedMaxLeases is spawnd.max_leases' default where max_concurrent
+// sets no bound: spawnd itself always has one.
+const UnlimitedMaxLeases = 4096
 
 // MaxCPUWeight is the largest cpu.weight the kernel accepts.
 const MaxCPUWeight = 10000
@@ -116,16 +153,20 @@ const NoStateDirWarning = "state_dir is not set: leases are kept in memory only,
 
 // Defaults of the spec for these keys.
 const (
-	DefaultListenAddr   = ":8080"
-	DefaultReleaseGrace = 10 * time.Second
+	DefaultListenAddr    = ":8080"
+	DefaultReleaseGrace  = 10 * time.Second
+	DefaultMaxConcurrent = 8
+	DefaultMaxClaimBody  = 1 << 20
 )
 
 // Default returns a Config holding every default and the reserved entry.
 func Default() *Config {
 	return &Config{
-		ListenAddr:   DefaultListenAddr,
-		ReleaseGrace: Duration(DefaultReleaseGrace),
-		Binaries:     map[string]*Entry{ReservedEntry: {Path: ReservedEntry}},
+		ListenAddr:    DefaultListenAddr,
+		ReleaseGrace:  Duration(DefaultReleaseGrace),
+		MaxConcurrent: DefaultMaxConcurrent,
+		MaxClaimBody:  DefaultMaxClaimBody,
+		Binaries:      map[string]*Entry{ReservedEntry: {Path: ReservedEntry}},
 	}
 }
 

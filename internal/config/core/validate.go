@@ -39,10 +39,34 @@ func (c *Config) Validate() error {
 	if err := checkRunAs(c.RunAs, "run_as"); err != nil {
 		return err
 	}
+	if err := c.checkLimits(); err != nil {
+		return err
+	}
 	if err := checkID(c.Spawnd.GatewayUID, "spawnd.gateway_uid", "uid"); err != nil {
 		return err
 	}
 	return checkID(c.Spawnd.SocketGID, "spawnd.socket_gid", "gid")
+}
+
+// Unlimited is the max_concurrent that sets no bound; any value below it
+// is normalized to it.
+const Unlimited = 0
+
+// checkLimits checks the caps both processes read and normalizes
+// max_concurrent's "<= 0 = unlimited" to one value, so GET /leases and the
+// gauges report 0 rather than the negative number written.
+func (c *Config) checkLimits() error {
+	if c.MaxClaimBody <= 0 {
+		return fmt.Errorf("broker config: max_claim_body: must be positive (a claim body carries the whole engine config), got %d; remove the key for the default %d (1 MiB)", c.MaxClaimBody, DefaultMaxClaimBody)
+	}
+	c.MaxConcurrent = max(c.MaxConcurrent, Unlimited)
+	if n := c.Spawnd.MaxLeases; n != nil && *n <= 0 {
+		return fmt.Errorf("broker config: spawnd.max_leases: must be positive (nexus-spawnd always bounds the leases it holds), got %d; remove the key for the default (twice max_concurrent, or %d)", *n, UnlimitedMaxLeases)
+	}
+	if n := c.Spawnd.MaxConfigBytes; n != nil && *n <= 0 {
+		return fmt.Errorf("broker config: spawnd.max_config_bytes: must be positive (it bounds the temp configs of live leases), got %d; remove the key for the default (max_leases × max_claim_body)", *n)
+	}
+	return nil
 }
 
 // normalizeBinaries keys the registry by trimmed name, folds the deprecated
