@@ -66,11 +66,18 @@ type validator interface {
 
 var errNotPresented = errors.New("no credential for this validator")
 
+// link is one validator of the chain and the principal_prefix put before
+// the ids it yields.
+type link struct {
+	validator
+	prefix string
+}
+
 // Authenticator is the validator chain of an auth: block. A nil
 // *Authenticator is a broker without one: every caller is anonymous and
 // every caller is the operator.
 type Authenticator struct {
-	chain      []validator
+	chain      []link
 	adminScope string
 	// headers are the proxy_headers principal headers: sending one is
 	// presenting a credential, whoever sends it.
@@ -86,25 +93,23 @@ func New(a *config.Auth, log *slog.Logger) (*Authenticator, error) {
 	au := &Authenticator{adminScope: *a.AdminScope}
 	for i := range a.Validators {
 		v := &a.Validators[i]
+		var val validator
+		var err error
 		switch v.Type {
 		case config.ValidatorStatic:
-			s, err := newStatic(i, v)
-			if err != nil {
-				return nil, err
-			}
-			au.chain = append(au.chain, s)
+			val, err = newStatic(i, v)
 		case config.ValidatorJWKS:
-			au.chain = append(au.chain, newJWKS(v, log))
+			val = newJWKS(v, log)
 		case config.ValidatorIntrospect:
-			in, err := newIntrospect(i, v, log)
-			if err != nil {
-				return nil, err
-			}
-			au.chain = append(au.chain, in)
+			val, err = newIntrospect(i, v, log)
 		case config.ValidatorProxyHeaders:
-			au.chain = append(au.chain, &proxyHeaders{cfg: v})
+			val = &proxyHeaders{cfg: v}
 			au.headers = append(au.headers, v.PrincipalHeader)
 		}
+		if err != nil {
+			return nil, err
+		}
+		au.chain = append(au.chain, link{val, v.PrincipalPrefix})
 	}
 	return au, nil
 }
@@ -140,10 +145,11 @@ func (a *Authenticator) Verify(ctx context.Context, c *Credential) (Principal, *
 		return Principal{}, &Refusal{http.StatusUnauthorized, TextRequired, "no credential"}
 	}
 	var unavailable, last error
-	for _, v := range a.chain {
-		p, err := v.validate(ctx, c)
+	for _, l := range a.chain {
+		p, err := l.validate(ctx, c)
 		switch {
 		case err == nil:
+			p.ID = l.prefix + p.ID
 			return p, nil
 		case errors.Is(err, errNotPresented):
 		case errors.Is(err, errUnavailable):

@@ -116,7 +116,7 @@ func jwksYAML(is *authtest.Issuer, extra string) string {
 %s`, is.URL()+"/", is.JWKSURL(), extra)
 }
 
-func jwksOf(a *Authenticator) *jwks { return a.chain[0].(*jwks) }
+func jwksOf(a *Authenticator) *jwks { return a.chain[0].validator.(*jwks) }
 
 func TestJWKS(t *testing.T) {
 	is := authtest.NewIssuer()
@@ -297,7 +297,7 @@ func TestIntrospectCacheBoundedByExp(t *testing.T) {
 	in := authtest.NewIntrospector("broker", "s3cret")
 	defer in.Stop()
 	a := newAuth(t, introspectYAML(in))
-	v := a.chain[0].(*introspect)
+	v := a.chain[0].validator.(*introspect)
 	now := time.Now()
 	v.now = func() time.Time { return now }
 	in.Activate("t", map[string]any{"sub": "alice", "exp": now.Add(2 * time.Second).Unix()})
@@ -331,6 +331,23 @@ func TestChainOrder(t *testing.T) {
 `, in.URL()))
 	wantAccept(t, a, bearer("ci"), "ci-runner")
 	wantRefusal(t, a, bearer("nope"), 503, TextUnavailable)
+}
+
+// TestPrincipalPrefix: each validator's principal_prefix starts the ids it
+// yields, so the same name from two validators is two principals.
+func TestPrincipalPrefix(t *testing.T) {
+	is := authtest.NewIssuer()
+	defer is.Stop()
+	a := newAuth(t, jwksYAML(is, `      principal_prefix: "oidc:"
+    - type: static
+      principal_prefix: "static:"
+      tokens: [{token: tok-a, principal: alice}]
+    - type: static
+      tokens: [{token: tok-b, principal: bob}]
+`))
+	wantAccept(t, a, bearer(is.Sign(authtest.Claims(is.URL()+"/", "nexus-broker", "alice"))), "oidc:alice")
+	wantAccept(t, a, bearer("tok-a"), "static:alice")
+	wantAccept(t, a, bearer("tok-b"), "bob")
 }
 
 func proxyAuth(t *testing.T) *Authenticator {

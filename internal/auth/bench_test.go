@@ -48,7 +48,7 @@ func BenchmarkAuthenticate(b *testing.B) {
 		static := per(func(int) { a.Verify(context.Background(), req("tok")) })
 		jwtWarm := per(func(int) { a.Verify(context.Background(), req(warm)) })
 		// Every token once, on an empty cache: a signature check each.
-		a.chain[1].(*jwks).cache = tokenCache{}
+		a.chain[1].validator.(*jwks).cache = tokenCache{}
 		start := time.Now()
 		for _, tok := range fresh {
 			a.Verify(context.Background(), req(tok))

@@ -251,12 +251,19 @@ func logStarting(cfg *config.Config, log *slog.Logger) {
 		"release_grace", cfg.ReleaseGrace.D(), "ready_timeout", cfg.ReadyTimeout.D(), "reattach_window", cfg.ReattachWindow.D(), "admin_scope", scope)
 }
 
+// WarnAmbiguousPrefixes is the boot WARN for two validators whose principal
+// ids can be equal (config.Auth.AmbiguousPrefixes).
+const WarnAmbiguousPrefixes = "two validators lack distinct principal_prefix values, so one id from each can name the same principal (and own its leases); give each a principal_prefix that no other one starts with"
+
 // logAuth says at boot whether clients are authenticated: the spec's WARN
 // when they are not, and a plainer second one when the port is reachable
 // from beyond this host.
 func logAuth(cfg *config.Config, log *slog.Logger) {
 	if cfg.Auth != nil {
 		log.Info("client authentication enabled", "validators", cfg.Auth.ValidatorNames(), "admin_scope", *cfg.Auth.AdminScope)
+		for _, pair := range cfg.Auth.AmbiguousPrefixes() {
+			log.Warn(WarnAmbiguousPrefixes, "validators", pair[0]+","+pair[1])
+		}
 		return
 	}
 	log.Warn("client authentication is DISABLED: broker config has no auth block, so any caller that can reach this broker can claim, release and list leases")

@@ -10,6 +10,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"unicode"
 
 	"gopkg.in/yaml.v3"
 
@@ -41,6 +42,11 @@ const (
 // type does not take (validatorKeys).
 type Validator struct {
 	Type string `yaml:"type"`
+
+	// PrincipalPrefix is put before every principal id this validator
+	// yields, so ids from different validators cannot collide (a JWT
+	// sub=alice owning static alice's leases). Optional, every type.
+	PrincipalPrefix string `yaml:"principal_prefix"`
 
 	// static
 	Tokens []StaticToken `yaml:"tokens"`
@@ -101,6 +107,25 @@ func (a *Auth) ValidatorNames() []string {
 	return names
 }
 
+// AmbiguousPrefixes are the pairs of validators (by ValidatorNames, in
+// chain order) whose principal ids can be equal: one's principal_prefix
+// starts the other's (equal prefixes, both absent, or "" beside "oidc:",
+// where a static "oidc:alice" is the jwks sub alice). Nil when every
+// prefix is distinct and none starts another.
+func (a *Auth) AmbiguousPrefixes() [][2]string {
+	names := a.ValidatorNames()
+	var pairs [][2]string
+	for i, v := range a.Validators {
+		for j := i + 1; j < len(a.Validators); j++ {
+			w := a.Validators[j].PrincipalPrefix
+			if strings.HasPrefix(v.PrincipalPrefix, w) || strings.HasPrefix(w, v.PrincipalPrefix) {
+				pairs = append(pairs, [2]string{names[i], names[j]})
+			}
+		}
+	}
+	return pairs
+}
+
 // Strings is one string or a YAML list of strings.
 type Strings []string
 
@@ -130,10 +155,10 @@ func (s *Strings) UnmarshalYAML(n *yaml.Node) error {
 
 // validatorKeys are the keys each validator type takes besides type.
 var validatorKeys = map[string][]string{
-	ValidatorStatic:       {"tokens"},
-	ValidatorJWKS:         {"issuer", "jwks_url", "audience", "algorithms", "principal_claim", "tenant_claim", "scopes_claim"},
-	ValidatorIntrospect:   {"endpoint", "client_id", "client_secret", "client_secret_env", "principal_claim", "tenant_claim", "scopes_claim"},
-	ValidatorProxyHeaders: {"trusted_proxy_cidrs", "principal_header", "tenant_header", "scopes_header"},
+	ValidatorStatic:       {"principal_prefix", "tokens"},
+	ValidatorJWKS:         {"principal_prefix", "issuer", "jwks_url", "audience", "algorithms", "principal_claim", "tenant_claim", "scopes_claim"},
+	ValidatorIntrospect:   {"principal_prefix", "endpoint", "client_id", "client_secret", "client_secret_env", "principal_claim", "tenant_claim", "scopes_claim"},
+	ValidatorProxyHeaders: {"principal_prefix", "trusted_proxy_cidrs", "principal_header", "tenant_header", "scopes_header"},
 }
 
 // NarrowKeys narrows a validator's schema to the keys its type takes, so a
@@ -176,6 +201,9 @@ func (a *Auth) validate() error {
 	for i := range a.Validators {
 		v := &a.Validators[i]
 		path := ValidatorPath(i)
+		if strings.ContainsFunc(v.PrincipalPrefix, unicode.IsControl) {
+			return fmt.Errorf("broker config: %s.principal_prefix: %q holds a control character; a principal id is logged and compared as text, so use printable characters (such as \"oidc:\")", path, v.PrincipalPrefix)
+		}
 		var err error
 		switch v.Type {
 		case ValidatorStatic:

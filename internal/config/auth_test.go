@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"net/netip"
 	"reflect"
 	"strings"
@@ -145,7 +146,7 @@ var authErrorCases = []struct{ name, yaml, key, want string }{
 	{"unknown auth key", "auth:\n  admin: x\n  validators: []\n", "auth.admin", "unknown key; the keys allowed here are admin_scope, validators"},
 	{"validator without type", "auth:\n  validators:\n    - tokens: []\n", "auth.validators[0].type", "required; write one of introspect, jwks, proxy_headers, static"},
 	{"unknown type", "auth:\n  validators:\n    - type: ldap\n", "auth.validators[0].type", `"ldap" is not a validator type`},
-	{"jwks key on static", "auth:\n  validators:\n    - type: static\n      issuer: x\n", "auth.validators[0].issuer", "unknown key; the keys allowed here are tokens, type"},
+	{"jwks key on static", "auth:\n  validators:\n    - type: static\n      issuer: x\n", "auth.validators[0].issuer", "unknown key; the keys allowed here are principal_prefix, tokens, type"},
 	{"unknown token key", "auth:\n  validators:\n    - type: static\n      tokens:\n        - {token: t, principal: p, role: admin}\n", "auth.validators[0].tokens[0].role", "unknown key"},
 	{"static no tokens", "auth:\n  validators:\n    - type: static\n", "auth.validators[0].tokens", "required"},
 	{"token both", "auth:\n  validators:\n    - type: static\n      tokens:\n        - {token: t, token_env: T, principal: p}\n", "auth.validators[0].tokens[0].token", "set together with token_env, and neither wins"},
@@ -171,6 +172,7 @@ var authErrorCases = []struct{ name, yaml, key, want string }{
 	{"proxy bad cidr", "auth:\n  validators:\n    - type: proxy_headers\n      trusted_proxy_cidrs: [10.0.0.300/8]\n      principal_header: X-User\n", "auth.validators[0].trusted_proxy_cidrs[0]", "is not a CIDR"},
 	{"proxy no header", "auth:\n  validators:\n    - type: proxy_headers\n      trusted_proxy_cidrs: [10.0.0.7/32]\n", "auth.validators[0].principal_header", "required"},
 	{"proxy bad header", "auth:\n  validators:\n    - type: proxy_headers\n      trusted_proxy_cidrs: [10.0.0.7/32]\n      principal_header: \"X User\"\n", "auth.validators[0].principal_header", "not an HTTP header name"},
+	{"prefix control char", strings.Replace(jwksBase, "principal_claim: sub\n", "principal_claim: sub\n      principal_prefix: \"a\\tb\"\n", 1), "auth.validators[0].principal_prefix", "holds a control character"},
 	{"proxy forwarded-for key", "auth:\n  validators:\n    - type: proxy_headers\n      trusted_proxy_cidrs: [10.0.0.7/32]\n      principal_header: X-User\n      trust_forwarded_for: true\n", "auth.validators[0].trust_forwarded_for", "unknown key"},
 }
 
@@ -217,6 +219,39 @@ func TestListenLoopback(t *testing.T) {
 		c := &Config{Config: core.Config{ListenAddr: addr}}
 		if got := c.ListenLoopback(); got != want {
 			t.Errorf("%s: loopback %v, want %v", addr, got, want)
+		}
+	}
+}
+
+// TestAmbiguousPrefixes: two validators are ambiguous when one's
+// principal_prefix starts the other's, absent counting as "".
+func TestAmbiguousPrefixes(t *testing.T) {
+	const static = "    - type: static\n      tokens: [{token: t%d, principal: p}]\n"
+	for _, c := range []struct {
+		prefixes []string
+		want     [][2]string
+	}{
+		{[]string{""}, nil},
+		{[]string{"", ""}, [][2]string{{"static", "static#2"}}},
+		{[]string{"a:", "b:"}, nil},
+		{[]string{"a:", "a:"}, [][2]string{{"static", "static#2"}}},
+		{[]string{"", "oidc:"}, [][2]string{{"static", "static#2"}}},
+		{[]string{"a", "ab", "c"}, [][2]string{{"static", "static#2"}}},
+		{[]string{"x:", "", "y:"}, [][2]string{{"static", "static#2"}, {"static#2", "static#3"}}},
+	} {
+		y := "auth:\n  validators:\n"
+		for i, p := range c.prefixes {
+			y += fmt.Sprintf(static, i)
+			if p != "" {
+				y += fmt.Sprintf("      principal_prefix: %q\n", p)
+			}
+		}
+		cfg, err := Parse([]byte(y))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := cfg.Auth.AmbiguousPrefixes(); !reflect.DeepEqual(got, c.want) {
+			t.Errorf("prefixes %q: ambiguous %v, want %v", c.prefixes, got, c.want)
 		}
 	}
 }

@@ -633,3 +633,59 @@ func TestAuthChallenges(t *testing.T) {
 		}
 	}
 }
+
+// TestAuthPrincipalPrefixSeparatesValidators: with principal_prefix, a JWT
+// whose sub is alice is not static alice: it cannot see, mint for or
+// release her lease. The boot WARNs name each pair of validators whose ids
+// can still meet (an unprefixed one beside either), and no other pair.
+func TestAuthPrincipalPrefixSeparatesValidators(t *testing.T) {
+	is := authtest.NewIssuer()
+	defer is.Stop()
+	b := startBroker(t, Options{Token: "tok-ops", YAML: fmt.Sprintf(`auth:
+  validators:
+    - type: static
+      principal_prefix: "static:"
+      tokens:
+        - {token: tok-alice, principal: alice}
+        - {token: tok-ops, principal: ops, scopes: "nexus.broker.admin"}
+    - type: jwks
+      principal_prefix: "oidc:"
+      issuer: %q
+      jwks_url: %q
+      audience: nexus-broker
+      principal_claim: sub
+    - type: static
+      tokens: [{token: tok-legacy, principal: legacy}]
+`, is.URL(), is.JWKSURL())})
+	warn := regexp.MustCompile(`level=WARN msg="two validators lack distinct principal_prefix values[^"]*" validators=(\S+)`)
+	b.GatewayLog.wait(t, regexp.MustCompile(`msg="client authentication enabled"`), 10*time.Second)
+	var pairs []string
+	for _, m := range warn.FindAllStringSubmatch(b.GatewayLog.String(), -1) {
+		pairs = append(pairs, m[1])
+	}
+	if strings.Join(pairs, " ") != "static,static#2 jwks,static#2" {
+		t.Errorf("prefix WARNs name %q, want static,static#2 and jwks,static#2", pairs)
+	}
+
+	claim := b.claimAs(tokAlice)
+	jwt := is.Sign(authtest.Claims(is.URL(), "nexus-broker", "alice"))
+	status, got := b.doAs(jwt, "POST", "/ticket/"+claim.LeaseID, "")
+	wantAnswer(t, "the JWT alice minting for static alice's lease", status, got, 404, bodyUnknown)
+	status, got = b.doAs(jwt, "POST", "/release/"+claim.LeaseID, "")
+	wantAnswer(t, "the JWT alice releasing static alice's lease", status, got, 404, bodyUnknown)
+	_, view := b.doAs(jwt, "GET", "/leases", "")
+	wantAnswer(t, "the JWT alice's GET /leases", 200, view, 200, `{"leases":[]}`+"\n")
+	if st, ok := b.lease(claim.LeaseID); !ok || st.State != "active" {
+		t.Errorf("static alice's lease after the JWT alice's attempts: %+v %v", st, ok)
+	}
+	log := b.GatewayLog.String()
+	for _, want := range []string{`msg="auth allowed" route="GET /leases" principal_id=oidc:alice`, `principal_id=static:alice`} {
+		if !strings.Contains(log, want) {
+			t.Errorf("the gateway log has no %q", want)
+		}
+	}
+	if err := b.as(tokAlice).Release(context.Background(), claim.LeaseID); err != nil {
+		t.Fatal(err)
+	}
+	b.waitNoInstances(15 * time.Second)
+}
