@@ -22,6 +22,7 @@ import (
 	"github.com/nexus-broker/nexus-broker/internal/bootlog"
 	"github.com/nexus-broker/nexus-broker/internal/config"
 	"github.com/nexus-broker/nexus-broker/internal/config/core"
+	"github.com/nexus-broker/nexus-broker/internal/console"
 	"github.com/nexus-broker/nexus-broker/internal/footprint"
 	"github.com/nexus-broker/nexus-broker/internal/gateway"
 	"github.com/nexus-broker/nexus-broker/internal/safedir"
@@ -110,6 +111,7 @@ func Run(o Options) error {
 	defer ln.Close()
 
 	g := gateway.New(gateway.Options{Config: cfg, Spawner: client, Ready: client.Ready, Logger: log, ListenPort: ln.Addr().(*net.TCPAddr).Port, Auth: authn})
+	console.Attach(g)
 	if err := g.Start(ctx); err != nil {
 		return bootlog.Config(err, path)
 	}

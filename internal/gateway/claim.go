@@ -350,7 +350,7 @@ func (g *Gateway) spawnLease(ctx context.Context, principal, entry string, cfgDa
 		l.rearmLocked()
 	}
 	l.mu.Unlock()
-	g.console.record(eventClaimed, l, "")
+	g.publish(EventClaimed, l, "")
 	return l, nil
 }
 

@@ -315,7 +315,7 @@ func (g *Gateway) attachClient(l *lease, c attachedClient, turn uint64, fromSeq 
 	old := l.client
 	l.client, l.clientTurn = c, turn
 	l.mu.Unlock()
-	g.console.wake()
+	g.publish(EventClient, l, "")
 	g.log.Info("client connected", "lease_id", l.id, "principal_id", principal, "credential", credential, "evicted_previous_client", old != nil)
 	if old != nil {
 		g.displaced(l, old, principal, credential)
@@ -340,7 +340,7 @@ func (g *Gateway) attachClient(l *lease, c attachedClient, turn uint64, fromSeq 
 func (g *Gateway) displaced(l *lease, old attachedClient, principal, credential string) {
 	old.displace()
 	g.m.clientEvictions.Add(1)
-	g.console.record(eventEvicted, l, closeSuperseded)
+	g.publish(EventEvicted, l, closeSuperseded)
 	g.log.Warn("this connection displaced the lease's previous client, which has been "+
 		"closed. A client must not keep two connections open to one lease — they will "+
 		"evict each other",
@@ -356,7 +356,7 @@ func (g *Gateway) detachClient(l *lease, c attachedClient, cur *cursor) {
 		l.client = nil
 	}
 	l.mu.Unlock()
-	g.console.wake()
+	g.publish(EventClient, l, "")
 	g.log.Info("client disconnected", "lease_id", l.id)
 }
 

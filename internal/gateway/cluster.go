@@ -52,7 +52,7 @@ func (g *Gateway) clusterLeases(ctx context.Context, p auth.Principal) leasesJSO
 }
 
 // sortLeases orders GET /leases: oldest first, then by id.
-func sortLeases(ls []leaseJSON) {
+func sortLeases(ls []LeaseInfo) {
 	sort.Slice(ls, func(i, j int) bool {
 		if !ls[i].CreatedAt.Equal(ls[j].CreatedAt) {
 			return ls[i].CreatedAt.Before(ls[j].CreatedAt)

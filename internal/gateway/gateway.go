@@ -58,7 +58,8 @@ type Gateway struct {
 	// auth is nil without an auth: block; tickets are minted only with one.
 	auth    *auth.Authenticator
 	tickets *auth.Tickets
-	console *consoleHub
+	// subs are called with every lease event (Subscribe).
+	subs []func(Event)
 	// a2a is the A2A ingress; nil on a broker that booted without agents:.
 	a2a *ingress
 	// node is cluster mode's NATS membership; nil in single-broker mode.
@@ -69,6 +70,8 @@ type Gateway struct {
 	ctxCache *briefCache[string]
 	// peerFree carries peers that announced a free slot to reofferQueued.
 	peerFree chan string
+	// mounts add the routes of the layers above the core (Mount).
+	mounts []func(*http.ServeMux)
 	// mux is Handler's, for requests other brokers carry here.
 	mux atomic.Pointer[http.ServeMux]
 
@@ -105,7 +108,6 @@ func New(o Options) *Gateway {
 		m:          newMetrics(),
 		auth:       o.Auth,
 		tickets:    auth.NewTickets(),
-		console:    newConsoleHub(),
 		leases:     map[string]*lease{},
 		claiming:   map[string]int{},
 		relays:     map[string]*relayConn{},
@@ -420,8 +422,6 @@ func (g *Gateway) Handler() http.Handler {
 	mux.HandleFunc("GET /binaries", g.guarded(g.handleBinaries))
 	mux.HandleFunc("GET /metrics", g.guard(true, g.handleMetrics))
 	mux.HandleFunc("GET /openapi.json", g.guarded(g.handleOpenAPI))
-	mux.HandleFunc("GET /console", g.handleConsole)
-	mux.HandleFunc("GET /console/events", g.handleConsoleEvents)
 	// Never under auth: health for probes; the instance dial-back proves
 	// itself with its spawn secret.
 	mux.HandleFunc("GET /healthz", g.handleHealthz)
@@ -431,6 +431,9 @@ func (g *Gateway) Handler() http.Handler {
 	mux.HandleFunc("GET /lease/{lease_id}", g.handleClient)
 	if g.a2a != nil {
 		g.a2a.routes(mux)
+	}
+	for _, m := range g.mounts {
+		m(mux)
 	}
 	g.mux.Store(mux)
 	return mux

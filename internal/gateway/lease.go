@@ -283,7 +283,7 @@ func (l *lease) teardown(reason string, mode teardownMode) {
 		}
 		l.g.cap.release()
 		l.g.removeLease(l)
-		l.g.console.record(teardownEvent(reason), l, reason)
+		l.g.publish(teardownEvent(reason), l, reason)
 		msg := "lease released"
 		if reason == reasonCrashed {
 			msg = "lease removed after crash" // upstream's two lines

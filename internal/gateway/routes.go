@@ -2,27 +2,22 @@ package gateway
 
 import (
 	"bytes"
-	"encoding/json"
 	"net/http"
 	"slices"
 	"time"
 
 	"github.com/nexus-broker/nexus-broker/internal/auth"
 	"github.com/nexus-broker/nexus-broker/internal/cluster"
+	"github.com/nexus-broker/nexus-broker/internal/gateway/reply"
 )
 
 const errUnknownLease = "unknown lease"
 
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
-}
+// writeJSON answers v with status.
+var writeJSON = reply.JSON
 
 // writeError answers the broker's {"error":"…"} envelope.
-func writeError(w http.ResponseWriter, status int, text string) {
-	writeJSON(w, status, map[string]string{"error": text})
-}
+var writeError = reply.Error
 
 func (g *Gateway) handleHealthz(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
@@ -78,7 +73,8 @@ func (g *Gateway) ticket(r *http.Request, id string, p auth.Principal) (int, any
 	return http.StatusOK, out
 }
 
-type binaryJSON struct {
+// BinaryInfo is one entry of GET /binaries.
+type BinaryInfo struct {
 	Name        string  `json:"name"`
 	Label       *string `json:"label,omitempty"`       // nil: unset, omitted; "" is kept
 	Description *string `json:"description,omitempty"` // likewise
@@ -87,19 +83,21 @@ type binaryJSON struct {
 // handleBinaries is GET /binaries: names and presentational strings only,
 // sorted by name; never a path, argv or environment.
 func (g *Gateway) handleBinaries(w http.ResponseWriter, _ *http.Request, _ auth.Principal) {
-	writeJSON(w, http.StatusOK, map[string]any{"binaries": g.binaryList()})
+	writeJSON(w, http.StatusOK, map[string]any{"binaries": g.Binaries()})
 }
 
-func (g *Gateway) binaryList() []binaryJSON {
+// Binaries lists the entries spawnd offers, by name: never a path.
+func (g *Gateway) Binaries() []BinaryInfo {
 	bs := *g.binaries.Load()
-	out := make([]binaryJSON, len(bs))
+	out := make([]BinaryInfo, len(bs))
 	for i, b := range bs {
-		out[i] = binaryJSON{Name: b.Name, Label: b.Label, Description: b.Description}
+		out[i] = BinaryInfo{Name: b.Name, Label: b.Label, Description: b.Description}
 	}
 	return out
 }
 
-type leaseJSON struct {
+// LeaseInfo is one row of GET /leases.
+type LeaseInfo struct {
 	LeaseID      string    `json:"lease_id"`
 	SessionID    string    `json:"session_id,omitempty"`
 	PID          int64     `json:"pid"`
@@ -109,8 +107,8 @@ type leaseJSON struct {
 	LastActivity time.Time `json:"last_activity"`
 	CreatedAt    time.Time `json:"created_at"`
 	// For the console only: GET /leases discloses neither.
-	principal      string
-	clientAttached bool
+	Principal      string `json:"-"`
+	ClientAttached bool   `json:"-"`
 }
 
 type leasesJSON struct {
@@ -118,23 +116,23 @@ type leasesJSON struct {
 	SlotsInUse    *int        `json:"slots_in_use,omitempty"`
 	QueueDepth    *int        `json:"queue_depth,omitempty"`
 	MaxQueueDepth *int        `json:"max_queue_depth,omitempty"`
-	Leases        []leaseJSON `json:"leases"`
+	Leases        []LeaseInfo `json:"leases"`
 	// UnreachableBrokers (cluster mode only) names the brokers that did not
 	// answer: their leases and aggregates are missing from the rest.
 	UnreachableBrokers *[]string `json:"unreachable_brokers,omitempty"`
 }
 
-// snapshotLeases lists the live leases owner sees; all of them when all is
-// set.
-func (g *Gateway) snapshotLeases(owner string, all bool) []leaseJSON {
+// Leases lists the live leases owner sees, oldest first; all of them when
+// all is set.
+func (g *Gateway) Leases(owner string, all bool) []LeaseInfo {
 	ls := slices.DeleteFunc(g.liveLeases(), func(l *lease) bool { return !all && l.principal != owner })
-	out := make([]leaseJSON, 0, len(ls))
+	out := make([]LeaseInfo, 0, len(ls))
 	for _, l := range ls {
 		l.mu.Lock()
-		out = append(out, leaseJSON{
+		out = append(out, LeaseInfo{
 			LeaseID: l.id, SessionID: l.sessionID, PID: l.pid, State: l.state, Binary: l.entry,
 			Reason: l.reason, LastActivity: l.lastActivity.UTC(), CreatedAt: l.createdAt.UTC(),
-			principal: l.principal, clientAttached: l.client != nil,
+			Principal: l.principal, ClientAttached: l.client != nil,
 		})
 		l.mu.Unlock()
 	}
@@ -156,12 +154,12 @@ func (g *Gateway) handleLeases(w http.ResponseWriter, r *http.Request, p auth.Pr
 // localLeases is this broker's part of GET /leases for p.
 func (g *Gateway) localLeases(p auth.Principal) leasesJSON {
 	if !g.auth.IsAdmin(p) {
-		return leasesJSON{Leases: g.snapshotLeases(p.ID, false)}
+		return leasesJSON{Leases: g.Leases(p.ID, false)}
 	}
 	max, inUse, depth, maxDepth := g.cap.snapshot()
 	return leasesJSON{
 		MaxConcurrent: &max, SlotsInUse: &inUse, QueueDepth: &depth, MaxQueueDepth: &maxDepth,
-		Leases: g.snapshotLeases("", true),
+		Leases: g.Leases("", true),
 	}
 }
 
@@ -171,7 +169,7 @@ func (g *Gateway) handleMetrics(w http.ResponseWriter, r *http.Request, _ auth.P
 	max, inUse, depth, maxDepth := g.cap.snapshot()
 	gg := gauges{slotsInUse: inUse, maxConcurrent: max, queueDepth: depth, maxQueueDepth: maxDepth,
 		ticketsOutstanding: g.tickets.Outstanding(), leases: map[string]int{}}
-	for _, l := range g.snapshotLeases("", true) {
+	for _, l := range g.Leases("", true) {
 		gg.leases[l.State]++
 	}
 	if g.node != nil {

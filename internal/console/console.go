@@ -1,4 +1,13 @@
-package gateway
+// Package console is the broker's operator page (GET /console) and its
+// event stream (GET /console/events): a reader of the lease core. It keeps
+// the recent lease events the core publishes and renders the core's
+// listings; it never changes a lease (the page's release button calls the
+// core's own POST /release route).
+//
+// It imports the lease core (internal/gateway) and its reply helpers, and
+// nothing of the A2A door, the cluster router or spawnd's client; nothing
+// of the gateway's imports it but the composition in internal/brokerd.
+package console
 
 import (
 	"bytes"
@@ -10,6 +19,8 @@ import (
 	"time"
 
 	"github.com/nexus-broker/nexus-broker/internal/auth"
+	"github.com/nexus-broker/nexus-broker/internal/gateway"
+	"github.com/nexus-broker/nexus-broker/internal/gateway/reply"
 )
 
 // consolePage is GET /console: one self-contained file, no build step and
@@ -17,15 +28,6 @@ import (
 //
 //go:embed console.html
 var consolePage []byte
-
-// Console event kinds, as the page lists them.
-const (
-	eventClaimed  = "claimed"
-	eventReleased = "released"
-	eventCrashed  = "crashed"
-	eventReaped   = "reaped"
-	eventEvicted  = "evicted"
-)
 
 const (
 	// consoleEvents is how many recent events the page shows.
@@ -43,12 +45,12 @@ const (
 
 // consoleEvent is one line of the page's event list.
 type consoleEvent struct {
-	At        time.Time `json:"at"`
-	Kind      string    `json:"kind"`
-	LeaseID   string    `json:"lease_id"`
-	Principal string    `json:"principal"`
-	Binary    string    `json:"binary"`
-	Detail    string    `json:"detail,omitempty"`
+	At        time.Time         `json:"at"`
+	Kind      gateway.EventKind `json:"kind"`
+	LeaseID   string            `json:"lease_id"`
+	Principal string            `json:"principal"`
+	Binary    string            `json:"binary"`
+	Detail    string            `json:"detail,omitempty"`
 }
 
 // consoleHub keeps the recent events and wakes open pages on a change.
@@ -60,6 +62,33 @@ type consoleHub struct {
 
 func newConsoleHub() *consoleHub { return &consoleHub{changed: make(chan struct{})} }
 
+// Attach subscribes a console to g's lease events and mounts its routes.
+// Call it before g.Start and g.Handler.
+func Attach(g *gateway.Gateway) {
+	c := &console{g: g, hub: newConsoleHub()}
+	g.Subscribe(c.hub.observe)
+	g.Mount(func(mux *http.ServeMux) {
+		mux.HandleFunc("GET /console", c.handleConsole)
+		mux.HandleFunc("GET /console/events", c.handleConsoleEvents)
+	})
+}
+
+// console serves the page over one gateway.
+type console struct {
+	g   *gateway.Gateway
+	hub *consoleHub
+}
+
+// observe takes one lease event: a client's coming or going only wakes the
+// pages; the rest is listed.
+func (h *consoleHub) observe(ev gateway.Event) {
+	if ev.Kind == gateway.EventClient {
+		h.wake()
+		return
+	}
+	h.record(ev)
+}
+
 // wake tells every open page something changed.
 func (h *consoleHub) wake() {
 	h.mu.Lock()
@@ -68,10 +97,10 @@ func (h *consoleHub) wake() {
 	h.mu.Unlock()
 }
 
-// record appends an event about l and wakes the pages.
-func (h *consoleHub) record(kind string, l *lease, detail string) {
+// record appends an event and wakes the pages.
+func (h *consoleHub) record(ev gateway.Event) {
 	h.mu.Lock()
-	h.events = append(h.events, consoleEvent{At: time.Now().UTC(), Kind: kind, LeaseID: l.id, Principal: l.principal, Binary: l.entry, Detail: detail})
+	h.events = append(h.events, consoleEvent{At: ev.At, Kind: ev.Kind, LeaseID: ev.LeaseID, Principal: ev.Principal, Binary: ev.Binary, Detail: ev.Detail})
 	if n := len(h.events); n > consoleEvents {
 		h.events = append([]consoleEvent(nil), h.events[n-consoleEvents:]...)
 	}
@@ -90,17 +119,6 @@ func (h *consoleHub) watch() ([]consoleEvent, <-chan struct{}) {
 		out[len(out)-1-i] = e
 	}
 	return out, h.changed
-}
-
-// teardownEvent names a teardown reason's event kind.
-func teardownEvent(reason string) string {
-	switch reason {
-	case reasonRelease:
-		return eventReleased
-	case reasonCrashed:
-		return eventCrashed
-	}
-	return eventReaped
 }
 
 // consoleLease is one row of the page: never a session id, a ticket or a
@@ -130,23 +148,23 @@ type consoleSnapshot struct {
 		MaxQueueDepth int     `json:"max_queue_depth"`
 		OldestWaitSec float64 `json:"oldest_wait_seconds"`
 	} `json:"capacity"`
-	Binaries []binaryJSON    `json:"binaries"`
-	Leases   []consoleLease  `json:"leases"`
-	Events   []consoleEvent  `json:"events"`
-	changed  <-chan struct{} // when this snapshot is stale
+	Binaries []gateway.BinaryInfo `json:"binaries"`
+	Leases   []consoleLease       `json:"leases"`
+	Events   []consoleEvent       `json:"events"`
+	changed  <-chan struct{}      // when this snapshot is stale
 }
 
-func (g *Gateway) consoleSnapshot(viewer auth.Principal) *consoleSnapshot {
-	s := &consoleSnapshot{Now: time.Now().UTC(), Viewer: viewer.ID, Binaries: g.binaryList(), Leases: []consoleLease{}}
-	s.Events, s.changed = g.console.watch()
-	c := &s.Capacity
-	c.MaxConcurrent, c.SlotsInUse, c.QueueDepth, c.MaxQueueDepth = g.cap.snapshot()
-	c.OldestWaitSec = g.cap.oldestWait().Seconds()
-	for _, l := range g.snapshotLeases("", true) {
+func (c *console) consoleSnapshot(viewer auth.Principal) *consoleSnapshot {
+	s := &consoleSnapshot{Now: time.Now().UTC(), Viewer: viewer.ID, Binaries: c.g.Binaries(), Leases: []consoleLease{}}
+	s.Events, s.changed = c.hub.watch()
+	k, capa := &s.Capacity, c.g.Capacity()
+	k.MaxConcurrent, k.SlotsInUse, k.QueueDepth, k.MaxQueueDepth = capa.Max, capa.InUse, capa.Depth, capa.MaxDepth
+	k.OldestWaitSec = capa.OldestWait.Seconds()
+	for _, l := range c.g.Leases("", true) {
 		s.Leases = append(s.Leases, consoleLease{
-			LeaseID: l.LeaseID, Principal: l.principal, Binary: l.Binary, State: l.State, Reason: l.Reason,
-			CreatedAt: l.CreatedAt, LastActivity: l.LastActivity, ClientAttached: l.clientAttached, PID: l.PID,
-			Releasable: l.principal == viewer.ID && l.State != stateDraining,
+			LeaseID: l.LeaseID, Principal: l.Principal, Binary: l.Binary, State: l.State, Reason: l.Reason,
+			CreatedAt: l.CreatedAt, LastActivity: l.LastActivity, ClientAttached: l.ClientAttached, PID: l.PID,
+			Releasable: l.Principal == viewer.ID && l.State != gateway.StateDraining,
 		})
 	}
 	return s
@@ -155,14 +173,14 @@ func (g *Gateway) consoleSnapshot(viewer auth.Principal) *consoleSnapshot {
 // consoleViewer admits a caller of the console: an operator (auth.admin_scope)
 // with an auth: block; without one, loopback callers, or anyone when
 // console.allow_remote is set. On false it has answered.
-func (g *Gateway) consoleViewer(w http.ResponseWriter, r *http.Request) (auth.Principal, bool) {
-	p, ok := g.authenticate(w, r, true)
+func (c *console) consoleViewer(w http.ResponseWriter, r *http.Request) (auth.Principal, bool) {
+	p, ok := c.g.Admit(w, r, true)
 	if !ok {
 		return p, false
 	}
-	if !g.auth.Enabled() && !g.cfg.Load().Console.AllowRemote && !fromLoopback(r) {
-		g.audit(r, p, http.StatusForbidden, "console from a remote peer without auth")
-		writeError(w, http.StatusForbidden, textConsoleLoopback)
+	if !c.g.AuthEnabled() && !c.g.Config().Console.AllowRemote && !fromLoopback(r) {
+		c.g.Audit(r, p, http.StatusForbidden, "console from a remote peer without auth")
+		reply.Error(w, http.StatusForbidden, textConsoleLoopback)
 		return p, false
 	}
 	return p, true
@@ -176,8 +194,8 @@ func fromLoopback(r *http.Request) bool {
 }
 
 // handleConsole is GET /console.
-func (g *Gateway) handleConsole(w http.ResponseWriter, r *http.Request) {
-	if _, ok := g.consoleViewer(w, r); !ok {
+func (c *console) handleConsole(w http.ResponseWriter, r *http.Request) {
+	if _, ok := c.consoleViewer(w, r); !ok {
 		return
 	}
 	h := w.Header()
@@ -192,14 +210,14 @@ func (g *Gateway) handleConsole(w http.ResponseWriter, r *http.Request) {
 // handleConsoleEvents is GET /console/events: server-sent events, one
 // "snapshot" event with the whole view whenever it changed, woken by the
 // gateway's own changes and re-checked every consoleRefresh.
-func (g *Gateway) handleConsoleEvents(w http.ResponseWriter, r *http.Request) {
-	p, ok := g.consoleViewer(w, r)
+func (c *console) handleConsoleEvents(w http.ResponseWriter, r *http.Request) {
+	p, ok := c.consoleViewer(w, r)
 	if !ok {
 		return
 	}
 	flusher, ok := w.(http.Flusher)
 	if !ok {
-		writeError(w, http.StatusInternalServerError, "streaming unsupported")
+		reply.Error(w, http.StatusInternalServerError, "streaming unsupported")
 		return
 	}
 	h := w.Header()
@@ -212,7 +230,7 @@ func (g *Gateway) handleConsoleEvents(w http.ResponseWriter, r *http.Request) {
 	defer tick.Stop()
 	var last []byte
 	for {
-		s := g.consoleSnapshot(p)
+		s := c.consoleSnapshot(p)
 		// Now changes every time; compare the view without it.
 		now := s.Now
 		s.Now = time.Time{}
@@ -229,7 +247,7 @@ func (g *Gateway) handleConsoleEvents(w http.ResponseWriter, r *http.Request) {
 		select {
 		case <-r.Context().Done():
 			return
-		case <-g.ctx.Done():
+		case <-c.g.Done():
 			return
 		case <-s.changed:
 			// A burst of changes (a release takes a lease, a slot and a

@@ -1,4 +1,4 @@
-package gateway
+package console
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nexus-broker/nexus-broker/internal/config"
+	"github.com/nexus-broker/nexus-broker/internal/gateway"
 )
 
 // TestConsoleLoopbackOnlyWithoutAuth: without an auth: block the console
@@ -32,7 +33,8 @@ func TestConsoleLoopbackOnlyWithoutAuth(t *testing.T) {
 	} {
 		cfg := config.Default()
 		cfg.Console.AllowRemote = c.allowRemote
-		g := New(Options{Config: cfg, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		g := gateway.New(gateway.Options{Config: cfg, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		Attach(g)
 		for _, path := range []string{"/console", "/console/events"} {
 			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 			r := httptest.NewRequestWithContext(ctx, http.MethodGet, path, nil)
@@ -62,7 +64,7 @@ func TestConsoleHubKeepsTheLastEvents(t *testing.T) {
 	h := newConsoleHub()
 	_, changed := h.watch()
 	for i := range consoleEvents + 7 {
-		h.record(eventClaimed, &lease{id: strings.Repeat("x", i+1)}, "")
+		h.record(gateway.Event{Kind: gateway.EventClaimed, LeaseID: strings.Repeat("x", i+1)})
 	}
 	select {
 	case <-changed:
