@@ -51,6 +51,7 @@ const (
 type agent struct {
 	sess   *session // owned by the run goroutine
 	send   *sender
+	echoes *echoes
 	knobs  knobs
 	log    *slog.Logger
 	failed func(error) // a turn could not be persisted: the instance must stop
@@ -71,18 +72,19 @@ type turn struct {
 	answer chan brokerframe.IO // capacity 1: the hitl.response for askID
 }
 
-func newAgent(sess *session, send *sender, k knobs, log *slog.Logger, failed func(error)) *agent {
-	return &agent{sess: sess, send: send, knobs: k, log: log, failed: failed, wake: make(chan struct{}, 1)}
+func newAgent(sess *session, send *sender, echoes *echoes, k knobs, log *slog.Logger, failed func(error)) *agent {
+	return &agent{sess: sess, send: send, echoes: echoes, knobs: k, log: log, failed: failed, wake: make(chan struct{}, 1)}
 }
 
 // handle routes one io payload from the broker. input queues a turn; cancel
-// and hitl.response act on the running turn at once; anything else goes
-// straight back, so echoes never wait behind a slow turn.
+// and hitl.response act on the running turn at once; anything else is
+// echoed by the echoes goroutine, so echoes never wait behind a slow turn
+// and a cancel never waits behind an echo.
 func (a *agent) handle(payload json.RawMessage) {
 	switch string(payloadType(payload)) {
 	case brokerframe.IOInput, brokerframe.IOCancel, brokerframe.IOHITLResponse:
 	default:
-		a.send.raw(payload)
+		a.echoes.add(payload)
 		return
 	}
 	var m brokerframe.IO
@@ -95,10 +97,7 @@ func (a *agent) handle(payload json.RawMessage) {
 	switch m.Type {
 	case brokerframe.IOInput:
 		a.pending = append(a.pending, m.Content)
-		select {
-		case a.wake <- struct{}{}:
-		default:
-		}
+		wake(a.wake)
 	case brokerframe.IOCancel:
 		if t := a.current; t != nil && (m.TurnID == "" || m.TurnID == t.id) {
 			t.cancel()

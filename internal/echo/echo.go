@@ -18,6 +18,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 	"time"
 
@@ -117,12 +118,11 @@ func Run(opts Options) int {
 	if k.OmitLeaseID {
 		send.leaseID = ""
 	}
-	ag := newAgent(sess, send, k, log, stop)
-	agentDone := make(chan struct{})
-	go func() {
-		defer close(agentDone)
-		ag.run(ctx)
-	}()
+	echoes := newEchoes(send, ctx.Done())
+	ag := newAgent(sess, send, echoes, k, log, stop)
+	var workers sync.WaitGroup
+	workers.Go(func() { echoes.run(ctx) })
+	workers.Go(func() { ag.run(ctx) })
 	l := &link{
 		addr: addr, leaseID: leaseID, secret: secret, sessionID: reported,
 		knobs: k, out: out, log: log,
@@ -134,7 +134,7 @@ func Run(opts Options) int {
 	// The link's graceful close flushes whatever the agent sent before the
 	// stop; the agent then finishes before the transcript is closed.
 	l.run(ctx)
-	<-agentDone
+	workers.Wait()
 
 	if cause := context.Cause(ctx); !errors.Is(cause, errStop) {
 		log.Error("stopping after a failure", "error", cause)

@@ -110,6 +110,10 @@ func (l *link) connect(ctx context.Context) (up time.Duration, err error) {
 		return 0, err
 	}
 	l.log.Info("registered with broker", "broker_addr", l.addr)
+	if n := l.out.connect(); n > 0 {
+		l.log.Warn("outbound buffer overflowed while disconnected; oldest frames dropped", "frames", n, "limit_bytes", l.out.limit)
+	}
+	defer l.out.disconnect()
 	start := time.Now()
 	l.cur.Store(conn)
 	defer l.cur.Store(nil)
@@ -304,9 +308,6 @@ func (l *link) writeLoop(ctx context.Context, conn *websocket.Conn, readErr <-ch
 // never fully reached the kernel of a socket that is now dead.
 func (l *link) flush(conn *websocket.Conn, batch [][]byte, deadline time.Time) ([][]byte, error) {
 	batch = l.out.take(batch[:0])
-	if n := l.out.takeDropped(); n > 0 {
-		l.log.Warn("outbound buffer overflowed; oldest frames dropped", "frames", n, "limit_bytes", l.out.limit)
-	}
 	conn.SetWriteDeadline(deadline)
 	for i, b := range batch {
 		if err := conn.WriteMessage(websocket.TextMessage, b); err != nil {

@@ -9,23 +9,30 @@ import (
 	"github.com/nexus-broker/nexus-broker/pkg/brokerframe"
 )
 
-// outboxLimit bounds the encoded bytes waiting for the socket, as upstream's
-// plugin does: enough to ride out a broker restart at the 5 s backoff cap
-// without letting a dead link pin unbounded memory.
+// outboxLimit bounds the encoded bytes waiting for the socket while the link
+// is down, as upstream's plugin does: enough to ride out a broker restart at
+// the 5 s backoff cap without letting a dead link pin unbounded memory.
 const outboxLimit = 1 << 20
 
 // outbox holds encoded frames for the broker, oldest first. Every frame the
 // instance produces goes through it, connected or not, so frames produced
 // while the link is down are written in order right after the next handshake
 // and no frame can overtake another.
+//
+// While the link is up nothing is ever evicted: a broker slow to read makes
+// the producers that can wait (turns, echoes) wait in waitRoom, and the few
+// frames that cannot wait (a status, a cancel's answer) queue past the limit.
+// Only while the link is down does the limit evict the oldest frames, and the
+// next handshake logs how many it cost.
 type outbox struct {
-	mu      sync.Mutex
-	frames  [][]byte
-	size    int // sum of len over frames
-	limit   int
-	dropped int             // frames evicted since the last takeDropped
-	writing bool            // a batch is out with the writer
-	waiters []chan struct{} // closed once nothing is queued or being written
+	mu        sync.Mutex
+	frames    [][]byte
+	size      int // sum of len over frames
+	limit     int
+	connected bool            // a link is up: push never evicts
+	dropped   int             // frames evicted while disconnected, since the last connect
+	writing   bool            // a batch is out with the writer
+	waiters   []chan struct{} // closed once nothing is queued or being written
 
 	// ready wakes the writer. Capacity 1 and a non-blocking send: a producer
 	// never waits and a wakeup is never lost.
@@ -36,24 +43,46 @@ func newOutbox(limit int) *outbox {
 	return &outbox{limit: limit, ready: make(chan struct{}, 1)}
 }
 
-// push queues b, evicting the oldest frames while the total exceeds the limit.
-// The newest frame always stays, even alone over the limit: a large frame on a
-// live link must still go out.
+// push queues b. While disconnected it then evicts the oldest frames while
+// the total exceeds the limit; the newest frame always stays, even alone
+// over the limit, so a large frame still goes out once the link is back.
 func (o *outbox) push(b []byte) {
 	o.mu.Lock()
 	o.frames = append(o.frames, b)
 	o.size += len(b)
+	if !o.connected {
+		o.evictLocked()
+	}
+	o.mu.Unlock()
+	wake(o.ready)
+}
+
+func (o *outbox) evictLocked() {
 	for o.size > o.limit && len(o.frames) > 1 {
 		o.size -= len(o.frames[0])
 		o.frames[0] = nil
 		o.frames = o.frames[1:]
 		o.dropped++
 	}
-	o.mu.Unlock()
-	select {
-	case o.ready <- struct{}{}:
-	default:
-	}
+}
+
+// connect marks the link up and returns how many frames were evicted while
+// it was down.
+func (o *outbox) connect() (dropped int) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.connected = true
+	dropped, o.dropped = o.dropped, 0
+	return dropped
+}
+
+// disconnect marks the link down: from now on the limit evicts, starting
+// with whatever a slow broker left queued past it.
+func (o *outbox) disconnect() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.connected = false
+	o.evictLocked()
 }
 
 // take moves every queued frame to dst (reused across calls, so a busy link
@@ -120,15 +149,6 @@ func (o *outbox) waitRoom(ctx context.Context) error {
 	case <-o.flushed():
 		return nil
 	}
-}
-
-// takeDropped returns how many frames were evicted since the last call.
-func (o *outbox) takeDropped() int {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	n := o.dropped
-	o.dropped = 0
-	return n
 }
 
 // sender turns IO payloads into io frames on the outbox.

@@ -14,21 +14,51 @@ func drain(o *outbox) string {
 	return fmt.Sprintf("%q", batch)
 }
 
-func TestOutboxEvictsOldestFirst(t *testing.T) {
+func TestOutboxEvictsOldestFirstWhileDisconnected(t *testing.T) {
 	o := newOutbox(10)
 	for _, f := range []string{"aaaa", "bbbb", "cc", "ddd"} { // 13 bytes: "aaaa" must go
 		o.push([]byte(f))
 	}
-	if got, n := drain(o), o.takeDropped(); got != `["bbbb" "cc" "ddd"]` || n != 1 {
-		t.Fatalf("over the limit: %s, %d dropped", got, n)
-	}
 	o.push([]byte("e"))
 	o.push([]byte("this frame alone is over the limit"))
-	if got, n := drain(o), o.takeDropped(); got != `["this frame alone is over the limit"]` || n != 1 {
-		t.Fatalf("an oversized frame: %s, %d dropped", got, n)
+	if n := o.connect(); n != 5 {
+		t.Fatalf("connect reported %d dropped, want 5", n)
 	}
-	if got := drain(o); got != `[]` {
-		t.Fatalf("drained outbox still holds %s", got)
+	if got := drain(o); got != `["this frame alone is over the limit"]` {
+		t.Fatalf("an oversized frame: %s", got)
+	}
+	if n := o.connect(); n != 0 {
+		t.Fatalf("a second connect reported %d dropped again", n)
+	}
+	o.disconnect()
+	for _, f := range []string{"aaaa", "bbbb", "cc", "ddd"} {
+		o.push([]byte(f))
+	}
+	if got, n := drain(o), o.connect(); got != `["bbbb" "cc" "ddd"]` || n != 1 {
+		t.Fatalf("over the limit: %s, %d dropped", got, n)
+	}
+}
+
+func TestOutboxNeverEvictsWhileConnected(t *testing.T) {
+	o := newOutbox(10)
+	o.connect()
+	for _, f := range []string{"aaaa", "bbbb", "cc", "ddd"} {
+		o.push([]byte(f))
+	}
+	if got := drain(o); got != `["aaaa" "bbbb" "cc" "ddd"]` {
+		t.Fatalf("a connected outbox over its limit evicted: %s", got)
+	}
+	// What a slow broker left queued past the limit is trimmed once the
+	// link goes down, and reported at the next connect.
+	for _, f := range []string{"aaaa", "bbbb", "cc", "ddd"} {
+		o.push([]byte(f))
+	}
+	o.disconnect()
+	if n := o.connect(); n != 1 {
+		t.Fatalf("disconnect over the limit: %d dropped, want 1", n)
+	}
+	if got := drain(o); got != `["bbbb" "cc" "ddd"]` {
+		t.Fatalf("after the disconnect: %s", got)
 	}
 }
 
