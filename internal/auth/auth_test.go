@@ -306,6 +306,56 @@ func TestIntrospectCacheBoundedByExp(t *testing.T) {
 	wantRefusal(t, a, bearer("t"), 401, TextRejected) // asked again: expired
 }
 
+// TestIntrospectAudience: with audience set, an active answer must carry an
+// aud (a string or an array) holding one of them; none is a rejection.
+func TestIntrospectAudience(t *testing.T) {
+	in := authtest.NewIntrospector("broker", "s3cret")
+	defer in.Stop()
+	a := newAuth(t, introspectYAML(in)+"      audience: [nexus-broker, nexus]\n")
+	for tok, aud := range map[string]any{"one": "nexus", "list": []string{"billing", "nexus-broker"}} {
+		in.Activate(tok, map[string]any{"sub": "alice", "aud": aud})
+		wantAccept(t, a, bearer(tok), "alice")
+	}
+	for tok, aud := range map[string]any{"other": "billing", "others": []string{"billing"}, "null": nil, "number": 7} {
+		in.Activate(tok, map[string]any{"sub": "alice", "aud": aud})
+		wantRefusal(t, a, bearer(tok), 401, TextRejected)
+	}
+	in.Activate("none", map[string]any{"sub": "alice"})
+	if ref := wantRefusal(t, a, bearer("none"), 401, TextRejected); !strings.Contains(ref.Reason, "no aud") {
+		t.Errorf("reason %q does not say the answer had no aud", ref.Reason)
+	}
+	// Without audience, any aud or none passes.
+	b := newAuth(t, introspectYAML(in))
+	wantAccept(t, b, bearer("none"), "alice")
+	wantAccept(t, b, bearer("other"), "alice")
+}
+
+// TestIntrospectCacheTTL: a revoked token keeps working for cache_ttl and
+// no longer; 0 asks every time.
+func TestIntrospectCacheTTL(t *testing.T) {
+	in := authtest.NewIntrospector("broker", "s3cret")
+	defer in.Stop()
+	for _, c := range []struct {
+		yaml  string
+		stale time.Duration // still accepted this long after the revocation
+		ttl   time.Duration
+	}{{"      cache_ttl: 10s\n", 9 * time.Second, 10 * time.Second}, {"", 29 * time.Second, 30 * time.Second}, {"      cache_ttl: 0s\n", 0, 0}} {
+		a := newAuth(t, introspectYAML(in)+c.yaml)
+		v := a.chain[0].validator.(*introspect)
+		now := time.Now()
+		v.now = func() time.Time { return now }
+		in.Activate("t", map[string]any{"sub": "alice", "exp": now.Add(time.Hour).Unix()})
+		wantAccept(t, a, bearer("t"), "alice")
+		in.Revoke("t")
+		if c.stale > 0 {
+			now = now.Add(c.stale)
+			wantAccept(t, a, bearer("t"), "alice")
+		}
+		now = now.Add(c.ttl - c.stale)
+		wantRefusal(t, a, bearer("t"), 401, TextRejected)
+	}
+}
+
 func TestIntrospectWrongClientSecretIsUnavailable(t *testing.T) {
 	in := authtest.NewIntrospector("broker", "other")
 	defer in.Stop()

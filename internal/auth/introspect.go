@@ -1,21 +1,19 @@
 package auth
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/nexus-broker/nexus-broker/internal/config"
 )
-
-// introspectCacheMax bounds how long a positive introspection answer is
-// reused; a token's exp bounds it further.
-const introspectCacheMax = 30 * time.Second
 
 // introspect asks an RFC 7662 endpoint about each token it has not seen
 // active recently.
@@ -54,7 +52,10 @@ func (v *introspect) validate(ctx context.Context, c *Credential) (Principal, er
 	if json.Unmarshal(claims["active"], &active) != nil || !active {
 		return Principal{}, fmt.Errorf("introspect: token is not active")
 	}
-	until := now.Add(introspectCacheMax)
+	if err := checkAudience(claims["aud"], v.cfg.Audience); err != nil {
+		return Principal{}, fmt.Errorf("introspect: %w", err)
+	}
+	until := now.Add(v.cfg.CacheTTL.D())
 	if e, ok := scalar(claims["exp"]); ok {
 		if secs, err := json.Number(e).Int64(); err == nil {
 			expAt := time.Unix(secs, 0)
@@ -70,8 +71,37 @@ func (v *introspect) validate(ctx context.Context, c *Credential) (Principal, er
 	if err != nil {
 		return Principal{}, fmt.Errorf("introspect: %w", err)
 	}
-	v.cache.put(c.Bearer, p, until, now)
+	if until.After(now) {
+		v.cache.put(c.Bearer, p, until, now)
+	}
 	return p, nil
+}
+
+// checkAudience wants aud (a string or an array of strings, RFC 7662's
+// shapes) to hold one of want; with want empty any aud, or none, passes.
+func checkAudience(aud json.RawMessage, want []string) error {
+	if len(want) == 0 {
+		return nil
+	}
+	if aud = bytes.TrimSpace(aud); len(aud) == 0 || string(aud) == "null" {
+		return fmt.Errorf("the answer has no aud, and audience is configured")
+	}
+	var got []string
+	var one string
+	if json.Unmarshal(aud, &one) == nil {
+		got = []string{one}
+	} else if json.Unmarshal(aud, &got) != nil {
+		return fmt.Errorf("the answer's aud is neither a string nor an array of strings")
+	}
+	if !anyOf(got, want) {
+		return fmt.Errorf("token audience %q is none of %q", got, want)
+	}
+	return nil
+}
+
+// anyOf reports whether got holds one of want.
+func anyOf(got, want []string) bool {
+	return slices.ContainsFunc(got, func(a string) bool { return slices.Contains(want, a) })
 }
 
 // ask posts the token to the endpoint. Any answer that is not a 200 with a

@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"slices"
 	"sync"
 	"time"
 
@@ -67,7 +66,7 @@ func (j *jwks) validate(ctx context.Context, c *Credential) (Principal, error) {
 	if err != nil {
 		return Principal{}, fmt.Errorf("jwks: %w", err)
 	}
-	if !slices.ContainsFunc(tok.Audience, func(a string) bool { return slices.Contains(j.cfg.Audience, a) }) {
+	if !anyOf(tok.Audience, j.cfg.Audience) {
 		return Principal{}, fmt.Errorf("jwks: token audience %q is none of %q", tok.Audience, []string(j.cfg.Audience))
 	}
 	var claims map[string]json.RawMessage

@@ -10,6 +10,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"time"
 	"unicode"
 
 	"gopkg.in/yaml.v3"
@@ -25,6 +26,10 @@ type Auth struct {
 	AdminScope *string     `yaml:"admin_scope"`
 	Validators []Validator `yaml:"validators"`
 }
+
+// DefaultIntrospectCacheTTL is an introspect validator's cache_ttl when the
+// key is absent: a revoked token keeps working at most this long.
+const DefaultIntrospectCacheTTL = 30 * time.Second
 
 // DefaultAdminScope is auth.admin_scope when the key is absent.
 const DefaultAdminScope = "nexus.broker.admin"
@@ -52,8 +57,10 @@ type Validator struct {
 	Tokens []StaticToken `yaml:"tokens"`
 
 	// jwks
-	Issuer     string  `yaml:"issuer"`
-	JWKSURL    string  `yaml:"jwks_url"`
+	Issuer  string `yaml:"issuer"`
+	JWKSURL string `yaml:"jwks_url"`
+	// Audience is any one of: required for jwks, optional for introspect
+	// (checked against the answer's aud when set).
 	Audience   Strings `yaml:"audience"`
 	Algorithms Strings `yaml:"algorithms"`
 
@@ -67,6 +74,10 @@ type Validator struct {
 	ClientID        string `yaml:"client_id"`
 	ClientSecret    string `yaml:"client_secret"`
 	ClientSecretEnv string `yaml:"client_secret_env"`
+	// CacheTTL is how long an active answer is reused (never past the
+	// token's exp); 0 asks every time. Unset means
+	// DefaultIntrospectCacheTTL, filled in by Load.
+	CacheTTL *core.Duration `yaml:"cache_ttl"`
 
 	// proxy_headers
 	TrustedProxyCIDRs Strings `yaml:"trusted_proxy_cidrs"`
@@ -157,7 +168,7 @@ func (s *Strings) UnmarshalYAML(n *yaml.Node) error {
 var validatorKeys = map[string][]string{
 	ValidatorStatic:       {"principal_prefix", "tokens"},
 	ValidatorJWKS:         {"principal_prefix", "issuer", "jwks_url", "audience", "algorithms", "principal_claim", "tenant_claim", "scopes_claim"},
-	ValidatorIntrospect:   {"principal_prefix", "endpoint", "client_id", "client_secret", "client_secret_env", "principal_claim", "tenant_claim", "scopes_claim"},
+	ValidatorIntrospect:   {"principal_prefix", "endpoint", "client_id", "client_secret", "client_secret_env", "audience", "cache_ttl", "principal_claim", "tenant_claim", "scopes_claim"},
 	ValidatorProxyHeaders: {"principal_prefix", "trusted_proxy_cidrs", "principal_header", "tenant_header", "scopes_header"},
 }
 
@@ -316,6 +327,18 @@ func (v *Validator) validateIntrospect(path string) error {
 	}
 	if err := checkSecret(path, "client_secret", v.ClientSecret, v.ClientSecretEnv); err != nil {
 		return err
+	}
+	if v.Audience != nil {
+		if err := checkList(path+".audience", v.Audience, "give the audience the endpoint reports in aud for tokens meant for this broker (a string or a list: any one of them is accepted), or remove the key to accept any"); err != nil {
+			return err
+		}
+	}
+	switch {
+	case v.CacheTTL == nil:
+		d := core.Duration(DefaultIntrospectCacheTTL)
+		v.CacheTTL = &d
+	case *v.CacheTTL < 0:
+		return fmt.Errorf("broker config: %s.cache_ttl: %s is negative; give how long an active answer is reused (0 asks the endpoint every time), or remove the key for the default %s", path, v.CacheTTL.D(), DefaultIntrospectCacheTTL)
 	}
 	// RFC 7662 names the subject and the scopes of a token.
 	if v.PrincipalClaim == "" {

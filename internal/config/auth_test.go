@@ -123,7 +123,7 @@ func TestAuthOK(t *testing.T) {
 		tk[1].Token != "lit" || !reflect.DeepEqual(tk[1].Scopes, Words{"c", "d"}) {
 		t.Errorf("tokens = %+v", tk)
 	}
-	if in := a.Validators[1]; in.ClientSecretEnv != "NEXUS_TEST_SECRET" || in.PrincipalClaim != "sub" || in.ScopesClaim != "scope" {
+	if in := a.Validators[1]; in.ClientSecretEnv != "NEXUS_TEST_SECRET" || in.PrincipalClaim != "sub" || in.ScopesClaim != "scope" || in.CacheTTL.D() != DefaultIntrospectCacheTTL || in.Audience != nil {
 		t.Errorf("introspect = %+v", in)
 	}
 	if j := a.Validators[2]; !reflect.DeepEqual(j.Audience, Strings{"a", "b"}) {
@@ -165,6 +165,8 @@ var authErrorCases = []struct{ name, yaml, key, want string }{
 	{"introspect secret both", "auth:\n  validators:\n    - type: introspect\n      endpoint: http://h/i\n      client_id: c\n      client_secret: s\n      client_secret_env: S\n", "auth.validators[0].client_secret", "set together with client_secret_env"},
 	{"introspect no secret", "auth:\n  validators:\n    - type: introspect\n      endpoint: http://h/i\n      client_id: c\n", "auth.validators[0].client_secret", "required"},
 	{"introspect no client_id", "auth:\n  validators:\n    - type: introspect\n      endpoint: http://h/i\n      client_secret: s\n", "auth.validators[0].client_id", "required"},
+	{"introspect negative cache_ttl", "auth:\n  validators:\n    - type: introspect\n      endpoint: http://h/i\n      client_id: c\n      client_secret: s\n      cache_ttl: -1s\n", "auth.validators[0].cache_ttl", "-1s is negative"},
+	{"introspect empty audience", "auth:\n  validators:\n    - type: introspect\n      endpoint: http://h/i\n      client_id: c\n      client_secret: s\n      audience: []\n", "auth.validators[0].audience", "required, and at least one"},
 	{"proxy no cidrs", "auth:\n  validators:\n    - type: proxy_headers\n      principal_header: X-User\n", "auth.validators[0].trusted_proxy_cidrs", "required"},
 	{"proxy empty cidrs", "auth:\n  validators:\n    - type: proxy_headers\n      trusted_proxy_cidrs: []\n      principal_header: X-User\n", "auth.validators[0].trusted_proxy_cidrs", "required"},
 	{"proxy everything v4", "auth:\n  validators:\n    - type: proxy_headers\n      trusted_proxy_cidrs: [10.0.0.7/32, 0.0.0.0/0]\n      principal_header: X-User\n", "auth.validators[0].trusted_proxy_cidrs[1]", "trusts every address"},

@@ -689,3 +689,46 @@ func TestAuthPrincipalPrefixSeparatesValidators(t *testing.T) {
 	}
 	b.waitNoInstances(15 * time.Second)
 }
+
+// TestAuthIntrospectAudienceAndCacheTTL: an introspect validator with
+// audience refuses an active token issued for another service, and one
+// whose answer has no aud; with cache_ttl: 0 a revoked token stops working
+// on the next request.
+func TestAuthIntrospectAudienceAndCacheTTL(t *testing.T) {
+	in := authtest.NewIntrospector("broker", "s3cret")
+	defer in.Stop()
+	b := startBroker(t, Options{YAML: fmt.Sprintf(`auth:
+  validators:
+    - type: introspect
+      endpoint: %q
+      client_id: broker
+      client_secret: s3cret
+      principal_claim: client_id
+      audience: [nexus-broker, nexus]
+      cache_ttl: 0s
+`, in.URL())})
+	in.Activate("for-us", map[string]any{"client_id": "ci", "aud": []string{"billing", "nexus-broker"}})
+	in.Activate("for-billing", map[string]any{"client_id": "ci", "aud": "billing"})
+	in.Activate("no-aud", map[string]any{"client_id": "ci"})
+	status, got := b.doAs("for-us", "GET", "/leases", "")
+	wantAnswer(t, "a token for this broker", status, got, 200, `{"leases":[]}`+"\n")
+	b.GatewayLog.wait(t, regexp.MustCompile(`msg="auth allowed" route="GET /leases" principal_id=ci\n`), 5*time.Second)
+	for _, tok := range []string{"for-billing", "no-aud"} {
+		status, got := b.doAs(tok, "GET", "/leases", "")
+		wantAnswer(t, "an active token "+tok, status, got, 401, bodyRejected)
+	}
+	if log := b.GatewayLog.String(); !strings.Contains(log, `is none of [\"nexus-broker\" \"nexus\"]`) || !strings.Contains(log, "the answer has no aud, and audience is configured") {
+		t.Errorf("the audit records do not say why the audience was refused:\n%s", log)
+	}
+
+	calls := in.Calls()
+	if status, _ := b.doAs("for-us", "GET", "/leases", ""); status != 200 {
+		t.Fatalf("the token for this broker, again: %d", status)
+	}
+	in.Revoke("for-us")
+	status, got = b.doAs("for-us", "GET", "/leases", "")
+	wantAnswer(t, "the revoked token, next request", status, got, 401, bodyRejected)
+	if n := in.Calls() - calls; n != 2 {
+		t.Errorf("%d introspection calls for two requests with cache_ttl: 0, want 2", n)
+	}
+}

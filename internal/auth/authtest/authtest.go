@@ -157,6 +157,13 @@ func (in *Introspector) Activate(token string, claims map[string]any) {
 	in.mu.Unlock()
 }
 
+// Revoke makes token inactive.
+func (in *Introspector) Revoke(token string) {
+	in.mu.Lock()
+	delete(in.active, token)
+	in.mu.Unlock()
+}
+
 // Calls counts introspection requests answered.
 func (in *Introspector) Calls() int {
 	in.mu.Lock()
