@@ -44,7 +44,7 @@ lint:
 # including a 60 s soak. NEXUS_BENCH_BASE_BIN=<dir of another build's
 # binaries> runs that build's broker beside this one (docs/performance.md).
 bench: build
-	E2E_NORACE=1 $(GO) test -tags $(TAGS) -run '^$$' -bench . -benchtime 2s -timeout 45m ./internal/e2e/ ./internal/gateway/ ./internal/spawnd/ ./internal/auth/ ./internal/a2a/
+	E2E_NORACE=1 $(GO) test -tags $(TAGS) -run '^$$' -bench . -benchtime 2s -timeout 45m ./internal/e2e/ ./internal/gateway/... ./internal/spawnd/ ./internal/auth/ ./internal/a2a/
 
 # Short fuzzing of every decoder and the config loader.
 FUZZTIME ?= 30s

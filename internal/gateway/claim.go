@@ -15,6 +15,7 @@ import (
 	"github.com/nexus-broker/nexus-broker/internal/auth"
 	"github.com/nexus-broker/nexus-broker/internal/config"
 	"github.com/nexus-broker/nexus-broker/internal/config/core"
+	"github.com/nexus-broker/nexus-broker/internal/gateway/internal/capacity"
 	"github.com/nexus-broker/nexus-broker/internal/gateway/spawner"
 	"github.com/nexus-broker/nexus-broker/pkg/sessionid"
 )
@@ -190,7 +191,7 @@ func (g *Gateway) claimBody(r *http.Request, p auth.Principal, body []byte, slot
 	}
 	var away *queuedOffer
 	if offerAway {
-		if g.cap.full() {
+		if g.cap.Full() {
 			if resp, cerr, ok := g.offerClaim(r.Context(), p, body); ok {
 				return resp, cerr
 			}
@@ -239,37 +240,37 @@ func (g *Gateway) spawnLease(ctx context.Context, principal, entry string, cfgDa
 			g.unadmitPrincipal(principal)
 		}
 	}()
-	acquire := g.cap.acquire
+	acquire := g.cap.Acquire
 	if slot == slotOffered {
-		acquire = g.cap.tryAcquire
+		acquire = g.cap.TryAcquire
 	}
 	quota := g.queueQuota(principal)
-	quota.offer = away
+	quota.Offer = away
 	if err := acquire(ctx, quota); err != nil {
 		switch {
-		case errors.Is(err, errServedAway):
+		case errors.Is(err, capacity.ErrServedAway):
 			return nil, errServedAwayClaim
-		case errors.Is(err, errDeclined):
+		case errors.Is(err, capacity.ErrDeclined):
 			return nil, refuse(http.StatusServiceUnavailable, outcomeDeclined, "no capacity")
-		case errors.Is(err, errNoCapacity):
+		case errors.Is(err, capacity.ErrNoCapacity):
 			return nil, refuse(http.StatusServiceUnavailable, "no_capacity", "no capacity")
-		case errors.Is(err, errQueueFull):
+		case errors.Is(err, capacity.ErrQueueFull):
 			return nil, refuse(http.StatusServiceUnavailable, "queue_full", "capacity queue full")
-		case errors.Is(err, errQueueTimeout):
+		case errors.Is(err, capacity.ErrQueueTimeout):
 			return nil, refuse(http.StatusServiceUnavailable, "queue_timeout", "capacity wait timed out")
-		case errors.Is(err, errPrincipalQueue):
+		case errors.Is(err, capacity.ErrPrincipalQueue):
 			return nil, refuse(http.StatusTooManyRequests, "principal_queue_limit", "queued claim limit reached for this principal")
 		}
 		return nil, refuse(499, "cancelled", textGoneWhileQueued)
 	}
 	// Checked again: the wait for a slot may have been long.
 	if cerr := g.spawnerUnavailable(); cerr != nil {
-		g.cap.release()
+		g.cap.Release()
 		return nil, cerr
 	}
 	id, err := g.newLeaseID()
 	if err != nil {
-		g.cap.release()
+		g.cap.Release()
 		return nil, refuse(http.StatusInternalServerError, "internal", "minting lease")
 	}
 	l := g.newLease(id, principal, entry, time.Now())
@@ -292,13 +293,13 @@ func (g *Gateway) spawnLease(ctx context.Context, principal, entry string, cfgDa
 	if spawner.CodeOf(err) == spawner.FailedPrecondition {
 		// The session was bound to another entry after resumeEntry asked.
 		g.removeLease(l)
-		g.cap.release()
+		g.cap.Release()
 		return nil, refuse(http.StatusConflict, "rejected", "session %q was bound to another binary while this claim was admitted; omit `binary` to inherit it, or start a new session", session)
 	}
 	if spawner.CodeOf(err) == spawner.ResourceExhausted {
 		// spawnd's own bound (spawnd.max_leases, max_config_bytes).
 		g.removeLease(l)
-		g.cap.release()
+		g.cap.Release()
 		g.log.Warn("spawning instance refused: nexus-spawnd is at its own bound", "lease_id", id, "binary", entry, "error", spawner.MessageOf(err))
 		return nil, refuse(http.StatusServiceUnavailable, "no_capacity", "no capacity")
 	}
@@ -306,13 +307,13 @@ func (g *Gateway) spawnLease(ctx context.Context, principal, entry string, cfgDa
 		// spawnd stopped answering under this call: it may not even have
 		// read it.
 		g.removeLease(l)
-		g.cap.release()
+		g.cap.Release()
 		g.log.Error("spawning instance failed: nexus-spawnd is not answering", "lease_id", id, "binary", entry, "error", spawner.MessageOf(err))
 		return nil, refuse(http.StatusServiceUnavailable, "spawn_failed", errSpawnerUnavailable)
 	}
 	if err != nil {
 		g.removeLease(l)
-		g.cap.release()
+		g.cap.Release()
 		g.log.Error("spawning instance failed", "lease_id", id, "binary", entry, "error", spawner.MessageOf(err), "code", spawner.CodeOf(err))
 		if spawner.StepOf(err) == spawner.StepTempConfig {
 			// No process was involved: a broker-side fault, not a spawn

@@ -9,6 +9,7 @@ import (
 
 	"github.com/gorilla/websocket"
 
+	"github.com/nexus-broker/nexus-broker/internal/gateway/internal/streamlog"
 	"github.com/nexus-broker/nexus-broker/pkg/brokerframe"
 )
 
@@ -22,7 +23,7 @@ type clientConn struct {
 	l         *lease
 	ws        *wsConn
 	principal string
-	cur       *cursor
+	cur       *streamlog.Cursor
 	// resumed: the client connected with ?from_seq=, so it is told about
 	// evicted ranges in-band with stream-gap rather than by a seq jump alone.
 	resumed bool
@@ -84,7 +85,7 @@ func (c *clientConn) notify(direct bool) {
 func (c *clientConn) release() bool {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	if !c.dead && (c.closing != nil || c.l.log.hasAfter(c.cur)) {
+	if !c.dead && (c.closing != nil || c.l.log.HasAfter(c.cur)) {
 		return false
 	}
 	c.writing = false
@@ -105,14 +106,14 @@ const directMax = 8
 // goroutine, if the socket can take them without blocking. It reports false
 // when it left them for a drain goroutine.
 func (c *clientConn) writeDirect() bool {
-	var arr [directMax]logEntry
-	batch, missFrom, _, _ := c.l.log.readBatch(c.cur, arr[:0], directMax, false)
+	var arr [directMax]streamlog.Entry
+	batch, missFrom, _, _ := c.l.log.ReadBatch(c.cur, arr[:0], directMax, false)
 	if missFrom > 0 || len(batch) == directMax {
 		return false
 	}
 	size := 0
 	for _, e := range batch {
-		size += len(e.data) + 14 // plus the WebSocket frame header, at most
+		size += len(e.Data) + 14 // plus the WebSocket frame header, at most
 	}
 	if len(batch) == 0 {
 		return true
@@ -123,12 +124,12 @@ func (c *clientConn) writeDirect() bool {
 	// Held: the read pump flushes them once it has handled everything the
 	// instance sent so far (flushHeld), so a burst leaves in one write.
 	for _, e := range batch {
-		if _, err := c.ws.send(e.data, true); err != nil {
+		if _, err := c.ws.send(e.Data, true); err != nil {
 			c.markDead()
 			return true
 		}
 	}
-	c.l.log.advance(c.cur, batch[len(batch)-1].seq)
+	c.l.log.Advance(c.cur, batch[len(batch)-1].Seq)
 	return true
 }
 
@@ -152,7 +153,7 @@ func (c *clientConn) drain() {
 		closing := c.closing
 		c.wmu.Unlock()
 		if closing != nil {
-			if c.l.log.hasAfter(c.cur) && time.Now().Before(c.flushBy) {
+			if c.l.log.HasAfter(c.cur) && time.Now().Before(c.flushBy) {
 				continue
 			}
 			c.ws.closeGraceful(closing.Code, closing.Reason)
@@ -173,15 +174,15 @@ func (c *clientConn) writeAll() bool {
 	if gap := c.gap; gap != nil {
 		c.gap = nil // only the turn holder touches it
 		g.m.replayGaps.inc(gap.Reason)
-		if _, err := c.ws.send(gapFrame(l.id, gap), true); err != nil {
+		if _, err := c.ws.send(streamlog.GapFrame(l.id, gap), true); err != nil {
 			return false
 		}
 	}
 	// Everything is held and leaves in as few writes as the buffer allows,
 	// the last once the stream has nothing more for this client.
-	buf := make([]logEntry, 0, 64)
+	buf := make([]streamlog.Entry, 0, 64)
 	for {
-		batch, missFrom, missThrough, _ := l.log.readBatch(c.cur, buf[:0], cap(buf), false)
+		batch, missFrom, missThrough, _ := l.log.ReadBatch(c.cur, buf[:0], cap(buf), false)
 		if missFrom > 0 {
 			// This reader fell more than client_replay_buffer_bytes behind.
 			if c.resumed {
@@ -196,11 +197,11 @@ func (c *clientConn) writeAll() bool {
 			return err == nil
 		}
 		for _, e := range batch {
-			if _, err := c.ws.send(e.data, true); err != nil {
+			if _, err := c.ws.send(e.Data, true); err != nil {
 				return false
 			}
 		}
-		l.log.advance(c.cur, batch[len(batch)-1].seq)
+		l.log.Advance(c.cur, batch[len(batch)-1].Seq)
 		if c.closingExpired() {
 			_, err := c.ws.flush()
 			return err == nil
@@ -309,9 +310,9 @@ func (g *Gateway) attachClient(l *lease, c attachedClient, turn uint64, fromSeq 
 		g.displaced(l, c, principal, credential)
 		return false
 	}
-	cur, gap := l.log.attach(fromSeq)
+	cur, gap := l.log.Attach(fromSeq)
 	c.place(cur, gap) // before it is the lease's client: the read pump may write to it at once
-	startSeq, lastSeq := cur.seq, l.log.lastSeq()
+	startSeq, lastSeq := cur.Seq(), l.log.LastSeq()
 	old := l.client
 	l.client, l.clientTurn = c, turn
 	l.mu.Unlock()
@@ -349,8 +350,8 @@ func (g *Gateway) displaced(l *lease, old attachedClient, principal, credential 
 }
 
 // detachClient ends c's attachment when its connection goes away.
-func (g *Gateway) detachClient(l *lease, c attachedClient, cur *cursor) {
-	l.log.detach(cur)
+func (g *Gateway) detachClient(l *lease, c attachedClient, cur *streamlog.Cursor) {
+	l.log.Detach(cur)
 	l.mu.Lock()
 	if l.client == c {
 		l.client = nil
@@ -365,7 +366,7 @@ func (g *Gateway) detachClient(l *lease, c attachedClient, cur *cursor) {
 type attachedClient interface {
 	// place sets where the connection starts reading the lease's stream,
 	// and the gap notice it is sent first, if any.
-	place(cur *cursor, gap *brokerframe.StreamGap)
+	place(cur *streamlog.Cursor, gap *brokerframe.StreamGap)
 	// notify says the stream grew; see clientConn.notify.
 	notify(direct bool)
 	// flushHeld writes what notify(true) left in the socket's buffer.
@@ -378,9 +379,11 @@ type attachedClient interface {
 	goAway()
 }
 
-func (c *clientConn) place(cur *cursor, gap *brokerframe.StreamGap) { c.cur, c.gap = cur, gap }
-func (c *clientConn) displace()                                     { c.ws.closeNow(codeSuperseded, closeSuperseded) }
-func (c *clientConn) goAway()                                       { c.ws.closeGraceful(websocket.CloseGoingAway, closeLeaseClosed) }
+func (c *clientConn) place(cur *streamlog.Cursor, gap *brokerframe.StreamGap) {
+	c.cur, c.gap = cur, gap
+}
+func (c *clientConn) displace() { c.ws.closeNow(codeSuperseded, closeSuperseded) }
+func (c *clientConn) goAway()   { c.ws.closeGraceful(websocket.CloseGoingAway, closeLeaseClosed) }
 
 // readPump forwards the client's io frames to the instance.
 func (c *clientConn) readPump() {
@@ -451,4 +454,12 @@ func (l *lease) forInstance(data []byte) ([]byte, bool) {
 		return nil, false
 	}
 	return out, true
+}
+
+// evictedGap is the notice, counted, that frames missFrom..missThrough were
+// evicted before a resuming client was written them.
+func (g *Gateway) evictedGap(leaseID string, missFrom, missThrough uint64) []byte {
+	g.m.replayGaps.inc(brokerframe.GapEvicted)
+	return streamlog.GapFrame(leaseID, &brokerframe.StreamGap{Reason: brokerframe.GapEvicted,
+		RequestedFromSeq: missFrom - 1, MissingFromSeq: missFrom, MissingThroughSeq: missThrough})
 }

@@ -19,14 +19,14 @@ import (
 // unreachable NATS is retried while the broker serves its own leases.
 func (g *Gateway) joinCluster(brokerID string) error {
 	n, err := cluster.New(cluster.Options{Config: g.boot.Cluster, BrokerID: brokerID, Advertise: g.boot.AdvertiseAddr, Log: g.log,
-		Free: g.cap.free, PeerFree: g.peerHasFree})
+		Free: g.cap.Free, PeerFree: g.peerHasFree})
 	if err != nil {
 		return err
 	}
 	g.registerClusterOps(n)
 	// Set before the first request can arrive: the ops read it.
 	g.node = n
-	g.cap.setOnFree(n.BeatNow)
+	g.cap.SetOnFree(n.BeatNow)
 	g.wg.Add(1)
 	go g.reofferQueued()
 	return n.Start()

@@ -57,11 +57,11 @@ func (g *Gateway) reofferQueued() {
 // offerQueued offers the oldest queued claim to peer, and reports whether
 // the peer served it (so the next may follow).
 func (g *Gateway) offerQueued(peer string) bool {
-	w := g.cap.nextOffer()
+	w := g.cap.NextOffer()
 	if w == nil {
 		return false
 	}
-	o := w.offer
+	o := w.Offer()
 	resp, cerr, served := g.offerTo(o.ctx, peer, o.principal, o.body)
 	if cerr != nil && cerr.status == http.StatusTooManyRequests {
 		// The peer counted this very claim, booked here, against the
@@ -72,6 +72,6 @@ func (g *Gateway) offerQueued(peer string) bool {
 		o.resp, o.cerr = resp, cerr
 		g.log.Info("queued claim served by a peer that freed a slot", "peer", peer, "principal_id", o.principal.ID)
 	}
-	g.cap.offerEnded(w, served)
+	g.cap.OfferEnded(w, served)
 	return served
 }

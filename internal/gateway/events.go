@@ -75,8 +75,8 @@ type Capacity struct {
 // Capacity is the admission figures now.
 func (g *Gateway) Capacity() Capacity {
 	var c Capacity
-	c.Max, c.InUse, c.Depth, c.MaxDepth = g.cap.snapshot()
-	c.OldestWait = g.cap.oldestWait()
+	c.Max, c.InUse, c.Depth, c.MaxDepth = g.cap.Snapshot()
+	c.OldestWait = g.cap.OldestWait()
 	return c
 }
 

@@ -20,6 +20,7 @@ import (
 	"github.com/nexus-broker/nexus-broker/internal/bootlog"
 	"github.com/nexus-broker/nexus-broker/internal/cluster"
 	"github.com/nexus-broker/nexus-broker/internal/config"
+	"github.com/nexus-broker/nexus-broker/internal/gateway/internal/capacity"
 	"github.com/nexus-broker/nexus-broker/internal/gateway/spawner"
 	"github.com/nexus-broker/nexus-broker/internal/safedir"
 )
@@ -53,7 +54,7 @@ type Gateway struct {
 	boot     *config.Config
 	cfg      atomic.Pointer[config.Config]
 	binaries atomic.Pointer[[]spawner.Binary]
-	cap      *capacity
+	cap      *capacity.Slots[queuedOffer]
 	m        *metrics
 	// auth is nil without an auth: block; tickets are minted only with one.
 	auth    *auth.Authenticator
@@ -104,7 +105,7 @@ func New(o Options) *Gateway {
 		ready:      o.Ready,
 		listenPort: uint32(o.ListenPort),
 		boot:       o.Config,
-		cap:        newCapacity(o.Config.MaxConcurrent, o.Config.MaxQueueDepth, o.Config.QueueWaitTimeout.D()),
+		cap:        capacity.New[queuedOffer](o.Config.MaxConcurrent, o.Config.MaxQueueDepth, o.Config.QueueWaitTimeout.D()),
 		m:          newMetrics(),
 		auth:       o.Auth,
 		tickets:    auth.NewTickets(),
@@ -196,7 +197,7 @@ func (g *Gateway) restore(ctx context.Context) error {
 		l.pid = rl.Pid
 		l.spawned = true
 		l.restored = true
-		g.cap.take()
+		g.cap.Take()
 		g.mu.Lock()
 		g.leases[l.id] = l
 		g.mu.Unlock()

@@ -4,6 +4,7 @@ import (
 	"net/http"
 
 	"github.com/nexus-broker/nexus-broker/internal/auth"
+	"github.com/nexus-broker/nexus-broker/internal/gateway/internal/capacity"
 )
 
 // Credential kinds, as the connection log names them.
@@ -204,9 +205,9 @@ func (g *Gateway) unadmitLocked(principal string) {
 }
 
 // queueQuota is principal's max_queued_per_principal, if it applies.
-func (g *Gateway) queueQuota(principal string) queueQuota {
+func (g *Gateway) queueQuota(principal string) capacity.Quota[queuedOffer] {
 	if !g.capped(principal) {
-		return queueQuota{}
+		return capacity.Quota[queuedOffer]{}
 	}
-	return queueQuota{principal: principal, max: g.boot.MaxQueuedPerPrincipal}
+	return capacity.Quota[queuedOffer]{Principal: principal, Max: g.boot.MaxQueuedPerPrincipal}
 }

@@ -254,7 +254,7 @@ func (ic *instanceConn) readPump(l *lease) {
 			}
 		}
 		f.Secret = "" // never relayed, whatever an instance put there
-		lost, err := l.log.append(f)
+		lost, err := l.log.Append(f)
 		if err != nil {
 			g.m.framesDropped.inc("undecodable")
 			continue

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nexus-broker/nexus-broker/internal/gateway/internal/streamlog"
 	"github.com/nexus-broker/nexus-broker/internal/gateway/spawner"
 	"github.com/nexus-broker/nexus-broker/pkg/brokerframe"
 	"github.com/nexus-broker/nexus-broker/pkg/sessionid"
@@ -44,7 +45,7 @@ const drainGrace = 2 * time.Second
 
 // Limits on client → instance frames held while the instance redials.
 const (
-	holdFrames = sendWindow
+	holdFrames = streamlog.SendWindow
 	holdBytes  = 1 << 20
 )
 
@@ -68,7 +69,7 @@ type lease struct {
 	principal string
 	entry     string
 	createdAt time.Time
-	log       *streamLog
+	log       *streamlog.Log
 
 	// sendMu orders client → instance frames: the client's read pump writes
 	// them straight to the instance socket (a blocking write is the TCP
@@ -121,7 +122,7 @@ type lease struct {
 func (g *Gateway) newLease(id, principal, entry string, created time.Time) *lease {
 	return &lease{
 		g: g, id: id, principal: principal, entry: entry, createdAt: created,
-		log:             newStreamLog(id, int64(g.boot.ClientReplayBufferBytes)),
+		log:             streamlog.New(id, int64(g.boot.ClientReplayBufferBytes)),
 		state:           stateSpawning,
 		lastActivity:    created,
 		ready:           make(chan struct{}),
@@ -281,7 +282,7 @@ func (l *lease) teardown(reason string, mode teardownMode) {
 		if c != nil {
 			c.finish(code, text)
 		}
-		l.g.cap.release()
+		l.g.cap.Release()
 		l.g.removeLease(l)
 		l.g.publish(teardownEvent(reason), l, reason)
 		msg := "lease released"

@@ -16,6 +16,7 @@ import (
 
 	"github.com/nexus-broker/nexus-broker/internal/auth"
 	"github.com/nexus-broker/nexus-broker/internal/cluster"
+	"github.com/nexus-broker/nexus-broker/internal/gateway/internal/streamlog"
 	"github.com/nexus-broker/nexus-broker/pkg/brokerframe"
 )
 
@@ -232,7 +233,7 @@ type relayConn struct {
 	resumed bool
 
 	mu       sync.Mutex
-	cur      *cursor
+	cur      *streamlog.Cursor
 	gap      *brokerframe.StreamGap
 	closing  *closeReq
 	flushBy  time.Time
@@ -241,7 +242,7 @@ type relayConn struct {
 	detached bool
 }
 
-func (c *relayConn) place(cur *cursor, gap *brokerframe.StreamGap) { c.cur, c.gap = cur, gap }
+func (c *relayConn) place(cur *streamlog.Cursor, gap *brokerframe.StreamGap) { c.cur, c.gap = cur, gap }
 
 // notify and flushHeld need nothing: a pending read waits on the stream
 // log itself, and the answer carries what it read.
@@ -294,7 +295,7 @@ func (g *Gateway) relayAttach(_ context.Context, from string, body json.RawMessa
 	g.mu.Lock()
 	g.relays[c.id] = c
 	g.mu.Unlock()
-	return attachAnswer{Status: http.StatusOK, Conn: c.id, After: c.cur.seq}, nil
+	return attachAnswer{Status: http.StatusOK, Conn: c.id, After: c.cur.Seq()}, nil
 }
 
 // endRelay detaches a relayed connection once.
@@ -341,20 +342,20 @@ func (g *Gateway) relayRead(ctx context.Context, _ string, body json.RawMessage)
 	budget := g.relayBudget()
 	wait := time.NewTimer(cluster.ReadWait)
 	defer wait.Stop()
-	l.log.advance(c.cur, rc.After)
+	l.log.Advance(c.cur, rc.After)
 	var out relayAnswer
 	size := 0
 	c.mu.Lock()
 	if gap := c.gap; gap != nil {
 		c.gap = nil
 		g.m.replayGaps.inc(gap.Reason)
-		f := gapFrame(l.id, gap)
+		f := streamlog.GapFrame(l.id, gap)
 		out.Frames, size = append(out.Frames, f), len(f)
 	}
 	c.mu.Unlock()
-	buf := make([]logEntry, 0, 64)
+	buf := make([]streamlog.Entry, 0, 64)
 	for {
-		batch, missFrom, missThrough, wake := l.log.readBatch(c.cur, buf[:0], cap(buf), true)
+		batch, missFrom, missThrough, wake := l.log.ReadBatch(c.cur, buf[:0], cap(buf), true)
 		if missFrom > 0 {
 			if c.resumed {
 				f := g.evictedGap(l.id, missFrom, missThrough)
@@ -364,10 +365,10 @@ func (g *Gateway) relayRead(ctx context.Context, _ string, body json.RawMessage)
 			continue
 		}
 		for _, e := range batch {
-			if size+len(e.data) > budget && len(out.Frames) > 0 {
+			if size+len(e.Data) > budget && len(out.Frames) > 0 {
 				return out, nil
 			}
-			out.Frames, size, out.Last = append(out.Frames, e.data), size+len(e.data), e.seq
+			out.Frames, size, out.Last = append(out.Frames, e.Data), size+len(e.Data), e.Seq
 		}
 		if len(out.Frames) > 0 {
 			return out, nil
@@ -375,7 +376,7 @@ func (g *Gateway) relayRead(ctx context.Context, _ string, body json.RawMessage)
 		c.mu.Lock()
 		closing, flushBy := c.closing, c.flushBy
 		c.mu.Unlock()
-		if closing != nil && (!l.log.hasAfter(c.cur) || time.Now().After(flushBy)) {
+		if closing != nil && (!l.log.HasAfter(c.cur) || time.Now().After(flushBy)) {
 			out.Close = closing
 			g.endRelay(c)
 			return out, nil

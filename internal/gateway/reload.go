@@ -72,8 +72,8 @@ func (g *Gateway) Reload(ctx context.Context, path string) error {
 	if profiles != nil {
 		g.a2a.profiles.Store(profiles)
 	}
-	g.cap.setMax(applied.MaxConcurrent)
-	g.cap.setWait(applied.QueueWaitTimeout.D())
+	g.cap.SetMax(applied.MaxConcurrent)
+	g.cap.SetWait(applied.QueueWaitTimeout.D())
 	for _, l := range g.liveLeases() {
 		l.rearm()
 	}

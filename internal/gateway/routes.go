@@ -156,7 +156,7 @@ func (g *Gateway) localLeases(p auth.Principal) leasesJSON {
 	if !g.auth.IsAdmin(p) {
 		return leasesJSON{Leases: g.Leases(p.ID, false)}
 	}
-	max, inUse, depth, maxDepth := g.cap.snapshot()
+	max, inUse, depth, maxDepth := g.cap.Snapshot()
 	return leasesJSON{
 		MaxConcurrent: &max, SlotsInUse: &inUse, QueueDepth: &depth, MaxQueueDepth: &maxDepth,
 		Leases: g.Leases("", true),
@@ -166,7 +166,7 @@ func (g *Gateway) localLeases(p auth.Principal) leasesJSON {
 // handleMetrics is GET /metrics in the Prometheus text format. Every
 // number is a whole-registry aggregate, so it needs auth.admin_scope.
 func (g *Gateway) handleMetrics(w http.ResponseWriter, r *http.Request, _ auth.Principal) {
-	max, inUse, depth, maxDepth := g.cap.snapshot()
+	max, inUse, depth, maxDepth := g.cap.Snapshot()
 	gg := gauges{slotsInUse: inUse, maxConcurrent: max, queueDepth: depth, maxQueueDepth: maxDepth,
 		ticketsOutstanding: g.tickets.Outstanding(), leases: map[string]int{}}
 	for _, l := range g.Leases("", true) {

@@ -1,4 +1,4 @@
-package gateway
+package capacity
 
 import (
 	"context"
@@ -17,21 +17,21 @@ import (
 // internal/e2e's BenchmarkSlotHandoff. Target: < 1 ms.
 func BenchmarkCapacityHandoff(b *testing.B) {
 	ctx := context.Background()
-	c := newCapacity(1, 0, time.Hour)
-	if err := c.acquire(ctx, queueQuota{}); err != nil {
+	c := New[offer](1, 0, time.Hour)
+	if err := c.Acquire(ctx, Quota[offer]{}); err != nil {
 		b.Fatal(err)
 	}
 	woke := make(chan time.Time)
 	var lat []time.Duration
 	for b.Loop() {
 		go func() {
-			if c.acquire(ctx, queueQuota{}) == nil {
+			if c.Acquire(ctx, Quota[offer]{}) == nil {
 				woke <- time.Now()
 			}
 		}()
 		awaitDepth(b, c, 1)
 		start := time.Now()
-		c.release()
+		c.Release()
 		select {
 		case at := <-woke:
 			lat = append(lat, at.Sub(start))
@@ -58,10 +58,10 @@ func BenchmarkCapacityHandoff(b *testing.B) {
 // awaitDepth spins until depth acquires are parked. Parking takes
 // microseconds and has no event to wait on; yielding keeps the spin from
 // starving the goroutine it waits for when Ps are scarce.
-func awaitDepth(b *testing.B, c *capacity, depth int) {
+func awaitDepth(b *testing.B, c *Slots[offer], depth int) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if _, _, d, _ := c.snapshot(); d == depth {
+		if _, _, d, _ := c.Snapshot(); d == depth {
 			return
 		}
 		if time.Now().After(deadline) {

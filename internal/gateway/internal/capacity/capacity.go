@@ -1,4 +1,10 @@
-package gateway
+// Package capacity is the lease core's admission: max_concurrent slots and
+// the FIFO queue of claims waiting for one, with the books a cluster needs
+// to offer a queued claim to a peer. It is internal to the lease core
+// (internal/gateway): no other layer can import it.
+//
+// It imports nothing of the project.
+package capacity
 
 import (
 	"container/list"
@@ -11,34 +17,34 @@ import (
 
 // The three capacity refusals: each names a different key to raise.
 var (
-	errNoCapacity   = errors.New("no capacity")
-	errQueueFull    = errors.New("capacity queue full")
-	errQueueTimeout = errors.New("capacity wait timed out")
-	// errPrincipalQueue is a quota answer about the caller, not the broker.
-	errPrincipalQueue = errors.New("queued claim limit reached for this principal")
-	// errDeclined is an offered claim that found no free slot here.
-	errDeclined = errors.New("no free slot for an offered claim")
-	// errServedAway is a queued claim a peer with a free slot served.
-	errServedAway = errors.New("served by a peer")
+	ErrNoCapacity   = errors.New("no capacity")
+	ErrQueueFull    = errors.New("capacity queue full")
+	ErrQueueTimeout = errors.New("capacity wait timed out")
+	// ErrPrincipalQueue is a quota answer about the caller, not the broker.
+	ErrPrincipalQueue = errors.New("queued claim limit reached for this principal")
+	// ErrDeclined is an offered claim that found no free slot here.
+	ErrDeclined = errors.New("no free slot for an offered claim")
+	// ErrServedAway is a queued claim a peer with a free slot served.
+	ErrServedAway = errors.New("served by a peer")
 )
 
-// queueQuota bounds how many queued claims one principal may hold; a zero
-// quota (max <= 0) bounds nothing. offer, when set, lets a peer with a
-// free slot serve the claim while it waits here (cluster mode).
-type queueQuota struct {
-	principal string
-	max       int
-	offer     *queuedOffer
+// Quota bounds how many queued claims one principal may hold; a zero
+// quota (Max <= 0) bounds nothing. Offer, when set, lets a peer with a
+// Free slot serve the claim while it waits here (cluster mode).
+type Quota[O any] struct {
+	Principal string
+	Max       int
+	Offer     *O
 }
 
-// capacity is max_concurrent slots plus the FIFO queue of claims waiting for
+// Slots is max_concurrent slots plus the FIFO queue of claims waiting for
 // one. A freed slot is handed straight to the oldest waiter (it never becomes
-// free in between, so no newcomer can overtake the queue).
-type capacity struct {
+// Free in between, so no newcomer can overtake the queue).
+type Slots[O any] struct {
 	mu       sync.Mutex
 	max      int // <= 0: unlimited
 	inUse    int
-	queue    list.List // of *waiter, oldest at the front
+	queue    list.List // of *Waiter[O], oldest at the front
 	maxDepth int
 	wait     time.Duration
 	// queued counts parked claims per principal under a quota.
@@ -50,31 +56,33 @@ type capacity struct {
 	onFree func()
 }
 
-// waiter is one parked claim. Its fields are guarded by capacity.mu.
-type waiter struct {
+// Waiter is one parked claim. Its fields are guarded by Slots.mu.
+type Waiter[O any] struct {
 	granted chan struct{}
 	el      *list.Element
 	done    bool      // granted, served by a peer, or withdrawn
 	since   time.Time // when the claim was parked
-	offer   *queuedOffer
+	offer   *O
 	// offering: out on offer to a peer now, keeping its place. reserved: a
 	// slot here freed for it meanwhile, held until the peer answers, so
 	// exactly one broker spawns it. away: the peer served it.
 	offering, reserved, away bool
 }
 
-func newCapacity(max, maxDepth int, wait time.Duration) *capacity {
-	c := &capacity{max: max, maxDepth: maxDepth, wait: wait, queued: map[string]int{}}
+// New is max slots (<= 0: unlimited), a queue of at most maxDepth (<= 0:
+// unbounded) whose claims wait up to wait (<= 0: they are refused).
+func New[O any](max, maxDepth int, wait time.Duration) *Slots[O] {
+	c := &Slots[O]{max: max, maxDepth: maxDepth, wait: wait, queued: map[string]int{}}
 	c.offerEnd = sync.NewCond(&c.mu)
 	return c
 }
 
-// acquire takes a slot, waiting in the queue when none is free. It fails with
-// errNoCapacity (waiting disabled), errQueueFull, errPrincipalQueue (q's
-// principal already holds its quota of the queue), errQueueTimeout, or
-// ctx's error when the claimant went away; errServedAway means a peer
+// Acquire takes a slot, waiting in the queue when none is free. It fails with
+// ErrNoCapacity (waiting disabled), ErrQueueFull, ErrPrincipalQueue (q's
+// principal already holds its quota of the queue), ErrQueueTimeout, or
+// ctx's error when the claimant went away; ErrServedAway means a peer
 // served q.offer meanwhile, and no slot was taken here.
-func (c *capacity) acquire(ctx context.Context, q queueQuota) error {
+func (c *Slots[O]) Acquire(ctx context.Context, q Quota[O]) error {
 	c.mu.Lock()
 	if c.max <= 0 || (c.inUse < c.max && c.queue.Len() == 0) {
 		c.inUse++
@@ -84,21 +92,21 @@ func (c *capacity) acquire(ctx context.Context, q queueQuota) error {
 	wait := c.wait // read under mu: a reload may change it
 	if wait <= 0 {
 		c.mu.Unlock()
-		return errNoCapacity
+		return ErrNoCapacity
 	}
-	if q.max > 0 && c.queued[q.principal] >= q.max {
+	if q.Max > 0 && c.queued[q.Principal] >= q.Max {
 		c.mu.Unlock()
-		return errPrincipalQueue
+		return ErrPrincipalQueue
 	}
 	if c.maxDepth > 0 && c.queue.Len() >= c.maxDepth {
 		c.mu.Unlock()
-		return errQueueFull
+		return ErrQueueFull
 	}
-	w := &waiter{granted: make(chan struct{}), since: time.Now(), offer: q.offer}
+	w := &Waiter[O]{granted: make(chan struct{}), since: time.Now(), offer: q.Offer}
 	w.el = c.queue.PushBack(w)
-	if q.max > 0 {
-		c.queued[q.principal]++
-		defer c.unqueue(q.principal)
+	if q.Max > 0 {
+		c.queued[q.Principal]++
+		defer c.unqueue(q.Principal)
 	}
 	c.mu.Unlock()
 
@@ -108,11 +116,11 @@ func (c *capacity) acquire(ctx context.Context, q queueQuota) error {
 	select {
 	case <-w.granted:
 		if w.away { // written before granted was closed
-			return errServedAway
+			return ErrServedAway
 		}
 		return nil
 	case <-timer.C:
-		err = errQueueTimeout
+		err = ErrQueueTimeout
 	case <-ctx.Done():
 		err = ctx.Err()
 	}
@@ -123,7 +131,7 @@ func (c *capacity) acquire(ctx context.Context, q queueQuota) error {
 	}
 	switch {
 	case w.away:
-		return errServedAway
+		return ErrServedAway
 	case w.done: // granted while we were giving up: keep the slot's books right
 		c.releaseLocked()
 		return err
@@ -133,13 +141,13 @@ func (c *capacity) acquire(ctx context.Context, q queueQuota) error {
 	return err
 }
 
-// nextOffer marks the oldest parked claim a peer may serve as out on offer
+// NextOffer marks the oldest parked claim a peer may serve as out on offer
 // and returns it; nil when there is none.
-func (c *capacity) nextOffer() *waiter {
+func (c *Slots[O]) NextOffer() *Waiter[O] {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for e := c.queue.Front(); e != nil; e = e.Next() {
-		if w := e.Value.(*waiter); w.offer != nil && !w.offering {
+		if w := e.Value.(*Waiter[O]); w.offer != nil && !w.offering {
 			w.offering = true
 			return w
 		}
@@ -147,11 +155,14 @@ func (c *capacity) nextOffer() *waiter {
 	return nil
 }
 
-// offerEnded takes back a claim that was out on offer: served by the peer,
+// Offer is what the claim offers a peer.
+func (w *Waiter[O]) Offer() *O { return w.offer }
+
+// OfferEnded takes back a claim that was out on offer: served by the peer,
 // it leaves the queue (and a slot held for it here goes to the next
 // waiter); declined, it waits on in its place, or takes the slot held for
 // it.
-func (c *capacity) offerEnded(w *waiter, served bool) {
+func (c *Slots[O]) OfferEnded(w *Waiter[O], served bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	w.offering = false
@@ -171,26 +182,26 @@ func (c *capacity) offerEnded(w *waiter, served bool) {
 	c.offerEnd.Broadcast()
 }
 
-// tryAcquire takes a slot only if one is free now and nobody queues for
+// TryAcquire takes a slot only if one is free now and nobody queues for
 // it: a claim another broker offers never overtakes this broker's queue.
-func (c *capacity) tryAcquire(context.Context, queueQuota) error {
+func (c *Slots[O]) TryAcquire(context.Context, Quota[O]) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.max <= 0 || (c.inUse < c.max && c.queue.Len() == 0) {
 		c.inUse++
 		return nil
 	}
-	return errDeclined
+	return ErrDeclined
 }
 
-// full reports whether a claim arriving now would queue.
-func (c *capacity) full() bool {
+// Full reports whether a claim arriving now would queue.
+func (c *Slots[O]) Full() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.max > 0 && (c.inUse >= c.max || c.queue.Len() > 0)
 }
 
-func (c *capacity) unqueue(principal string) {
+func (c *Slots[O]) unqueue(principal string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.queued[principal]--; c.queued[principal] <= 0 {
@@ -198,14 +209,14 @@ func (c *capacity) unqueue(principal string) {
 	}
 }
 
-// release frees one slot, handing it to the oldest waiter if there is one.
-func (c *capacity) release() {
+// Release frees one slot, handing it to the oldest waiter if there is one.
+func (c *Slots[O]) Release() {
 	c.mu.Lock()
 	c.releaseLocked()
 	c.mu.Unlock()
 }
 
-func (c *capacity) releaseLocked() {
+func (c *Slots[O]) releaseLocked() {
 	if (c.max <= 0 || c.inUse <= c.max) && c.grantLocked() {
 		return
 	}
@@ -216,9 +227,9 @@ func (c *capacity) releaseLocked() {
 // grantLocked hands a slot to the oldest waiter that can take it (one out
 // on offer has it held until its peer answers), and reports whether one
 // did.
-func (c *capacity) grantLocked() bool {
+func (c *Slots[O]) grantLocked() bool {
 	for e := c.queue.Front(); e != nil; e = e.Next() {
-		w := e.Value.(*waiter)
+		w := e.Value.(*Waiter[O])
 		switch {
 		case w.offering && w.reserved:
 			continue
@@ -235,14 +246,14 @@ func (c *capacity) grantLocked() bool {
 }
 
 // freedLocked tells onFree that a claim arriving now would not queue.
-func (c *capacity) freedLocked() {
+func (c *Slots[O]) freedLocked() {
 	if c.onFree != nil && c.freeLocked() > 0 {
 		c.onFree()
 	}
 }
 
-// setOnFree installs the free-slot hook (cluster mode).
-func (c *capacity) setOnFree(f func()) {
+// SetOnFree installs the free-slot hook (cluster mode).
+func (c *Slots[O]) SetOnFree(f func()) {
 	c.mu.Lock()
 	c.onFree = f
 	c.mu.Unlock()
@@ -251,14 +262,14 @@ func (c *capacity) setOnFree(f func()) {
 // unlimitedFree is what free reports without a max_concurrent.
 const unlimitedFree = math.MaxInt32
 
-// free is how many claims this broker would take now without queueing.
-func (c *capacity) free() int {
+// Free is how many claims this broker would take now without queueing.
+func (c *Slots[O]) Free() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.freeLocked()
 }
 
-func (c *capacity) freeLocked() int {
+func (c *Slots[O]) freeLocked() int {
 	switch {
 	case c.max <= 0:
 		return unlimitedFree
@@ -268,17 +279,17 @@ func (c *capacity) freeLocked() int {
 	return max(0, c.max-c.inUse)
 }
 
-// take books a slot unconditionally: a restored lease's process is already
+// Take books a slot unconditionally: a restored lease's process is already
 // running, and refusing it would hide it rather than stop it.
-func (c *capacity) take() {
+func (c *Slots[O]) Take() {
 	c.mu.Lock()
 	c.inUse++
 	c.mu.Unlock()
 }
 
-// setMax applies a reloaded max_concurrent. Raising it admits parked claims
+// SetMax applies a reloaded max_concurrent. Raising it admits parked claims
 // at once; lowering it evicts nothing.
-func (c *capacity) setMax(max int) {
+func (c *Slots[O]) SetMax(max int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.max = max
@@ -288,28 +299,28 @@ func (c *capacity) setMax(max int) {
 	c.freedLocked()
 }
 
-// setWait applies a reloaded queue_wait_timeout to the claims parked from
+// SetWait applies a reloaded queue_wait_timeout to the claims parked from
 // now on; one already parked keeps the wait it was given.
-func (c *capacity) setWait(wait time.Duration) {
+func (c *Slots[O]) SetWait(wait time.Duration) {
 	c.mu.Lock()
 	c.wait = wait
 	c.mu.Unlock()
 }
 
-// snapshot returns the gauges GET /leases and /metrics report.
-func (c *capacity) snapshot() (max, inUse, depth, maxDepth int) {
+// Snapshot returns the gauges GET /leases and /metrics report.
+func (c *Slots[O]) Snapshot() (max, inUse, depth, maxDepth int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.max, c.inUse, c.queue.Len(), c.maxDepth
 }
 
-// oldestWait is how long the claim at the head of the queue has waited;
+// OldestWait is how long the claim at the head of the queue has waited;
 // zero when none waits.
-func (c *capacity) oldestWait() time.Duration {
+func (c *Slots[O]) OldestWait() time.Duration {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if front := c.queue.Front(); front != nil {
-		return time.Since(front.Value.(*waiter).since)
+		return time.Since(front.Value.(*Waiter[O]).since)
 	}
 	return 0
 }
