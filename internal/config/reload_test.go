@@ -42,6 +42,7 @@ var reloadClass = []struct {
 	{"max_leases_per_principal", "max_leases_per_principal: 1", false},
 	{"max_queued_per_principal", "max_queued_per_principal: 1", false},
 	{"spawnd", "spawnd: {run_dir: /run/nexus-broker}", false},
+	{"tenancy", "tenancy: {uid_range: 200000-200009, homes_dir: /h, sandbox: none}", false},
 	{"auth", "auth: {validators: [{type: static, tokens: [{token: t, principal: p}]}]}", false},
 	{"cluster", "cluster: {urls: \"nats://127.0.0.1:4222\", secret_env: S}", false},
 }
@@ -98,8 +99,8 @@ func TestGatewayKeys(t *testing.T) {
 
 // reloadBase is written under both sides of a key's case when the change
 // alone would not load: agents: profiles need a dialable listen address,
-// cluster: a state_dir and an advertise_addr.
-var reloadBase = map[string]string{"agents": "listen_addr: \"127.0.0.1:8080\"\n", "cluster": "state_dir: /s\nadvertise_addr: \"h:1\"\n"}
+// cluster: a state_dir and an advertise_addr, tenancy: a state_dir.
+var reloadBase = map[string]string{"agents": "listen_addr: \"127.0.0.1:8080\"\n", "cluster": "state_dir: /s\nadvertise_addr: \"h:1\"\n", "tenancy": "state_dir: /s\n"}
 
 func TestReloadDiffEachKey(t *testing.T) {
 	for _, k := range reloadClass {

@@ -297,10 +297,14 @@ func (g *Gateway) spawnLease(ctx context.Context, principal, entry string, cfgDa
 		return nil, refuse(http.StatusConflict, "rejected", "session %q was bound to another binary while this claim was admitted; omit `binary` to inherit it, or start a new session", session)
 	}
 	if spawner.CodeOf(err) == spawner.ResourceExhausted {
-		// spawnd's own bound (spawnd.max_leases, max_config_bytes).
+		// spawnd's own bound (spawnd.max_leases, max_config_bytes), or
+		// tenancy.uid_range spent.
 		g.removeLease(l)
 		g.cap.Release()
 		g.log.Warn("spawning instance refused: nexus-spawnd is at its own bound", "lease_id", id, "binary", entry, "error", spawner.MessageOf(err))
+		if spawner.StepOf(err) == spawner.StepUID {
+			return nil, refuse(http.StatusServiceUnavailable, "no_capacity", "no uid left in tenancy.uid_range")
+		}
 		return nil, refuse(http.StatusServiceUnavailable, "no_capacity", "no capacity")
 	}
 	if spawner.CodeOf(err) == spawner.Unavailable {

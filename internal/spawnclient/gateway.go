@@ -36,6 +36,10 @@ func spawnStep(s spawnpb.SpawnStep) gwspawner.Step {
 		return gwspawner.StepTempConfig
 	case spawnpb.SpawnStep_SPAWN_STEP_EXEC:
 		return gwspawner.StepExec
+	case spawnpb.SpawnStep_SPAWN_STEP_UID:
+		return gwspawner.StepUID
+	case spawnpb.SpawnStep_SPAWN_STEP_HOME:
+		return gwspawner.StepHome
 	}
 	return gwspawner.StepUnspecified
 }

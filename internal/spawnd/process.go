@@ -42,11 +42,22 @@ func (d *Daemon) start(id string, e *entry, inherit []string, req *spawnpb.Spawn
 		// dropping spawnd's supplementary groups.
 		cred = &syscall.Credential{Uid: e.runAs.uid, Gid: e.runAs.gid, Groups: []uint32{}}
 	}
+	home := ""
+	if tn := d.tenancy; tn != nil {
+		uid, err := tn.uidFor(req.GetPrincipal())
+		if err != nil {
+			return started{}, spawnpb.SpawnStep_SPAWN_STEP_UID, err
+		}
+		if home, err = tn.home(uid); err != nil {
+			return started{}, spawnpb.SpawnStep_SPAWN_STEP_HOME, err
+		}
+		cred = tenantCredential(uid)
+	}
 	configPath := d.configFor(id)
 	if err := writeConfig(configPath, req.GetConfig(), cred); err != nil {
 		return started{}, spawnpb.SpawnStep_SPAWN_STEP_TEMP_CONFIG, err
 	}
-	p, err := d.exec(id, e, inherit, req, addr, configPath, cred)
+	p, err := d.exec(id, e, inherit, req, dialBack{addr: addr, leaseID: id, secret: secretFor(d.key, id), home: home}, configPath, cred)
 	if err != nil {
 		_ = os.Remove(configPath)
 		return started{}, spawnpb.SpawnStep_SPAWN_STEP_EXEC, fmt.Errorf("spawning instance: %w", err)
@@ -54,18 +65,17 @@ func (d *Daemon) start(id string, e *entry, inherit []string, req *spawnpb.Spawn
 	return p, spawnpb.SpawnStep_SPAWN_STEP_UNSPECIFIED, nil
 }
 
-func (d *Daemon) exec(id string, e *entry, inherit []string, req *spawnpb.SpawnRequest, addr, configPath string, cred *syscall.Credential) (started, error) {
+func (d *Daemon) exec(id string, e *entry, inherit []string, req *spawnpb.SpawnRequest, dial dialBack, configPath string, cred *syscall.Credential) (started, error) {
 	p := started{pidfd: -1}
 	argv := []string{e.resolved, "-config", configPath}
 	if s := req.GetRecallSessionId(); s != "" {
 		argv = append(argv, "-recall", s)
 	}
 	argv = append(argv, e.args...)
-	env := spawnEnv(e, inherit, os.LookupEnv, dialBack{
-		addr:    addr,
-		leaseID: id,
-		secret:  secretFor(d.key, id),
-	})
+	if tn := d.tenancy; tn != nil && tn.bwrap != "" {
+		argv = sandboxArgv(tn.bwrap, dial.home, configPath, argv)
+	}
+	env := spawnEnv(e, inherit, os.LookupEnv, dial)
 	dir := workingDir(env.values["HOME"])
 
 	out, err := os.OpenFile(d.logFor(id), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
@@ -108,6 +118,8 @@ func (d *Daemon) exec(id string, e *entry, inherit []string, req *spawnpb.SpawnR
 		as := "nexus-spawnd's own credential"
 		if e.runAs != nil {
 			as = "run_as " + e.runAs.String()
+		} else if cred != nil {
+			as = fmt.Sprintf("the principal's uid %d", cred.Uid)
 		}
 		return started{}, fmt.Errorf("exec %s in %s under %s: %w", argv[0], dir, as, err)
 	}

@@ -193,8 +193,9 @@ func passwdHome(name string, uid int) (string, error) {
 // and TZ keep text and times as the operator's host renders them.
 var alwaysPass = []string{"HOME", "LANG", "PATH", "TZ"}
 
-// dialBack is the broker-owned trio a spawn is given last.
-type dialBack struct{ addr, leaseID, secret string }
+// dialBack is the broker-owned trio a spawn is given last, and with
+// tenancy: the principal's home, which replaces any other HOME.
+type dialBack struct{ addr, leaseID, secret, home string }
 
 // spawnEnv builds a spawn's environment from nothing, in the spec's order,
 // each layer replacing the last's values: the always-pass set, the
@@ -212,6 +213,9 @@ func spawnEnv(e *entry, inherit []string, lookup func(string) (string, bool), di
 	}
 	for _, k := range slices.Sorted(maps.Keys(e.env)) {
 		env.set(k, e.env[k])
+	}
+	if dial.home != "" {
+		env.set("HOME", dial.home)
 	}
 	env.set(dialenv.BrokerAddr, dial.addr)
 	env.set(dialenv.LeaseID, dial.leaseID)
@@ -352,7 +356,7 @@ func (s *settings) listing() []*spawnpb.Binary {
 // spawnd's boot copy, so a gateway restarted on another port must not attach
 // to a spawnd sending instances to the old one. max_concurrent and
 // max_claim_body are: spawnd's own bounds derive from them (limits.go).
-var spawndKeys = []string{"binaries", "broker_id", "inherit_env", "listen_addr", "max_claim_body", "max_concurrent", "release_grace", "run_as", "spawnd", "state_dir"}
+var spawndKeys = []string{"binaries", "broker_id", "inherit_env", "listen_addr", "max_claim_body", "max_concurrent", "release_grace", "run_as", "spawnd", "state_dir", "tenancy"}
 
 // ownKeys keeps the keys of a core.ReloadDiff list that spawnd reads.
 func ownKeys(keys []string) []string {

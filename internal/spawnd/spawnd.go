@@ -21,13 +21,14 @@
 // secrets.go (spawn-key, broker id), watch.go (exit fan-out), logcap.go
 // (output bounds), journal.go (lease journal, state_dir lock), recover.go
 // (re-adoption), index.go (session → binary index), limits.go (spawnd's own
-// bounds).
+// bounds), tenancy.go (a uid per principal), sandbox.go (bubblewrap).
 package spawnd
 
 import (
 	"cmp"
 	"context"
 	"crypto/hmac"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -152,6 +153,8 @@ type Daemon struct {
 	// cgroups holds one cgroup v2 per lease (cgroup.go); nil where there
 	// is no delegated tree, and instances are contained by process group.
 	cgroups *cgroupTree
+	// tenancy is the tenancy: block in force (tenancy.go); nil when off.
+	tenancy *tenancy
 	// nil without a state_dir (index also when it could not be opened).
 	stateLock *os.File
 	journal   *bindindex.Index[journalLine]
@@ -234,6 +237,11 @@ func New(cfgPath string, cfg *core.Config, log *slog.Logger) (_ *Daemon, err err
 	if d.brokerID, err = loadBrokerID(cfg.BrokerID, stateDir); err != nil {
 		return nil, err
 	}
+	if cfg.Tenancy != nil {
+		if d.tenancy, err = openTenancy(cfg, stateDir, log); err != nil {
+			return nil, err
+		}
+	}
 	if d.bootID, err = readBootID(); err != nil {
 		return nil, err
 	}
@@ -292,6 +300,7 @@ func (d *Daemon) release() {
 	}
 	d.journal.Close()
 	d.index.Close()
+	d.tenancy.close()
 	if d.cgroups != nil {
 		_ = os.Remove(d.cgroups.dir) // only if no lease cgroup is left
 	}
@@ -405,6 +414,18 @@ const (
 	maxReasonLen    = 128
 )
 
+// checkPrincipal refuses a principal past maxPrincipalLen or holding a
+// NUL. It is a key (journal, owners, uids), never part of a path.
+func checkPrincipal(p string) error {
+	if len(p) > maxPrincipalLen {
+		return fmt.Errorf("principal of %d bytes is longer than %d", len(p), maxPrincipalLen)
+	}
+	if strings.IndexByte(p, 0) >= 0 {
+		return errors.New("principal holds a NUL byte")
+	}
+	return nil
+}
+
 // maxLeaseIDLen bounds a lease id; lease ids name files in spawnd's
 // directories, hence the narrow alphabet too.
 const maxLeaseIDLen = 128
@@ -414,7 +435,11 @@ func validLeaseID(id string) bool { return core.IsToken(id, maxLeaseIDLen) }
 // spawnFailed is Spawn's INTERNAL error with the failed step as a
 // SpawnFailure detail.
 func spawnFailed(step spawnpb.SpawnStep, err error) error {
-	st := status.New(codes.Internal, "Spawn: "+err.Error())
+	code := codes.Internal
+	if errors.Is(err, errNoUID) {
+		code = codes.ResourceExhausted
+	}
+	st := status.New(code, "Spawn: "+err.Error())
 	if withStep, derr := st.WithDetails(&spawnpb.SpawnFailure{Step: step}); derr == nil {
 		st = withStep
 	}
@@ -427,8 +452,8 @@ func (d *Daemon) Spawn(_ context.Context, req *spawnpb.SpawnRequest) (*spawnpb.S
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "Spawn: %v", err)
 	}
-	if len(req.GetPrincipal()) > maxPrincipalLen {
-		return nil, status.Errorf(codes.InvalidArgument, "Spawn: principal of %d bytes is longer than %d", len(req.GetPrincipal()), maxPrincipalLen)
+	if err := checkPrincipal(req.GetPrincipal()); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "Spawn: %v", err)
 	}
 	recall := req.GetRecallSessionId()
 	if recall != "" {

@@ -40,6 +40,8 @@ type Config struct {
 
 	// Spawnd holds the keys of the supervisor split (ours, not upstream's).
 	Spawnd Spawnd `yaml:"spawnd"`
+	// Tenancy (ours) gives each principal a uid of its own; nil is off.
+	Tenancy *Tenancy `yaml:"tenancy"`
 
 	// Digest is the file's hex SHA-256, which the gateway and spawnd
 	// compare to know they run one version.

@@ -42,6 +42,9 @@ func (c *Config) Validate() error {
 	if err := c.checkLimits(); err != nil {
 		return err
 	}
+	if err := c.validateTenancy(); err != nil {
+		return err
+	}
 	if err := checkID(c.Spawnd.GatewayUID, "spawnd.gateway_uid", "uid"); err != nil {
 		return err
 	}

@@ -137,6 +137,10 @@ const (
 	StepUnspecified Step = iota
 	StepTempConfig
 	StepExec
+	// StepUID: with tenancy:, no uid is left for a new principal.
+	StepUID
+	// StepHome: with tenancy:, the principal's home could not be made.
+	StepHome
 )
 
 // Error is a call's failure: spawnd's refusal, or the connection's.

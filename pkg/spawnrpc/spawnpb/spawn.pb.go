@@ -35,6 +35,12 @@ const (
 	SpawnStep_SPAWN_STEP_TEMP_CONFIG SpawnStep = 1
 	// SPAWN_STEP_EXEC: the process could not be started.
 	SpawnStep_SPAWN_STEP_EXEC SpawnStep = 2
+	// SPAWN_STEP_UID: with tenancy:, no uid of tenancy.uid_range is left for
+	// a principal seen for the first time (the error is RESOURCE_EXHAUSTED).
+	SpawnStep_SPAWN_STEP_UID SpawnStep = 3
+	// SPAWN_STEP_HOME: with tenancy:, the principal's home could not be
+	// made or is not the principal's.
+	SpawnStep_SPAWN_STEP_HOME SpawnStep = 4
 )
 
 // Enum value maps for SpawnStep.
@@ -43,11 +49,15 @@ var (
 		0: "SPAWN_STEP_UNSPECIFIED",
 		1: "SPAWN_STEP_TEMP_CONFIG",
 		2: "SPAWN_STEP_EXEC",
+		3: "SPAWN_STEP_UID",
+		4: "SPAWN_STEP_HOME",
 	}
 	SpawnStep_value = map[string]int32{
 		"SPAWN_STEP_UNSPECIFIED": 0,
 		"SPAWN_STEP_TEMP_CONFIG": 1,
 		"SPAWN_STEP_EXEC":        2,
+		"SPAWN_STEP_UID":         3,
+		"SPAWN_STEP_HOME":        4,
 	}
 )
 
@@ -133,6 +143,65 @@ func (VerifyResult) EnumDescriptor() ([]byte, []int) {
 	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{1}
 }
 
+// Ownership is whether a session belongs to the principal asking. spawnd
+// never names the owner.
+type Ownership int32
+
+const (
+	Ownership_OWNERSHIP_UNSPECIFIED Ownership = 0
+	// OWNERSHIP_OWN: the principal created the session.
+	Ownership_OWNERSHIP_OWN Ownership = 1
+	// OWNERSHIP_OTHER: another principal created it.
+	Ownership_OWNERSHIP_OTHER Ownership = 2
+	// OWNERSHIP_UNRECORDED: spawnd holds no owner for it (evicted, created
+	// before owners were recorded, or since spawnd started without a
+	// state_dir).
+	Ownership_OWNERSHIP_UNRECORDED Ownership = 3
+)
+
+// Enum value maps for Ownership.
+var (
+	Ownership_name = map[int32]string{
+		0: "OWNERSHIP_UNSPECIFIED",
+		1: "OWNERSHIP_OWN",
+		2: "OWNERSHIP_OTHER",
+		3: "OWNERSHIP_UNRECORDED",
+	}
+	Ownership_value = map[string]int32{
+		"OWNERSHIP_UNSPECIFIED": 0,
+		"OWNERSHIP_OWN":         1,
+		"OWNERSHIP_OTHER":       2,
+		"OWNERSHIP_UNRECORDED":  3,
+	}
+)
+
+func (x Ownership) Enum() *Ownership {
+	p := new(Ownership)
+	*p = x
+	return p
+}
+
+func (x Ownership) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Ownership) Descriptor() protoreflect.EnumDescriptor {
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_enumTypes[2].Descriptor()
+}
+
+func (Ownership) Type() protoreflect.EnumType {
+	return &file_pkg_spawnrpc_spawnpb_spawn_proto_enumTypes[2]
+}
+
+func (x Ownership) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Ownership.Descriptor instead.
+func (Ownership) EnumDescriptor() ([]byte, []int) {
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{2}
+}
+
 type SpawnRequest struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	LeaseId string                 `protobuf:"bytes,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
@@ -142,7 +211,9 @@ type SpawnRequest struct {
 	Config []byte `protobuf:"bytes,3,opt,name=config,proto3" json:"config,omitempty"`
 	// recall_session_id, when set, adds -recall <id>.
 	RecallSessionId string `protobuf:"bytes,4,opt,name=recall_session_id,json=recallSessionId,proto3" json:"recall_session_id,omitempty"`
-	// principal owns the lease; journaled, never used for access decisions here.
+	// principal owns the lease and the session it creates (Binding's
+	// ownership answer); with tenancy:, it picks the instance's uid. At most
+	// 1024 bytes, no NUL; it never forms a path.
 	Principal string `protobuf:"bytes,5,opt,name=principal,proto3" json:"principal,omitempty"`
 	// listen_port is the port the gateway's listener bound. spawnd builds
 	// NEXUS_BROKER_ADDR from its own copy of listen_addr and takes only this
@@ -1263,8 +1334,10 @@ func (x *StatusResponse) GetConfigDigest() string {
 }
 
 type BindingRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionId     string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// principal is the caller resuming the session.
+	Principal     string `protobuf:"bytes,2,opt,name=principal,proto3" json:"principal,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1306,11 +1379,19 @@ func (x *BindingRequest) GetSessionId() string {
 	return ""
 }
 
+func (x *BindingRequest) GetPrincipal() string {
+	if x != nil {
+		return x.Principal
+	}
+	return ""
+}
+
 type BindingResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// entry is the binaries: entry name that ran the session, "" for no
 	// opinion.
-	Entry         string `protobuf:"bytes,1,opt,name=entry,proto3" json:"entry,omitempty"`
+	Entry         string    `protobuf:"bytes,1,opt,name=entry,proto3" json:"entry,omitempty"`
+	Ownership     Ownership `protobuf:"varint,2,opt,name=ownership,proto3,enum=nexusbroker.spawn.v1.Ownership" json:"ownership,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1350,6 +1431,13 @@ func (x *BindingResponse) GetEntry() string {
 		return x.Entry
 	}
 	return ""
+}
+
+func (x *BindingResponse) GetOwnership() Ownership {
+	if x != nil {
+		return x.Ownership
+	}
+	return Ownership_OWNERSHIP_UNSPECIFIED
 }
 
 var File_pkg_spawnrpc_spawnpb_spawn_proto protoreflect.FileDescriptor
@@ -1435,22 +1523,31 @@ const file_pkg_spawnrpc_spawnpb_spawn_proto_rawDesc = "" +
 	"\x03pid\x18\x03 \x01(\x03R\x03pid\x12\x1f\n" +
 	"\vconfig_path\x18\x04 \x01(\tR\n" +
 	"configPath\x12#\n" +
-	"\rconfig_digest\x18\x05 \x01(\tR\fconfigDigest\"/\n" +
+	"\rconfig_digest\x18\x05 \x01(\tR\fconfigDigest\"M\n" +
 	"\x0eBindingRequest\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\x01 \x01(\tR\tsessionId\"'\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1c\n" +
+	"\tprincipal\x18\x02 \x01(\tR\tprincipal\"f\n" +
 	"\x0fBindingResponse\x12\x14\n" +
-	"\x05entry\x18\x01 \x01(\tR\x05entry*X\n" +
+	"\x05entry\x18\x01 \x01(\tR\x05entry\x12=\n" +
+	"\townership\x18\x02 \x01(\x0e2\x1f.nexusbroker.spawn.v1.OwnershipR\townership*\x81\x01\n" +
 	"\tSpawnStep\x12\x1a\n" +
 	"\x16SPAWN_STEP_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16SPAWN_STEP_TEMP_CONFIG\x10\x01\x12\x13\n" +
-	"\x0fSPAWN_STEP_EXEC\x10\x02*\xa1\x01\n" +
+	"\x0fSPAWN_STEP_EXEC\x10\x02\x12\x12\n" +
+	"\x0eSPAWN_STEP_UID\x10\x03\x12\x13\n" +
+	"\x0fSPAWN_STEP_HOME\x10\x04*\xa1\x01\n" +
 	"\fVerifyResult\x12\x1d\n" +
 	"\x19VERIFY_RESULT_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10VERIFY_RESULT_OK\x10\x01\x12\x1f\n" +
 	"\x1bVERIFY_RESULT_UNKNOWN_LEASE\x10\x02\x12\x1b\n" +
 	"\x17VERIFY_RESULT_NO_SECRET\x10\x03\x12\x1e\n" +
-	"\x1aVERIFY_RESULT_WRONG_SECRET\x10\x042\x84\x06\n" +
+	"\x1aVERIFY_RESULT_WRONG_SECRET\x10\x04*h\n" +
+	"\tOwnership\x12\x19\n" +
+	"\x15OWNERSHIP_UNSPECIFIED\x10\x00\x12\x11\n" +
+	"\rOWNERSHIP_OWN\x10\x01\x12\x13\n" +
+	"\x0fOWNERSHIP_OTHER\x10\x02\x12\x18\n" +
+	"\x14OWNERSHIP_UNRECORDED\x10\x032\x84\x06\n" +
 	"\aSpawner\x12P\n" +
 	"\x05Spawn\x12\".nexusbroker.spawn.v1.SpawnRequest\x1a#.nexusbroker.spawn.v1.SpawnResponse\x12S\n" +
 	"\x06Verify\x12#.nexusbroker.spawn.v1.VerifyRequest\x1a$.nexusbroker.spawn.v1.VerifyResponse\x12\\\n" +
@@ -1474,63 +1571,65 @@ func file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP() []byte {
 	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescData
 }
 
-var file_pkg_spawnrpc_spawnpb_spawn_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_pkg_spawnrpc_spawnpb_spawn_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
 var file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_pkg_spawnrpc_spawnpb_spawn_proto_goTypes = []any{
 	(SpawnStep)(0),            // 0: nexusbroker.spawn.v1.SpawnStep
 	(VerifyResult)(0),         // 1: nexusbroker.spawn.v1.VerifyResult
-	(*SpawnRequest)(nil),      // 2: nexusbroker.spawn.v1.SpawnRequest
-	(*SpawnFailure)(nil),      // 3: nexusbroker.spawn.v1.SpawnFailure
-	(*SpawnResponse)(nil),     // 4: nexusbroker.spawn.v1.SpawnResponse
-	(*VerifyRequest)(nil),     // 5: nexusbroker.spawn.v1.VerifyRequest
-	(*VerifyResponse)(nil),    // 6: nexusbroker.spawn.v1.VerifyResponse
-	(*TerminateRequest)(nil),  // 7: nexusbroker.spawn.v1.TerminateRequest
-	(*TerminateResponse)(nil), // 8: nexusbroker.spawn.v1.TerminateResponse
-	(*ListRequest)(nil),       // 9: nexusbroker.spawn.v1.ListRequest
-	(*Lease)(nil),             // 10: nexusbroker.spawn.v1.Lease
-	(*ListResponse)(nil),      // 11: nexusbroker.spawn.v1.ListResponse
-	(*WatchRequest)(nil),      // 12: nexusbroker.spawn.v1.WatchRequest
-	(*ExitEvent)(nil),         // 13: nexusbroker.spawn.v1.ExitEvent
-	(*RecordRequest)(nil),     // 14: nexusbroker.spawn.v1.RecordRequest
-	(*RecordResponse)(nil),    // 15: nexusbroker.spawn.v1.RecordResponse
-	(*ReloadRequest)(nil),     // 16: nexusbroker.spawn.v1.ReloadRequest
-	(*ReloadResponse)(nil),    // 17: nexusbroker.spawn.v1.ReloadResponse
-	(*Binary)(nil),            // 18: nexusbroker.spawn.v1.Binary
-	(*StatusRequest)(nil),     // 19: nexusbroker.spawn.v1.StatusRequest
-	(*StatusResponse)(nil),    // 20: nexusbroker.spawn.v1.StatusResponse
-	(*BindingRequest)(nil),    // 21: nexusbroker.spawn.v1.BindingRequest
-	(*BindingResponse)(nil),   // 22: nexusbroker.spawn.v1.BindingResponse
+	(Ownership)(0),            // 2: nexusbroker.spawn.v1.Ownership
+	(*SpawnRequest)(nil),      // 3: nexusbroker.spawn.v1.SpawnRequest
+	(*SpawnFailure)(nil),      // 4: nexusbroker.spawn.v1.SpawnFailure
+	(*SpawnResponse)(nil),     // 5: nexusbroker.spawn.v1.SpawnResponse
+	(*VerifyRequest)(nil),     // 6: nexusbroker.spawn.v1.VerifyRequest
+	(*VerifyResponse)(nil),    // 7: nexusbroker.spawn.v1.VerifyResponse
+	(*TerminateRequest)(nil),  // 8: nexusbroker.spawn.v1.TerminateRequest
+	(*TerminateResponse)(nil), // 9: nexusbroker.spawn.v1.TerminateResponse
+	(*ListRequest)(nil),       // 10: nexusbroker.spawn.v1.ListRequest
+	(*Lease)(nil),             // 11: nexusbroker.spawn.v1.Lease
+	(*ListResponse)(nil),      // 12: nexusbroker.spawn.v1.ListResponse
+	(*WatchRequest)(nil),      // 13: nexusbroker.spawn.v1.WatchRequest
+	(*ExitEvent)(nil),         // 14: nexusbroker.spawn.v1.ExitEvent
+	(*RecordRequest)(nil),     // 15: nexusbroker.spawn.v1.RecordRequest
+	(*RecordResponse)(nil),    // 16: nexusbroker.spawn.v1.RecordResponse
+	(*ReloadRequest)(nil),     // 17: nexusbroker.spawn.v1.ReloadRequest
+	(*ReloadResponse)(nil),    // 18: nexusbroker.spawn.v1.ReloadResponse
+	(*Binary)(nil),            // 19: nexusbroker.spawn.v1.Binary
+	(*StatusRequest)(nil),     // 20: nexusbroker.spawn.v1.StatusRequest
+	(*StatusResponse)(nil),    // 21: nexusbroker.spawn.v1.StatusResponse
+	(*BindingRequest)(nil),    // 22: nexusbroker.spawn.v1.BindingRequest
+	(*BindingResponse)(nil),   // 23: nexusbroker.spawn.v1.BindingResponse
 }
 var file_pkg_spawnrpc_spawnpb_spawn_proto_depIdxs = []int32{
 	0,  // 0: nexusbroker.spawn.v1.SpawnFailure.step:type_name -> nexusbroker.spawn.v1.SpawnStep
 	1,  // 1: nexusbroker.spawn.v1.VerifyResponse.result:type_name -> nexusbroker.spawn.v1.VerifyResult
-	13, // 2: nexusbroker.spawn.v1.TerminateResponse.exit:type_name -> nexusbroker.spawn.v1.ExitEvent
-	10, // 3: nexusbroker.spawn.v1.ListResponse.leases:type_name -> nexusbroker.spawn.v1.Lease
-	18, // 4: nexusbroker.spawn.v1.ReloadResponse.binaries:type_name -> nexusbroker.spawn.v1.Binary
-	18, // 5: nexusbroker.spawn.v1.StatusResponse.binaries:type_name -> nexusbroker.spawn.v1.Binary
-	2,  // 6: nexusbroker.spawn.v1.Spawner.Spawn:input_type -> nexusbroker.spawn.v1.SpawnRequest
-	5,  // 7: nexusbroker.spawn.v1.Spawner.Verify:input_type -> nexusbroker.spawn.v1.VerifyRequest
-	7,  // 8: nexusbroker.spawn.v1.Spawner.Terminate:input_type -> nexusbroker.spawn.v1.TerminateRequest
-	9,  // 9: nexusbroker.spawn.v1.Spawner.List:input_type -> nexusbroker.spawn.v1.ListRequest
-	12, // 10: nexusbroker.spawn.v1.Spawner.Watch:input_type -> nexusbroker.spawn.v1.WatchRequest
-	14, // 11: nexusbroker.spawn.v1.Spawner.Record:input_type -> nexusbroker.spawn.v1.RecordRequest
-	16, // 12: nexusbroker.spawn.v1.Spawner.Reload:input_type -> nexusbroker.spawn.v1.ReloadRequest
-	19, // 13: nexusbroker.spawn.v1.Spawner.Status:input_type -> nexusbroker.spawn.v1.StatusRequest
-	21, // 14: nexusbroker.spawn.v1.Spawner.Binding:input_type -> nexusbroker.spawn.v1.BindingRequest
-	4,  // 15: nexusbroker.spawn.v1.Spawner.Spawn:output_type -> nexusbroker.spawn.v1.SpawnResponse
-	6,  // 16: nexusbroker.spawn.v1.Spawner.Verify:output_type -> nexusbroker.spawn.v1.VerifyResponse
-	8,  // 17: nexusbroker.spawn.v1.Spawner.Terminate:output_type -> nexusbroker.spawn.v1.TerminateResponse
-	11, // 18: nexusbroker.spawn.v1.Spawner.List:output_type -> nexusbroker.spawn.v1.ListResponse
-	13, // 19: nexusbroker.spawn.v1.Spawner.Watch:output_type -> nexusbroker.spawn.v1.ExitEvent
-	15, // 20: nexusbroker.spawn.v1.Spawner.Record:output_type -> nexusbroker.spawn.v1.RecordResponse
-	17, // 21: nexusbroker.spawn.v1.Spawner.Reload:output_type -> nexusbroker.spawn.v1.ReloadResponse
-	20, // 22: nexusbroker.spawn.v1.Spawner.Status:output_type -> nexusbroker.spawn.v1.StatusResponse
-	22, // 23: nexusbroker.spawn.v1.Spawner.Binding:output_type -> nexusbroker.spawn.v1.BindingResponse
-	15, // [15:24] is the sub-list for method output_type
-	6,  // [6:15] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	14, // 2: nexusbroker.spawn.v1.TerminateResponse.exit:type_name -> nexusbroker.spawn.v1.ExitEvent
+	11, // 3: nexusbroker.spawn.v1.ListResponse.leases:type_name -> nexusbroker.spawn.v1.Lease
+	19, // 4: nexusbroker.spawn.v1.ReloadResponse.binaries:type_name -> nexusbroker.spawn.v1.Binary
+	19, // 5: nexusbroker.spawn.v1.StatusResponse.binaries:type_name -> nexusbroker.spawn.v1.Binary
+	2,  // 6: nexusbroker.spawn.v1.BindingResponse.ownership:type_name -> nexusbroker.spawn.v1.Ownership
+	3,  // 7: nexusbroker.spawn.v1.Spawner.Spawn:input_type -> nexusbroker.spawn.v1.SpawnRequest
+	6,  // 8: nexusbroker.spawn.v1.Spawner.Verify:input_type -> nexusbroker.spawn.v1.VerifyRequest
+	8,  // 9: nexusbroker.spawn.v1.Spawner.Terminate:input_type -> nexusbroker.spawn.v1.TerminateRequest
+	10, // 10: nexusbroker.spawn.v1.Spawner.List:input_type -> nexusbroker.spawn.v1.ListRequest
+	13, // 11: nexusbroker.spawn.v1.Spawner.Watch:input_type -> nexusbroker.spawn.v1.WatchRequest
+	15, // 12: nexusbroker.spawn.v1.Spawner.Record:input_type -> nexusbroker.spawn.v1.RecordRequest
+	17, // 13: nexusbroker.spawn.v1.Spawner.Reload:input_type -> nexusbroker.spawn.v1.ReloadRequest
+	20, // 14: nexusbroker.spawn.v1.Spawner.Status:input_type -> nexusbroker.spawn.v1.StatusRequest
+	22, // 15: nexusbroker.spawn.v1.Spawner.Binding:input_type -> nexusbroker.spawn.v1.BindingRequest
+	5,  // 16: nexusbroker.spawn.v1.Spawner.Spawn:output_type -> nexusbroker.spawn.v1.SpawnResponse
+	7,  // 17: nexusbroker.spawn.v1.Spawner.Verify:output_type -> nexusbroker.spawn.v1.VerifyResponse
+	9,  // 18: nexusbroker.spawn.v1.Spawner.Terminate:output_type -> nexusbroker.spawn.v1.TerminateResponse
+	12, // 19: nexusbroker.spawn.v1.Spawner.List:output_type -> nexusbroker.spawn.v1.ListResponse
+	14, // 20: nexusbroker.spawn.v1.Spawner.Watch:output_type -> nexusbroker.spawn.v1.ExitEvent
+	16, // 21: nexusbroker.spawn.v1.Spawner.Record:output_type -> nexusbroker.spawn.v1.RecordResponse
+	18, // 22: nexusbroker.spawn.v1.Spawner.Reload:output_type -> nexusbroker.spawn.v1.ReloadResponse
+	21, // 23: nexusbroker.spawn.v1.Spawner.Status:output_type -> nexusbroker.spawn.v1.StatusResponse
+	23, // 24: nexusbroker.spawn.v1.Spawner.Binding:output_type -> nexusbroker.spawn.v1.BindingResponse
+	16, // [16:25] is the sub-list for method output_type
+	7,  // [7:16] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_pkg_spawnrpc_spawnpb_spawn_proto_init() }
@@ -1544,7 +1643,7 @@ func file_pkg_spawnrpc_spawnpb_spawn_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_pkg_spawnrpc_spawnpb_spawn_proto_rawDesc), len(file_pkg_spawnrpc_spawnpb_spawn_proto_rawDesc)),
-			NumEnums:      2,
+			NumEnums:      3,
 			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,

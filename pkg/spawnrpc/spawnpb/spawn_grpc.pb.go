@@ -79,8 +79,10 @@ type SpawnerClient interface {
 	// to the binary that created it. Read-only: a live lease running the
 	// session answers first, then the session → binary index under
 	// state_dir. An empty entry is no opinion (never recorded, evicted, or no
-	// state_dir): the resume proceeds unchecked. INVALID_ARGUMENT for an
-	// empty session_id.
+	// state_dir): the resume proceeds unchecked. It also says whether
+	// principal owns the session (for a gateway with auth:, which refuses
+	// any other answer). INVALID_ARGUMENT for an empty session_id or a
+	// principal past 1024 bytes or holding a NUL.
 	Binding(ctx context.Context, in *BindingRequest, opts ...grpc.CallOption) (*BindingResponse, error)
 }
 
@@ -234,8 +236,10 @@ type SpawnerServer interface {
 	// to the binary that created it. Read-only: a live lease running the
 	// session answers first, then the session → binary index under
 	// state_dir. An empty entry is no opinion (never recorded, evicted, or no
-	// state_dir): the resume proceeds unchecked. INVALID_ARGUMENT for an
-	// empty session_id.
+	// state_dir): the resume proceeds unchecked. It also says whether
+	// principal owns the session (for a gateway with auth:, which refuses
+	// any other answer). INVALID_ARGUMENT for an empty session_id or a
+	// principal past 1024 bytes or holding a NUL.
 	Binding(context.Context, *BindingRequest) (*BindingResponse, error)
 	mustEmbedUnimplementedSpawnerServer()
 }

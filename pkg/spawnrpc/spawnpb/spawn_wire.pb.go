@@ -1671,6 +1671,9 @@ func (m *BindingRequest) sizeWire() int {
 	if len(m.SessionId) > 0 {
 		n += 1 + protowire.SizeBytes(len(m.SessionId))
 	}
+	if len(m.Principal) > 0 {
+		n += 1 + protowire.SizeBytes(len(m.Principal))
+	}
 	return n
 }
 
@@ -1678,6 +1681,10 @@ func (m *BindingRequest) appendWire(b []byte) []byte {
 	if len(m.SessionId) > 0 {
 		b = append(b, 0xa)
 		b = protowire.AppendString(b, m.SessionId)
+	}
+	if len(m.Principal) > 0 {
+		b = append(b, 0x12)
+		b = protowire.AppendString(b, m.Principal)
 	}
 	return append(b, m.unknownFields...)
 }
@@ -1687,6 +1694,7 @@ func (m *BindingRequest) appendWire(b []byte) []byte {
 // and merges messages, and fields it does not know are kept as unknown.
 func (m *BindingRequest) unmarshalWire(b []byte) error {
 	m.SessionId = ""
+	m.Principal = ""
 	m.unknownFields = nil
 	return m.mergeWire(b)
 }
@@ -1712,6 +1720,16 @@ func (m *BindingRequest) mergeWire(b []byte) error {
 				return errInvalidWire("nexusbroker.spawn.v1.BindingRequest", num, errWireUTF8)
 			}
 			m.SessionId = string(v)
+		case num == 2 && typ == protowire.BytesType:
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return errInvalidWire("nexusbroker.spawn.v1.BindingRequest", num, protowire.ParseError(n))
+			}
+			b = b[n:]
+			if !utf8.Valid(v) {
+				return errInvalidWire("nexusbroker.spawn.v1.BindingRequest", num, errWireUTF8)
+			}
+			m.Principal = string(v)
 		default:
 			n = protowire.ConsumeFieldValue(num, typ, b)
 			if n < 0 {
@@ -1729,6 +1747,9 @@ func (m *BindingResponse) sizeWire() int {
 	if len(m.Entry) > 0 {
 		n += 1 + protowire.SizeBytes(len(m.Entry))
 	}
+	if m.Ownership != 0 {
+		n += 1 + protowire.SizeVarint(uint64(int64(m.Ownership)))
+	}
 	return n
 }
 
@@ -1736,6 +1757,10 @@ func (m *BindingResponse) appendWire(b []byte) []byte {
 	if len(m.Entry) > 0 {
 		b = append(b, 0xa)
 		b = protowire.AppendString(b, m.Entry)
+	}
+	if m.Ownership != 0 {
+		b = append(b, 0x10)
+		b = protowire.AppendVarint(b, uint64(int64(m.Ownership)))
 	}
 	return append(b, m.unknownFields...)
 }
@@ -1745,6 +1770,7 @@ func (m *BindingResponse) appendWire(b []byte) []byte {
 // and merges messages, and fields it does not know are kept as unknown.
 func (m *BindingResponse) unmarshalWire(b []byte) error {
 	m.Entry = ""
+	m.Ownership = 0
 	m.unknownFields = nil
 	return m.mergeWire(b)
 }
@@ -1770,6 +1796,13 @@ func (m *BindingResponse) mergeWire(b []byte) error {
 				return errInvalidWire("nexusbroker.spawn.v1.BindingResponse", num, errWireUTF8)
 			}
 			m.Entry = string(v)
+		case num == 2 && typ == protowire.VarintType:
+			v, n := protowire.ConsumeVarint(b)
+			if n < 0 {
+				return errInvalidWire("nexusbroker.spawn.v1.BindingResponse", num, protowire.ParseError(n))
+			}
+			b = b[n:]
+			m.Ownership = Ownership(int32(v))
 		default:
 			n = protowire.ConsumeFieldValue(num, typ, b)
 			if n < 0 {
