@@ -44,8 +44,8 @@ var a2aOwnerUnavailable = &a2a.Error{Code: -32000, HTTPStatus: http.StatusServic
 // cluster mode it names this broker as a lease id does (crypto/rand does
 // not fail), else it is an A2A UUID as in single-broker mode.
 func (in *ingress) newID() string {
-	if n := in.g.node; n != nil {
-		id, _ := cluster.NewLeaseID(n.ID())
+	if rt := in.g.rt; rt != nil {
+		id, _ := cluster.NewLeaseID(rt.node.ID())
 		return id
 	}
 	return a2a.NewID()
@@ -192,7 +192,7 @@ func sendTarget(t a2aTarget, params json.RawMessage, stream bool) a2aTarget {
 func (in *ingress) clustered(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		g := in.g
-		if _, carried := forwardedPrincipal(r.Context()); g.node == nil || carried {
+		if _, carried := forwardedPrincipal(r.Context()); g.rt == nil || carried {
 			h(w, r)
 			return
 		}
@@ -229,7 +229,7 @@ func (in *ingress) clustered(h http.HandlerFunc) http.HandlerFunc {
 			return
 		}
 		var rep httpReply
-		if err := g.node.CallFor(r.Context(), g.carriedTimeout(), owner, opHTTP, call, &rep); err != nil {
+		if err := g.rt.node.CallFor(r.Context(), g.carriedTimeout(), owner, opHTTP, call, &rep); err != nil {
 			g.log.Warn("cluster: the conversation's broker did not answer", "owner", owner, "error", err)
 			target.refuse(w, a2aOwnerUnavailable)
 			return
@@ -256,7 +256,7 @@ func (g *Gateway) carriedTimeout() time.Duration {
 // naming one is refused: the broker may be down since before this one
 // started). Any other id is looked up on the peers.
 func (in *ingress) ownerOf(ctx context.Context, c contextCall) (string, *a2a.Error) {
-	n := in.g.node
+	n := in.g.rt.node
 	id := c.Context
 	if id == "" {
 		id = c.Task
@@ -283,7 +283,7 @@ func (in *ingress) ownerOf(ctx context.Context, c contextCall) (string, *a2a.Err
 // a sure answer is reused.
 func (g *Gateway) contextOwner(ctx context.Context, c contextCall) (owner string, unsure bool) {
 	key := c.key()
-	if owner, ok := g.ctxCache.get(key); ok {
+	if owner, ok := g.rt.ctxCache.get(key); ok {
 		return owner, false
 	}
 	missing := askPeers(g, ctx, opContext, c, func(peer string, a contextAnswer) {
@@ -294,7 +294,7 @@ func (g *Gateway) contextOwner(ctx context.Context, c contextCall) (owner string
 	if owner == "" && len(missing) > 0 {
 		return "", true
 	}
-	g.ctxCache.put(key, owner)
+	g.rt.ctxCache.put(key, owner)
 	return owner, false
 }
 

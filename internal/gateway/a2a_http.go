@@ -464,7 +464,7 @@ func (in *ingress) list(ctx context.Context, principal string, p *profile, req *
 	}
 	ts, total := in.matching(principal, p.name, req, off+size)
 	var missing []string
-	if in.g.node != nil {
+	if in.g.rt != nil {
 		ts, total, missing = in.gatherTasks(ctx, tasksCall{Principal: principal, Profile: p.name, Req: *req, Limit: off + size}, ts, total)
 	}
 	out := &a2a.ListResponse{Tasks: []a2a.Task{}, TotalSize: total, PageSize: size}

@@ -112,7 +112,7 @@ func (g *Gateway) openStream(_ context.Context, from string, body json.RawMessag
 	s := &carriedStream{id: hex.EncodeToString(b[:]), header: http.Header{}, cancel: cancel, wake: make(chan struct{})}
 	s.idle = time.AfterFunc(relayIdle, func() { g.endStream(s) })
 	g.mu.Lock()
-	g.streams[s.id] = s
+	g.rt.streams[s.id] = s
 	g.mu.Unlock()
 	go func() {
 		mux.ServeHTTP(s, req.WithContext(ctx))
@@ -126,7 +126,7 @@ func (g *Gateway) endStream(s *carriedStream) {
 	s.idle.Stop()
 	s.cancel()
 	g.mu.Lock()
-	delete(g.streams, s.id)
+	delete(g.rt.streams, s.id)
 	g.mu.Unlock()
 }
 
@@ -136,7 +136,7 @@ func (g *Gateway) streamFor(body json.RawMessage) (*carriedStream, error) {
 		return nil, err
 	}
 	g.mu.Lock()
-	s := g.streams[c.Stream]
+	s := g.rt.streams[c.Stream]
 	g.mu.Unlock()
 	if s == nil {
 		return nil, errors.New("no such stream")
@@ -203,7 +203,7 @@ func (g *Gateway) closeStream(_ context.Context, _ string, body json.RawMessage)
 // reads no final event knows it was cut).
 func (g *Gateway) carryStream(w http.ResponseWriter, r *http.Request, owner string, call httpCall, target a2aTarget) {
 	var open streamCall
-	if err := g.node.Call(r.Context(), owner, opStreamOpen, call, &open); err != nil {
+	if err := g.rt.node.Call(r.Context(), owner, opStreamOpen, call, &open); err != nil {
 		g.log.Warn("cluster: the conversation's broker did not answer", "owner", owner, "error", err)
 		target.refuse(w, a2aOwnerUnavailable)
 		return
@@ -213,13 +213,13 @@ func (g *Gateway) carryStream(w http.ResponseWriter, r *http.Request, owner stri
 	defer func() {
 		if !done { // tell the owner at once rather than after relayIdle
 			ctx, cancel := context.WithTimeout(g.ctx, cluster.CallTimeout)
-			_ = g.node.Call(ctx, owner, opStreamClose, open, nil)
+			_ = g.rt.node.Call(ctx, owner, opStreamClose, open, nil)
 			cancel()
 		}
 	}()
 	for {
 		var a streamAnswer
-		if err := g.node.Call(r.Context(), owner, opStreamRead, open, &a); err != nil {
+		if err := g.rt.node.Call(r.Context(), owner, opStreamRead, open, &a); err != nil {
 			if r.Context().Err() == nil {
 				g.log.Warn("cluster: a carried A2A stream broke off", "owner", owner, "error", err)
 			}

@@ -181,7 +181,7 @@ func (g *Gateway) claimBody(r *http.Request, p auth.Principal, body []byte, slot
 	if cerr := g.spawnerUnavailable(); cerr != nil {
 		return nil, cerr
 	}
-	offerAway := slot == slotAcquire && g.node != nil
+	offerAway := slot == slotAcquire && g.rt != nil
 	if offerAway && session != "" {
 		resp, cerr, routed, mine := g.routeResume(r.Context(), p, session, body)
 		if routed {

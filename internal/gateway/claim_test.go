@@ -30,7 +30,7 @@ func TestWSURLPrecedence(t *testing.T) {
 	for _, c := range cases {
 		cfg := config.Default()
 		cfg.ListenAddr, cfg.AdvertiseAddr = c.listen, c.advertise
-		g := &Gateway{boot: cfg, listenPort: c.port}
+		g := &Gateway{settings: settings{boot: cfg}, spawndLink: spawndLink{listenPort: c.port}}
 		r := httptest.NewRequest("POST", "/claim", nil)
 		r.Host = c.host
 		if got := g.wsURL(r, "L"); got != c.want {

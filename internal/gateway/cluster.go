@@ -18,14 +18,22 @@ import (
 // An authentication or configuration error refuses the boot; an
 // unreachable NATS is retried while the broker serves its own leases.
 func (g *Gateway) joinCluster(brokerID string) error {
+	rt := &router{
+		capCache: newBriefCache[int](capCacheFor),
+		ctxCache: newBriefCache[string](contextCacheFor),
+		peerFree: make(chan string, peerFreeBacklog),
+		relays:   map[string]*relayConn{},
+		streams:  map[string]*carriedStream{},
+	}
 	n, err := cluster.New(cluster.Options{Config: g.boot.Cluster, BrokerID: brokerID, Advertise: g.boot.AdvertiseAddr, Log: g.log,
-		Free: g.cap.Free, PeerFree: g.peerHasFree})
+		Free: g.cap.Free, PeerFree: rt.peerHasFree})
 	if err != nil {
 		return err
 	}
 	g.registerClusterOps(n)
 	// Set before the first request can arrive: the ops read it.
-	g.node = n
+	rt.node = n
+	g.rt = rt
 	g.cap.SetOnFree(n.BeatNow)
 	g.wg.Add(1)
 	go g.reofferQueued()
@@ -111,7 +119,7 @@ func (g *Gateway) offerClaim(ctx context.Context, p auth.Principal, body []byte)
 	if !g.offerable(body) {
 		return nil, nil, false
 	}
-	peers := slices.DeleteFunc(g.node.Peers(), func(p cluster.Peer) bool { return !p.Reachable })
+	peers := slices.DeleteFunc(g.rt.node.Peers(), func(p cluster.Peer) bool { return !p.Reachable })
 	rand.Shuffle(len(peers), func(i, j int) { peers[i], peers[j] = peers[j], peers[i] })
 	for _, peer := range peers {
 		if resp, cerr, ok := g.offerTo(ctx, peer.ID, p, body); ok {
@@ -138,7 +146,7 @@ func (g *Gateway) peerClaimed(peer string, a offerAnswer) (*claimResponse, *clai
 // it (no free slot, or no spawner: 503) or did not answer.
 func (g *Gateway) offerTo(ctx context.Context, peer string, p auth.Principal, body []byte) (*claimResponse, *claimError, bool) {
 	var a offerAnswer
-	if err := g.node.CallFor(ctx, g.offerTimeout(), peer, opClaim, offerCall{Principal: p, Claim: body}, &a); err != nil {
+	if err := g.rt.node.CallFor(ctx, g.offerTimeout(), peer, opClaim, offerCall{Principal: p, Claim: body}, &a); err != nil {
 		g.log.Warn("cluster: offering a claim to a peer failed", "peer", peer, "error", err)
 		return nil, nil, false
 	}
@@ -217,12 +225,12 @@ func (g *Gateway) localCountLocked(principal string) int {
 // leases cannot be seen, and refusing every claim while it is away would
 // make its outage everyone's.
 func (g *Gateway) peerLeaseCount(principal string) int {
-	if n, ok := g.capCache.get(principal); ok {
+	if n, ok := g.rt.capCache.get(principal); ok {
 		return n
 	}
 	n := 0
 	askPeers(g, g.ctx, opCount, countCall{Principal: principal}, func(_ string, a countAnswer) { n += a.Leases })
-	g.capCache.put(principal, n)
+	g.rt.capCache.put(principal, n)
 	return n
 }
 
@@ -233,7 +241,7 @@ func askPeers[A any](g *Gateway, ctx context.Context, op string, body any, got f
 	missing := []string{}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
-	for _, peer := range g.node.Peers() {
+	for _, peer := range g.rt.node.Peers() {
 		if !peer.Reachable {
 			missing = append(missing, peer.ID)
 			continue
@@ -242,7 +250,7 @@ func askPeers[A any](g *Gateway, ctx context.Context, op string, body any, got f
 		go func() {
 			defer wg.Done()
 			var a A
-			err := g.node.Call(ctx, peer.ID, op, body, &a)
+			err := g.rt.node.Call(ctx, peer.ID, op, body, &a)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {

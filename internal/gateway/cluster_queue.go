@@ -32,9 +32,9 @@ type queuedOffer struct {
 }
 
 // peerHasFree hears a peer's heartbeat announcing a free slot.
-func (g *Gateway) peerHasFree(peer string) {
+func (rt *router) peerHasFree(peer string) {
 	select {
-	case g.peerFree <- peer:
+	case rt.peerFree <- peer:
 	default:
 	}
 }
@@ -47,7 +47,7 @@ func (g *Gateway) reofferQueued() {
 		select {
 		case <-g.ctx.Done():
 			return
-		case peer := <-g.peerFree:
+		case peer := <-g.rt.peerFree:
 			for g.offerQueued(peer) {
 			}
 		}

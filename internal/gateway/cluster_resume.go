@@ -63,7 +63,7 @@ func (g *Gateway) routeResume(ctx context.Context, p auth.Principal, session str
 		return nil, nil, false, mine
 	}
 	var a offerAnswer
-	if err := g.node.CallFor(ctx, g.resumeTimeout(), holder, opResume, offerCall{Principal: p, Claim: body}, &a); err != nil {
+	if err := g.rt.node.CallFor(ctx, g.resumeTimeout(), holder, opResume, offerCall{Principal: p, Claim: body}, &a); err != nil {
 		g.log.Warn("cluster: the broker holding a resumed session did not take the claim", "peer", holder, "session_id", session, "error", err)
 		return nil, refuse(http.StatusServiceUnavailable, "spawn_failed", errSessionBrokerUnavailable), true, false
 	}

@@ -46,24 +46,70 @@ type Options struct {
 // Gateway serves the broker's HTTP API. Create it with New, call Start once,
 // serve Handler, and Shutdown when done.
 type Gateway struct {
-	log        *slog.Logger
-	sp         spawner.Spawner
-	ready      func() error
-	listenPort uint32
-	// boot holds the keys read only at boot; cfg the reloadable ones in force.
-	boot     *config.Config
-	cfg      atomic.Pointer[config.Config]
-	binaries atomic.Pointer[[]spawner.Binary]
-	cap      *capacity.Slots[queuedOffer]
-	m        *metrics
+	log *slog.Logger
+	spawndLink
+	settings
+	cap *capacity.Slots[queuedOffer]
+	m   *metrics
 	// auth is nil without an auth: block; tickets are minted only with one.
 	auth    *auth.Authenticator
 	tickets *auth.Tickets
-	// subs are called with every lease event (Subscribe).
-	subs []func(Event)
 	// a2a is the A2A ingress; nil on a broker that booted without agents:.
 	a2a *ingress
-	// node is cluster mode's NATS membership; nil in single-broker mode.
+	// rt is cluster mode's router; single-broker mode builds none.
+	rt *router
+	above
+	book
+	life
+}
+
+// spawndLink is how the gateway reaches spawnd.
+type spawndLink struct {
+	sp         spawner.Spawner
+	ready      func() error
+	listenPort uint32
+	// binaries is spawnd's registry as it last answered.
+	binaries atomic.Pointer[[]spawner.Binary]
+}
+
+// settings are the configuration: boot holds the keys read only at boot;
+// cfg the reloadable ones in force.
+type settings struct {
+	boot *config.Config
+	cfg  atomic.Pointer[config.Config]
+}
+
+// above is what the layers above the core hooked into it.
+type above struct {
+	// subs are called with every lease event (Subscribe).
+	subs []func(Event)
+	// mounts add the routes of the layers above the core (Mount).
+	mounts []func(*http.ServeMux)
+	// mux is Handler's, for requests other brokers carry here.
+	mux atomic.Pointer[http.ServeMux]
+}
+
+// book is the leases this broker holds; mu also guards the router's maps.
+type book struct {
+	mu     sync.Mutex
+	leases map[string]*lease
+	// claiming counts each principal's claims admitted under
+	// max_leases_per_principal that hold no lease yet.
+	claiming map[string]int
+}
+
+// life is the gateway's lifetime: Shutdown cancels ctx and waits for wg.
+type life struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// router is cluster mode's state: the membership, the brief peer caches,
+// and what other brokers carry through this one. Its maps are guarded by
+// Gateway.mu.
+type router struct {
+	// node is the NATS membership.
 	node *cluster.Node
 	// capCache holds other brokers' lease counts per principal, briefly.
 	capCache *briefCache[int]
@@ -71,25 +117,11 @@ type Gateway struct {
 	ctxCache *briefCache[string]
 	// peerFree carries peers that announced a free slot to reofferQueued.
 	peerFree chan string
-	// mounts add the routes of the layers above the core (Mount).
-	mounts []func(*http.ServeMux)
-	// mux is Handler's, for requests other brokers carry here.
-	mux atomic.Pointer[http.ServeMux]
-
-	mu     sync.Mutex
-	leases map[string]*lease
 	// relays are the client connections other brokers carry to leases
 	// here, by connection id.
 	relays map[string]*relayConn
 	// streams are the A2A streams other brokers carry from here, by id.
 	streams map[string]*carriedStream
-	// claiming counts each principal's claims admitted under
-	// max_leases_per_principal that hold no lease yet.
-	claiming map[string]int
-
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
 }
 
 // buildProfilesFailed is upstream's record of agents: profiles that cannot
@@ -101,23 +133,14 @@ func New(o Options) *Gateway {
 	ctx, cancel := context.WithCancel(context.Background())
 	g := &Gateway{
 		log:        o.Logger,
-		sp:         o.Spawner,
-		ready:      o.Ready,
-		listenPort: uint32(o.ListenPort),
-		boot:       o.Config,
+		spawndLink: spawndLink{sp: o.Spawner, ready: o.Ready, listenPort: uint32(o.ListenPort)},
+		settings:   settings{boot: o.Config},
 		cap:        capacity.New[queuedOffer](o.Config.MaxConcurrent, o.Config.MaxQueueDepth, o.Config.QueueWaitTimeout.D()),
 		m:          newMetrics(),
 		auth:       o.Auth,
 		tickets:    auth.NewTickets(),
-		leases:     map[string]*lease{},
-		claiming:   map[string]int{},
-		relays:     map[string]*relayConn{},
-		streams:    map[string]*carriedStream{},
-		capCache:   newBriefCache[int](capCacheFor),
-		ctxCache:   newBriefCache[string](contextCacheFor),
-		peerFree:   make(chan string, peerFreeBacklog),
-		ctx:        ctx,
-		cancel:     cancel,
+		book:       book{leases: map[string]*lease{}, claiming: map[string]int{}},
+		life:       life{ctx: ctx, cancel: cancel},
 	}
 	g.cfg.Store(o.Config)
 	if len(o.Config.Agents) > 0 {
@@ -358,8 +381,8 @@ func (g *Gateway) Shutdown() {
 	if g.a2a != nil {
 		g.a2a.close()
 	}
-	if g.node != nil {
-		g.node.Close()
+	if g.rt != nil {
+		g.rt.node.Close()
 	}
 }
 
@@ -377,8 +400,8 @@ func (g *Gateway) liveLeases() []*lease {
 // newLeaseID mints a 128-bit random lease id; in cluster mode it names this
 // broker as the owner.
 func (g *Gateway) newLeaseID() (string, error) {
-	if g.node != nil {
-		return cluster.NewLeaseID(g.node.ID())
+	if g.rt != nil {
+		return cluster.NewLeaseID(g.rt.node.ID())
 	}
 	var b [16]byte
 	if _, err := rand.Read(b[:]); err != nil {

@@ -176,7 +176,7 @@ func (g *Gateway) admitPrincipal(principal string) bool {
 		return true
 	}
 	elsewhere := 0
-	if g.node != nil {
+	if g.rt != nil {
 		elsewhere = g.peerLeaseCount(principal)
 	}
 	g.mu.Lock()

@@ -70,15 +70,24 @@ type lease struct {
 	entry     string
 	createdAt time.Time
 	log       *streamlog.Log
+	sendQueue
+	guarded
+	policy
+	milestones
+}
 
-	// sendMu orders client → instance frames: the client's read pump writes
-	// them straight to the instance socket (a blocking write is the TCP
-	// backpressure), and an instance (re)registering flushes the held ones
-	// first. held/heldBytes are the frames sent while no instance was there.
+// sendQueue orders client → instance frames: the client's read pump writes
+// them straight to the instance socket (a blocking write is the TCP
+// backpressure), and an instance (re)registering flushes the held ones
+// first. held/heldBytes are the frames sent while no instance was there.
+type sendQueue struct {
 	sendMu    sync.Mutex
 	held      [][]byte
 	heldBytes int
+}
 
+// guarded is a lease's state under its mu (which also guards policy).
+type guarded struct {
 	mu        sync.Mutex
 	state     string
 	reason    string
@@ -91,11 +100,6 @@ type lease struct {
 	// clientTurns counts client connections in the order they were
 	// accepted; clientTurn is the attached one's (see clientTicket).
 	clientTurns, clientTurn uint64
-	lastActivity            time.Time
-	turnStarted             time.Time // zero while settled
-	policyTimer             *time.Timer
-	policyAt                time.Time // when policyTimer fires; zero when not armed
-	reattachTimer           *time.Timer
 	// a2a is the A2A conversation driving this lease, nil for a lease a
 	// WebSocket client claimed. It sees every io payload, and the lease's
 	// end after its instance socket drained.
@@ -103,7 +107,20 @@ type lease struct {
 	// reported is the last turn state (idle or a work state) the instance
 	// reported to this process; "" until it reports one.
 	reported string
+}
 
+// policy is the idle and turn clocks of a lease, under its mu.
+type policy struct {
+	lastActivity  time.Time
+	turnStarted   time.Time // zero while settled
+	policyTimer   *time.Timer
+	policyAt      time.Time // when policyTimer fires; zero when not armed
+	reattachTimer *time.Timer
+}
+
+// milestones are the once-only moments of a lease, each a channel closed
+// once: ready, the session reported, the exit, the teardown done.
+type milestones struct {
 	ready           chan struct{}
 	readyOnce       sync.Once
 	sessionReported chan struct{}
@@ -122,13 +139,15 @@ type lease struct {
 func (g *Gateway) newLease(id, principal, entry string, created time.Time) *lease {
 	return &lease{
 		g: g, id: id, principal: principal, entry: entry, createdAt: created,
-		log:             streamlog.New(id, int64(g.boot.ClientReplayBufferBytes)),
-		state:           stateSpawning,
-		lastActivity:    created,
-		ready:           make(chan struct{}),
-		sessionReported: make(chan struct{}),
-		exited:          make(chan struct{}),
-		tornDown:        make(chan struct{}),
+		log:     streamlog.New(id, int64(g.boot.ClientReplayBufferBytes)),
+		guarded: guarded{state: stateSpawning},
+		policy:  policy{lastActivity: created},
+		milestones: milestones{
+			ready:           make(chan struct{}),
+			sessionReported: make(chan struct{}),
+			exited:          make(chan struct{}),
+			tornDown:        make(chan struct{}),
+		},
 	}
 }
 

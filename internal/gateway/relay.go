@@ -60,7 +60,7 @@ const minRelayBatch = 64 << 10
 // gathers: what one NATS message holds, or minRelayBatch. A single frame
 // larger than it goes alone.
 func (g *Gateway) relayBudget() int {
-	return max(int(g.node.MaxPayload())-payloadOverhead, minRelayBatch)
+	return max(int(g.rt.node.MaxPayload())-payloadOverhead, minRelayBatch)
 }
 
 // relayBatch bounds the client messages read ahead and sent in one request.
@@ -86,10 +86,10 @@ func answer(status int, v any) (httpAnswer, error) {
 
 // remoteOwner is the broker owning lease id when that is not this one.
 func (g *Gateway) remoteOwner(id string) string {
-	if g.node == nil {
+	if g.rt == nil {
 		return ""
 	}
-	if o := cluster.Owner(id); o != "" && o != g.node.ID() {
+	if o := cluster.Owner(id); o != "" && o != g.rt.node.ID() {
 		return o
 	}
 	return ""
@@ -100,9 +100,9 @@ func (g *Gateway) remoteOwner(id string) string {
 // is 503. It reports false when the owner looks reachable.
 func (g *Gateway) ownerDown(w http.ResponseWriter, owner string) bool {
 	switch {
-	case !g.node.Known(owner):
+	case !g.rt.node.Known(owner):
 		writeUnknownLease(w)
-	case !g.node.Reachable(owner):
+	case !g.rt.node.Reachable(owner):
 		writeError(w, http.StatusServiceUnavailable, errOwnerUnavailable)
 	default:
 		return false
@@ -117,7 +117,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, owner, op stri
 		return
 	}
 	var a httpAnswer
-	if err := g.node.Call(r.Context(), owner, op, leaseCall{Lease: r.PathValue("lease_id"), Principal: p}, &a); err != nil {
+	if err := g.rt.node.Call(r.Context(), owner, op, leaseCall{Lease: r.PathValue("lease_id"), Principal: p}, &a); err != nil {
 		g.log.Warn("cluster: the lease's owner did not answer", "lease_id", r.PathValue("lease_id"), "owner", owner, "op", op, "error", err)
 		writeError(w, http.StatusServiceUnavailable, errOwnerUnavailable)
 		return
@@ -293,7 +293,7 @@ func (g *Gateway) relayAttach(_ context.Context, from string, body json.RawMessa
 	}
 	c.idle = time.AfterFunc(relayIdle, func() { g.endRelay(c) })
 	g.mu.Lock()
-	g.relays[c.id] = c
+	g.rt.relays[c.id] = c
 	g.mu.Unlock()
 	return attachAnswer{Status: http.StatusOK, Conn: c.id, After: c.cur.Seq()}, nil
 }
@@ -309,7 +309,7 @@ func (g *Gateway) endRelay(c *relayConn) {
 		return
 	}
 	g.mu.Lock()
-	delete(g.relays, c.id)
+	delete(g.rt.relays, c.id)
 	g.mu.Unlock()
 	g.detachClient(c.l, c, c.cur)
 }
@@ -320,7 +320,7 @@ func (g *Gateway) relayFor(body json.RawMessage) (*relayConn, relayCall, error) 
 		return nil, rc, err
 	}
 	g.mu.Lock()
-	c := g.relays[rc.Conn]
+	c := g.rt.relays[rc.Conn]
 	g.mu.Unlock()
 	if c == nil || c.l.id != rc.Lease {
 		return nil, rc, errors.New("no such relayed connection")
@@ -451,7 +451,7 @@ func (g *Gateway) relayClient(w http.ResponseWriter, r *http.Request, owner, id 
 		return
 	}
 	var ans attachAnswer
-	if err := g.node.Call(r.Context(), owner, opAttach, a, &ans); err != nil {
+	if err := g.rt.node.Call(r.Context(), owner, opAttach, a, &ans); err != nil {
 		g.log.Warn("cluster: the lease's owner did not answer", "lease_id", id, "owner", owner, "op", opAttach, "error", err)
 		writeError(w, http.StatusServiceUnavailable, errOwnerUnavailable)
 		return
@@ -517,7 +517,7 @@ func (g *Gateway) serveRelay(ws *wsConn, owner, id string, ans attachAnswer) {
 		defer cancel()
 		send := func(call relayCall) bool {
 			var out relayAnswer
-			if err := g.node.Call(ctx, owner, opSend, call, &out); err != nil {
+			if err := g.rt.node.Call(ctx, owner, opSend, call, &out); err != nil {
 				lost(opSend, err)
 				return false
 			}
@@ -562,7 +562,7 @@ func (g *Gateway) serveRelay(ws *wsConn, owner, id string, ans attachAnswer) {
 	after := ans.After
 	for ctx.Err() == nil {
 		var out relayAnswer
-		if err := g.node.Call(ctx, owner, opRead, relayCall{Lease: id, Conn: ans.Conn, After: after}, &out); err != nil {
+		if err := g.rt.node.Call(ctx, owner, opRead, relayCall{Lease: id, Conn: ans.Conn, After: after}, &out); err != nil {
 			lost(opRead, err)
 			break
 		}
@@ -601,5 +601,5 @@ func (g *Gateway) endRelayed(ws *wsConn, c *closeReq, once *sync.Once, cancel co
 func (g *Gateway) detachRelay(owner, id, conn string) {
 	ctx, cancel := context.WithTimeout(context.Background(), cluster.CallTimeout)
 	defer cancel()
-	_ = g.node.Call(ctx, owner, opDetach, relayCall{Lease: id, Conn: conn}, nil)
+	_ = g.rt.node.Call(ctx, owner, opDetach, relayCall{Lease: id, Conn: conn}, nil)
 }

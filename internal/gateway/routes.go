@@ -37,8 +37,8 @@ func (g *Gateway) notReady() error {
 	if err := g.spawnerDown(); err != nil {
 		return err
 	}
-	if g.node != nil {
-		return g.node.Ready()
+	if g.rt != nil {
+		return g.rt.node.Ready()
 	}
 	return nil
 }
@@ -144,7 +144,7 @@ func (g *Gateway) Leases(owner string, all bool) []LeaseInfo {
 // caller without auth) sees every lease and the aggregates; anyone else
 // only their own leases, the aggregates absent rather than zeroed.
 func (g *Gateway) handleLeases(w http.ResponseWriter, r *http.Request, p auth.Principal) {
-	if g.node != nil {
+	if g.rt != nil {
 		writeJSON(w, http.StatusOK, g.clusterLeases(r.Context(), p))
 		return
 	}
@@ -172,12 +172,12 @@ func (g *Gateway) handleMetrics(w http.ResponseWriter, r *http.Request, _ auth.P
 	for _, l := range g.Leases("", true) {
 		gg.leases[l.State]++
 	}
-	if g.node != nil {
-		gg.cluster = &clusterGauges{natsFailures: g.node.Failures(), refused: map[string]uint64{}}
+	if g.rt != nil {
+		gg.cluster = &clusterGauges{natsFailures: g.rt.node.Failures(), refused: map[string]uint64{}}
 		for _, r := range cluster.RefusedReasons {
-			gg.cluster.refused[r] = g.node.Refused(r)
+			gg.cluster.refused[r] = g.rt.node.Refused(r)
 		}
-		for _, p := range g.node.Peers() {
+		for _, p := range g.rt.node.Peers() {
 			if p.Reachable {
 				gg.cluster.peersReachable++
 			}
