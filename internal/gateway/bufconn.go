@@ -88,6 +88,12 @@ type bufConn struct {
 	// framing: the connection is a WebSocket now, so a Write that starts
 	// with a close frame ends its data (closeSent).
 	framing, closeSent bool
+	// werr is the first write error. It is final: a write that failed may
+	// have stopped part-way through a frame, and any byte after it would be
+	// read as the rest of that frame. Every later write (gorilla's pings,
+	// pongs and close included) returns it and nothing more reaches the
+	// socket, which fail closed.
+	werr error
 	// writeBy is the write deadline in force; flushes push it out only
 	// when half spent, keeping a timer update off most writes.
 	writeBy time.Time
@@ -161,11 +167,18 @@ func (c *bufConn) take(p []byte) int {
 func (c *bufConn) Write(p []byte) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.werr != nil {
+		return 0, c.werr
+	}
 	if c.framing && len(p) > 0 && p[0] == finalBit|websocket.CloseMessage {
 		c.closeSent = true
 	}
 	if c.buf == nil {
-		return c.Conn.Write(p)
+		n, err := c.Conn.Write(p)
+		if err != nil {
+			c.failLocked(err)
+		}
+		return n, err
 	}
 	*c.buf = append(*c.buf, p...)
 	if _, err := c.flushLocked(false); err != nil {
@@ -190,6 +203,9 @@ const finalBit = 0x80
 func (c *bufConn) writeFrame(data []byte, hold bool) (lost int, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.werr != nil {
+		return 1, c.werr
+	}
 	if c.closeSent {
 		return 1, errCloseSent
 	}
@@ -218,10 +234,41 @@ func (c *bufConn) writeFrame(data []byte, hold bool) (lost int, err error) {
 func (c *bufConn) flush() (lost int, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.werr != nil {
+		return 0, c.werr
+	}
 	if c.buf == nil {
 		return 0, nil
 	}
 	return c.flushLocked(true)
+}
+
+// fail makes err the connection's final write error (see werr) unless it
+// already has one.
+func (c *bufConn) fail(err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.failLocked(err)
+}
+
+func (c *bufConn) failLocked(err error) {
+	if c.werr != nil {
+		return
+	}
+	c.werr = err
+	_ = c.Conn.Close()
+	if c.buf != nil {
+		c.releaseBufLocked() // frames held behind the failure never go out
+	}
+}
+
+// releaseBufLocked empties the buffer and returns it to the pool.
+func (c *bufConn) releaseBufLocked() {
+	*c.buf = (*c.buf)[:0]
+	if cap(*c.buf) <= combineLimit*2 {
+		combinePool.Put(c.buf)
+	}
+	c.buf, c.frames = nil, 0
 }
 
 // pending is how many bytes wait for a flush.
@@ -248,10 +295,9 @@ func (c *bufConn) flushLocked(ownDeadline bool) (lost int, err error) {
 	if err != nil {
 		lost = c.frames
 	}
-	*c.buf = (*c.buf)[:0]
-	if cap(*c.buf) <= combineLimit*2 {
-		combinePool.Put(c.buf)
+	c.releaseBufLocked()
+	if err != nil {
+		c.failLocked(err)
 	}
-	c.buf, c.frames = nil, 0
 	return lost, err
 }

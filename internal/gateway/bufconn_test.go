@@ -265,3 +265,56 @@ func BenchmarkWriteFrame(b *testing.B) {
 		_, _ = ws.flush()
 	}
 }
+
+// tornConn writes half of what it is given, then fails: a write cut short by
+// its deadline.
+type tornConn struct {
+	net.Conn
+	writes *atomic.Int64
+}
+
+var errTorn = errors.New("write cut short")
+
+func (c tornConn) Write(p []byte) (int, error) {
+	c.writes.Add(1)
+	n, _ := c.Conn.Write(p[:len(p)/2])
+	return n, errTorn
+}
+
+// TestAWriteErrorIsFinal: after a write that stopped part-way through a
+// frame, every later write — data, gorilla's ping and its close — returns
+// that error and reaches nothing, and the socket is closed, so the peer
+// reads the torn frame's start and then the end of the connection.
+func TestAWriteErrorIsFinal(t *testing.T) {
+	ws, client, _ := combinePair(t)
+	torn := new(atomic.Int64)
+	ws.bc.mu.Lock()
+	ws.bc.Conn = tornConn{ws.bc.Conn, torn}
+	ws.bc.mu.Unlock()
+	if _, err := ws.send([]byte(strings.Repeat("a", 1000)), false); !errors.Is(err, errTorn) {
+		t.Fatalf("the torn write: %v", err)
+	}
+	if _, err := ws.send([]byte("after"), true); !errors.Is(err, errTorn) {
+		t.Fatalf("a held frame after the failure: %v, want the failure", err)
+	}
+	if _, err := ws.flush(); !errors.Is(err, errTorn) {
+		t.Fatalf("a flush after the failure: %v, want the failure", err)
+	}
+	if err := ws.c.WriteControl(websocket.PingMessage, nil, time.Now().Add(time.Second)); err == nil {
+		t.Fatal("a ping after the failure was written")
+	}
+	ws.probe()
+	ws.closeNow(websocket.CloseGoingAway, closeUnresponsive)
+	if n := torn.Load(); n != 1 {
+		t.Fatalf("%d writes reached the socket, want only the torn one", n)
+	}
+	raw := client.UnderlyingConn()
+	_ = raw.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got, err := io.ReadAll(raw)
+	if err != nil {
+		t.Fatalf("the peer's read ended with %v after %d bytes, want the connection's end", err, len(got))
+	}
+	if len(got) != (1000+4)/2 {
+		t.Fatalf("the peer read %d bytes, want the torn write's %d and nothing after", len(got), (1000+4)/2)
+	}
+}

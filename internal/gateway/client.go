@@ -102,6 +102,9 @@ func (c *clientConn) markDead() {
 // goroutine.
 const directMax = 8
 
+// frameHeaderMax is the most a WebSocket frame header takes.
+const frameHeaderMax = 14
+
 // writeDirect writes the few frames after the cursor on the caller's
 // goroutine, if the socket can take them without blocking. It reports false
 // when it left them for a drain goroutine.
@@ -113,7 +116,7 @@ func (c *clientConn) writeDirect() bool {
 	}
 	size := 0
 	for _, e := range batch {
-		size += len(e.Data) + 14 // plus the WebSocket frame header, at most
+		size += len(e.Data) + frameHeaderMax
 	}
 	if len(batch) == 0 {
 		return true
@@ -168,13 +171,15 @@ func (c *clientConn) drain() {
 
 // writeAll writes the gap notice if one is due, then every frame after the
 // cursor: replayed frames first, then live ones, in seq order, never
-// skipping a frame the log still holds. It reports false on a write error.
+// skipping a frame the log still holds. Each frame waits for room in the
+// socket first (waitRoom), so a client that stops reading is left whole
+// frames, never a part of one. It reports false on a write error.
 func (c *clientConn) writeAll() bool {
 	l, g := c.l, c.l.g
 	if gap := c.gap; gap != nil {
 		c.gap = nil // only the turn holder touches it
 		g.m.replayGaps.inc(gap.Reason)
-		if _, err := c.ws.send(streamlog.GapFrame(l.id, gap), true); err != nil {
+		if !c.sendWhole(streamlog.GapFrame(l.id, gap)) {
 			return false
 		}
 	}
@@ -185,10 +190,8 @@ func (c *clientConn) writeAll() bool {
 		batch, missFrom, missThrough, _ := l.log.ReadBatch(c.cur, buf[:0], cap(buf), false)
 		if missFrom > 0 {
 			// This reader fell more than client_replay_buffer_bytes behind.
-			if c.resumed {
-				if _, err := c.ws.send(g.evictedGap(l.id, missFrom, missThrough), true); err != nil {
-					return false
-				}
+			if c.resumed && !c.sendWhole(g.evictedGap(l.id, missFrom, missThrough)) {
+				return false
 			}
 			continue
 		}
@@ -197,7 +200,7 @@ func (c *clientConn) writeAll() bool {
 			return err == nil
 		}
 		for _, e := range batch {
-			if _, err := c.ws.send(e.Data, true); err != nil {
+			if !c.sendWhole(e.Data) {
 				return false
 			}
 		}
@@ -207,6 +210,15 @@ func (c *clientConn) writeAll() bool {
 			return err == nil
 		}
 	}
+}
+
+// sendWhole holds one frame for the socket once it has room for all of it.
+func (c *clientConn) sendWhole(data []byte) bool {
+	if !c.ws.waitRoom(len(data) + frameHeaderMax) {
+		return false
+	}
+	_, err := c.ws.send(data, true)
+	return err == nil
 }
 
 func (c *clientConn) closingExpired() bool {

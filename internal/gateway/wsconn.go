@@ -32,24 +32,42 @@ var (
 // Go durations). It exists for tests only and is not a configuration key.
 const TestLivenessEnv = "NEXUS_BROKER_TEST_LIVENESS"
 
+// writeWait is how long a socket may take no bytes before the gateway gives
+// up on it. A constant of the product; only tests shorten it, through
+// TestWriteWaitEnv, to stall a client within a test's patience.
+var writeWait = 10 * time.Second
+
+// TestWriteWaitEnv overrides writeWait (a Go duration). It exists for tests
+// only and is not a configuration key.
+const TestWriteWaitEnv = "NEXUS_BROKER_TEST_WRITE_WAIT"
+
 func init() {
 	overrideFromEnv(TestLivenessEnv, &pingInterval, &peerTimeout)
 	overrideFromEnv(TestHTTPTimeoutsEnv, &bodyReadTimeout, &idleTimeout)
+	overrideFromEnv(TestWriteWaitEnv, &writeWait)
 }
 
-// overrideFromEnv sets *a and *b from a test override of two positive Go
-// durations, "a,b", in env; anything else leaves them alone.
-func overrideFromEnv(env string, a, b *time.Duration) {
-	x, y, _ := strings.Cut(os.Getenv(env), ",")
-	da, err1 := time.ParseDuration(x)
-	db, err2 := time.ParseDuration(y)
-	if err1 == nil && err2 == nil && da > 0 && db > 0 {
-		*a, *b = da, db
+// overrideFromEnv sets each of ds from a test override in env of as many
+// positive Go durations, comma-separated; anything else leaves them alone.
+func overrideFromEnv(env string, ds ...*time.Duration) {
+	fields := strings.Split(os.Getenv(env), ",")
+	if len(fields) != len(ds) {
+		return
+	}
+	vals := make([]time.Duration, len(ds))
+	for i, f := range fields {
+		d, err := time.ParseDuration(f)
+		if err != nil || d <= 0 {
+			return
+		}
+		vals[i] = d
+	}
+	for i, d := range ds {
+		*d = vals[i]
 	}
 }
 
 const (
-	writeWait = 10 * time.Second
 	// closeWait bounds how long a graceful close waits for the peer's echo
 	// (the spec's five seconds).
 	closeWait = 5 * time.Second
@@ -266,30 +284,74 @@ func (w *wsConn) roomFor(n int) bool {
 	return true
 }
 
+// waitRoom waits until the socket can take n more bytes without a write
+// blocking, so that a write never stops part-way through a frame on a peer
+// that stopped reading: what the connection holds is written first (the
+// room counted it), and a frame larger than half the send buffer waits for
+// the queue to empty. Past writeWait without room the peer is stalled: the
+// connection fails for good (see bufConn.fail) and waitRoom reports false.
+// Only the holder of the client's writing turn calls it.
+func (w *wsConn) waitRoom(n int) bool {
+	if w.roomFor(n) {
+		return true
+	}
+	deadline := time.Now().Add(writeWait)
+	for pause := time.Millisecond; ; pause = min(2*pause, 50*time.Millisecond) {
+		if _, err := w.flush(); err != nil {
+			return false
+		}
+		if w.roomFor(n) {
+			return true
+		}
+		if queued, _, ok := socketQueue(w.c.UnderlyingConn()); ok && queued == 0 {
+			return true // larger than the room the socket ever has: it may block
+		}
+		if w.closing() || time.Now().After(deadline) {
+			if w.bc != nil {
+				w.bc.fail(errStalled)
+			}
+			return false
+		}
+		time.Sleep(pause) // the kernel signals no "this much room"; poll, backing off
+	}
+}
+
+// errStalled is the write error of a peer that took no bytes for writeWait.
+var errStalled = errors.New("peer took no bytes within the write wait; connection closed")
+
 // sendRoom is how many more bytes c's socket takes without a write
 // blocking: half its send buffer (SO_SNDBUF) less what is queued
 // (SIOCOUTQ) and what its bufConn holds. Anything unexpected answers 0.
 func sendRoom(c net.Conn) (int, bool) {
-	sc, ok := c.(syscall.Conn)
-	if !ok {
+	queued, size, known := socketQueue(c)
+	if !known {
 		return 0, false
+	}
+	room := size/2 - queued
+	if bc, ok := c.(*bufConn); ok {
+		room -= bc.pending()
+	}
+	return room, true
+}
+
+// socketQueue is what c's socket has queued unsent (SIOCOUTQ) and its send
+// buffer's size (SO_SNDBUF).
+func socketQueue(c net.Conn) (queued, size int, ok bool) {
+	sc, isSock := c.(syscall.Conn)
+	if !isSock {
+		return 0, 0, false
 	}
 	rc, err := sc.SyscallConn()
 	if err != nil {
-		return 0, false
+		return 0, 0, false
 	}
-	room, known := 0, false
 	_ = rc.Control(func(fd uintptr) {
-		queued, err1 := rawsock.IoctlInt(fd, unix.SIOCOUTQ)
-		size, err2 := rawsock.SockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUF)
-		if err1 == nil && err2 == nil {
-			room, known = size/2-queued, true
-		}
+		var err1, err2 error
+		queued, err1 = rawsock.IoctlInt(fd, unix.SIOCOUTQ)
+		size, err2 = rawsock.SockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUF)
+		ok = err1 == nil && err2 == nil
 	})
-	if bc, ok := c.(*bufConn); ok && known {
-		room -= bc.pending()
-	}
-	return room, known
+	return queued, size, ok
 }
 
 // probe sends one ping and re-arms itself until the connection ends.
