@@ -3,6 +3,9 @@
 // task states and artifacts (Turn), the durable task store
 // (<state_dir>/a2a-tasks.jsonl) and the conversation index
 // (<state_dir>/a2a-contexts.jsonl). The gateway drives them.
+//
+// It imports nothing of the gateway (internal/gateway and below it), the
+// console, spawnd's client or its RPC.
 package a2a
 
 import (

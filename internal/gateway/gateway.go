@@ -1,7 +1,16 @@
-// Package gateway is the unprivileged half of nexus-broker: the HTTP and
-// WebSocket ingress, leases and their client-bound streams, capacity, the
-// idle and turn policy, and metrics. It never spawns or signals a process
-// itself; it asks nexus-spawnd (over pkg/spawnrpc) for intents about leases.
+// Package gateway is the lease core of nexus-broker's unprivileged half:
+// leases and their states, claims and releases, the instance and client
+// WebSockets, capacity and its FIFO queue (internal/capacity), the stream
+// log and replay (internal/streamlog), the idle and turn policy, metrics,
+// and the HTTP routes over them. It never spawns or signals a process
+// itself: it asks spawnd through the spawner.Spawner interface, in its own
+// types. The A2A ingress (a2a_*.go) and the cluster router (relay*.go,
+// cluster*.go) still live here; docs/architecture.md draws the layers.
+//
+// Layers above it (internal/console, internal/brokerd) read it through its
+// exported face: Leases, Binaries, Capacity, Subscribe, Mount, Admit. It
+// may not import them, nor pkg/spawnrpc or internal/spawnclient
+// (layers_test.go checks it).
 package gateway
 
 import (

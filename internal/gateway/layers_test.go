@@ -1,0 +1,82 @@
+package gateway
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+const mod = "github.com/nexus-broker/nexus-broker/"
+
+// mayNotImport is docs/architecture.md's arrows, checked: each package (or,
+// ending in /, each package under it) and the project packages it must not
+// import, so that no arrow runs up.
+var mayNotImport = map[string][]string{
+	// spawnd's generated types stay with spawnd, its RPC and its client.
+	"internal/gateway/":    {"pkg/spawnrpc/", "internal/spawnclient", "internal/console", "internal/brokerd"},
+	"internal/gateway":     {"pkg/spawnrpc/", "internal/spawnclient", "internal/console", "internal/brokerd"},
+	"internal/console":     {"pkg/spawnrpc/", "internal/spawnclient", "internal/brokerd", "internal/a2a", "internal/cluster"},
+	"internal/a2a":         {"internal/gateway", "internal/gateway/", "internal/console", "internal/spawnclient", "internal/brokerd", "pkg/spawnrpc/"},
+	"internal/cluster":     {"internal/gateway", "internal/gateway/", "internal/console", "internal/spawnclient", "internal/brokerd", "pkg/spawnrpc/"},
+	"internal/auth":        {"internal/gateway", "internal/gateway/", "internal/console", "internal/a2a", "internal/cluster", "internal/spawnclient"},
+	"internal/config":      {"internal/gateway", "internal/gateway/", "internal/console", "internal/a2a", "internal/cluster", "internal/auth"},
+	"internal/spawnclient": {"internal/gateway", "internal/console", "internal/a2a", "internal/cluster", "internal/brokerd"},
+}
+
+// leaves import nothing of the project.
+var leaves = []string{"internal/gateway/spawner", "internal/gateway/reply", "internal/gateway/internal/capacity"}
+
+func matches(pattern, pkg string) bool {
+	if strings.HasSuffix(pattern, "/") {
+		return strings.HasPrefix(pkg, pattern)
+	}
+	return pkg == pattern
+}
+
+// TestNoImportArrowRunsUp reads every package's imports (tests aside) and
+// holds them to mayNotImport and leaves.
+func TestNoImportArrowRunsUp(t *testing.T) {
+	out, err := exec.Command("go", "list", "-f", "{{.ImportPath}}{{range .Imports}} {{.}}{{end}}", mod+"...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	if len(lines) < 20 {
+		t.Fatalf("go list named only %d packages", len(lines))
+	}
+	spawnpbUsers := 0
+	for _, line := range lines {
+		f := strings.Fields(line)
+		pkg := strings.TrimPrefix(f[0], mod)
+		for _, imp := range f[1:] {
+			if !strings.HasPrefix(imp, mod) {
+				continue
+			}
+			imp = strings.TrimPrefix(imp, mod)
+			if imp == "pkg/spawnrpc/spawnpb" {
+				spawnpbUsers++
+				if !strings.HasPrefix(pkg, "pkg/spawnrpc") && !strings.HasPrefix(pkg, "internal/spawnd") && pkg != "internal/spawnclient" {
+					t.Errorf("%s imports spawnpb: only pkg/spawnrpc, internal/spawnd and internal/spawnclient may", pkg)
+				}
+			}
+			for pattern, denied := range mayNotImport {
+				if !matches(pattern, pkg) {
+					continue
+				}
+				for _, d := range denied {
+					if matches(d, imp) {
+						t.Errorf("%s imports %s: that arrow runs up (docs/architecture.md, \"The gateway's layers\")", pkg, imp)
+					}
+				}
+			}
+			for _, leaf := range leaves {
+				if pkg == leaf {
+					t.Errorf("%s imports %s: it is a leaf and imports nothing of the project", pkg, imp)
+				}
+			}
+		}
+	}
+	if spawnpbUsers == 0 {
+		t.Fatal("no package imports spawnpb: the check reads nothing")
+	}
+}
