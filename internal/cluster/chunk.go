@@ -14,10 +14,11 @@ import (
 )
 
 // A message larger than the NATS server's max_payload (read at connect)
-// travels in chunks: each one signed over its subjects, its place
-// ("<id> <index> <count>") and its bytes, published back to back, and
-// reassembled in order by the receiver before the whole is opened (its
-// timestamp and nonce checked) as one message. A chunk out of place, or a
+// travels in chunks: each one sealed on its own, bound to its subjects
+// and its place ("<id> <index> <count>", the random id and the place in
+// the clear Nexus-Part header), published back to back, and reassembled
+// in order by the receiver before the whole is opened (its timestamp and
+// nonce checked) as one message. A chunk out of place, or a
 // message whose chunks stop coming, fails that request at once.
 
 const (
@@ -39,17 +40,19 @@ const (
 // ErrIncomplete is a chunked message some chunk of which never arrived.
 var ErrIncomplete = errors.New("incomplete message")
 
-// publish sends data to subject, signed, in as many chunks as the server's
-// max_payload needs.
-func (n *Node) publish(nc *nats.Conn, subject, reply string, data []byte) error {
+// publish sends data to subject, sealed for p, in as many chunks as the
+// server's max_payload needs.
+func (n *Node) publish(nc *nats.Conn, p purpose, subject, reply string, data []byte) error {
 	if len(data) > MaxMessage {
 		return fmt.Errorf("cluster: a %d-byte message exceeds the %d-byte limit of one cluster message", len(data), MaxMessage)
 	}
-	room := int(nc.MaxPayload()) - headerRoom
+	room := int(nc.MaxPayload()) - headerRoom - sealOverhead
 	if len(data) <= room {
-		msg := &nats.Msg{Subject: subject, Reply: reply, Data: data}
-		n.sign(msg, "")
-		return nc.PublishMsg(msg)
+		sealed, err := n.keys.seal(p, subject, reply, "", data)
+		if err != nil {
+			return err
+		}
+		return nc.PublishMsg(&nats.Msg{Subject: subject, Reply: reply, Data: sealed})
 	}
 	var b [8]byte
 	if _, err := rand.Read(b[:]); err != nil {
@@ -58,9 +61,12 @@ func (n *Node) publish(nc *nats.Conn, subject, reply string, data []byte) error 
 	id, count := hex.EncodeToString(b[:]), (len(data)+room-1)/room
 	for i := range count {
 		part := id + " " + strconv.Itoa(i) + " " + strconv.Itoa(count)
-		msg := &nats.Msg{Subject: subject, Reply: reply, Data: data[i*room : min(len(data), (i+1)*room)], Header: nats.Header{}}
+		sealed, err := n.keys.seal(p, subject, reply, part, data[i*room:min(len(data), (i+1)*room)])
+		if err != nil {
+			return err
+		}
+		msg := &nats.Msg{Subject: subject, Reply: reply, Data: sealed, Header: nats.Header{}}
 		msg.Header.Set(partHeader, part)
-		n.sign(msg, part)
 		if err := nc.PublishMsg(msg); err != nil {
 			return err
 		}
@@ -83,17 +89,18 @@ type assembler struct {
 	pending int
 }
 
-// receive verifies msg's signature and returns its data: at once for a
+// receive unseals msg, sealed for p, and returns its data: at once for a
 // whole message; for a chunk, done is false until the last one. A broken
 // chunked message is ErrIncomplete; one whose chunks stop coming is
 // reported to incomplete after partialFor.
-func (n *Node) receive(msg *nats.Msg) (data []byte, done bool, err error) {
+func (n *Node) receive(p purpose, msg *nats.Msg) (data []byte, done bool, err error) {
 	part := msg.Header.Get(partHeader)
-	if err := n.verify(msg, part); err != nil {
+	plain, err := n.keys.open(p, msg.Subject, msg.Reply, part, msg.Data)
+	if err != nil {
 		return nil, false, n.count(err)
 	}
 	if part == "" {
-		return msg.Data, true, nil
+		return plain, true, nil
 	}
 	f := strings.Fields(part)
 	if len(f) != 3 {
@@ -108,40 +115,40 @@ func (n *Node) receive(msg *nats.Msg) (data []byte, done bool, err error) {
 	a := &n.parts
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	p := a.parts[key]
+	as := a.parts[key]
 	switch {
-	case p == nil && i == 0:
-		p = &assembly{count: count}
-		p.timer = time.AfterFunc(partialFor, func() {
+	case as == nil && i == 0:
+		as = &assembly{count: count}
+		as.timer = time.AfterFunc(partialFor, func() {
 			a.mu.Lock()
-			gone := a.parts[key] == p
+			gone := a.parts[key] == as
 			if gone {
-				a.drop(key, p)
+				a.drop(key, as)
 			}
 			a.mu.Unlock()
 			if gone {
-				n.incomplete(msg.Subject, msg.Reply, fmt.Errorf("%w: chunk %d of %d did not arrive within %s", ErrIncomplete, p.next+1, count, partialFor))
+				n.incomplete(msg.Subject, msg.Reply, fmt.Errorf("%w: chunk %d of %d did not arrive within %s", ErrIncomplete, as.next+1, count, partialFor))
 			}
 		})
-		a.parts[key] = p
-	case p == nil:
+		a.parts[key] = as
+	case as == nil:
 		return nil, false, fmt.Errorf("%w: chunk %d of %d arrived without those before it", ErrIncomplete, i+1, count)
-	case i != p.next || count != p.count:
-		a.drop(key, p)
-		return nil, false, fmt.Errorf("%w: chunk %d of %d arrived where chunk %d was due", ErrIncomplete, i+1, count, p.next+1)
+	case i != as.next || count != as.count:
+		a.drop(key, as)
+		return nil, false, fmt.Errorf("%w: chunk %d of %d arrived where chunk %d was due", ErrIncomplete, i+1, count, as.next+1)
 	}
-	if len(p.data)+len(msg.Data) > MaxMessage || a.pending+len(msg.Data) > maxPending {
-		a.drop(key, p)
+	if len(as.data)+len(plain) > MaxMessage || a.pending+len(plain) > maxPending {
+		a.drop(key, as)
 		return nil, false, fmt.Errorf("%w: too large to reassemble now (%d bytes pending)", ErrIncomplete, a.pending)
 	}
-	p.data = append(p.data, msg.Data...)
-	a.pending += len(msg.Data)
-	p.next++
-	if p.next < p.count {
+	as.data = append(as.data, plain...)
+	a.pending += len(plain)
+	as.next++
+	if as.next < as.count {
 		return nil, false, nil
 	}
-	a.drop(key, p)
-	return p.data, true, nil
+	a.drop(key, as)
+	return as.data, true, nil
 }
 
 // drop forgets an assembly; a.mu is held.
@@ -156,7 +163,7 @@ func (a *assembler) drop(key string, p *assembly) {
 // the error, so its sender need not wait out its deadline).
 func (n *Node) incomplete(subject, reply string, err error) {
 	if strings.HasPrefix(subject, n.inbox+".") {
-		n.deliver(subject, result{err: err})
+		n.deliver(subject, "", result{err: err})
 		return
 	}
 	n.log.Warn("cluster: request incomplete", "subject", subject, "error", err)

@@ -16,46 +16,57 @@ func bareNode() *Node {
 	return newNode("a", []byte("0123456789abcdef0123456789abcdef"), slog.New(slog.NewTextHandler(io.Discard, nil)))
 }
 
-// chunk is part i of count of message id, signed by n.
+// chunk is part i of count of message id, sealed by n as a reply.
 func (n *Node) chunk(subject, id string, i, count int, data string) *nats.Msg {
 	part := id + " " + strconv.Itoa(i) + " " + strconv.Itoa(count)
-	m := &nats.Msg{Subject: subject, Data: []byte(data), Header: nats.Header{}}
+	return n.sealedPart(forReply, subject, "", part, data)
+}
+
+// sealedPart is data sealed by n for p, with chunk header part.
+func (n *Node) sealedPart(p purpose, subject, reply, part, data string) *nats.Msg {
+	sealed, err := n.keys.seal(p, subject, reply, part, []byte(data))
+	if err != nil {
+		panic(err)
+	}
+	m := &nats.Msg{Subject: subject, Reply: reply, Data: sealed, Header: nats.Header{}}
 	m.Header.Set(partHeader, part)
-	n.sign(m, part)
 	return m
 }
 
 // TestChunksReassembleInOrderOrFail: a chunked message is whole once its
-// last chunk arrives; a chunk out of place or one signed without the
+// last chunk arrives; a chunk out of place or one sealed without the
 // secret fails it; one whose chunks stop coming fails the request waiting
 // for it within partialFor, never hangs.
 func TestChunksReassembleInOrderOrFail(t *testing.T) {
 	n := bareNode()
 	subj := n.inbox + ".1"
 	for i, want := range []bool{false, false, true} {
-		data, done, err := n.receive(n.chunk(subj, "x", i, 3, strconv.Itoa(i)))
+		data, done, err := n.receive(forReply, n.chunk(subj, "x", i, 3, strconv.Itoa(i)))
 		if err != nil || done != want || (done && string(data) != "012") {
 			t.Fatalf("chunk %d: %q done %v, %v", i, data, done, err)
 		}
 	}
-	if _, _, err := n.receive(n.chunk(subj, "y", 0, 3, "0")); err != nil {
+	if _, _, err := n.receive(forReply, n.chunk(subj, "y", 0, 3, "0")); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := n.receive(n.chunk(subj, "y", 2, 3, "2")); !errors.Is(err, ErrIncomplete) {
+	if _, _, err := n.receive(forReply, n.chunk(subj, "y", 2, 3, "2")); !errors.Is(err, ErrIncomplete) {
 		t.Fatalf("a chunk after a missing one: %v, want ErrIncomplete", err)
 	}
-	if _, _, err := n.receive(n.chunk(subj, "z", 1, 3, "1")); !errors.Is(err, ErrIncomplete) {
+	if _, _, err := n.receive(forReply, n.chunk(subj, "z", 1, 3, "1")); !errors.Is(err, ErrIncomplete) {
 		t.Fatalf("a chunk without its first: %v, want ErrIncomplete", err)
 	}
 	forged := n.chunk(subj, "w", 0, 2, "0")
-	forged.Data = []byte("1")
-	if _, _, err := n.receive(forged); err == nil || n.Refused(RefusedSignature) != 1 {
-		t.Fatalf("a chunk that does not match its signature: %v, %d refused", err, n.Refused(RefusedSignature))
+	forged.Data[len(forged.Data)-1] ^= 1
+	if _, _, err := n.receive(forReply, forged); err == nil || n.Refused(RefusedSeal) != 1 {
+		t.Fatalf("a chunk that does not match its seal: %v, %d refused", err, n.Refused(RefusedSeal))
+	}
+	if _, _, err := n.receive(forRequest, n.chunk(subj, "u", 0, 2, "0")); err == nil || n.Refused(RefusedSeal) != 2 {
+		t.Fatalf("a chunk sealed as a reply taken as a request: %v, %d refused", err, n.Refused(RefusedSeal))
 	}
 
 	ch := make(chan result, 1)
-	n.waiting[subj] = ch
-	if _, _, err := n.receive(n.chunk(subj, "v", 0, 2, "0")); err != nil {
+	n.waiting[subj] = waiter{to: "b", ch: ch}
+	if _, _, err := n.receive(forReply, n.chunk(subj, "v", 0, 2, "0")); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -73,7 +84,7 @@ func TestChunksReassembleInOrderOrFail(t *testing.T) {
 	}
 }
 
-// FuzzReceive: any chunk header, signed, is reassembled or refused without
+// FuzzReceive: any chunk header, sealed, is reassembled or refused without
 // panicking, and the assembler's bookkeeping stays within its bounds.
 func FuzzReceive(f *testing.F) {
 	f.Add("abc 0 2", "abc 1 2", "xy")
@@ -83,10 +94,8 @@ func FuzzReceive(f *testing.F) {
 	f.Fuzz(func(t *testing.T, first, second, data string) {
 		n := bareNode()
 		for _, part := range []string{first, second} {
-			m := &nats.Msg{Subject: "nexus.broker.b.a.send", Reply: "_INBOX.peer.1", Data: []byte(data), Header: nats.Header{}}
-			m.Header.Set(partHeader, part)
-			n.sign(m, part)
-			got, done, err := n.receive(m)
+			m := n.sealedPart(forRequest, "nexus.broker.b.a.send", "_INBOX.peer.1", part, data)
+			got, done, err := n.receive(forRequest, m)
 			if done && err != nil || done && len(got) > 2*len(data) {
 				t.Fatalf("part %q: %d bytes, done %v, %v", part, len(got), done, err)
 			}

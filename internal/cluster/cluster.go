@@ -1,23 +1,24 @@
 // Package cluster is cluster mode's transport: the gateway's one NATS
-// connection, a heartbeat per broker for membership, and signed
+// connection, a heartbeat per broker for membership, and sealed
 // request/reply addressed to one broker's own subjects. What a request
 // means is the gateway's business; this package only carries it.
 //
-// Subjects, under cluster.subject_prefix (P):
+// Subjects, under cluster.subject_prefix (P), for broker B:
 //
-//	P.hb                 every broker's heartbeat (publish, subscribe)
-//	P.b.<broker_id>.<op> requests for one broker (that broker subscribes)
+//	P.hb              every broker's heartbeat (publish, subscribe)
+//	P.b.B.<op>        requests for broker B (B subscribes)
+//	_INBOX.B.<id>.<n> answers to B's requests (B subscribes)
 package cluster
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
-	"slices"
-	"strconv"
+	mrand "math/rand/v2"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -37,18 +38,21 @@ const (
 	// rules have it.
 	ReadWait = 500 * time.Millisecond
 	// failuresVisible consecutive unexpected failures make the outage
-	// visible: /readyz 503, an ERROR line, the gauge.
+	// loud: an ERROR line, the gauge.
 	failuresVisible = 3
-	// missedBeats silent heartbeat intervals make a peer unreachable.
+	// missedBeats silent heartbeat intervals make a peer unreachable, and
+	// this broker unready when its own heartbeat has not come back.
 	missedBeats = 3
-	// maxSkew is how far a signed message's clock may be from ours.
+	// maxSkew is how far a sealed message's clock may be from ours.
 	maxSkew = 30 * time.Second
 	// backoffBase, backoffCap and backoffMin shape the reconnect delay.
 	backoffBase = 100 * time.Millisecond
 	backoffCap  = 5 * time.Second
 	backoffMin  = 50 * time.Millisecond
-	sigHeader   = "Nexus-Sig"
 	opHeartbeat = "hb"
+	// inboxPrefix starts every broker's reply subjects, followed by the
+	// broker's id: each broker can be granted its own inbox alone.
+	inboxPrefix = "_INBOX."
 	// noResponders is the status NATS answers a request with when nobody
 	// subscribes to its subject.
 	noResponders = "503"
@@ -56,6 +60,11 @@ const (
 
 // ErrUnavailable is a peer (or NATS itself) that did not answer.
 var ErrUnavailable = errors.New("lease owner unavailable")
+
+// ErrNoResponders is NATS saying nobody subscribes to a request's
+// subject. It is not sealed (anyone on the account could send it), so it
+// is only ever a failure, never an answer.
+var ErrNoResponders = fmt.Errorf("%w: nobody subscribes to its subjects", ErrUnavailable)
 
 // Options wire a Node.
 type Options struct {
@@ -77,35 +86,33 @@ type Options struct {
 // sending broker's id; the answer is JSON-encoded into the reply.
 type Handler func(ctx context.Context, from string, body json.RawMessage) (any, error)
 
-// Peer is one broker as the heartbeats show it.
-type Peer struct {
-	ID        string
-	Advertise string
-	Reachable bool
-}
-
-type peer struct {
-	advertise string
-	lastSeen  time.Time
-}
-
 // Node is this broker's membership of the cluster.
 type Node struct {
 	id, prefix, advertise string
-	secret                []byte
+	keys                  *sealer
 	every                 time.Duration
 	log                   *slog.Logger
 	opts                  []nats.Option
 	urls                  string
-	free                  func() int
-	peerFree              func(string)
+	// shownURLs is urls with any password redacted: what logs and errors say.
+	shownURLs string
+	free      func() int
+	peerFree  func(string)
 	// beatNow asks for a heartbeat before the next tick.
 	beatNow chan struct{}
+	// instance is random for each start: a heartbeat naming this broker's
+	// id and another instance is a second broker using the id.
+	instance string
 
 	nc       atomic.Pointer[nats.Conn]
 	failures atomic.Int32
 	lastErr  atomic.Pointer[string]
-	handlers map[string]handler
+	// linkUp and selfSeen (unix ns) are when the connection last came up
+	// and when this broker last heard its own heartbeat back: readiness.
+	linkUp, selfSeen atomic.Int64
+	// refusedBoot, once set, is why a background connect gave up for good.
+	refusedBoot atomic.Pointer[string]
+	handlers    map[string]handler
 
 	// inbox is this broker's reply subject prefix: a request's answer
 	// comes to inbox.<n>, fresh for each request.
@@ -116,7 +123,8 @@ type Node struct {
 
 	mu      sync.Mutex
 	peers   map[string]*peer
-	waiting map[string]chan result // by reply subject
+	twin    twin              // another process heartbeating with this broker's id
+	waiting map[string]waiter // by reply subject
 	parts   assembler
 
 	ctx    context.Context
@@ -133,10 +141,11 @@ func New(o Options) (*Node, error) {
 		return nil, err
 	}
 	if len(secret) < config.MinClusterSecret {
-		return nil, fmt.Errorf("broker config: cluster.secret_env: %s holds %d bytes, too short to sign with; use at least %d random bytes, the same on every broker", k.SecretEnv, len(secret), config.MinClusterSecret)
+		return nil, fmt.Errorf("broker config: cluster.secret_env: %s holds %d bytes, too short to seal with; use at least %d random bytes, the same on every broker", k.SecretEnv, len(secret), config.MinClusterSecret)
 	}
 	n := newNode(o.BrokerID, []byte(secret), o.Log)
-	n.prefix, n.advertise, n.every, n.urls = k.SubjectPrefix, o.Advertise, k.HeartbeatInterval.D(), strings.Join(k.URLs, ",")
+	n.prefix, n.advertise, n.every = k.SubjectPrefix, o.Advertise, k.HeartbeatInterval.D()
+	n.urls, n.shownURLs = strings.Join(k.URLs, ","), RedactURLs(k.URLs)
 	n.free, n.peerFree = o.Free, o.PeerFree
 	if n.opts, err = n.natsOptions(k); err != nil {
 		n.cancel()
@@ -145,17 +154,22 @@ func New(o Options) (*Node, error) {
 	return n, nil
 }
 
-// newNode is a Node that signs with secret, not yet connected.
+// newNode is a Node that seals with keys derived from secret, not yet
+// connected.
 func newNode(id string, secret []byte, log *slog.Logger) *Node {
 	ctx, cancel := context.WithCancel(context.Background())
+	var inst [8]byte
+	_, _ = rand.Read(inst[:])
 	n := &Node{
-		id: id, secret: secret, log: log, handlers: map[string]handler{}, peers: map[string]*peer{}, ctx: ctx, cancel: cancel,
-		inbox: nats.NewInbox(), seen: newReplayGuard(time.Now()), waiting: map[string]chan result{},
+		id: id, keys: newSealer(secret), log: log, handlers: map[string]handler{}, peers: map[string]*peer{}, ctx: ctx, cancel: cancel,
+		inbox: inboxPrefix + id + "." + nats.NewInbox()[len(inboxPrefix):], seen: newReplayGuard(time.Now()), waiting: map[string]waiter{},
 		parts: assembler{parts: map[string]*assembly{}}, refused: map[string]*atomic.Uint64{}, beatNow: make(chan struct{}, 1),
+		instance: hex.EncodeToString(inst[:]),
 	}
 	for _, r := range RefusedReasons {
 		n.refused[r] = new(atomic.Uint64)
 	}
+	n.Handle(opLive, n.live)
 	return n
 }
 
@@ -174,23 +188,34 @@ func (n *Node) Handle(op string, h Handler) {
 
 // HandleFor registers h for op, answered within timeout() as it is when
 // each request arrives (a claim waits for its instance to boot, by keys a
-// reload may change).
+// reload may change), or by the caller's deadline if that is sooner.
 func (n *Node) HandleFor(op string, timeout func() time.Duration, h Handler) {
 	n.handlers[op] = handler{h: h, timeout: timeout}
 }
 
-// Start connects to NATS. An authentication or configuration error is
-// returned (the boot is refused); a transient one is retried in the
-// background with capped, jittered backoff, and the broker serves its own
-// leases meanwhile.
+// bootError is a connect failure that waiting will not cure and that is
+// not about reaching NATS: it is returned as it is.
+type bootError struct{ error }
+
+func (e bootError) Unwrap() error { return e.error }
+
+// Start connects to NATS. An authentication or configuration error, a
+// refused subscription or a live broker with this broker's id is returned
+// (the boot is refused); a transient one is retried in the background with
+// capped, jittered backoff, and the broker serves its own leases
+// meanwhile.
 func (n *Node) Start() error {
 	err := n.connect()
+	var be bootError
 	switch {
 	case err == nil:
 		return nil
+	case errors.As(err, &be):
+		n.cancel()
+		return be.error
 	case !transient(err):
 		n.cancel()
-		return fmt.Errorf("cluster: connecting to NATS at %s: %w (check cluster.urls, cluster.creds_file / nkey_seed and cluster.tls_ca)", n.urls, err)
+		return fmt.Errorf("cluster: connecting to NATS at %s: %w (check cluster.urls, cluster.creds_file / nkey_seed / user and cluster.tls_ca)", n.shownURLs, err)
 	}
 	n.failed(err)
 	n.wg.Add(1)
@@ -206,6 +231,12 @@ func (n *Node) Start() error {
 			if err == nil {
 				return
 			}
+			if errors.As(err, &be) {
+				msg := be.Error()
+				n.refusedBoot.Store(&msg)
+				n.log.Error("cluster: not joining the cluster", "error", msg)
+				return
+			}
 			n.failed(err)
 		}
 	}()
@@ -213,31 +244,18 @@ func (n *Node) Start() error {
 }
 
 // connect dials once and, on success, subscribes and starts the heartbeat.
+// Before it subscribes to its own subjects it asks whether another broker
+// answers for its id.
 func (n *Node) connect() error {
 	nc, err := nats.Connect(n.urls, n.opts...)
 	if err != nil {
 		return err
 	}
-	if _, err := nc.Subscribe(n.subject(n.id, "*"), n.serve); err != nil {
+	if err := n.join(nc); err != nil {
 		nc.Close()
 		return err
 	}
-	if _, err := nc.Subscribe(n.prefix+"."+opHeartbeat, n.heard); err != nil {
-		nc.Close()
-		return err
-	}
-	if _, err := nc.Subscribe(n.inbox+".*", n.answered); err != nil {
-		nc.Close()
-		return err
-	}
-	if err := nc.Flush(); err != nil {
-		nc.Close()
-		return err
-	}
-	if nc.MaxPayload() < MinPayload {
-		nc.Close()
-		return fmt.Errorf("the NATS server's max_payload is %d bytes; cluster mode needs at least %d (raise max_payload in the server's configuration)", nc.MaxPayload(), MinPayload)
-	}
+	n.linkUp.Store(time.Now().UnixNano())
 	n.nc.Store(nc)
 	n.recovered()
 	n.log.Info("cluster: connected to NATS", "url", nc.ConnectedUrlRedacted(), "broker_id", n.id,
@@ -247,23 +265,71 @@ func (n *Node) connect() error {
 	return nil
 }
 
+func (n *Node) join(nc *nats.Conn) error {
+	if nc.MaxPayload() < MinPayload {
+		return bootError{fmt.Errorf("cluster: the NATS server's max_payload is %d bytes; cluster mode needs at least %d (raise max_payload in the server's configuration)", nc.MaxPayload(), MinPayload)}
+	}
+	if err := n.subscribe(nc, n.inbox+".*", n.answered); err != nil {
+		return err
+	}
+	if err := n.subscribe(nc, n.prefix+"."+opHeartbeat, n.heard); err != nil {
+		return err
+	}
+	if err := n.probe(nc); err != nil {
+		return err
+	}
+	return n.subscribe(nc, n.subject(n.id, "*"), n.serve)
+}
+
+// subscribe subscribes cb to subject and waits for the server to take it:
+// a permission violation is a refused boot naming the subject, never a
+// broker that runs deaf.
+func (n *Node) subscribe(nc *nats.Conn, subject string, cb nats.MsgHandler) error {
+	if _, err := nc.Subscribe(subject, cb); err != nil {
+		return err
+	}
+	if err := nc.Flush(); err != nil {
+		return err
+	}
+	// The server answers a refused SUB with -ERR before the flush's PONG,
+	// and the connection records it before Flush returns.
+	if err := nc.LastError(); errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), `"`+subject+`"`) {
+		return bootError{fmt.Errorf("cluster: NATS refuses this broker's subscription to %s (%v): grant its NATS user subscribe permission on it (docs/cluster.md lists every subject)", subject, err)}
+	}
+	return nil
+}
+
 func (n *Node) natsOptions(k *config.Cluster) ([]nats.Option, error) {
 	opts := []nats.Option{
 		nats.Name("nexus-broker " + n.id),
 		nats.MaxReconnects(-1),
 		nats.CustomReconnectDelay(Backoff),
 		nats.Timeout(CallTimeout),
+		// Publishes fail while disconnected: a request kept in a reconnect
+		// buffer would reach its owner after its caller gave up on it.
+		nats.ReconnectBufSize(-1),
+		// A link that stops carrying anything is found within about two
+		// heartbeat intervals.
+		nats.PingInterval(n.every),
+		nats.MaxPingsOutstanding(2),
 		nats.ReconnectErrHandler(func(_ *nats.Conn, err error) { n.failed(err) }),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil && n.ctx.Err() == nil {
+				msg := "disconnected: " + err.Error()
+				n.lastErr.Store(&msg)
 				n.log.Warn("cluster: disconnected from NATS; reconnecting", "error", err)
 			}
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
+			n.linkUp.Store(time.Now().UnixNano())
 			n.recovered()
 			n.log.Info("cluster: reconnected to NATS", "url", nc.ConnectedUrlRedacted())
 		}),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			if errors.Is(err, nats.ErrPermissionViolation) {
+				n.log.Error("cluster: NATS refused a publish or subscription of this broker; grant its NATS user the permissions docs/cluster.md lists", "error", err)
+				return
+			}
 			n.log.Warn("cluster: NATS error", "error", err)
 		}),
 	}
@@ -281,10 +347,27 @@ func (n *Node) natsOptions(k *config.Cluster) ([]nats.Option, error) {
 		}
 		opts = append(opts, o)
 	}
+	if k.User != "" {
+		password, err := config.ResolveSecret("cluster", "password", "", k.PasswordEnv)
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, nats.UserInfo(k.User, password))
+	}
 	if k.TLSCA != "" {
 		opts = append(opts, nats.RootCAs(k.TLSCA))
 	}
 	return opts, nil
+}
+
+// RedactURLs is urls joined as nats.Connect takes them, each password
+// replaced by xxxxx: the form every log line and error shows.
+func RedactURLs(urls []string) string {
+	out := make([]string, len(urls))
+	for i, u := range urls {
+		out[i] = config.RedactURL(strings.TrimSpace(u))
+	}
+	return strings.Join(out, ",")
 }
 
 // transient reports whether a connect error may go away by itself: the
@@ -311,20 +394,19 @@ func Backoff(attempt int) time.Duration {
 	if attempt < 16 {
 		d = min(backoffCap, backoffBase<<attempt)
 	}
-	d = d/2 + rand.N(d/2+1)
+	d = d/2 + mrand.N(d/2+1)
 	return max(d, backoffMin)
 }
 
-// failed counts one unexpected failure; the third in a row is made
-// visible.
+// failed counts one unexpected failure; the third in a row is made loud.
 func (n *Node) failed(err error) {
 	msg := err.Error()
 	n.lastErr.Store(&msg)
 	if c := n.failures.Add(1); c == failuresVisible {
 		n.log.Error("cluster: NATS unreachable after consecutive attempts; this broker answers only its own leases until it is back (GET /readyz is 503)",
-			"attempts", c, "url", n.urls, "error", err)
+			"attempts", c, "url", n.shownURLs, "error", err)
 	} else if c < failuresVisible {
-		n.log.Warn("cluster: NATS connection attempt failed; retrying with backoff", "attempt", c, "error", err)
+		n.log.Warn("cluster: NATS connection attempt failed; retrying with backoff", "attempt", c, "url", n.shownURLs, "error", err)
 	}
 }
 
@@ -337,16 +419,33 @@ func (n *Node) recovered() {
 // Failures is the count of consecutive unexpected failures (a gauge).
 func (n *Node) Failures() int { return int(n.failures.Load()) }
 
-// Ready is nil unless the NATS outage has become visible.
+// Ready is nil while this broker's own link to the cluster works: it is
+// connected to NATS, its own heartbeat came back through NATS within
+// missedBeats intervals, and no other broker heartbeats with its id. What
+// peers do never makes it unready.
 func (n *Node) Ready() error {
-	if n.failures.Load() < failuresVisible {
-		return nil
+	if p := n.refusedBoot.Load(); p != nil {
+		return errors.New(*p)
 	}
-	msg := "unknown error"
-	if p := n.lastErr.Load(); p != nil {
-		msg = *p
+	nc := n.nc.Load()
+	if nc == nil || !nc.IsConnected() {
+		msg := "not connected"
+		if p := n.lastErr.Load(); p != nil {
+			msg = *p
+		}
+		if f := n.failures.Load(); f > 0 {
+			return fmt.Errorf("cluster: NATS unreachable (%d consecutive failures): %s", f, msg)
+		}
+		return fmt.Errorf("cluster: NATS unreachable: %s", msg)
 	}
-	return fmt.Errorf("cluster: NATS unreachable (%d consecutive failures): %s", n.failures.Load(), msg)
+	since := time.Unix(0, max(n.selfSeen.Load(), n.linkUp.Load()))
+	if d := time.Since(since); d >= missedBeats*n.every {
+		return fmt.Errorf("cluster: this broker's own heartbeat has not come back through NATS for %s (%d intervals): its link to NATS is stalled", d.Round(time.Millisecond), missedBeats)
+	}
+	if err := n.twinErr(); err != nil {
+		return err
+	}
+	return nil
 }
 
 // MaxPayload is the connected server's max_payload, 0 while not connected.
@@ -367,269 +466,3 @@ func (n *Node) Close() {
 }
 
 func (n *Node) subject(broker, op string) string { return n.prefix + ".b." + broker + "." + op }
-
-// --- membership ---------------------------------------------------------------
-
-type heartbeat struct {
-	Advertise string `json:"advertise"`
-	// Free is how many claims the broker would take now without queueing.
-	Free int `json:"free,omitempty"`
-}
-
-// BeatNow sends a heartbeat at once (without waiting for the next tick):
-// a slot just became free, and brokers with claims queued should hear it.
-func (n *Node) BeatNow() {
-	select {
-	case n.beatNow <- struct{}{}:
-	default: // one is pending already
-	}
-}
-
-func (n *Node) beat(nc *nats.Conn) {
-	defer n.wg.Done()
-	t := time.NewTicker(n.every)
-	defer t.Stop()
-	for {
-		hb := heartbeat{Advertise: n.advertise}
-		if n.free != nil {
-			hb.Free = n.free()
-		}
-		if data, err := n.seal(hb); err == nil {
-			_ = n.publish(nc, n.prefix+"."+opHeartbeat, "", data) // buffered while reconnecting; failures count in ReconnectErrHandler
-		}
-		select {
-		case <-n.ctx.Done():
-			return
-		case <-t.C:
-		case <-n.beatNow:
-		}
-		if nc.IsClosed() {
-			return
-		}
-	}
-}
-
-func (n *Node) heard(msg *nats.Msg) {
-	data, done, err := n.receive(msg)
-	if err != nil || !done {
-		return
-	}
-	from, body, err := n.open(data)
-	if err != nil || from == n.id {
-		return
-	}
-	var hb heartbeat
-	if json.Unmarshal(body, &hb) != nil {
-		return
-	}
-	n.mu.Lock()
-	p := n.peers[from]
-	if p == nil {
-		p = &peer{}
-		n.peers[from] = p
-		n.log.Info("cluster: peer joined", "peer", from, "advertise", hb.Advertise)
-	}
-	p.advertise, p.lastSeen = hb.Advertise, time.Now()
-	n.mu.Unlock()
-	if hb.Free > 0 && n.peerFree != nil {
-		n.peerFree(from)
-	}
-}
-
-// Known reports whether id is this broker or a broker that has been heard.
-func (n *Node) Known(id string) bool {
-	if id == n.id {
-		return true
-	}
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.peers[id] != nil
-}
-
-// Reachable reports whether peer id's heartbeat is current.
-func (n *Node) Reachable(id string) bool {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	p := n.peers[id]
-	return p != nil && n.current(p)
-}
-
-func (n *Node) current(p *peer) bool {
-	return time.Since(p.lastSeen) < missedBeats*n.every && n.nc.Load() != nil && n.nc.Load().IsConnected()
-}
-
-// Peers lists every broker heard from but this one, sorted by id.
-func (n *Node) Peers() []Peer {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	out := make([]Peer, 0, len(n.peers))
-	for id, p := range n.peers {
-		out = append(out, Peer{ID: id, Advertise: p.advertise, Reachable: n.current(p)})
-	}
-	slices.SortFunc(out, func(a, b Peer) int { return strings.Compare(a.ID, b.ID) })
-	return out
-}
-
-// --- signed request/reply -----------------------------------------------------
-
-// RemoteError is a handler's error, as the peer said it.
-type RemoteError struct{ Text string }
-
-func (e *RemoteError) Error() string { return e.Text }
-
-// Refused is how many signed-message checks refused a message for reason
-// (one of RefusedReasons) since the start.
-func (n *Node) Refused(reason string) uint64 {
-	return n.refused[reason].Load()
-}
-
-// serve takes one request (or one chunk of it: chunks are reassembled
-// here, in the order they arrive) and answers it on its own goroutine: a
-// stream read may wait up to ReadWait, and must not hold up the requests
-// behind it. Requests that must stay in order (a client's frames) are sent
-// one at a time.
-func (n *Node) serve(msg *nats.Msg) {
-	data, done, err := n.receive(msg)
-	switch {
-	case errors.Is(err, ErrIncomplete):
-		n.incomplete(msg.Subject, msg.Reply, err)
-		return
-	case err != nil:
-		// No answer: an unsigned caller learns nothing. The subject only:
-		// never the data.
-		n.log.Warn("cluster: request refused", "subject", msg.Subject, "error", err)
-		return
-	case !done:
-		return
-	}
-	go func() {
-		from, body, err := n.open(data)
-		if err != nil {
-			// No answer either: a replay is not done twice.
-			n.log.Warn("cluster: request refused", "subject", msg.Subject, "error", err)
-			return
-		}
-		op := msg.Subject[strings.LastIndexByte(msg.Subject, '.')+1:]
-		h, ok := n.handlers[op]
-		var out any
-		if !ok {
-			err = fmt.Errorf("unknown op %q", op)
-		} else {
-			ctx, cancel := context.WithTimeout(n.ctx, h.timeout())
-			out, err = h.h(ctx, from, body)
-			cancel()
-		}
-		var e envelope
-		if err != nil {
-			e.Error = err.Error()
-		} else if e.Body, err = json.Marshal(out); err != nil {
-			e.Error = err.Error()
-		}
-		n.respond(msg.Reply, e)
-	}()
-}
-
-// respond sends e, signed, to a request's reply subject.
-func (n *Node) respond(reply string, e envelope) {
-	nc := n.nc.Load()
-	if reply == "" || nc == nil {
-		return
-	}
-	data, err := n.sealEnvelope(e)
-	if err == nil {
-		err = n.publish(nc, reply, "", data)
-	}
-	if err != nil {
-		n.log.Warn("cluster: answering a request failed", "subject", reply, "error", err)
-	}
-}
-
-// result is what a request of ours got: an answer's data, or why none.
-type result struct {
-	data []byte
-	err  error
-}
-
-// answered takes an answer (or a chunk of one) to a request of ours. One
-// that is not signed is ignored (the real answer may still come); one
-// nobody waits for (late, or sent again) is dropped.
-func (n *Node) answered(msg *nats.Msg) {
-	if len(msg.Data) == 0 && msg.Header.Get("Status") == noResponders {
-		n.deliver(msg.Subject, result{err: ErrUnavailable})
-		return
-	}
-	data, done, err := n.receive(msg)
-	switch {
-	case errors.Is(err, ErrIncomplete):
-		n.deliver(msg.Subject, result{err: err})
-	case err == nil && done:
-		n.deliver(msg.Subject, result{data: data})
-	}
-}
-
-// deliver hands r to the request waiting on reply subject, once.
-func (n *Node) deliver(subject string, r result) {
-	n.mu.Lock()
-	ch := n.waiting[subject]
-	delete(n.waiting, subject)
-	n.mu.Unlock()
-	if ch != nil {
-		ch <- r
-	}
-}
-
-// Call sends body to broker to's op and decodes the answer into out. A
-// peer that does not answer within CallTimeout (down, partitioned, NATS
-// lost) is ErrUnavailable; a handler's error is a *RemoteError.
-func (n *Node) Call(ctx context.Context, to, op string, body, out any) error {
-	return n.CallFor(ctx, CallTimeout, to, op, body, out)
-}
-
-// CallFor is Call with its own deadline. The reply subject is this
-// broker's own, fresh for the request and signed with it, so neither the
-// request nor where its answer goes can be re-used.
-func (n *Node) CallFor(ctx context.Context, timeout time.Duration, to, op string, body, out any) error {
-	nc := n.nc.Load()
-	if nc == nil || !nc.IsConnected() {
-		return ErrUnavailable
-	}
-	data, err := n.seal(body)
-	if err != nil {
-		return err
-	}
-	reply := n.inbox + "." + strconv.FormatUint(n.asked.Add(1), 10)
-	ch := make(chan result, 1)
-	n.mu.Lock()
-	n.waiting[reply] = ch
-	n.mu.Unlock()
-	defer func() {
-		n.mu.Lock()
-		delete(n.waiting, reply)
-		n.mu.Unlock()
-	}()
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	if err := n.publish(nc, n.subject(to, op), reply, data); err != nil {
-		if errors.Is(err, nats.ErrConnectionClosed) || errors.Is(err, nats.ErrConnectionReconnecting) {
-			return ErrUnavailable
-		}
-		return err
-	}
-	var r result
-	select {
-	case r = <-ch:
-	case <-ctx.Done():
-		return ErrUnavailable
-	}
-	if r.err != nil {
-		return r.err
-	}
-	_, raw, err := n.open(r.data)
-	if err != nil {
-		return err
-	}
-	if out == nil {
-		return nil
-	}
-	return json.Unmarshal(raw, out)
-}

@@ -55,9 +55,9 @@ func FuzzOwner(f *testing.F) {
 	})
 }
 
-// TestReplayGuardRefusesASeenNonce: a nonce is admitted once; one signed
+// TestReplayGuardRefusesASeenNonce: a nonce is admitted once; one sealed
 // before the guard started is stale; a full guard forgets its oldest
-// second and refuses what was signed in it rather than let it through.
+// second and refuses what was sealed in it rather than let it through.
 func TestReplayGuardRefusesASeenNonce(t *testing.T) {
 	start := time.Now()
 	g := newReplayGuard(start)
@@ -77,7 +77,7 @@ func TestReplayGuardRefusesASeenNonce(t *testing.T) {
 		t.Fatalf("the same nonce again: %s, want %s", got, RefusedReplay)
 	}
 	if got := reason(g.admit(start.Add(-time.Second).UnixNano(), [nonceLen]byte{2}, start)); got != RefusedStale {
-		t.Fatalf("signed before the guard started: %s, want %s", got, RefusedStale)
+		t.Fatalf("sealed before the guard started: %s, want %s", got, RefusedStale)
 	}
 	// Fill the guard past its bound with later seconds: the first second
 	// is forgotten, and its nonce refused as stale, never admitted again.

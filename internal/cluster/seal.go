@@ -1,52 +1,143 @@
 package cluster
 
 import (
-	"crypto/hmac"
+	"crypto/cipher"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go"
+	"golang.org/x/crypto/chacha20poly1305"
+	"golang.org/x/crypto/hkdf"
 )
 
-// Why a signed-message check refused a message: the values of
+// Why a sealed-message check refused a message: the values of
 // nexus_broker_cluster_messages_refused_total.
 const (
-	RefusedSignature = "signature" // unsigned, badly signed, or the signature does not cover its subjects
-	RefusedStale     = "stale"     // signed outside the skew window, or before this broker could remember it
-	RefusedReplay    = "replay"    // its nonce was seen before: a captured message sent again
+	RefusedSeal   = "seal"   // not sealed with the cluster secret, or sealed for other subjects or another purpose
+	RefusedStale  = "stale"  // sealed outside the skew window, or before this broker could remember it
+	RefusedReplay = "replay" // its nonce was seen before: a captured message sent again
+	RefusedLate   = "late"   // a request that arrived after its caller's deadline: the caller has given up on it
 )
 
 // RefusedReasons lists every refusal reason, in exposition order.
-var RefusedReasons = []string{RefusedSignature, RefusedStale, RefusedReplay}
+var RefusedReasons = []string{RefusedSeal, RefusedStale, RefusedReplay, RefusedLate}
 
 const (
-	// nonceLen is a message's nonce, in bytes: random, never reused.
+	// nonceLen is a message's replay nonce, in bytes: random, never reused.
 	nonceLen = 16
 	// maxNonces bounds the replay cache. Past it the oldest second of
-	// nonces is forgotten and messages signed in it are refused from then
+	// nonces is forgotten and messages sealed in it are refused from then
 	// on, so the cache never grows and never lets a replay through.
 	maxNonces = 1 << 17
+	// sealVersion starts every sealed message (and its additional data):
+	// the signed-but-clear protocol before it had none, so brokers of the
+	// two refuse each other.
+	sealVersion = 2
+	// sealOverhead is what sealing adds to a message's bytes.
+	sealOverhead = 1 + chacha20poly1305.NonceSizeX + chacha20poly1305.Overhead
 )
 
-// envelope is every message's body: who sent it, when, a nonce, and what.
-// The signature over the subject, the reply subject and the envelope
-// travels in the Nexus-Sig header, so none of them can be changed or
-// re-used without the cluster secret.
-type envelope struct {
-	From  string          `json:"from"`
-	At    int64           `json:"at"`
-	Nonce string          `json:"nonce"`
-	Body  json.RawMessage `json:"body,omitempty"`
-	Error string          `json:"error,omitempty"`
+// purpose is what a sealed message is for; each has a key of its own,
+// so a message sealed as one (a reply, say) never opens as another.
+type purpose int
+
+const (
+	forRequest purpose = iota
+	forReply
+	forHeartbeat
+	purposes
+)
+
+// purposeLabels are the HKDF labels of each purpose's key.
+var purposeLabels = [purposes]string{
+	"nexus-broker cluster v2: request",
+	"nexus-broker cluster v2: reply",
+	"nexus-broker cluster v2: heartbeat",
 }
 
-// refusal is a signed-message check that failed, with its metric reason.
+// sealer seals and opens messages with XChaCha20-Poly1305, under keys
+// derived from the cluster secret by HKDF-SHA256, one per purpose. The
+// additional data is the message's subject, reply subject and chunk
+// header, so a sealed message is bound to where it goes and where its
+// answer goes.
+type sealer struct {
+	aead [purposes]cipher.AEAD
+}
+
+func newSealer(secret []byte) *sealer {
+	s := &sealer{}
+	for p, label := range purposeLabels {
+		key := make([]byte, chacha20poly1305.KeySize)
+		if _, err := io.ReadFull(hkdf.New(sha256.New, secret, nil, []byte(label)), key); err != nil {
+			panic(err) // HKDF-SHA256 yields far more than 32 bytes
+		}
+		a, err := chacha20poly1305.NewX(key)
+		if err != nil {
+			panic(err) // the key has the right size
+		}
+		s.aead[p] = a
+	}
+	return s
+}
+
+func additional(subject, reply, part string) []byte {
+	ad := make([]byte, 0, 3+len(subject)+len(reply)+len(part))
+	ad = append(ad, sealVersion)
+	for _, s := range []string{subject, reply, part} {
+		ad = append(ad, s...)
+		ad = append(ad, 0)
+	}
+	return ad
+}
+
+// seal is plain sealed for p, to subject with reply and chunk header part:
+// the version, a random nonce, the ciphertext.
+func (s *sealer) seal(p purpose, subject, reply, part string, plain []byte) ([]byte, error) {
+	out := make([]byte, 1+chacha20poly1305.NonceSizeX, sealOverhead+len(plain))
+	out[0] = sealVersion
+	if _, err := rand.Read(out[1:]); err != nil {
+		return nil, err
+	}
+	return s.aead[p].Seal(out, out[1:], plain, additional(subject, reply, part)), nil
+}
+
+var errNotSealed = errors.New("not sealed with the cluster secret for this subject")
+
+// open is the plaintext of a message sealed for p to subject, reply and
+// part; anything else is a RefusedSeal refusal.
+func (s *sealer) open(p purpose, subject, reply, part string, data []byte) ([]byte, error) {
+	if len(data) < sealOverhead || data[0] != sealVersion {
+		return nil, &refusal{RefusedSeal, errNotSealed}
+	}
+	nonce, ct := data[1:1+chacha20poly1305.NonceSizeX], data[1+chacha20poly1305.NonceSizeX:]
+	plain, err := s.aead[p].Open(nil, nonce, ct, additional(subject, reply, part))
+	if err != nil {
+		return nil, &refusal{RefusedSeal, errNotSealed}
+	}
+	return plain, nil
+}
+
+// envelope is every message's plaintext: who sent it, when, a nonce, the
+// caller's deadline (a request), and what.
+type envelope struct {
+	From  string `json:"from"`
+	At    int64  `json:"at"`
+	Nonce string `json:"nonce"`
+	// Deadline (unix ns) is when the caller of a request gives up on it;
+	// the owner drops one that arrives later, so a request answered 503
+	// for a timeout is never carried out afterwards.
+	Deadline int64           `json:"deadline,omitempty"`
+	Body     json.RawMessage `json:"body,omitempty"`
+	Error    string          `json:"error,omitempty"`
+}
+
+// refusal is a sealed-message check that failed, with its metric reason.
 type refusal struct {
 	reason string
 	err    error
@@ -54,21 +145,11 @@ type refusal struct {
 
 func (r *refusal) Error() string { return r.err.Error() }
 
-var (
-	errBadSignature = errors.New("unsigned or badly signed")
-	errReplayed     = errors.New("replayed: its nonce was seen before")
-)
+var errReplayed = errors.New("replayed: its nonce was seen before")
 
-func (n *Node) seal(body any) ([]byte, error) {
-	raw, err := json.Marshal(body)
-	if err != nil {
-		return nil, err
-	}
-	return n.sealEnvelope(envelope{Body: raw})
-}
-
-// sealEnvelope stamps e with this broker's id, the time and a fresh nonce.
-func (n *Node) sealEnvelope(e envelope) ([]byte, error) {
+// stamp is e, from this broker, now, with a fresh nonce, JSON-encoded:
+// the plaintext publish seals.
+func (n *Node) stamp(e envelope) ([]byte, error) {
 	var b [nonceLen]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		return nil, err
@@ -77,31 +158,17 @@ func (n *Node) sealEnvelope(e envelope) ([]byte, error) {
 	return json.Marshal(e)
 }
 
-// mac signs what a message is: where it goes, where its answer goes,
-// which chunk of a larger message it is ("" for a whole one), and its data.
-func (n *Node) mac(subject, reply, part string, data []byte) string {
-	h := hmac.New(sha256.New, n.secret)
-	for _, s := range []string{subject, reply, part} {
-		h.Write([]byte(s))
-		h.Write([]byte{0})
+// stampBody is body, JSON-encoded, in a fresh envelope with deadline.
+func (n *Node) stampBody(body any, deadline time.Time) ([]byte, error) {
+	raw, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
 	}
-	h.Write(data)
-	return hex.EncodeToString(h.Sum(nil))
-}
-
-func (n *Node) sign(msg *nats.Msg, part string) {
-	if msg.Header == nil {
-		msg.Header = nats.Header{}
+	e := envelope{Body: raw}
+	if !deadline.IsZero() {
+		e.Deadline = deadline.UnixNano()
 	}
-	msg.Header.Set(sigHeader, n.mac(msg.Subject, msg.Reply, part, msg.Data))
-}
-
-func (n *Node) verify(msg *nats.Msg, part string) error {
-	sig := msg.Header.Get(sigHeader)
-	if sig == "" || !hmac.Equal([]byte(sig), []byte(n.mac(msg.Subject, msg.Reply, part, msg.Data))) {
-		return &refusal{RefusedSignature, errBadSignature}
-	}
-	return nil
+	return n.stamp(e)
 }
 
 // count counts err when it is a refusal, and returns it.
@@ -113,45 +180,46 @@ func (n *Node) count(err error) error {
 	return err
 }
 
-// open checks a received message's envelope, once its signature (or every
-// chunk's) has been verified: its freshness and its nonce.
-func (n *Node) open(data []byte) (from string, body json.RawMessage, err error) {
-	from, body, err = n.unseal(data)
-	return from, body, n.count(err)
+// open checks a received message's envelope, once it (or every chunk of
+// it) has been unsealed: its freshness and its nonce. A handler's error in
+// a reply is a *RemoteError.
+func (n *Node) open(plain []byte) (envelope, error) {
+	e, err := n.check(plain)
+	return e, n.count(err)
 }
 
-func (n *Node) unseal(data []byte) (string, json.RawMessage, error) {
+func (n *Node) check(plain []byte) (envelope, error) {
 	var e envelope
-	if err := json.Unmarshal(data, &e); err != nil {
-		return "", nil, err
+	if err := json.Unmarshal(plain, &e); err != nil {
+		return e, &refusal{RefusedSeal, fmt.Errorf("sealed but unreadable: %v", err)}
 	}
 	now := time.Now()
 	if d := now.Sub(time.Unix(0, e.At)); d > maxSkew || d < -maxSkew {
-		return "", nil, &refusal{RefusedStale, fmt.Errorf("signed %s away from this broker's clock", d)}
+		return e, &refusal{RefusedStale, fmt.Errorf("sealed %s away from this broker's clock", d)}
 	}
 	nonce, err := hex.DecodeString(e.Nonce)
 	if err != nil || len(nonce) != nonceLen {
-		return "", nil, &refusal{RefusedSignature, errors.New("signed without a nonce")}
+		return e, &refusal{RefusedSeal, errors.New("sealed without a nonce")}
 	}
 	if err := n.seen.admit(e.At, [nonceLen]byte(nonce), now); err != nil {
-		return "", nil, err
+		return e, err
 	}
 	if e.Error != "" {
-		return e.From, nil, &RemoteError{Text: e.Error}
+		return e, &RemoteError{Text: e.Error}
 	}
-	return e.From, e.Body, nil
+	return e, nil
 }
 
 // replayGuard remembers the nonce of every message accepted while its
 // timestamp is still within the skew window, so a captured message sent
-// again (to the same subjects: the signature covers them) is refused.
+// again (to the same subjects: the seal covers them) is refused.
 // Nonces are kept in buckets by the second of their timestamp, and a
 // bucket goes once every message in it is too old to be accepted anyway.
 type replayGuard struct {
 	mu      sync.Mutex
 	buckets map[int64]map[[nonceLen]byte]struct{}
 	n       int
-	// floor (unix ns): messages signed earlier are refused. It starts at
+	// floor (unix ns): messages sealed earlier are refused. It starts at
 	// this broker's start, since the nonces seen before a restart are
 	// gone, and rises when the cache is full and forgets a second.
 	floor int64
@@ -162,12 +230,12 @@ func newReplayGuard(now time.Time) *replayGuard {
 	return &replayGuard{buckets: map[int64]map[[nonceLen]byte]struct{}{}, floor: now.UnixNano()}
 }
 
-// admit records nonce, refusing one seen before or signed before floor.
+// admit records nonce, refusing one seen before or sealed before floor.
 func (g *replayGuard) admit(at int64, nonce [nonceLen]byte, now time.Time) error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if at < g.floor {
-		return &refusal{RefusedStale, errors.New("signed before this broker could remember its nonce")}
+		return &refusal{RefusedStale, errors.New("sealed before this broker could remember its nonce")}
 	}
 	if sec := now.Unix(); sec != g.swept {
 		g.swept = sec

@@ -21,11 +21,16 @@ type Cluster struct {
 	// name of an environment variable holding it.
 	NkeySeed    string `yaml:"nkey_seed"`
 	NkeySeedEnv string `yaml:"nkey_seed_env"`
+	// User / PasswordEnv authenticate with a NATS user name and the name
+	// of an environment variable holding its password (never the password
+	// itself, nor in a URL: URLs appear in logs, redacted).
+	User        string `yaml:"user"`
+	PasswordEnv string `yaml:"password_env"`
 	// TLSCA is a PEM file of the CA the NATS servers' certificates chain to.
 	TLSCA string `yaml:"tls_ca"`
-	// Secret / SecretEnv is the cluster secret every broker signs its
-	// forwarded requests with (HMAC-SHA256): a NATS client that does not
-	// hold it cannot act as any principal.
+	// Secret / SecretEnv is the cluster secret every broker's messages are
+	// sealed with (keys derived from it): a NATS client that does not hold
+	// it can neither read them nor act as any principal.
 	Secret    string `yaml:"secret"`
 	SecretEnv string `yaml:"secret_env"`
 	// SubjectPrefix starts every subject the brokers use.
@@ -57,7 +62,21 @@ func (c *Config) validateCluster() error {
 	for i, u := range k.URLs {
 		p, err := url.Parse(strings.TrimSpace(u))
 		if err != nil || p.Host == "" || (p.Scheme != "nats" && p.Scheme != "tls") {
-			return fmt.Errorf("broker config: cluster.urls[%d]: %q is not nats://host:port or tls://host:port", i, u)
+			return fmt.Errorf("broker config: cluster.urls[%d]: %q is not nats://host:port or tls://host:port", i, RedactURL(u))
+		}
+		if p.User != nil && k.User != "" {
+			return fmt.Errorf("broker config: cluster.urls[%d]: carries a user as well as cluster.user, and neither wins; keep cluster.user and password_env", i)
+		}
+	}
+	if (k.User == "") != (k.PasswordEnv == "") {
+		return fmt.Errorf("broker config: cluster.user: user and password_env go together (the password is read from the variable password_env names); set both or neither")
+	}
+	if k.User != "" && (k.CredsFile != "" || k.NkeySeed != "" || k.NkeySeedEnv != "") {
+		return fmt.Errorf("broker config: cluster.user: set together with cluster.creds_file or an nkey seed, and neither wins; keep one way to authenticate")
+	}
+	if k.PasswordEnv != "" {
+		if err := checkSecret("cluster", "password", "", k.PasswordEnv); err != nil {
+			return err
 		}
 	}
 	if k.CredsFile != "" && (k.NkeySeed != "" || k.NkeySeedEnv != "") {
@@ -98,6 +117,27 @@ func (c *Config) validateCluster() error {
 		return fmt.Errorf("broker config: advertise_addr: required with cluster: (peers and clients are handed this broker's address); write the host:port clients use to reach this broker")
 	}
 	return nil
+}
+
+// RedactURL is u with any password (or bare token) in it replaced by
+// xxxxx: the form logs and errors show a NATS URL in.
+func RedactURL(u string) string {
+	p, err := url.Parse(u)
+	if err != nil {
+		// Unparseable: drop whatever comes before an @, where one may be.
+		if at := strings.LastIndexByte(u, '@'); at >= 0 {
+			return "xxxxx@" + u[at+1:]
+		}
+		return u
+	}
+	if p.User == nil {
+		return u
+	}
+	if _, has := p.User.Password(); !has {
+		p.User = url.User("xxxxx") // a bare token
+		return p.String()
+	}
+	return p.Redacted()
 }
 
 func validSubject(s string) bool {

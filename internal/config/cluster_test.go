@@ -25,7 +25,11 @@ func TestClusterErrors(t *testing.T) {
 		{"bad broker_id", "state_dir: /s\nbroker_id: a.b\nadvertise_addr: \"h:1\"\ncluster:\n  urls: nats://x:1\n  secret_env: S\n", "broker_id", "cannot name a broker in cluster mode"},
 		{"bad prefix", "state_dir: /s\nadvertise_addr: \"h:1\"\ncluster:\n  urls: nats://x:1\n  secret_env: S\n  subject_prefix: a.*\n", "cluster.subject_prefix", "is not a NATS subject"},
 		{"tiny heartbeat", "state_dir: /s\nadvertise_addr: \"h:1\"\ncluster:\n  urls: nats://x:1\n  secret_env: S\n  heartbeat_interval: 1ms\n", "cluster.heartbeat_interval", "below 10ms"},
-		{"unknown key", "state_dir: /s\nadvertise_addr: \"h:1\"\ncluster:\n  url: nats://x:1\n", "cluster.url", "unknown key; the keys allowed here are creds_file, heartbeat_interval, nkey_seed, nkey_seed_env, secret, secret_env, subject_prefix, tls_ca, urls"},
+		{"unknown key", "state_dir: /s\nadvertise_addr: \"h:1\"\ncluster:\n  url: nats://x:1\n", "cluster.url", "unknown key; the keys allowed here are creds_file, heartbeat_interval, nkey_seed, nkey_seed_env, password_env, secret, secret_env, subject_prefix, tls_ca, urls, user"},
+		{"user without password", "state_dir: /s\nadvertise_addr: \"h:1\"\ncluster:\n  urls: nats://x:1\n  secret_env: S\n  user: b1\n", "cluster.user", "go together"},
+		{"user and creds", "state_dir: /s\nadvertise_addr: \"h:1\"\ncluster:\n  urls: nats://x:1\n  secret_env: S\n  user: b1\n  password_env: P\n  creds_file: /c\n", "cluster.user", "neither wins"},
+		{"user twice", "state_dir: /s\nadvertise_addr: \"h:1\"\ncluster:\n  urls: nats://u:pw@x:1\n  secret_env: S\n  user: b1\n  password_env: P\n", "cluster.urls[0]", "carries a user"},
+		{"bad password env", "state_dir: /s\nadvertise_addr: \"h:1\"\ncluster:\n  urls: nats://x:1\n  secret_env: S\n  user: b1\n  password_env: \"A=B\"\n", "cluster.password_env", "is not an environment variable name"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := Parse([]byte(tc.yaml))
@@ -52,5 +56,24 @@ func TestClusterDefaults(t *testing.T) {
 	}
 	if c.Cluster.SubjectPrefix != DefaultSubjectPrefix || c.Cluster.HeartbeatInterval.D() != time.Second {
 		t.Errorf("defaults: prefix %q heartbeat %s", c.Cluster.SubjectPrefix, c.Cluster.HeartbeatInterval.D())
+	}
+}
+
+// TestRedactURL: a NATS URL's password or bare token never shows; nor does
+// one in a URL the config refuses.
+func TestRedactURL(t *testing.T) {
+	for in, want := range map[string]string{
+		"nats://u:hunter2@h:4222": "nats://u:xxxxx@h:4222",
+		"nats://tok3n@h:4222":     "nats://xxxxx@h:4222",
+		"nats://h:4222":           "nats://h:4222",
+		"nats://u:hun%zz@h:1":     "xxxxx@h:1",
+	} {
+		if got := RedactURL(in); got != want {
+			t.Errorf("RedactURL(%q) = %q, want %q", in, got, want)
+		}
+	}
+	_, err := Parse([]byte("state_dir: /s\nadvertise_addr: \"h:1\"\ncluster:\n  urls: http://u:hunter2@x:1\n  secret_env: S\n"))
+	if err == nil || strings.Contains(err.Error(), "hunter2") || !strings.Contains(err.Error(), "cluster.urls[0]") {
+		t.Fatalf("a refused URL with a password: %v", err)
 	}
 }

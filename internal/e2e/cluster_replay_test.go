@@ -89,7 +89,7 @@ func (s *spy) replay(m *nats.Msg, reply string) {
 }
 
 // TestClusterRefusesReplayedRequests acts as a NATS client that is not a
-// broker: it captures the signed requests B sends A for A's lease (a client
+// broker: it captures the sealed requests B sends A for A's lease (a client
 // frame, a ticket, a release) and sends them again, verbatim and with its
 // own reply subject. Nothing happens twice, nothing answers the attacker,
 // and A counts and names every refusal.
@@ -110,13 +110,13 @@ func TestClusterRefusesReplayedRequests(t *testing.T) {
 	// waits for A to refuse them all.
 	replayAll := func(ms ...*nats.Msg) {
 		t.Helper()
-		replays, forged := refused("replay"), refused("signature")
+		replays, forged := refused("replay"), refused("seal")
 		for _, m := range ms {
 			s.replay(m, "")
 			s.replay(m, mine)
 		}
 		eventually(t, 10*time.Second, func() string { return "A refusing every replayed and redirected request" }, func() bool {
-			return refused("replay") >= replays+float64(len(ms)) && refused("signature") >= forged+float64(len(ms))
+			return refused("replay") >= replays+float64(len(ms)) && refused("seal") >= forged+float64(len(ms))
 		})
 		if err := s.nc.Flush(); err != nil {
 			t.Fatal(err)

@@ -362,7 +362,7 @@ func TestClusterRefusesUnsignedRequests(t *testing.T) {
 			t.Fatalf("a forged release (signature %q) got %v, want no answer", sig, err)
 		}
 	}
-	a.GatewayLog.wait(t, regexp.MustCompile(`cluster: request refused.*unsigned or badly signed`), 5*time.Second)
+	a.GatewayLog.wait(t, regexp.MustCompile(`cluster: request refused.*not sealed with the cluster secret`), 5*time.Second)
 	if a.leaseStates()[id] != "active" {
 		t.Fatalf("the lease is %q after forged releases, want active", a.leaseStates()[id])
 	}

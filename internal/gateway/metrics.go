@@ -172,9 +172,9 @@ func (m *metrics) write(w io.Writer, g gauges) {
 	gauge("tickets_outstanding", "Issued, unredeemed WebSocket tickets the broker still holds.", g.ticketsOutstanding)
 	if c := g.cluster; c != nil {
 		gauge("cluster_peers_reachable", "Other brokers whose heartbeat is current.", c.peersReachable)
-		gauge("cluster_nats_failures", "Consecutive failed NATS connection attempts (3 or more: GET /readyz is 503).", c.natsFailures)
+		gauge("cluster_nats_failures", "Consecutive failed NATS connection attempts (3 or more: an ERROR line).", c.natsFailures)
 		name := "cluster_messages_refused_total"
-		fmt.Fprintf(w, "# HELP %s%s Cluster messages refused: unsigned or badly signed, stale, or replayed.\n# TYPE %s%s counter\n", ns, name, ns, name)
+		fmt.Fprintf(w, "# HELP %s%s Cluster messages refused: not sealed with the cluster secret (seal), stale, replayed, or arrived after its caller's deadline (late).\n# TYPE %s%s counter\n", ns, name, ns, name)
 		for _, r := range cluster.RefusedReasons {
 			fmt.Fprintf(w, "%s%s{reason=%q} %d\n", ns, name, r, c.refused[r])
 		}
