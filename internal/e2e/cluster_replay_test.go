@@ -26,7 +26,13 @@ type spy struct {
 
 func newSpy(t *testing.T, ns *natsserver.Server, subjects ...string) *spy {
 	t.Helper()
-	nc, err := nats.Connect(ns.ClientURL())
+	return newSpyAs(t, ns, nil, subjects...)
+}
+
+// newSpyAs is newSpy connecting with opts (a NATS user of its own).
+func newSpyAs(t *testing.T, ns *natsserver.Server, opts []nats.Option, subjects ...string) *spy {
+	t.Helper()
+	nc, err := nats.Connect(ns.ClientURL(), opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -56,7 +56,22 @@ func startNATS(t testing.TB, port int, tweak func(*natsserver.Options)) *natsser
 
 // clusterYAML is broker id's cluster configuration against natsURL.
 func clusterYAML(id, natsURL string) string {
-	return fmt.Sprintf("broker_id: %s\ncluster:\n  urls: %s\n  secret_env: %s\n  heartbeat_interval: 100ms\n", id, natsURL, clusterSecretEnv)
+	return clusterYAMLEvery(id, natsURL, "100ms")
+}
+
+// clusterYAMLEvery is clusterYAML with its own heartbeat interval; the
+// cluster: block stays open for more keys.
+func clusterYAMLEvery(id, natsURL, every string) string {
+	return fmt.Sprintf("broker_id: %s\ncluster:\n  urls: %s\n  secret_env: %s\n  heartbeat_interval: %s\n", id, natsURL, clusterSecretEnv, every)
+}
+
+// member is how broker id joins a cluster: its cluster: block (and top
+// keys before it) and what its gateway's environment adds.
+type member func(id string) (yaml string, env []string)
+
+// openMember joins the open NATS account at natsURL.
+func openMember(natsURL string) member {
+	return func(id string) (string, []string) { return clusterYAML(id, natsURL), nil }
 }
 
 // startCluster runs an embedded nats-server and one broker pair per id,
@@ -70,10 +85,19 @@ func startCluster(t testing.TB, extraYAML string, token string, ids ...string) (
 // startClusterOn is startCluster on a nats-server of the test's own.
 func startClusterOn(t testing.TB, ns *natsserver.Server, extraYAML string, token string, ids ...string) map[string]*Broker {
 	t.Helper()
+	return startMembers(t, openMember(ns.ClientURL()), Options{YAML: extraYAML, Token: token}, ids...)
+}
+
+// startMembers starts one broker pair per id, joined as join says, with
+// o's YAML, token and binaries, and waits until every broker hears every
+// other.
+func startMembers(t testing.TB, join member, o Options, ids ...string) map[string]*Broker {
+	t.Helper()
 	bs := map[string]*Broker{}
 	for _, id := range ids {
-		bs[id] = startBroker(t, Options{YAML: clusterYAML(id, ns.ClientURL()) + extraYAML, StateDir: true, Advertise: true, Token: token,
-			GatewayEnv: []string{clusterSecretEnv + "=" + clusterSecret}})
+		yaml, env := join(id)
+		bs[id] = startBroker(t, Options{YAML: yaml + o.YAML, StateDir: true, Advertise: true, Token: o.Token, BinDir: o.BinDir,
+			GatewayEnv: append([]string{clusterSecretEnv + "=" + clusterSecret}, env...)})
 	}
 	for _, b := range bs {
 		b.waitPeers(len(ids) - 1)
