@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"time"
 
 	"github.com/nexus-broker/nexus-broker/internal/config"
 )
@@ -87,6 +88,16 @@ type Authenticator struct {
 // New builds the chain of a validated auth: block, reading every <key>_env
 // secret from the environment; nil gives nil. An error names the key.
 func New(a *config.Auth, log *slog.Logger) (*Authenticator, error) {
+	return newOn(a, log, clock{now: time.Now, after: time.After})
+}
+
+// clock is the time the validators read and wait on (tests drive it).
+type clock struct {
+	now   func() time.Time
+	after func(time.Duration) <-chan time.Time
+}
+
+func newOn(a *config.Auth, log *slog.Logger, clk clock) (*Authenticator, error) {
 	if a == nil {
 		return nil, nil
 	}
@@ -99,19 +110,33 @@ func New(a *config.Auth, log *slog.Logger) (*Authenticator, error) {
 		case config.ValidatorStatic:
 			val, err = newStatic(i, v)
 		case config.ValidatorJWKS:
-			val = newJWKS(v, log)
+			val = newJWKS(v, log, clk)
 		case config.ValidatorIntrospect:
-			val, err = newIntrospect(i, v, log)
+			val, err = newIntrospect(i, v, log, clk)
 		case config.ValidatorProxyHeaders:
 			val = &proxyHeaders{cfg: v}
 			au.headers = append(au.headers, v.PrincipalHeader)
 		}
 		if err != nil {
+			au.Close()
 			return nil, err
 		}
 		au.chain = append(au.chain, link{val, v.PrincipalPrefix})
 	}
 	return au, nil
+}
+
+// Close stops what the validators run in the background (a JWKS's
+// scheduled refresh). Nil-safe.
+func (a *Authenticator) Close() {
+	if a == nil {
+		return
+	}
+	for _, l := range a.chain {
+		if c, ok := l.validator.(interface{ close() }); ok {
+			c.close()
+		}
+	}
 }
 
 // Enabled reports whether an auth: block is in force.

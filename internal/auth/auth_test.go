@@ -5,6 +5,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/rsa"
 	"fmt"
 	"io"
 	"log/slog"
@@ -14,6 +15,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -27,14 +29,20 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 func newAuth(t testing.TB, yaml string) *Authenticator {
 	t.Helper()
+	return newAuthOn(t, yaml, clock{now: time.Now, after: time.After})
+}
+
+func newAuthOn(t testing.TB, yaml string, clk clock) *Authenticator {
+	t.Helper()
 	c, err := config.Parse([]byte(yaml))
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := New(c.Auth, quiet)
+	a, err := newOn(c.Auth, quiet, clk)
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(a.Close)
 	return a
 }
 
@@ -116,8 +124,6 @@ func jwksYAML(is *authtest.Issuer, extra string) string {
 %s`, is.URL()+"/", is.JWKSURL(), extra)
 }
 
-func jwksOf(a *Authenticator) *jwks { return a.chain[0].validator.(*jwks) }
-
 func TestJWKS(t *testing.T) {
 	is := authtest.NewIssuer()
 	defer is.Stop()
@@ -170,70 +176,230 @@ func TestJWKS(t *testing.T) {
 	})
 }
 
-// TestJWKSRotationAndOutage: a rotated key is picked up without a restart;
-// with the issuer stopped a cached kid keeps verifying and a new one is
-// denied (401, never an allow and never a 503).
-func TestJWKSRotationAndOutage(t *testing.T) {
-	is, a, iss := warmJWKS(t)
-
-	// Rotation: the first token under the new kid refetches, once the
-	// interval since the last fetch has passed.
-	ageLastFetch(a)
-	is.Rotate()
-	wantAccept(t, a, bearer(is.Sign(authtest.Claims(iss, "nexus-broker", "bob"))), "bob")
-
-	// Outage: a new token under the cached kid verifies without the issuer.
-	is.Stop()
-	wantAccept(t, a, bearer(is.Sign(authtest.Claims(iss, "nexus-broker", "dave"))), "dave")
-	// A kid the cache does not hold is denied.
-	is.Rotate()
-	ageLastFetch(a)
-	wantRefusal(t, a, bearer(is.Sign(authtest.Claims(iss, "nexus-broker", "eve"))), 401, TextRejected)
+// fakeClock is the validators' clock in a test: now moves only when the
+// test advances it, and each wait a key set asks for is reported on asked
+// and ends when the test fires it.
+type fakeClock struct {
+	mu    sync.Mutex
+	t     time.Time
+	asked chan time.Duration
+	fire  chan time.Time
 }
 
-// TestJWKSRefetchRateLimited: within the interval an unknown kid fetches
-// nothing, however often it is presented.
-func TestJWKSRefetchRateLimited(t *testing.T) {
-	is, a, iss := warmJWKS(t)
-	before := is.Fetches()
-	is.Rotate()
-	tooSoon := is.Sign(authtest.Claims(iss, "nexus-broker", "carol"))
-	for range 5 {
-		wantRefusal(t, a, bearer(tooSoon), 401, TextRejected)
-	}
-	if n := is.Fetches() - before; n != 0 {
-		t.Errorf("%d refetches within the interval, want 0", n)
-	}
-	ageLastFetch(a)
-	wantAccept(t, a, bearer(tooSoon), "carol")
-	if n := is.Fetches() - before; n != 1 {
-		t.Errorf("%d refetches after the interval, want 1", n)
+func newFakeClock() *fakeClock {
+	return &fakeClock{t: time.Now(), asked: make(chan time.Duration, 16), fire: make(chan time.Time)}
+}
+
+func (c *fakeClock) clock() clock { return clock{now: c.now, after: c.after} }
+
+func (c *fakeClock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+func (c *fakeClock) after(d time.Duration) <-chan time.Time {
+	c.asked <- d
+	return c.fire
+}
+
+// nextWait is the next wait a key set asks for: its scheduled refresh
+// has run.
+func (c *fakeClock) nextWait(t *testing.T) time.Duration {
+	t.Helper()
+	select {
+	case d := <-c.asked:
+		return d
+	case <-time.After(10 * time.Second):
+		t.Fatal("the key set never scheduled its next refresh")
+		return 0
 	}
 }
 
-// warmJWKS starts an issuer and a jwks chain over it that has verified one
-// token; iss is the issuer value tokens must carry.
-func warmJWKS(t *testing.T) (*authtest.Issuer, *Authenticator, string) {
+// tick ends the key set's wait and waits for the refresh it runs, and
+// returns the wait that refresh schedules.
+func (c *fakeClock) tick(t *testing.T, d time.Duration) time.Duration {
+	t.Helper()
+	c.advance(d)
+	select {
+	case c.fire <- c.now():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the key set is not waiting for its refresh")
+	}
+	return c.nextWait(t)
+}
+
+// warmJWKS starts an issuer (with cacheControl on its answers) and a jwks
+// chain over it on a fake clock whose first fetch has run; iss is the
+// issuer value tokens must carry.
+func warmJWKS(t *testing.T, cacheControl string) (*authtest.Issuer, *Authenticator, *fakeClock, string) {
 	is := authtest.NewIssuer()
 	t.Cleanup(is.Stop)
-	a := newAuth(t, jwksYAML(is, ""))
-	iss := is.URL() + "/"
-	wantAccept(t, a, bearer(is.Sign(authtest.Claims(iss, "nexus-broker", "alice"))), "alice")
-	return is, a, iss
+	is.SetCacheControl(cacheControl)
+	clk := newFakeClock()
+	a := newAuthOn(t, jwksYAML(is, ""), clk.clock())
+	clk.nextWait(t)
+	return is, a, clk, is.URL() + "/"
 }
 
-// ageLastFetch makes the last JWKS fetch one interval old, standing in for
-// the wait.
-func ageLastFetch(a *Authenticator) {
-	ks := jwksOf(a).keys
-	ks.mu.Lock()
-	ks.last = time.Now().Add(-jwksRefetchInterval)
-	ks.mu.Unlock()
+// TestJWKSFollowsTheIssuer: the set is refetched on the schedule the
+// issuer's Cache-Control asks for, so a removed key stops verifying at the
+// next refresh, its tokens already verified included; a failed refresh
+// keeps the set held and is retried after a minute.
+func TestJWKSFollowsTheIssuer(t *testing.T) {
+	is, a, clk, iss := warmJWKS(t, "public, max-age=120")
+	old := is.Sign(authtest.Claims(iss, "nexus-broker", "alice"))
+	wantAccept(t, a, bearer(old), "alice")
+	is.Rotate()
+	wantAccept(t, a, bearer(old), "alice") // until the issuer's interval ends
+	if got := clk.tick(t, 2*time.Minute); got != 2*time.Minute {
+		t.Errorf("next refresh in %s, want the issuer's max-age 2m", got)
+	}
+	if n := is.Fetches(); n != 2 {
+		t.Fatalf("%d fetches, want the boot's and the scheduled one", n)
+	}
+	wantRefusal(t, a, bearer(old), 401, TextRejected)
+	current := is.Sign(authtest.Claims(iss, "nexus-broker", "bob"))
+	wantAccept(t, a, bearer(current), "bob")
+
+	// The issuer fails: the set held keeps verifying, and the retry comes
+	// a minute later, whatever max-age said.
+	is.SetFailing(true)
+	is.Rotate()
+	if got := clk.tick(t, 2*time.Minute); got != time.Minute {
+		t.Errorf("after a failed refresh the next one is in %s, want 1m", got)
+	}
+	if n := is.Fetches(); n != 3 {
+		t.Fatalf("%d fetches, want 3", n)
+	}
+	a.chain[0].validator.(*jwks).cache = tokenCache{}
+	wantAccept(t, a, bearer(current), "bob")
+	is.SetFailing(false)
+	is.SetCacheControl("")
+	if got := clk.tick(t, time.Minute); got != jwksDefaultRefresh {
+		t.Errorf("with no Cache-Control the next refresh is in %s, want %s", got, jwksDefaultRefresh)
+	}
+	wantRefusal(t, a, bearer(current), 401, TextRejected)
+	wantAccept(t, a, bearer(is.Sign(authtest.Claims(iss, "nexus-broker", "carol"))), "carol")
+}
+
+// TestJWKSRefreshInterval: max-age, else five minutes, within [1m, 24h].
+func TestJWKSRefreshInterval(t *testing.T) {
+	for cc, want := range map[string]time.Duration{
+		"":                                5 * time.Minute,
+		"no-cache":                        5 * time.Minute,
+		"max-age=600":                     10 * time.Minute,
+		"public, MAX-AGE=3600, immutable": time.Hour,
+		`max-age="900"`:                   15 * time.Minute,
+		"max-age=0":                       time.Minute,
+		"max-age=10":                      time.Minute,
+		"max-age=999999999999999999":      24 * time.Hour,
+		"max-age=-5":                      5 * time.Minute,
+		"max-age=soon":                    5 * time.Minute,
+	} {
+		h := http.Header{}
+		if cc != "" {
+			h.Set("Cache-Control", cc)
+		}
+		if got := refreshInterval(h); got != want {
+			t.Errorf("Cache-Control %q: every %s, want %s", cc, got, want)
+		}
+	}
+}
+
+// TestJWKSUnknownKid: a rotated key verifies on its first token once a
+// second has passed since the last fetch; a kid that missed is not
+// fetched for again within the interval; random kids cost at most one
+// fetch a second; concurrent misses share one fetch.
+func TestJWKSUnknownKid(t *testing.T) {
+	is, a, clk, iss := warmJWKS(t, "")
+	is.Rotate()
+	rotated := is.Sign(authtest.Claims(iss, "nexus-broker", "bob"))
+	clk.advance(500 * time.Millisecond)
+	wantRefusal(t, a, bearer(rotated), 401, TextRejected) // within a second of the boot's fetch
+	if n := is.Fetches(); n != 1 {
+		t.Fatalf("%d fetches within a second of the last, want 1 (the boot's)", n)
+	}
+	clk.advance(time.Second)
+	wantAccept(t, a, bearer(rotated), "bob")
+	if n := is.Fetches(); n != 2 {
+		t.Fatalf("%d fetches, want the rotated kid's at once", n)
+	}
+
+	foreign, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged := func(kid string) string {
+		return authtest.SignWith(jose.SigningKey{Algorithm: jose.RS256, Key: jose.JSONWebKey{Key: foreign, KeyID: kid}}, authtest.Claims(iss, "nexus-broker", "mallory"))
+	}
+	clk.advance(2 * time.Second)
+	for i := range 30 {
+		wantRefusal(t, a, bearer(forged(fmt.Sprint("random-", i))), 401, TextRejected)
+	}
+	if n := is.Fetches(); n != 3 {
+		t.Fatalf("%d fetches after 30 random kids at one instant, want one more (3)", n)
+	}
+	clk.advance(2 * time.Second)
+	wantRefusal(t, a, bearer(forged("random-0")), 401, TextRejected)
+	if n := is.Fetches(); n != 3 {
+		t.Fatalf("%d fetches: a kid that missed within the interval fetched again", n)
+	}
+	wantRefusal(t, a, bearer(forged("random-new")), 401, TextRejected)
+	if n := is.Fetches(); n != 4 {
+		t.Fatalf("%d fetches, want one for a new kid a second after the last fetch", n)
+	}
+	clk.advance(jwksDefaultRefresh)
+	wantRefusal(t, a, bearer(forged("random-0")), 401, TextRejected)
+	if n := is.Fetches(); n != 5 {
+		t.Fatalf("%d fetches, want one for a kid whose miss is an interval old", n)
+	}
+
+	// Twenty callers with the next key at once: one fetch, all verified.
+	is.Rotate()
+	clk.advance(2 * time.Second)
+	var wg sync.WaitGroup
+	refused := make(chan *Refusal, 20)
+	for i := range 20 {
+		tok := is.Sign(authtest.Claims(iss, "nexus-broker", fmt.Sprint("u", i)))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, ref := a.Verify(context.Background(), bearer(tok)); ref != nil {
+				refused <- ref
+			}
+		}()
+	}
+	wg.Wait()
+	close(refused)
+	for ref := range refused {
+		t.Errorf("a concurrent caller with the rotated key was refused: %s", ref.Reason)
+	}
+	if n := is.Fetches(); n != 6 {
+		t.Errorf("%d fetches after 20 concurrent misses, want one more (6)", n)
+	}
+}
+
+// TestJWKSOutage: with the issuer stopped a cached kid keeps verifying and
+// a new one is denied (401, never an allow and never a 503).
+func TestJWKSOutage(t *testing.T) {
+	is, a, clk, iss := warmJWKS(t, "")
+	is.Stop()
+	wantAccept(t, a, bearer(is.Sign(authtest.Claims(iss, "nexus-broker", "dave"))), "dave")
+	is.Rotate()
+	clk.advance(2 * time.Second)
+	wantRefusal(t, a, bearer(is.Sign(authtest.Claims(iss, "nexus-broker", "eve"))), 401, TextRejected)
 }
 
 // TestJWKSWarmPathDoesNotFetch: once warm, verifying fetches nothing.
 func TestJWKSWarmPathDoesNotFetch(t *testing.T) {
-	is, a, iss := warmJWKS(t)
+	is, a, _, iss := warmJWKS(t, "")
 	before := is.Fetches()
 	for i := range 20 {
 		wantAccept(t, a, bearer(is.Sign(authtest.Claims(iss, "nexus-broker", fmt.Sprint("u", i)))), fmt.Sprint("u", i))

@@ -77,23 +77,27 @@ type tokenCache struct {
 type cachedToken struct {
 	p     Principal
 	until time.Time
+	gen   uint64
 }
 
-func (c *tokenCache) get(tok string, now time.Time) (Principal, bool) {
+// get is tok's principal if it was put with generation gen and has not
+// expired; the generation is what it was verified against (a key set's),
+// 0 where nothing changes under it.
+func (c *tokenCache) get(tok string, now time.Time, gen uint64) (Principal, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, ok := c.m[tok]
 	if !ok {
 		return Principal{}, false
 	}
-	if !now.Before(e.until) {
+	if !now.Before(e.until) || e.gen != gen {
 		delete(c.m, tok)
 		return Principal{}, false
 	}
 	return e.p, true
 }
 
-func (c *tokenCache) put(tok string, p Principal, until time.Time, now time.Time) {
+func (c *tokenCache) put(tok string, p Principal, until time.Time, now time.Time, gen uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.m == nil {
@@ -101,7 +105,7 @@ func (c *tokenCache) put(tok string, p Principal, until time.Time, now time.Time
 	}
 	if len(c.m) >= maxCachedTokens {
 		for k, e := range c.m {
-			if !now.Before(e.until) {
+			if !now.Before(e.until) || e.gen != gen {
 				delete(c.m, k)
 			}
 		}
@@ -109,5 +113,5 @@ func (c *tokenCache) put(tok string, p Principal, until time.Time, now time.Time
 			clear(c.m)
 		}
 	}
-	c.m[tok] = cachedToken{p, until}
+	c.m[tok] = cachedToken{p, until, gen}
 }

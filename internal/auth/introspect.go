@@ -26,12 +26,12 @@ type introspect struct {
 	now    func() time.Time
 }
 
-func newIntrospect(i int, v *config.Validator, log *slog.Logger) (*introspect, error) {
+func newIntrospect(i int, v *config.Validator, log *slog.Logger, clk clock) (*introspect, error) {
 	secret, err := config.ResolveSecret(config.ValidatorPath(i), "client_secret", v.ClientSecret, v.ClientSecretEnv)
 	if err != nil {
 		return nil, err
 	}
-	return &introspect{cfg: v, secret: secret, client: &http.Client{Timeout: fetchTimeout}, log: log, now: time.Now}, nil
+	return &introspect{cfg: v, secret: secret, client: &http.Client{Timeout: fetchTimeout}, log: log, now: clk.now}, nil
 }
 
 func (v *introspect) validate(ctx context.Context, c *Credential) (Principal, error) {
@@ -39,7 +39,7 @@ func (v *introspect) validate(ctx context.Context, c *Credential) (Principal, er
 		return Principal{}, errNotPresented
 	}
 	now := v.now()
-	if p, ok := v.cache.get(c.Bearer, now); ok {
+	if p, ok := v.cache.get(c.Bearer, now, 0); ok {
 		return p, nil
 	}
 	claims, err := v.ask(ctx, c.Bearer)
@@ -72,7 +72,7 @@ func (v *introspect) validate(ctx context.Context, c *Credential) (Principal, er
 		return Principal{}, fmt.Errorf("introspect: %w", err)
 	}
 	if until.After(now) {
-		v.cache.put(c.Bearer, p, until, now)
+		v.cache.put(c.Bearer, p, until, now, 0)
 	}
 	return p, nil
 }
@@ -117,7 +117,7 @@ func (v *introspect) ask(ctx context.Context, token string) (map[string]json.Raw
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	req.Header.Set("Accept", "application/json")
 	req.SetBasicAuth(url.QueryEscape(v.cfg.ClientID), url.QueryEscape(v.secret))
-	body, err := fetchOK(v.client, req)
+	body, _, err := fetchOK(v.client, req)
 	if err != nil {
 		return nil, err
 	}

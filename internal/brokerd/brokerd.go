@@ -78,6 +78,7 @@ func Run(o Options) error {
 	if err != nil {
 		return bootlog.Wrap(bootlog.LoadConfig, err, "path", givenPath(o, path))
 	}
+	defer authn.Close()
 	for _, w := range cfg.Warnings {
 		// Each with upstream's attributes.
 		if w == config.WarnTLSScheme {

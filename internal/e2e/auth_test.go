@@ -467,6 +467,16 @@ func TestAuthProxyHeadersTrustsOnlyThePeer(t *testing.T) {
 	}
 }
 
+// jwksValidator is a jwks validator entry over is, audience nexus-broker.
+func jwksValidator(is *authtest.Issuer) string {
+	return fmt.Sprintf(`    - type: jwks
+      issuer: %q
+      jwks_url: %q
+      audience: nexus-broker
+      principal_claim: sub
+`, is.URL(), is.JWKSURL())
+}
+
 // TestAuthJWKSAndIntrospectAgainstTheBroker: an OIDC token from a local
 // issuer claims and connects; an introspect validator whose endpoint is down
 // answers 503 with Retry-After: 5 and claims nothing. The client secret's
@@ -477,18 +487,11 @@ func TestAuthJWKSAndIntrospectAgainstTheBroker(t *testing.T) {
 	defer is.Stop()
 	in := authtest.NewIntrospector("broker", "s3cret")
 	in.Stop()
-	b := startBroker(t, Options{YAML: fmt.Sprintf(`auth:
-  validators:
-    - type: jwks
-      issuer: %q
-      jwks_url: %q
-      audience: nexus-broker
-      principal_claim: sub
-    - type: introspect
+	b := startBroker(t, Options{YAML: "auth:\n  validators:\n" + jwksValidator(is) + fmt.Sprintf(`    - type: introspect
       endpoint: %q
       client_id: broker
       client_secret_env: NEXUS_TEST_INTROSPECT_SECRET
-`, is.URL(), is.JWKSURL(), in.URL()), GatewayEnv: []string{"NEXUS_TEST_INTROSPECT_SECRET=s3cret"}})
+`, in.URL()), GatewayEnv: []string{"NEXUS_TEST_INTROSPECT_SECRET=s3cret"}})
 	tok := is.Sign(authtest.Claims(is.URL(), "nexus-broker", "alice"))
 	claim := b.claimAs(tok)
 	conn := b.dial(claim, brokerclient.DialOptions{Ticket: claim.Ticket})
@@ -731,4 +734,34 @@ func TestAuthIntrospectAudienceAndCacheTTL(t *testing.T) {
 	if n := in.Calls() - calls; n != 2 {
 		t.Errorf("%d introspection calls for two requests with cache_ttl: 0, want 2", n)
 	}
+}
+
+// TestAuthJWKSFollowsTheIssuer: a rotated key is accepted on its first
+// token although the set was fetched a moment ago, and a key the issuer
+// removes stops verifying at the refresh its Cache-Control schedules (60 s,
+// the shortest honoured: the test waits it out, beside the other parallel
+// tests). The issuer answers in 1.1 s, so a second has passed since the
+// boot's fetch when the rotated token arrives.
+func TestAuthJWKSFollowsTheIssuer(t *testing.T) {
+	t.Parallel()
+	is := authtest.NewIssuer()
+	defer is.Stop()
+	is.SetCacheControl("max-age=60")
+	is.SetSlow(1100 * time.Millisecond)
+	b := startBroker(t, Options{YAML: "auth:\n  validators:\n" + jwksValidator(is)})
+	b.GatewayLog.wait(t, regexp.MustCompile(`msg="jwks key set changed" jwks_url=\S+ kids=\[k1\] next_refresh=1m0s`), 30*time.Second)
+
+	is.Rotate()
+	rotated := is.Sign(authtest.Claims(is.URL(), "nexus-broker", "alice"))
+	status, got := b.doAs(rotated, "GET", "/leases", "")
+	wantAnswer(t, "the rotated key's first token, seconds after a fetch", status, got, 200, `{"leases":[]}`+"\n")
+
+	is.Rotate() // k2 is no longer published
+	status, got = b.doAs(rotated, "GET", "/leases", "")
+	wantAnswer(t, "the removed key's token before the scheduled refresh", status, got, 200, `{"leases":[]}`+"\n")
+	b.GatewayLog.wait(t, regexp.MustCompile(`msg="jwks key set changed" jwks_url=\S+ kids=\[k3\]`), 90*time.Second)
+	status, got = b.doAs(rotated, "GET", "/leases", "")
+	wantAnswer(t, "the removed key's token after the scheduled refresh", status, got, 401, bodyRejected)
+	status, got = b.doAs(is.Sign(authtest.Claims(is.URL(), "nexus-broker", "bob")), "GET", "/leases", "")
+	wantAnswer(t, "the current key's token", status, got, 200, `{"leases":[]}`+"\n")
 }

@@ -26,19 +26,42 @@ type Issuer struct {
 	current jose.JSONWebKey   // private, signs
 	n       int
 	fetches int
+	wake    chan struct{} // closed and replaced at each fetch served
+	cache   string        // the Cache-Control of the answer
+	fail    bool          // answer 500
+	slow    time.Duration // answer this late
 }
 
 // NewIssuer starts an issuer with one RS256 key.
 func NewIssuer() *Issuer {
-	is := &Issuer{}
+	is := &Issuer{wake: make(chan struct{})}
 	is.Rotate()
-	is.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	is.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		is.mu.Lock()
 		set := jose.JSONWebKeySet{Keys: is.keys}
-		is.fetches++
+		cache, fail, slow := is.cache, is.fail, is.slow
 		is.mu.Unlock()
-		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(set)
+		if slow > 0 {
+			// An issuer this slow to answer, not a wait for anything.
+			select {
+			case <-time.After(slow):
+			case <-r.Context().Done():
+			}
+		}
+		if cache != "" {
+			w.Header().Set("Cache-Control", cache)
+		}
+		if fail {
+			http.Error(w, "down for maintenance", http.StatusInternalServerError)
+		} else {
+			w.Header().Set("Content-Type", "application/json")
+			_ = json.NewEncoder(w).Encode(set)
+		}
+		is.mu.Lock()
+		is.fetches++
+		close(is.wake)
+		is.wake = make(chan struct{})
+		is.mu.Unlock()
 	}))
 	return is
 }
@@ -54,6 +77,47 @@ func (is *Issuer) Fetches() int {
 	is.mu.Lock()
 	defer is.mu.Unlock()
 	return is.fetches
+}
+
+// AwaitFetches waits until n key-set requests have been answered, at most
+// d; it reports whether they were.
+func (is *Issuer) AwaitFetches(n int, d time.Duration) bool {
+	deadline := time.After(d)
+	for {
+		is.mu.Lock()
+		got, wake := is.fetches, is.wake
+		is.mu.Unlock()
+		if got >= n {
+			return true
+		}
+		select {
+		case <-wake:
+		case <-deadline:
+			return false
+		}
+	}
+}
+
+// SetCacheControl sets the Cache-Control header of the key set's answer
+// ("" sends none).
+func (is *Issuer) SetCacheControl(v string) {
+	is.mu.Lock()
+	is.cache = v
+	is.mu.Unlock()
+}
+
+// SetFailing makes the key set answer 500 (true) or the set again.
+func (is *Issuer) SetFailing(fail bool) {
+	is.mu.Lock()
+	is.fail = fail
+	is.mu.Unlock()
+}
+
+// SetSlow makes the key set answer d after it is asked.
+func (is *Issuer) SetSlow(d time.Duration) {
+	is.mu.Lock()
+	is.slow = d
+	is.mu.Unlock()
 }
 
 // Rotate makes a new key current and publishes only it.
