@@ -50,14 +50,16 @@ func (q *Question) Text() string {
 	return out
 }
 
-// Turn translates one task's instance payloads into A2A steps, exactly as
-// the ingress mapping says: the first payload carrying a turn_id binds the
-// task to that turn and payloads naming another are ignored; deltas
-// accumulate and an output replaces them; stream.end does not end the task,
-// status idle does; hitl.request asks the client; cancel.complete cancels.
+// Turn translates one task's instance payloads into A2A steps, as
+// upstream's ingress maps them: the first payload carrying a turn_id binds
+// the task to that turn and payloads naming another are ignored; a payload
+// naming no turn (a stock instance's status never names one) is the task's.
+// Any sign of life moves the task to WORKING once; deltas accumulate and an
+// output replaces them; stream.end does not end the task, a status idle
+// after the task worked does; hitl.request asks the client;
+// cancel.complete cancels.
 type Turn struct {
 	id       string
-	bound    bool
 	text     strings.Builder
 	asking   *Question
 	settled  bool
@@ -91,40 +93,59 @@ func (t *Turn) Apply(payload json.RawMessage) Step {
 		return StepNone
 	}
 	if p.TurnID != "" {
-		if !t.bound {
-			t.bound, t.id = true, p.TurnID
+		if t.id == "" {
+			t.id = p.TurnID
 		} else if p.TurnID != t.id {
 			return StepNone
 		}
-	} else if !t.bound {
-		return StepNone // nothing anchors it to this task yet
 	}
-	step := StepNone
-	if !t.working {
-		t.working = true
-		step = StepWorking
+	if p.Type == brokerframe.IOStatus {
+		return t.status(p.State)
 	}
+	step := t.work()
 	switch p.Type {
 	case brokerframe.IOStreamDelta:
 		t.text.WriteString(p.Content)
 	case brokerframe.IOOutput:
 		t.text.Reset()
 		t.text.WriteString(p.Content)
-	case brokerframe.IOStatus:
-		switch {
-		case p.State == brokerframe.StateIdle:
-			t.settled = true
-			return StepCompleted
-		case brokerframe.IsWorkState(p.State) && p.State != brokerframe.StateWaiting && t.asking != nil:
-			t.asking = nil // answered: back to work
-			return StepWorking
-		}
 	case brokerframe.IOHITLRequest:
 		t.asking = &Question{RequestID: p.RequestID, Prompt: p.Prompt, Mode: p.Mode, Choices: p.Choices}
 		return StepInputRequired
 	case brokerframe.IOCancelComplete:
 		t.settled, t.canceled = true, true
 		return StepCanceled
+	}
+	return step
+}
+
+// work is a sign of life: StepWorking the first time, StepNone after.
+func (t *Turn) work() Step {
+	if t.working {
+		return StepNone
+	}
+	t.working = true
+	return StepWorking
+}
+
+// status maps a status payload. An idle settles a task that worked; one
+// before any sign of life is the instance saying it is quiet, not a turn
+// ending. A blank state says nothing.
+func (t *Turn) status(state string) Step {
+	switch {
+	case state == "":
+		return StepNone
+	case state == brokerframe.StateIdle:
+		if !t.working {
+			return StepNone
+		}
+		t.settled = true
+		return StepCompleted
+	}
+	step := t.work()
+	if brokerframe.IsWorkState(state) && state != brokerframe.StateWaiting && t.asking != nil {
+		t.asking = nil // answered: back to work
+		return StepWorking
 	}
 	return step
 }

@@ -448,12 +448,12 @@ func TestA2ACrash(t *testing.T) {
 	b := a2aBroker(t, "", Options{})
 	c := a2aClient(t, b, "crashy", a2a.TransportProtocolJSONRPC)
 	task := sendTask(t, c, userMsg("x", "boom now please"))
-	if task.Status.State != a2a.TaskStateFailed || statusText(task) != "the agent instance stopped responding before the turn finished" {
+	if task.Status.State != a2a.TaskStateFailed || statusText(task) != "the agent instance exited with exit status 4 before the turn finished" {
 		t.Errorf("crash mid-turn: %s %q", task.Status.State, statusText(task))
 	}
 	b.GatewayLog.wait(t, regexp.MustCompile(`level=INFO msg="a2a agent instance stopped" lease_id=\S+`), time.Second)
 	b.GatewayLog.wait(t, regexp.MustCompile(`level=WARN msg="a2a task failed because its agent instance went away" profile=crashy task_id=`+
-		string(task.ID)+` reason="the agent instance stopped responding before the turn finished"`), time.Second)
+		string(task.ID)+` reason="the agent instance exited with exit status 4 before the turn finished"`), time.Second)
 	c = a2aClient(t, b, "late", a2a.TransportProtocolJSONRPC)
 	if got := answerOf(t, sendTask(t, c, userMsg("y", "answer first"))); got != "echo #1: answer first" {
 		t.Errorf("crash after the answer: %q", got)

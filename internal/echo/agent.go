@@ -189,6 +189,9 @@ func (a *agent) setCurrent(t *turn) {
 }
 
 func (a *agent) status(state, turnID string) {
+	if a.knobs.StockStatus {
+		turnID = ""
+	}
 	a.send.io(brokerframe.IO{Type: brokerframe.IOStatus, State: state, TurnID: turnID})
 }
 

@@ -44,6 +44,9 @@ const (
 	// EnvOmitLeaseID sends io frames without lease_id, which a broker
 	// forwards as the socket's lease (the frame envelope allows it).
 	EnvOmitLeaseID = "NEXUS_ECHO_OMIT_LEASE_ID"
+	// EnvStockStatus sends status payloads without turn_id, as the stock
+	// broker plugin does (its other payloads name their turn).
+	EnvStockStatus = "NEXUS_ECHO_STOCK_STATUS"
 )
 
 // The values EnvCrash accepts.
@@ -81,6 +84,7 @@ type knobs struct {
 	FloodBytes      int    // the size of each
 	WorkState       string // EnvWorkState; "" reports thinking
 	OmitLeaseID     bool   // io frames carry no lease_id
+	StockStatus     bool   // status payloads carry no turn_id
 }
 
 // loadKnobs reads the knobs through getenv (os.Getenv in production). An unset
@@ -104,6 +108,7 @@ func loadKnobs(getenv func(string) string) (knobs, error) {
 		{EnvNoSessionReport, &k.NoSessionReport},
 		{EnvAllowRun, &k.AllowRun},
 		{EnvOmitLeaseID, &k.OmitLeaseID},
+		{EnvStockStatus, &k.StockStatus},
 	}
 	for _, b := range bools {
 		v := getenv(b.name)

@@ -21,12 +21,12 @@ func TestLoadKnobs(t *testing.T) {
 			EnvNoSecret: "1", EnvWrongSecret: "1", EnvFrameVersion: "7", EnvBootDelay: "2s",
 			EnvNoSessionReport: "1", EnvPingInterval: "10ms", EnvPeerTimeout: "30ms",
 			EnvReportSessionFrom: "/f", EnvReportFlood: "20x3800000", EnvAllowRun: "1",
-			EnvWorkState: "tool_running", EnvOmitLeaseID: "1",
+			EnvWorkState: "tool_running", EnvOmitLeaseID: "1", EnvStockStatus: "1",
 		}, check: func(k knobs) bool {
 			return k == knobs{ExitBeforeReady: true, Crash: CrashAfterAnswer, SlowTurn: 150 * time.Millisecond,
 				IgnoreShutdown: true, ExitOnShutdown: true, NoSecret: true, WrongSecret: true, RegisterVersion: 7, BootDelay: 2 * time.Second,
 				NoSessionReport: true, PingInterval: 10 * time.Millisecond, PeerTimeout: 30 * time.Millisecond,
-				ReportSession: "/f", FloodReports: 20, FloodBytes: 3800000, AllowRun: true, WorkState: "tool_running", OmitLeaseID: true}
+				ReportSession: "/f", FloodReports: 20, FloodBytes: 3800000, AllowRun: true, WorkState: "tool_running", OmitLeaseID: true, StockStatus: true}
 		}},
 		{name: "zero turns a knob off", env: map[string]string{EnvIgnoreShutdown: "0"}, check: func(k knobs) bool { return !k.IgnoreShutdown }},
 		{name: "bad bool", env: map[string]string{EnvNoSecret: "yes"}, wantErr: EnvNoSecret},

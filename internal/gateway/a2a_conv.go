@@ -42,7 +42,6 @@ const (
 const (
 	textSpawnFailed  = "an agent instance for profile %q could not be started: %s"
 	textSpawnRefused = "this broker refused to start an agent instance for profile %q: %s"
-	textInstanceGone = "the agent instance stopped responding before the turn finished"
 	textInputTimeout = "the agent asked a question and no answer arrived within %s, so the turn was abandoned"
 	textCanceled     = "the task was canceled by the client"
 )

@@ -69,7 +69,7 @@ func (in *ingress) start(c *conv) {
 			"context_id", c.key.context, "state", a2a.StateName(fail.state), "error", fail.text)
 		in.setStateLocked(t, fail.state, fail.text)
 	case l.currentState() == stateDraining:
-		in.instanceGoneLocked(t)
+		in.instanceGoneLocked(t, l)
 	default:
 		in.kickLocked(c)
 	}
@@ -404,14 +404,15 @@ func (in *ingress) leaseClosed(l *lease) {
 	in.bindLocked(c, nil)
 	in.unholdLocked(c)
 	if t := c.active; t != nil && c.sent {
-		in.instanceGoneLocked(t)
+		in.instanceGoneLocked(t, l)
 	}
 	// An input not sent yet goes to the conversation's next instance.
 	in.kickLocked(c)
 }
 
-// instanceGoneLocked fails a task whose instance went away.
-func (in *ingress) instanceGoneLocked(t *liveTask) {
-	in.g.log.Warn("a2a task failed because its agent instance went away", "profile", t.rec.Profile, "task_id", t.rec.Task.ID, "reason", textInstanceGone)
-	in.setStateLocked(t, a2a.StateFailed, textInstanceGone)
+// instanceGoneLocked fails a task whose instance (l's) went away, saying how.
+func (in *ingress) instanceGoneLocked(t *liveTask, l *lease) {
+	how := l.endedHow() + " before the turn finished"
+	in.g.log.Warn("a2a task failed because its agent instance went away", "profile", t.rec.Profile, "task_id", t.rec.Task.ID, "reason", how)
+	in.setStateLocked(t, a2a.StateFailed, how)
 }

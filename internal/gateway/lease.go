@@ -432,6 +432,23 @@ func exitError(ev spawner.Exit) string {
 	return fmt.Sprintf("exit status %d", ev.ExitCode)
 }
 
+// endedHow words how the lease's instance ended, for a client whose turn it
+// leaves unfinished: the exit status or signal of a crash, else the reason
+// the lease was torn down.
+func (l *lease) endedHow() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case l.reason != reasonCrashed:
+		return fmt.Sprintf("the agent instance was stopped (%s)", l.reason)
+	case l.exit.Signal != "":
+		return "the agent instance was killed by " + l.exit.Signal
+	case l.exit.ExitCode < 0:
+		return "the agent instance is gone (nexus-spawnd no longer holds it)"
+	}
+	return fmt.Sprintf("the agent instance exited with exit status %d", l.exit.ExitCode)
+}
+
 // msgTurnOverrun is the WARN a turn_timeout release logs, in upstream's words.
 const msgTurnOverrun = "releasing a lease whose turn outlived max_turn_duration. The instance " +
 	"never reported its turn finished — it is wedged, a tool never returned, or this " +
