@@ -6,8 +6,11 @@
 // An index is best-effort, since an unknown key means "no opinion": never
 // fsynced, capped (oldest dropped first), and turned off with one WARN when
 // it cannot be opened. A durable file (the journal) is fsynced on every
-// append, and refuses the boot when unreadable. A torn or invalid line is
-// skipped with a WARN. Without a file an index lives in memory, capped.
+// append, refuses the boot when unreadable, and fails on the first write
+// or fsync error: Put then reports every record it could not make durable,
+// and the file is rewritten whole from memory once writes work again
+// (Failed, Rewrite). A torn or invalid line is skipped with a WARN. Without
+// a file an index lives in memory, capped.
 package bindindex
 
 import (
@@ -58,7 +61,8 @@ type Spec[B any] struct {
 	Failed string
 	// Skip is the WARN of a line that is not a whole record.
 	Skip string
-	// Lost says what a failed append costs.
+	// Lost says what a failed append costs (a durable file: until it is
+	// rewritten).
 	Lost string
 	// Read reads the file; nil is os.ReadFile.
 	Read func(path string) ([]byte, error)
@@ -86,7 +90,14 @@ type Index[B any] struct {
 	closed bool
 	// torn: the file may not end in a newline (a failed write), so the
 	// next append starts a new line.
-	torn    bool
+	torn bool
+	// failed is the write or fsync error that took a durable file down;
+	// f is closed then and never written again: after a failed fsync the
+	// kernel may have dropped the pages it could not write and marked them
+	// clean, so a second fsync of that descriptor could succeed over a
+	// hole. Until a rewrite succeeds, every Put rewrites the file from the
+	// records in memory (with the new one) instead of appending.
+	failed  error
 	appends int
 	skipped int // lines replay could not use
 	order   *list.List
@@ -161,51 +172,108 @@ func OpenRequired[B any](spec Spec[B], log *slog.Logger) (*Index[B], error) {
 }
 
 // Put records b, the newest record of its key, unless Accept refuses it.
-func (x *Index[B]) Put(b B) {
+// The record is kept in memory whatever happens on disk. The error says it
+// is not durable: the write or fsync failed, or the file had failed and
+// could not be rewritten yet; nil for a record Accept or Key refused.
+func (x *Index[B]) Put(b B) error {
 	if x == nil {
-		return
+		return nil
 	}
 	key, ok := x.spec.Key(b)
 	if !ok {
-		return
+		return nil
 	}
 	line, err := json.Marshal(b)
 	if err != nil {
-		return
+		return nil
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.closed {
-		return
+		return nil
 	}
 	if accept := x.spec.Accept; accept != nil {
 		old, had := x.get(key)
 		if !accept(old, had, b) {
-			return
+			return nil
 		}
 	}
-	// Remembered even if the write fails, for the next compaction to write.
+	// Remembered even if the write fails, for the next rewrite to write.
 	x.remember(key, b, line)
-	if x.f == nil {
-		return // memory-only
+	if x.failed != nil {
+		return x.rewrite() // b included
 	}
-	// A durable file's failures may cost a re-adoption: ERRORs.
-	lvl := slog.LevelWarn
-	if x.spec.Durable {
-		lvl = slog.LevelError
+	if x.f == nil {
+		return nil // memory-only
 	}
 	if err := x.write(line); err != nil {
-		x.log.Log(context.Background(), lvl, "appending to the "+x.spec.What+" failed; "+x.spec.Lost,
-			"path", x.spec.Path, "key", key, "error", err)
+		if x.spec.Durable {
+			x.fail(err)
+		} else {
+			x.log.Warn("appending to the "+x.spec.What+" failed; "+x.spec.Lost, "path", x.spec.Path, "key", key, "error", err)
+		}
+		return err
 	}
 	x.appends++
 	if x.appends >= cmp.Or(x.spec.CompactEvery, CompactEvery) {
 		x.appends = 0
+		// The file as it is stays whole and open: a failed compaction
+		// costs only its size.
 		if err := x.compact(); err != nil {
+			lvl := slog.LevelWarn
+			if x.spec.Durable {
+				lvl = slog.LevelError
+			}
 			x.log.Log(context.Background(), lvl, "compacting the "+x.spec.What+" failed; appending to it uncompacted until the next try",
 				"path", x.spec.Path, "error", err)
 		}
 	}
+	return nil
+}
+
+// fail takes a durable file down after a write or fsync error. The caller
+// holds x.mu.
+func (x *Index[B]) fail(err error) {
+	_ = x.f.Close()
+	x.f, x.failed = nil, err
+	x.log.Error("writing the "+x.spec.What+" failed; "+x.spec.Lost+"; it is rewritten from memory once writes work again",
+		"state_dir", filepath.Dir(x.spec.Path), "path", x.spec.Path, "error", err)
+}
+
+// rewrite replaces a failed file with the records in memory (a temp file,
+// fsynced, renamed over it, the directory fsynced). The caller holds x.mu.
+func (x *Index[B]) rewrite() error {
+	if err := x.compact(); err != nil {
+		return err
+	}
+	x.log.Info("the "+x.spec.What+" was rewritten from memory after a failed write; appending to it again",
+		"path", x.spec.Path, "records", x.order.Len(), "was", x.failed)
+	x.failed, x.appends = nil, 0
+	return nil
+}
+
+// Failed is the error that took a durable file down, nil while it works.
+func (x *Index[B]) Failed() error {
+	if x == nil {
+		return nil
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.failed
+}
+
+// Rewrite retries a failed file's rewrite, so that it recovers without
+// waiting for a Put; nil once the file works again (or never failed).
+func (x *Index[B]) Rewrite() error {
+	if x == nil {
+		return nil
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.failed == nil || x.closed {
+		return nil
+	}
+	return x.rewrite()
 }
 
 // write appends one line in a single write(2), fsynced when durable. The

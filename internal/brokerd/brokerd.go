@@ -111,7 +111,7 @@ func Run(o Options) error {
 	}
 	defer ln.Close()
 
-	g := gateway.New(gateway.Options{Config: cfg, Spawner: client, Ready: client.Ready, Logger: log, ListenPort: ln.Addr().(*net.TCPAddr).Port, Auth: authn})
+	g := gateway.New(gateway.Options{Config: cfg, Spawner: client, Ready: client.Ready, Journal: client.Journal, Logger: log, ListenPort: ln.Addr().(*net.TCPAddr).Port, Auth: authn})
 	console.Attach(g)
 	if err := g.Start(ctx); err != nil {
 		return bootlog.Config(err, path)

@@ -43,6 +43,8 @@ type claimError struct {
 	text    string
 	outcome string
 	cause   string // the underlying error, for the log only
+	// retryAfter, when set, is the answer's Retry-After (seconds).
+	retryAfter int
 }
 
 func (e *claimError) Error() string { return e.text }
@@ -60,6 +62,14 @@ const textGoneWhileQueued = "client went away while queued for capacity"
 
 // errSpawnerUnavailable is the 503 body of a claim spawnd cannot serve now.
 const errSpawnerUnavailable = "spawner unavailable"
+
+// errJournalUnavailable is the 503 body of a claim spawnd's lease journal
+// could not record, retryable after journalRetryAfter seconds (spawnd
+// retries the journal's rewrite every second).
+const (
+	errJournalUnavailable = "lease journal unavailable"
+	journalRetryAfter     = 2
+)
 
 // spawnerUnavailable refuses a claim at once while spawnd does not answer,
 // rather than have it wait for a spawnd that may never come back.
@@ -99,6 +109,9 @@ func (g *Gateway) handleClaim(w http.ResponseWriter, r *http.Request) {
 		g.log.Warn("claim failed", attrs...)
 		if cerr.status == http.StatusTooManyRequests {
 			g.audit(r, p, cerr.status, cerr.text)
+		}
+		if cerr.retryAfter > 0 {
+			w.Header().Set("Retry-After", strconv.Itoa(cerr.retryAfter))
 		}
 		writeError(w, cerr.status, cerr.text)
 		return
@@ -306,6 +319,16 @@ func (g *Gateway) spawnLease(ctx context.Context, principal, entry string, cfgDa
 			return nil, refuse(http.StatusServiceUnavailable, "no_capacity", "no uid left in tenancy.uid_range")
 		}
 		return nil, refuse(http.StatusServiceUnavailable, "no_capacity", "no capacity")
+	}
+	if spawner.StepOf(err) == spawner.StepJournal {
+		// Nothing runs: spawnd refused what its journal could not record
+		// (its log names state_dir and why).
+		g.removeLease(l)
+		g.cap.Release()
+		g.log.Error("spawning instance refused: nexus-spawnd's lease journal cannot record the lease", "lease_id", id, "binary", entry, "error", spawner.MessageOf(err))
+		cerr := refuse(http.StatusServiceUnavailable, "journal_unavailable", errJournalUnavailable)
+		cerr.retryAfter = journalRetryAfter
+		return nil, cerr
 	}
 	if spawner.CodeOf(err) == spawner.Unavailable {
 		// spawnd stopped answering under this call: it may not even have

@@ -50,6 +50,9 @@ type Options struct {
 	// Ready is nil while spawnd is attached and answering, else why not
 	// (spawnclient.Client.Ready). Nil means always ready.
 	Ready func() error
+	// Journal is nil while spawnd's lease journal can record a lease, else
+	// why not (spawnclient.Client.Journal); nil means it always can.
+	Journal func() error
 }
 
 // Gateway serves the broker's HTTP API. Create it with New, call Start once,
@@ -76,6 +79,7 @@ type Gateway struct {
 type spawndLink struct {
 	sp         spawner.Spawner
 	ready      func() error
+	journal    func() error
 	listenPort uint32
 	// binaries is spawnd's registry as it last answered.
 	binaries atomic.Pointer[[]spawner.Binary]
@@ -142,7 +146,7 @@ func New(o Options) *Gateway {
 	ctx, cancel := context.WithCancel(context.Background())
 	g := &Gateway{
 		log:        o.Logger,
-		spawndLink: spawndLink{sp: o.Spawner, ready: o.Ready, listenPort: uint32(o.ListenPort)},
+		spawndLink: spawndLink{sp: o.Spawner, ready: o.Ready, journal: o.Journal, listenPort: uint32(o.ListenPort)},
 		settings:   settings{boot: o.Config},
 		cap:        capacity.New[queuedOffer](o.Config.MaxConcurrent, o.Config.MaxQueueDepth, o.Config.QueueWaitTimeout.D()),
 		m:          newMetrics(),

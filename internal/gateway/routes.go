@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"fmt"
 	"net/http"
 	"slices"
 	"time"
@@ -32,10 +33,16 @@ func (g *Gateway) spawnerDown() error {
 }
 
 // notReady is why a load balancer should steer traffic elsewhere: spawnd
-// down, or (cluster mode) NATS lost for three attempts in a row.
+// down, its lease journal failed (claims are refused until it is
+// rewritten), or (cluster mode) NATS lost for three attempts in a row.
 func (g *Gateway) notReady() error {
 	if err := g.spawnerDown(); err != nil {
 		return err
+	}
+	if g.journal != nil {
+		if err := g.journal(); err != nil {
+			return fmt.Errorf("journal: %w", err)
+		}
 	}
 	if g.rt != nil {
 		return g.rt.node.Ready()

@@ -105,6 +105,9 @@ type Client struct {
 	cur     *conn         // nil while re-attaching
 	ready   chan struct{} // closed when cur is set
 	lastErr error         // why cur is nil
+	// journal is cur's last word on its lease journal (Status): why it
+	// cannot record a lease, "" while it can.
+	journal string
 }
 
 // Dial attaches to the spawnd published in opts.RunDir, launching one first
@@ -193,6 +196,7 @@ func (c *Client) setConn(cn *conn, why error) {
 	defer c.mu.Unlock()
 	c.cur = cn
 	c.lastErr = why
+	c.journal = ""
 	if cn != nil {
 		close(c.ready)
 	} else {
@@ -245,7 +249,8 @@ func (c *Client) observe(err error) {
 func (c *Client) supervise() {
 	defer close(c.supervised)
 	// A spawnd that is alive but does not answer (stopped, or wedged) is
-	// noticed by neither its pidfd nor gRPC: only asking it does.
+	// noticed by neither its pidfd nor gRPC: only asking it does. Asking
+	// Status also learns whether its lease journal records (Journal).
 	probe := time.NewTicker(healthInterval)
 	defer probe.Stop()
 	for {
@@ -282,15 +287,44 @@ func (c *Client) supervise() {
 	}
 }
 
-// failsHealth health-checks cn and reports whether it failed, marking it
-// broken if so; false also once the Client is closing.
+// failsHealth checks cn and reports whether it failed, marking it broken
+// if so; false also once the Client is closing.
 func (c *Client) failsHealth(cn *conn) bool {
-	err := cn.health(c.ctx)
+	err := c.check(cn)
 	if err == nil || c.ctx.Err() != nil {
 		return false
 	}
 	cn.markBroken("health check failed: " + err.Error())
 	return true
+}
+
+// check asks cn's spawnd for its Status, bounded as a health check: an
+// answer proves it serves verbs, and says whether its journal records.
+func (c *Client) check(cn *conn) error {
+	ctx, cancel := context.WithTimeout(c.ctx, healthTimeout)
+	defer cancel()
+	st, err := cn.api.Status(ctx, &spawnpb.StatusRequest{})
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	if c.cur == cn {
+		c.journal = st.GetJournalError()
+	}
+	c.mu.Unlock()
+	return nil
+}
+
+// Journal is nil while the attached spawnd's lease journal can record a
+// lease, else why not, as of its last check (every healthInterval). While
+// it cannot, spawnd refuses every Spawn (SPAWN_STEP_JOURNAL).
+func (c *Client) Journal() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.journal == "" {
+		return nil
+	}
+	return errors.New(c.journal)
 }
 
 // Ready is nil while a spawnd is attached and answering, else why not: a

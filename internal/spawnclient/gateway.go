@@ -40,6 +40,8 @@ func spawnStep(s spawnpb.SpawnStep) gwspawner.Step {
 		return gwspawner.StepUID
 	case spawnpb.SpawnStep_SPAWN_STEP_HOME:
 		return gwspawner.StepHome
+	case spawnpb.SpawnStep_SPAWN_STEP_JOURNAL:
+		return gwspawner.StepJournal
 	}
 	return gwspawner.StepUnspecified
 }

@@ -27,6 +27,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/nexus-broker/nexus-broker/internal/config/core"
 	"github.com/nexus-broker/nexus-broker/internal/sockdir"
@@ -389,12 +390,18 @@ func (h *harness) writeConfig(yaml string) string {
 // newHarness boots a Daemon from yaml (placeholders FAKE, REPORT, STATE).
 func newHarness(t *testing.T, yaml string) *harness {
 	t.Helper()
+	return newHarnessAt(t, yaml, filepath.Join(t.TempDir(), "state"))
+}
+
+// newHarnessAt is newHarness with STATE at stateDir.
+func newHarnessAt(t *testing.T, yaml, stateDir string) *harness {
+	t.Helper()
 	dir := worldDir(t)
 	h := &harness{
 		t:          t,
 		logs:       newLogBuffer(),
 		cfgPath:    filepath.Join(t.TempDir(), "broker.yaml"),
-		stateDir:   filepath.Join(t.TempDir(), "state"),
+		stateDir:   stateDir,
 		reportPath: filepath.Join(dir, "r.sock"),
 		dir:        dir,
 	}
@@ -575,4 +582,14 @@ func pidfdOf(t *testing.T, pid int) int {
 	}
 	t.Cleanup(func() { unix.Close(fd) })
 	return fd
+}
+
+// stepOf is the step a Spawn error's SpawnFailure detail names.
+func stepOf(err error) spawnpb.SpawnStep {
+	for _, d := range status.Convert(err).Details() {
+		if f, ok := d.(*spawnpb.SpawnFailure); ok {
+			return f.GetStep()
+		}
+	}
+	return spawnpb.SpawnStep_SPAWN_STEP_UNSPECIFIED
 }

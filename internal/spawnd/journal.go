@@ -6,10 +6,12 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"github.com/nexus-broker/nexus-broker/internal/bindindex"
 	"github.com/nexus-broker/nexus-broker/internal/safedir"
+	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
 )
 
 // The lease journal, <state_dir>/leases.jsonl, lets a restarted nexus-spawnd
@@ -17,8 +19,12 @@ import (
 // is a transition and the whole lease after it, so a lease's last line is its
 // state. Every append is fsynced: a power loss must not take the record that
 // carries an instance's pid, without which it is an orphan nobody can prove
-// is ours. A failed write is logged, never failing its verb: a lost record
-// costs a re-adoption, a refused spawn a user's session.
+// is ours. A lease the journal cannot record is refused (Spawn fails with
+// SPAWN_STEP_JOURNAL): answered, it would be lost to the next restart with
+// its instance orphaned. After a failed write or fsync the journal is down
+// (bindindex) until rewritten whole from the leases in memory, which
+// healJournal retries; teardowns never wait for it, and the rewrite records
+// them.
 
 const (
 	journalFile = "leases.jsonl"
@@ -48,6 +54,9 @@ const (
 	reasonCrashed = "crashed"
 	// reasonSpawnFailed: exec failed; there never was a process.
 	reasonSpawnFailed = "spawn failed"
+	// reasonJournalFailed: the journal could not record the lease, so it
+	// was refused (its instance, if it had started, killed).
+	reasonJournalFailed = "journal unavailable"
 )
 
 // leaseRecord is a lease as the journal stores it. It never holds a secret:
@@ -124,7 +133,7 @@ func journalSpec(stateDir, brokerID string) bindindex.Spec[journalLine] {
 		CompactEvery: journalCompactEvery,
 		What:         "lease journal",
 		Skip:         "skipping a lease journal line that is not a whole record (torn by a crash mid-write, or edited)",
-		Lost:         "the lease goes on, but a nexus-spawnd restart may not re-adopt its instance",
+		Lost:         "new leases are refused until then, while releases and exits go on",
 		// spawnd signals what its journal records: one it did not write
 		// itself is never read.
 		Read: safedir.ReadOwned,
@@ -134,7 +143,7 @@ func journalSpec(stateDir, brokerID string) bindindex.Spec[journalLine] {
 // openJournal replays <stateDir>/leases.jsonl and compacts it, returning the
 // journal and this broker's live leases. Only a journal that cannot be read
 // or written at all refuses the boot: running on without it would strand
-// every instance it records. A failed append is logged, never returned.
+// every instance it records.
 func openJournal(stateDir, brokerID string, log *slog.Logger) (*bindindex.Index[journalLine], []leaseRecord, error) {
 	spec := journalSpec(stateDir, brokerID)
 	idx, err := bindindex.OpenRequired(spec, log)
@@ -177,4 +186,49 @@ func lockStateDir(stateDir string) (*os.File, error) {
 		return nil, fmt.Errorf("state_dir lock %s: %w", path, err)
 	}
 	return f, nil
+}
+
+// journalRetryEvery is how often a failed journal's rewrite is retried, so
+// that claims (and the gateway's /readyz) recover soon after space comes
+// back, with or without a Spawn to try it.
+const journalRetryEvery = time.Second
+
+// healJournal retries a failed journal's rewrite until spawnd closes.
+func (d *Daemon) healJournal() {
+	defer d.wg.Done()
+	tick := time.NewTicker(journalRetryEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-d.closing:
+			return
+		case <-tick.C:
+			_ = d.journal.Rewrite() // logged by bindindex when it works
+		}
+	}
+}
+
+// journalRefusal is Spawn's answer for a lease the journal could not
+// record, logged with the state_dir and the error. The answer names neither:
+// a client's body never carries a host path.
+func (d *Daemon) journalRefusal(id, entry string, err error, done string) error {
+	d.log.Error("spawning instance refused: the lease journal cannot record it; "+done,
+		"lease_id", id, "entry", entry, "state_dir", d.stateDir, "error", err)
+	return spawnFailed(spawnpb.SpawnStep_SPAWN_STEP_JOURNAL,
+		fmt.Errorf("the lease journal cannot record the lease (%s); %s; retry once it is rewritten", d.journalError(), done))
+}
+
+// journalError is why the journal cannot record a lease now, "" while it
+// can (or without a state_dir): the errno's words alone, as the gateway's
+// /readyz shows them, never a path.
+func (d *Daemon) journalError() string {
+	err := d.journal.Failed()
+	if err == nil {
+		return ""
+	}
+	var errno syscall.Errno
+	if errors.As(err, &errno) {
+		return errno.Error()
+	}
+	return "the lease journal cannot be written"
 }

@@ -286,38 +286,188 @@ func BenchmarkJournalAppend(b *testing.B) {
 	b.ReportMetric(ns/baseNs, "fsync-vs-nofsync")
 }
 
-// TestJournalWriteFailuresNeverFailAVerb: a journal that cannot be written
-// (here: the descriptor it appends to replaced by a read-only one of the same
-// file) is logged at ERROR, and Spawn, Record and Terminate all still succeed.
-func TestJournalWriteFailuresNeverFailAVerb(t *testing.T) {
-	h := newHarness(t, defaultYAML)
-	path := filepath.Join(h.stateDir, journalFile)
-	ro, err := os.Open(path)
+// TestAFailedJournalStillTearsDown: with the journal's disk full, Record
+// and Terminate still succeed, and the teardown reaches the file through
+// the rewrite: the ended lease is not replayed as live.
+func TestAFailedJournalStillTearsDown(t *testing.T) {
+	h := fullJournal(t, func(*harness) int { return 0 })
+	if _, err := h.client.Record(h.ctx(), &spawnpb.RecordRequest{LeaseId: "lease-live", SessionId: "s"}); err != nil {
+		t.Fatalf("Record failed with the journal full: %v", err)
+	}
+	h.logs.await(t, "writing the lease journal failed; new leases are refused until then, while releases and exits go on; it is rewritten from memory once writes work again")
+	if st, _ := h.client.Status(h.ctx(), &spawnpb.StatusRequest{}); st.GetJournalError() != "no space left on device" {
+		t.Fatalf("Status journal_error = %q", st.GetJournalError())
+	}
+	if _, err := h.terminate("lease-live", "manual release", true); err != nil {
+		t.Fatalf("Terminate failed with the journal full: %v", err)
+	}
+	if err := os.Remove(filepath.Join(h.stateDir, "filler")); err != nil {
+		t.Fatal(err)
+	}
+	h.logs.await(t, "the lease journal was rewritten from memory after a failed write; appending to it again")
+	if _, recs := journalLines(t, filepath.Join(h.stateDir, journalFile)); len(linesOf(recs, "lease-live")) != 0 {
+		t.Fatalf("the ended lease is still in the rewritten journal: %v", recs)
+	}
+}
+
+// fullJournal boots a harness whose state_dir is a small tmpfs, holding
+// one live lease, lease-live (so that a rewrite needs a page), sizes the
+// journal (through another broker's record, which compaction keeps byte for
+// byte) so that room bytes are left in its last page, and fills the rest of
+// the tmpfs: the next appends succeed while they fit in that page, and fail
+// with ENOSPC after.
+func fullJournal(t *testing.T, room func(*harness) int) *harness {
+	t.Helper()
+	state := filepath.Join(t.TempDir(), "state")
+	if err := os.Mkdir(state, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", state, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "size=256k,mode=0700"); err != nil {
+		t.Skipf("mounting a tmpfs needs root: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(state, unix.MNT_DETACH); err != nil {
+			t.Error(err)
+		}
+	})
+	h := newHarnessAt(t, defaultYAML, state)
+	h.spawn("lease-live", "nexus")
+	path := filepath.Join(state, journalFile)
+	// Restarts until the compacted journal ends room bytes short of a page.
+	pad := 1
+	for {
+		want := (pageSize - room(h)%pageSize) % pageSize
+		st, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		delta := (want - int(st.Size()%pageSize) + pageSize) % pageSize
+		if delta == 0 && pad > 1 {
+			break
+		}
+		h.stop()
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var keep []byte
+		for line := range bytes.Lines(data) {
+			if !bytes.Contains(line, []byte(`"another-broker"`)) {
+				keep = append(keep, line...)
+			}
+		}
+		pad += delta
+		other := fmt.Sprintf(`{"kind":"started","lease_id":"other","broker_id":"another-broker","principal":%q}`+"\n", strings.Repeat("x", pad))
+		if err := os.WriteFile(path, append(keep, other...), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		h.start()
+	}
+	filler, err := os.Create(filepath.Join(state, "filler"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ro.Close()
-	fds, _ := os.ReadDir("/proc/self/fd")
-	swapped := false
-	for _, de := range fds {
-		fd, _ := strconv.Atoi(de.Name())
-		if target, _ := os.Readlink("/proc/self/fd/" + de.Name()); target == path && fd != int(ro.Fd()) {
-			if err := unix.Dup3(int(ro.Fd()), fd, unix.O_CLOEXEC); err != nil {
-				t.Fatal(err)
-			}
-			swapped = true
+	defer filler.Close()
+	for {
+		if _, err := filler.Write(make([]byte, pageSize)); err != nil {
+			break
 		}
 	}
-	if !swapped {
-		t.Fatalf("no descriptor of this process is open on %s", path)
-	}
+	t.Cleanup(func() { os.Remove(filler.Name()) })
+	return h
+}
 
-	h.spawn("lease-w", "nexus") // fails the test if Spawn fails
-	h.logs.await(t, "appending to the lease journal failed; the lease goes on, but a nexus-spawnd restart may not re-adopt its instance", "key", "lease-w")
-	if _, err := h.client.Record(h.ctx(), &spawnpb.RecordRequest{LeaseId: "lease-w", SessionId: "s"}); err != nil {
-		t.Fatalf("Record failed with the journal unwritable: %v", err)
+const pageSize = 4096
+
+// mintedLen is the longest minted line (with its newline) of lease id: the
+// created_at with all nine digits of nanoseconds.
+func (h *harness) mintedLen(id string) int {
+	line, _ := json.Marshal(journalLine{kindMinted, leaseRecord{
+		LeaseID: id, Principal: "alice", Entry: "nexus", BrokerID: h.d.brokerID, ConfigPath: h.d.configFor(id),
+		CreatedAt: time.Date(2026, 1, 1, 0, 0, 0, 123456789, time.UTC),
+	}})
+	return len(line) + 1
+}
+
+// instancesOf lists the live processes of lease id (by their environment).
+func instancesOf(id string) []int {
+	var pids []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		env, _ := os.ReadFile("/proc/" + e.Name() + "/environ")
+		if st, err := readProcStat(pid); err == nil && st.state != 'Z' && bytes.Contains(env, []byte("\x00NEXUS_BROKER_LEASE_ID="+id+"\x00")) {
+			pids = append(pids, pid)
+		}
 	}
-	if _, err := h.terminate("lease-w", "manual release", true); err != nil {
-		t.Fatalf("Terminate failed with the journal unwritable: %v", err)
+	return pids
+}
+
+// TestASpawnTheJournalCannotRecordIsRefused: a minted record that does not
+// fit refuses the Spawn before exec; a started record that does not fit
+// kills the instance it would have recorded. Either way the Spawn fails with
+// SPAWN_STEP_JOURNAL, Status says why without a path, the journal is failed
+// (no later append goes to the descriptor that failed), and once space
+// returns it is rewritten from memory: no trace of the refused lease, and
+// Spawn works again.
+func TestASpawnTheJournalCannotRecordIsRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		room func(h *harness) int
+		exec bool // whether the instance was started (and must be killed)
+	}{
+		{"minted record", func(*harness) int { return 0 }, false},
+		// The minted line fits; the started one, 70-odd bytes longer, not.
+		{"started record", func(h *harness) int { return h.mintedLen("lease-full") + 20 }, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := fullJournal(t, tc.room)
+			path := filepath.Join(h.stateDir, journalFile)
+			_, err := h.client.Spawn(h.ctx(), &spawnpb.SpawnRequest{LeaseId: "lease-full", Entry: "nexus", Config: []byte("core: {}\n"), Principal: "alice"})
+			if stepOf(err) != spawnpb.SpawnStep_SPAWN_STEP_JOURNAL {
+				t.Fatalf("Spawn with the journal full = %v, want a SPAWN_STEP_JOURNAL refusal", err)
+			}
+			if strings.Contains(err.Error(), h.stateDir) {
+				t.Fatalf("the refusal names the state_dir: %v", err)
+			}
+			if got := h.logs.find("spawning instance refused: the lease journal cannot record it; its instance was killed"); (len(got) == 1) != tc.exec {
+				t.Fatalf("refusal log lines after killing an instance: %v", got)
+			}
+			if pids := instancesOf("lease-full"); len(pids) != 0 {
+				t.Fatalf("the refused lease's instance runs: %v", pids)
+			}
+			if _, err := os.Stat(h.d.configFor("lease-full")); !os.IsNotExist(err) {
+				t.Fatalf("the refused lease's temp config is left: %v", err)
+			}
+			st, err := h.client.Status(h.ctx(), &spawnpb.StatusRequest{})
+			if err != nil || st.JournalError != "no space left on device" {
+				t.Fatalf("Status journal_error = %q, %v", st.GetJournalError(), err)
+			}
+			list, _ := h.client.List(h.ctx(), &spawnpb.ListRequest{})
+			if len(list.GetLeases()) != 1 || list.Leases[0].LeaseId != "lease-live" {
+				t.Fatalf("List after the refusal: %v", list.GetLeases())
+			}
+
+			if err := os.Remove(filepath.Join(h.stateDir, "filler")); err != nil {
+				t.Fatal(err)
+			}
+			h.logs.await(t, "the lease journal was rewritten from memory after a failed write; appending to it again")
+			if st, _ := h.client.Status(h.ctx(), &spawnpb.StatusRequest{}); st.GetJournalError() != "" {
+				t.Fatalf("journal_error after the rewrite: %q", st.GetJournalError())
+			}
+			raw, recs := journalLines(t, path)
+			for i, r := range recs {
+				if !r.valid() || r.LeaseID == "lease-full" {
+					t.Fatalf("rewritten journal line %d: %q", i+1, raw[i])
+				}
+			}
+			h.spawn("lease-after", "nexus")
+			if _, recs := journalLines(t, path); len(linesOf(recs, "lease-after")) != 2 {
+				t.Fatalf("journal after the rewrite: %v", recs)
+			}
+		})
 	}
 }

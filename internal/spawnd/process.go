@@ -132,15 +132,22 @@ func (d *Daemon) exec(id string, e *entry, inherit []string, req *spawnpb.SpawnR
 		p.startTime = st.startTime
 	}
 	if err != nil {
-		// Not yet reaped, so the pid and its group are still this child's.
-		_ = unix.Kill(-p.pid, unix.SIGKILL)
-		_, _ = reap(p.pid)
-		if d.cgroups != nil {
-			d.removeCgroup(id)
-		}
+		d.discard(id, p.pid)
 		return started{}, err
 	}
 	return p, nil
+}
+
+// discard kills a lease's instance that exec started but that must not
+// run, with its process group, and reaps it; removing its cgroup kills
+// what is left there. Not yet reaped, the pid and its group are still this
+// child's.
+func (d *Daemon) discard(id string, pid int) {
+	_ = unix.Kill(-pid, unix.SIGKILL)
+	_, _ = reap(pid)
+	if d.cgroups != nil {
+		d.removeCgroup(id)
+	}
 }
 
 // startProcess execs argv, with noNewPrivs from nnpThread, unless spawnd

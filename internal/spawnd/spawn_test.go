@@ -276,13 +276,7 @@ func TestAnUnwritableTempConfigIsItsOwnFailure(t *testing.T) {
 	_, err := h.client.Spawn(h.ctx(), &spawnpb.SpawnRequest{
 		LeaseId: "lease-noconf", Entry: "nexus", Config: []byte("core: {}\n"),
 	})
-	st := status.Convert(err)
-	var step spawnpb.SpawnStep
-	for _, d := range st.Details() {
-		if f, ok := d.(*spawnpb.SpawnFailure); ok {
-			step = f.GetStep()
-		}
-	}
+	st, step := status.Convert(err), stepOf(err)
 	if st.Code() != codes.Internal || step != spawnpb.SpawnStep_SPAWN_STEP_TEMP_CONFIG || !strings.Contains(st.Message(), "writing temp config") {
 		t.Errorf("Spawn with no temp-config directory = %v (step %v), want INTERNAL, step TEMP_CONFIG, naming writing temp config", err, step)
 	}
@@ -462,13 +456,7 @@ func TestAnExecFailureHarmsNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err := h.client.Spawn(h.ctx(), &spawnpb.SpawnRequest{LeaseId: "lease-noexec", Entry: "vanishing", Config: []byte("core: {}\n")})
-	st := status.Convert(err)
-	var step spawnpb.SpawnStep
-	for _, d := range st.Details() {
-		if f, ok := d.(*spawnpb.SpawnFailure); ok {
-			step = f.GetStep()
-		}
-	}
+	st, step := status.Convert(err), stepOf(err)
 	if st.Code() != codes.Internal || step != spawnpb.SpawnStep_SPAWN_STEP_EXEC || !strings.Contains(st.Message(), "exec "+bin) {
 		t.Errorf("Spawn of a vanished binary = %v (step %v), want INTERNAL, step EXEC, naming the exec of %s", err, step, bin)
 	}

@@ -155,7 +155,9 @@ type Daemon struct {
 	cgroups *cgroupTree
 	// tenancy is the tenancy: block in force (tenancy.go); nil when off.
 	tenancy *tenancy
-	// nil without a state_dir (index also when it could not be opened).
+	// "" and nil without a state_dir (index also when it could not be
+	// opened).
+	stateDir  string
 	stateLock *os.File
 	journal   *bindindex.Index[journalLine]
 	index     *bindindex.Index[binding]
@@ -201,6 +203,7 @@ func New(cfgPath string, cfg *core.Config, log *slog.Logger) (_ *Daemon, err err
 	}
 	d := &Daemon{
 		log:        log,
+		stateDir:   stateDir,
 		cfgPath:    cfgPath,
 		advertise:  cfg.AdvertiseAddr,
 		listenAddr: cfg.ListenAddr,
@@ -267,6 +270,8 @@ func New(cfgPath string, cfg *core.Config, log *slog.Logger) (_ *Daemon, err err
 		}
 		adopted = d.recoverLeases(live)
 		d.index = openSessionIndex(stateDir, maxBindings, log)
+		d.wg.Add(1)
+		go d.healJournal()
 	}
 	d.sweepCgroups()
 	if err := d.startLogWatch(); err != nil {
@@ -513,21 +518,19 @@ func (d *Daemon) Spawn(_ context.Context, req *spawnpb.SpawnRequest) (*spawnpb.S
 	}
 	d.leases[id] = l
 	d.spent[id] = struct{}{}
-	d.wg.Add(1) // handed to the supervisor, or released below if exec fails
+	d.wg.Add(1) // handed to the supervisor, or released by unmint
 	rec := l.snapshot()
 	d.mu.Unlock()
-	d.journal.Put(journalLine{kindMinted, rec})
+	// A lease the journal cannot hold is refused before anything runs: a
+	// restart would not know its instance.
+	if err := d.journal.Put(journalLine{kindMinted, rec}); err != nil {
+		d.unmint(l, reasonJournalFailed)
+		return nil, d.journalRefusal(id, e.name, err, "nothing was started")
+	}
 
 	p, step, err := d.start(id, e, s.inherit, req, addr)
 	if err != nil {
-		d.mu.Lock()
-		l.state = stateGone
-		delete(d.leases, id)
-		l.rec.Reason = reasonSpawnFailed
-		rec := l.snapshot()
-		d.mu.Unlock()
-		d.journal.Put(journalLine{kindEnded, rec})
-		d.wg.Done()
+		d.unmint(l, reasonSpawnFailed)
 		d.log.Error("spawning instance failed", "lease_id", id, "entry", e.name, "error", err)
 		return nil, spawnFailed(step, err)
 	}
@@ -543,8 +546,15 @@ func (d *Daemon) Spawn(_ context.Context, req *spawnpb.SpawnRequest) (*spawnpb.S
 	rec = l.snapshot()
 	d.mu.Unlock()
 	// Before the supervisor takes over this call's share of d.wg, so a
-	// Close meanwhile waits for the record that carries the pid.
-	d.journal.Put(journalLine{kindStarted, rec})
+	// Close meanwhile waits for the record that carries the pid. Without
+	// it, the instance is one no successor could prove ours: it goes.
+	if err := d.journal.Put(journalLine{kindStarted, rec}); err != nil {
+		d.discard(id, p.pid)
+		_ = unix.Close(p.pidfd)
+		_ = os.Remove(rec.ConfigPath)
+		d.unmint(l, reasonJournalFailed)
+		return nil, d.journalRefusal(id, e.name, err, "its instance was killed")
+	}
 	// Bound only once the instance runs: a failed exec replayed nothing.
 	d.index.Put(binding{recall, e.name})
 	d.supervise(l)
@@ -555,6 +565,22 @@ func (d *Daemon) Spawn(_ context.Context, req *spawnpb.SpawnRequest) (*spawnpb.S
 	}
 	d.log.Info("instance spawned", attrs...)
 	return &spawnpb.SpawnResponse{Pid: int64(p.pid), CreatedUnixNano: rec.CreatedAt.UnixNano()}, nil
+}
+
+// unmint ends a lease whose Spawn failed before its instance was handed to
+// a supervisor.
+func (d *Daemon) unmint(l *lease, reason string) {
+	d.mu.Lock()
+	l.state = stateGone
+	delete(d.leases, l.rec.LeaseID)
+	l.pidfd = -1
+	l.rec.Reason = reason
+	rec := l.snapshot()
+	d.mu.Unlock()
+	// Kept in memory if the journal is down: its rewrite leaves the lease
+	// out.
+	_ = d.journal.Put(journalLine{kindEnded, rec})
+	d.wg.Done()
 }
 
 // Verify checks a register frame's secret against the lease's derived one.
@@ -818,7 +844,8 @@ func (d *Daemon) Reload(_ context.Context, req *spawnpb.ReloadRequest) (*spawnpb
 	return &spawnpb.ReloadResponse{Applied: true, Changed: changed, Binaries: next.listing(), BootOnly: bootOnly}, nil
 }
 
-// Status returns the public registry listing and spawnd's identity.
+// Status returns the public registry listing, spawnd's identity, and why
+// its lease journal cannot record a lease now, if it cannot.
 func (d *Daemon) Status(context.Context, *spawnpb.StatusRequest) (*spawnpb.StatusResponse, error) {
 	d.mu.Lock()
 	_, err := d.admit(verbStatus, "")
@@ -828,7 +855,7 @@ func (d *Daemon) Status(context.Context, *spawnpb.StatusRequest) (*spawnpb.Statu
 		return nil, err
 	}
 	return &spawnpb.StatusResponse{Binaries: s.listing(), BrokerId: d.brokerID, Pid: int64(os.Getpid()),
-		ConfigPath: d.cfgPath, ConfigDigest: s.cfg.Digest}, nil
+		ConfigPath: d.cfgPath, ConfigDigest: s.cfg.Digest, JournalError: d.journalError()}, nil
 }
 
 // Binding answers which entry ran a session, for the gateway to hold a

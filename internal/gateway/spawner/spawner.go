@@ -141,6 +141,9 @@ const (
 	StepUID
 	// StepHome: with tenancy:, the principal's home could not be made.
 	StepHome
+	// StepJournal: spawnd's lease journal could not record the lease, so
+	// nothing runs; retry once Journal clears.
+	StepJournal
 )
 
 // Error is a call's failure: spawnd's refusal, or the connection's.

@@ -41,6 +41,11 @@ const (
 	// SPAWN_STEP_HOME: with tenancy:, the principal's home could not be
 	// made or is not the principal's.
 	SpawnStep_SPAWN_STEP_HOME SpawnStep = 4
+	// SPAWN_STEP_JOURNAL: the lease journal could not record the lease (its
+	// minted record, before exec, or its started record, after: then the
+	// instance was killed). No instance runs; the claim may be retried once
+	// the journal is rewritten (StatusResponse.journal_error clears).
+	SpawnStep_SPAWN_STEP_JOURNAL SpawnStep = 5
 )
 
 // Enum value maps for SpawnStep.
@@ -51,6 +56,7 @@ var (
 		2: "SPAWN_STEP_EXEC",
 		3: "SPAWN_STEP_UID",
 		4: "SPAWN_STEP_HOME",
+		5: "SPAWN_STEP_JOURNAL",
 	}
 	SpawnStep_value = map[string]int32{
 		"SPAWN_STEP_UNSPECIFIED": 0,
@@ -58,6 +64,7 @@ var (
 		"SPAWN_STEP_EXEC":        2,
 		"SPAWN_STEP_UID":         3,
 		"SPAWN_STEP_HOME":        4,
+		"SPAWN_STEP_JOURNAL":     5,
 	}
 )
 
@@ -1262,8 +1269,13 @@ type StatusResponse struct {
 	Pid      int64                  `protobuf:"varint,3,opt,name=pid,proto3" json:"pid,omitempty"`
 	// config_path is the canonical absolute path of the config spawnd runs,
 	// config_digest the digest of the version in force.
-	ConfigPath    string `protobuf:"bytes,4,opt,name=config_path,json=configPath,proto3" json:"config_path,omitempty"`
-	ConfigDigest  string `protobuf:"bytes,5,opt,name=config_digest,json=configDigest,proto3" json:"config_digest,omitempty"`
+	ConfigPath   string `protobuf:"bytes,4,opt,name=config_path,json=configPath,proto3" json:"config_path,omitempty"`
+	ConfigDigest string `protobuf:"bytes,5,opt,name=config_digest,json=configDigest,proto3" json:"config_digest,omitempty"`
+	// journal_error is why the lease journal cannot record a lease now (the
+	// error's words, never a path), empty while it can or without
+	// state_dir. Spawn is refused meanwhile; the gateway's /readyz says
+	// so.
+	JournalError  string `protobuf:"bytes,6,opt,name=journal_error,json=journalError,proto3" json:"journal_error,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1329,6 +1341,13 @@ func (x *StatusResponse) GetConfigPath() string {
 func (x *StatusResponse) GetConfigDigest() string {
 	if x != nil {
 		return x.ConfigDigest
+	}
+	return ""
+}
+
+func (x *StatusResponse) GetJournalError() string {
+	if x != nil {
+		return x.JournalError
 	}
 	return ""
 }
@@ -1516,27 +1535,29 @@ const file_pkg_spawnrpc_spawnpb_spawn_proto_rawDesc = "" +
 	"\rresolved_path\x18\x04 \x01(\tR\fresolvedPathB\b\n" +
 	"\x06_labelB\x0e\n" +
 	"\f_description\"\x0f\n" +
-	"\rStatusRequest\"\xbf\x01\n" +
+	"\rStatusRequest\"\xe4\x01\n" +
 	"\x0eStatusResponse\x128\n" +
 	"\bbinaries\x18\x01 \x03(\v2\x1c.nexusbroker.spawn.v1.BinaryR\bbinaries\x12\x1b\n" +
 	"\tbroker_id\x18\x02 \x01(\tR\bbrokerId\x12\x10\n" +
 	"\x03pid\x18\x03 \x01(\x03R\x03pid\x12\x1f\n" +
 	"\vconfig_path\x18\x04 \x01(\tR\n" +
 	"configPath\x12#\n" +
-	"\rconfig_digest\x18\x05 \x01(\tR\fconfigDigest\"M\n" +
+	"\rconfig_digest\x18\x05 \x01(\tR\fconfigDigest\x12#\n" +
+	"\rjournal_error\x18\x06 \x01(\tR\fjournalError\"M\n" +
 	"\x0eBindingRequest\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1c\n" +
 	"\tprincipal\x18\x02 \x01(\tR\tprincipal\"f\n" +
 	"\x0fBindingResponse\x12\x14\n" +
 	"\x05entry\x18\x01 \x01(\tR\x05entry\x12=\n" +
-	"\townership\x18\x02 \x01(\x0e2\x1f.nexusbroker.spawn.v1.OwnershipR\townership*\x81\x01\n" +
+	"\townership\x18\x02 \x01(\x0e2\x1f.nexusbroker.spawn.v1.OwnershipR\townership*\x99\x01\n" +
 	"\tSpawnStep\x12\x1a\n" +
 	"\x16SPAWN_STEP_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16SPAWN_STEP_TEMP_CONFIG\x10\x01\x12\x13\n" +
 	"\x0fSPAWN_STEP_EXEC\x10\x02\x12\x12\n" +
 	"\x0eSPAWN_STEP_UID\x10\x03\x12\x13\n" +
-	"\x0fSPAWN_STEP_HOME\x10\x04*\xa1\x01\n" +
+	"\x0fSPAWN_STEP_HOME\x10\x04\x12\x16\n" +
+	"\x12SPAWN_STEP_JOURNAL\x10\x05*\xa1\x01\n" +
 	"\fVerifyResult\x12\x1d\n" +
 	"\x19VERIFY_RESULT_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10VERIFY_RESULT_OK\x10\x01\x12\x1f\n" +

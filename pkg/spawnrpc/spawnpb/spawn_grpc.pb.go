@@ -43,8 +43,8 @@ type SpawnerClient interface {
 	// Spawn starts the instance of a new lease. Refused for an unknown entry
 	// (NOT_FOUND), a lease id spawnd already holds (ALREADY_EXISTS), a run_as
 	// entry while spawnd lacks privilege (PERMISSION_DENIED), and a temp config
-	// that could not be written or a failed exec (INTERNAL, carrying a
-	// SpawnFailure detail that says which).
+	// that could not be written, a failed exec, or a lease the journal could
+	// not record (INTERNAL, carrying a SpawnFailure detail that says which).
 	Spawn(ctx context.Context, in *SpawnRequest, opts ...grpc.CallOption) (*SpawnResponse, error)
 	// Verify checks a register frame's secret against the lease's derived
 	// secret, in constant time.
@@ -200,8 +200,8 @@ type SpawnerServer interface {
 	// Spawn starts the instance of a new lease. Refused for an unknown entry
 	// (NOT_FOUND), a lease id spawnd already holds (ALREADY_EXISTS), a run_as
 	// entry while spawnd lacks privilege (PERMISSION_DENIED), and a temp config
-	// that could not be written or a failed exec (INTERNAL, carrying a
-	// SpawnFailure detail that says which).
+	// that could not be written, a failed exec, or a lease the journal could
+	// not record (INTERNAL, carrying a SpawnFailure detail that says which).
 	Spawn(context.Context, *SpawnRequest) (*SpawnResponse, error)
 	// Verify checks a register frame's secret against the lease's derived
 	// secret, in constant time.

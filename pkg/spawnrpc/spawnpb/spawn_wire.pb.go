@@ -1554,6 +1554,9 @@ func (m *StatusResponse) sizeWire() int {
 	if len(m.ConfigDigest) > 0 {
 		n += 1 + protowire.SizeBytes(len(m.ConfigDigest))
 	}
+	if len(m.JournalError) > 0 {
+		n += 1 + protowire.SizeBytes(len(m.JournalError))
+	}
 	return n
 }
 
@@ -1579,6 +1582,10 @@ func (m *StatusResponse) appendWire(b []byte) []byte {
 		b = append(b, 0x2a)
 		b = protowire.AppendString(b, m.ConfigDigest)
 	}
+	if len(m.JournalError) > 0 {
+		b = append(b, 0x32)
+		b = protowire.AppendString(b, m.JournalError)
+	}
 	return append(b, m.unknownFields...)
 }
 
@@ -1591,6 +1598,7 @@ func (m *StatusResponse) unmarshalWire(b []byte) error {
 	m.Pid = 0
 	m.ConfigPath = ""
 	m.ConfigDigest = ""
+	m.JournalError = ""
 	m.unknownFields = nil
 	return m.mergeWire(b)
 }
@@ -1654,6 +1662,16 @@ func (m *StatusResponse) mergeWire(b []byte) error {
 				return errInvalidWire("nexusbroker.spawn.v1.StatusResponse", num, errWireUTF8)
 			}
 			m.ConfigDigest = string(v)
+		case num == 6 && typ == protowire.BytesType:
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return errInvalidWire("nexusbroker.spawn.v1.StatusResponse", num, protowire.ParseError(n))
+			}
+			b = b[n:]
+			if !utf8.Valid(v) {
+				return errInvalidWire("nexusbroker.spawn.v1.StatusResponse", num, errWireUTF8)
+			}
+			m.JournalError = string(v)
 		default:
 			n = protowire.ConsumeFieldValue(num, typ, b)
 			if n < 0 {
