@@ -395,7 +395,7 @@ func (c *clientConn) place(cur *streamlog.Cursor, gap *brokerframe.StreamGap) {
 	c.cur, c.gap = cur, gap
 }
 func (c *clientConn) displace() { c.ws.closeNow(codeSuperseded, closeSuperseded) }
-func (c *clientConn) goAway()   { c.ws.closeGraceful(websocket.CloseGoingAway, closeLeaseClosed) }
+func (c *clientConn) goAway()   { c.ws.closeGraceful(websocket.CloseGoingAway, closeRestarting) }
 
 // readPump forwards the client's io frames to the instance.
 func (c *clientConn) readPump() {

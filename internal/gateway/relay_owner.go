@@ -79,7 +79,7 @@ func (c *relayConn) flushHeld()  {}
 
 func (c *relayConn) finish(code int, reason string) { c.close(code, reason, finishFlush) }
 func (c *relayConn) displace()                      { c.close(codeSuperseded, closeSuperseded, 0) }
-func (c *relayConn) goAway()                        { c.close(websocket.CloseGoingAway, closeLeaseClosed, 0) }
+func (c *relayConn) goAway()                        { c.close(websocket.CloseGoingAway, closeRestarting, 0) }
 
 func (c *relayConn) close(code int, reason string, flush time.Duration) {
 	c.mu.Lock()

@@ -77,7 +77,10 @@ const (
 
 // Close codes and reasons of the wire contract.
 const (
-	closeLeaseClosed     = "lease closed"
+	closeLeaseClosed = "lease closed"
+	// closeRestarting is a gateway's going away while the lease lives on
+	// (SIGTERM): wire-facts' 1001, without saying the lease closed.
+	closeRestarting      = "broker restarting; reconnect with from_seq"
 	closeInstanceCrashed = "instance crashed"
 	closeSuperseded      = "superseded by a newer client connection"
 	closeUnknownLease    = "unknown lease"
