@@ -150,7 +150,7 @@ func targetOf(r *http.Request, body []byte) a2aTarget {
 	}
 	params, stream := json.RawMessage(body), strings.HasSuffix(r.URL.Path, ":stream")
 	if strings.HasSuffix(r.URL.Path, "/a2a") {
-		var req rpcRequest
+		var req a2a.RPCRequest
 		if json.Unmarshal(body, &req) != nil {
 			return a2aTarget{}
 		}
@@ -205,7 +205,7 @@ func (in *ingress) clustered(h http.HandlerFunc) http.HandlerFunc {
 		}
 		who, ref := g.auth.Authenticate(r)
 		c := contextCall{Principal: who.ID, Profile: r.PathValue("name"), Context: target.context, Task: target.task}
-		if ref != nil || in.profiles.Load().byName[c.Profile] == nil || in.holdsCall(c) {
+		if ref != nil || in.profiles.Load().ByName[c.Profile] == nil || in.holdsCall(c) {
 			h(w, r) // a refusal is answered (and audited) by the handler
 			return
 		}

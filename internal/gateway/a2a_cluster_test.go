@@ -6,6 +6,8 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+
+	"github.com/nexus-broker/nexus-broker/internal/a2a"
 )
 
 // FuzzTargetOf: reading which conversation or task an A2A request is
@@ -35,7 +37,7 @@ func FuzzTargetOf(f *testing.F) {
 		if got.rpc && !strings.HasSuffix(path, "/a2a") {
 			t.Fatalf("%s %q: read as JSON-RPC off the JSON-RPC route", path, body)
 		}
-		var req rpcRequest
+		var req a2a.RPCRequest
 		if task == "" && strings.HasSuffix(path, "/a2a") && json.Unmarshal([]byte(body), &req) == nil && req.Method == "GetTask" {
 			var p struct{ ID string }
 			if json.Unmarshal(req.Params, &p) == nil && got.task != p.ID {

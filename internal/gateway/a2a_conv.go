@@ -72,7 +72,7 @@ type ingress struct {
 	store    *a2a.Store
 	contexts *bindindex.Index[contextBinding] // in memory without state_dir, or when the file is off
 	policy   config.A2ATasks
-	profiles atomic.Pointer[profileSet]
+	profiles atomic.Pointer[a2a.Profiles]
 
 	mu sync.Mutex
 	// convs are the conversations with something going on: a task, a

@@ -15,108 +15,17 @@ import (
 // The two A2A bindings over one ingress: JSON-RPC 2.0 at /agents/{name}/a2a
 // and HTTP+JSON under /agents/{name}/a2a/v1. Streams are SSE on both.
 
-const (
-	errorInfoType  = "type.googleapis.com/google.rpc.ErrorInfo"
-	badRequestType = "type.googleapis.com/google.rpc.BadRequest"
-	a2aDomain      = "a2a-protocol.org"
-	// notImplemented is the detail the push-notification operations and
-	// GetExtendedAgentCard carry with their UnsupportedOperationError.
-	notImplemented = "OPERATION_NOT_IMPLEMENTED"
-)
-
-// errorDetails renders an error's google.rpc details: its ErrorInfo, with
-// the error's metadata when it has any, and the fields an InvalidParams
-// error names as a BadRequest.
-func errorDetails(e *a2a.Error) []map[string]any {
-	d := map[string]any{"@type": errorInfoType, "reason": e.Reason, "domain": a2aDomain}
-	if len(e.Metadata) > 0 {
-		d["metadata"] = e.Metadata
-	}
-	if len(e.Violations) > 0 {
-		return []map[string]any{d, {"@type": badRequestType, "fieldViolations": e.Violations}}
-	}
-	return []map[string]any{d}
-}
-
-// unimplemented is the answer of every operation this ingress does not
-// offer (push notifications, the extended card), in upstream's words: its
-// ErrorInfo names the operation, and its detail says not yet rather than
-// never.
-func unimplemented(op string) *a2a.Error {
-	return a2a.ErrUnsupportedOp.With("operation %q is not yet implemented by this broker's A2A ingress", op).
-		WithMeta("operation", op, "detail", notImplemented)
-}
-
-type rpcRequest struct {
-	JSONRPC string          `json:"jsonrpc"`
-	Method  string          `json:"method"`
-	Params  json.RawMessage `json:"params"`
-	ID      json.RawMessage `json:"id"`
-}
-
-// sendRPC is a send's request (SendMessage, SendStreamingMessage) decoded
-// with its params in one pass: the path to a turn's input is the hot one,
-// and the two passes of rpcRequest scan its params twice.
-type sendRPC struct {
-	JSONRPC string           `json:"jsonrpc"`
-	Method  string           `json:"method"`
-	Params  *a2a.SendRequest `json:"params"`
-	ID      json.RawMessage  `json:"id"`
-}
-
-// decodeRPC decodes a JSON-RPC request. A send whose params are a
-// SendMessageRequest comes back whole, its params in sent; anything else
-// (another method, params that do not decode as a send's, a body that is
-// not JSON) takes the two passes, the envelope here and the params by
-// method, so every error reads as before. The one difference: a body naming
-// params twice gets the two merged where the two passes keep the last
-// (JSON leaves duplicate names undefined).
-func decodeRPC(body []byte) (req rpcRequest, sent *a2a.SendRequest, err error) {
-	if bytes.Contains(body, []byte("Send")) {
-		var one sendRPC
-		if json.Unmarshal(body, &one) == nil && one.Params != nil && (one.Method == "SendMessage" || one.Method == "SendStreamingMessage") {
-			return rpcRequest{JSONRPC: one.JSONRPC, Method: one.Method, ID: one.ID}, one.Params, nil
-		}
-	}
-	err = json.Unmarshal(body, &req)
-	return req, nil, err
-}
-
-type rpcError struct {
-	Code    int              `json:"code"`
-	Message string           `json:"message"`
-	Data    []map[string]any `json:"data,omitempty"`
-}
-
-type rpcResponse struct {
-	JSONRPC string          `json:"jsonrpc"`
-	ID      json.RawMessage `json:"id"`
-	Result  any             `json:"result,omitempty"`
-	Error   *rpcError       `json:"error,omitempty"`
-}
-
-func rpcFail(id json.RawMessage, e *a2a.Error) rpcResponse {
-	if id == nil {
-		id = json.RawMessage("null")
-	}
-	return rpcResponse{JSONRPC: "2.0", ID: id, Error: &rpcError{Code: e.Code, Message: e.Message, Data: errorDetails(e)}}
-}
-
 // writeRPCFail answers a JSON-RPC request of id with e: on a stream as its
 // one SSE event, since the client reads a stream's answer from SSE data
 // lines only.
 func writeRPCFail(w http.ResponseWriter, id json.RawMessage, stream bool, e *a2a.Error) {
-	resp := rpcFail(id, e)
+	resp := a2a.RPCFail(id, e)
 	if stream {
 		data, _ := json.Marshal(resp)
 		writeSSEOnce(w, data)
 		return
 	}
 	writeJSON(w, http.StatusOK, resp)
-}
-
-func rpcOK(id json.RawMessage, v any) rpcResponse {
-	return rpcResponse{JSONRPC: "2.0", ID: id, Result: v}
 }
 
 var pushMethods = map[string]bool{
@@ -132,13 +41,13 @@ func (in *ingress) handleJSONRPC(w http.ResponseWriter, r *http.Request) {
 	}
 	body, aerr, _ := readBody(r)
 	if aerr != nil {
-		writeJSON(w, http.StatusOK, rpcFail(nil, aerr))
+		writeJSON(w, http.StatusOK, a2a.RPCFail(nil, aerr))
 		return
 	}
 	// The envelope's refusals are upstream's, in its order: not JSON, not
 	// an envelope, the jsonrpc version, the method; and ours, an id that
 	// is neither a string nor a number.
-	req, sent, err := decodeRPC(body)
+	req, sent, err := a2a.DecodeRPC(body)
 	var bad *a2a.Error
 	switch {
 	case err != nil && !json.Valid(body):
@@ -149,14 +58,14 @@ func (in *ingress) handleJSONRPC(w http.ResponseWriter, r *http.Request) {
 		bad = a2a.InvalidEnvelope("jsonrpc", "must be %q, got %q", "2.0", req.JSONRPC)
 	case req.Method == "":
 		bad = a2a.InvalidEnvelope("method", "must be a non-empty A2A operation name")
-	case !validRPCID(req.ID):
+	case !a2a.ValidRPCID(req.ID):
 		bad = a2a.InvalidEnvelope("id", "must be a string, a number or null")
 	}
 	if bad != nil {
-		if err != nil || !validRPCID(req.ID) {
+		if err != nil || !a2a.ValidRPCID(req.ID) {
 			req.ID = nil
 		}
-		writeJSON(w, http.StatusOK, rpcFail(req.ID, bad))
+		writeJSON(w, http.StatusOK, a2a.RPCFail(req.ID, bad))
 		return
 	}
 	stream := req.Method == "SendStreamingMessage" || req.Method == "SubscribeToTask"
@@ -205,13 +114,13 @@ func (in *ingress) handleJSONRPC(w http.ResponseWriter, r *http.Request) {
 		}
 		if stream {
 			sse(w, r, s, func() { in.unsubscribe(t, s) }, func(ev a2a.Event) []byte {
-				data, _ := json.Marshal(rpcOK(req.ID, ev))
+				data, _ := json.Marshal(a2a.RPCOK(req.ID, ev))
 				return data
 			})
 			return
 		}
 		task := in.result(r, t, sr.Configuration)
-		writeJSON(w, http.StatusOK, rpcOK(req.ID, a2a.Event{Task: &task}))
+		writeJSON(w, http.StatusOK, a2a.RPCOK(req.ID, a2a.Event{Task: &task}))
 	case "GetTask":
 		var tr a2a.TaskRequest
 		if !taskParams(&tr) {
@@ -222,7 +131,7 @@ func (in *ingress) handleJSONRPC(w http.ResponseWriter, r *http.Request) {
 			fail(aerr)
 			return
 		}
-		writeJSON(w, http.StatusOK, rpcOK(req.ID, task))
+		writeJSON(w, http.StatusOK, a2a.RPCOK(req.ID, task))
 	case "ListTasks":
 		var lr a2a.ListRequest
 		if !params(&lr) {
@@ -234,52 +143,41 @@ func (in *ingress) handleJSONRPC(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		unanswered(w, missing)
-		writeJSON(w, http.StatusOK, rpcOK(req.ID, out))
+		writeJSON(w, http.StatusOK, a2a.RPCOK(req.ID, out))
 	case "CancelTask":
 		var tr a2a.TaskRequest
 		if !taskParams(&tr) {
 			return
 		}
-		task, aerr := in.cancel(principal, p.name, tr.ID)
+		task, aerr := in.cancel(principal, p.Name, tr.ID)
 		if aerr != nil {
 			fail(aerr)
 			return
 		}
-		writeJSON(w, http.StatusOK, rpcOK(req.ID, task))
+		writeJSON(w, http.StatusOK, a2a.RPCOK(req.ID, task))
 	case "SubscribeToTask":
 		var tr a2a.TaskRequest
 		if !taskParams(&tr) {
 			return
 		}
-		s, stop, aerr := in.subscribe(principal, p.name, tr.ID)
+		s, stop, aerr := in.subscribe(principal, p.Name, tr.ID)
 		if aerr != nil {
 			fail(aerr)
 			return
 		}
 		sse(w, r, s, stop, func(ev a2a.Event) []byte {
-			data, _ := json.Marshal(rpcOK(req.ID, ev))
+			data, _ := json.Marshal(a2a.RPCOK(req.ID, ev))
 			return data
 		})
 	case "GetExtendedAgentCard":
-		fail(unimplemented(req.Method))
+		fail(a2a.Unimplemented(req.Method))
 	default:
 		if pushMethods[req.Method] {
-			fail(unimplemented(req.Method))
+			fail(a2a.Unimplemented(req.Method))
 			return
 		}
 		fail(a2a.ErrMethodNotFound.With("unknown A2A operation %q", req.Method))
 	}
-}
-
-func validRPCID(id json.RawMessage) bool {
-	if len(id) == 0 {
-		return true // a notification; answered anyway
-	}
-	switch id[0] {
-	case '"', '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9', 'n':
-		return true
-	}
-	return false
 }
 
 func writeSSEOnce(w http.ResponseWriter, data []byte) {
@@ -309,12 +207,12 @@ func (in *ingress) result(r *http.Request, t *liveTask, cfg *a2a.SendConfig) a2a
 
 func writeRESTError(w http.ResponseWriter, e *a2a.Error) {
 	writeJSON(w, e.HTTPStatus, map[string]any{"error": map[string]any{
-		"code": e.HTTPStatus, "status": e.Status, "message": e.Message, "details": errorDetails(e),
+		"code": e.HTTPStatus, "status": e.Status, "message": e.Message, "details": a2a.ErrorDetails(e),
 	}})
 }
 
 // restBegin is the common start of every HTTP+JSON route.
-func (in *ingress) restBegin(w http.ResponseWriter, r *http.Request) (string, *profile, bool) {
+func (in *ingress) restBegin(w http.ResponseWriter, r *http.Request) (string, *a2a.Profile, bool) {
 	principal, p, ok := in.caller(w, r, restRoute)
 	if !ok {
 		return "", nil, false
@@ -346,7 +244,7 @@ func (in *ingress) restSendRequest(w http.ResponseWriter, r *http.Request) (*a2a
 
 // restSendBegin opens message:send and message:stream: caller, version and
 // a bounded SendMessageRequest body.
-func (in *ingress) restSendBegin(w http.ResponseWriter, r *http.Request) (string, *profile, *a2a.SendRequest, bool) {
+func (in *ingress) restSendBegin(w http.ResponseWriter, r *http.Request) (string, *a2a.Profile, *a2a.SendRequest, bool) {
 	principal, p, ok := in.restBegin(w, r)
 	if !ok {
 		return "", nil, nil, false
@@ -465,14 +363,14 @@ func (in *ingress) restTask(w http.ResponseWriter, r *http.Request) {
 		}
 		writeJSON(w, http.StatusOK, task)
 	case verb == "cancel" && r.Method == http.MethodPost:
-		task, aerr := in.cancel(principal, p.name, id)
+		task, aerr := in.cancel(principal, p.Name, id)
 		if aerr != nil {
 			writeRESTError(w, aerr)
 			return
 		}
 		writeJSON(w, http.StatusOK, task)
 	case verb == "subscribe":
-		s, stop, aerr := in.subscribe(principal, p.name, id)
+		s, stop, aerr := in.subscribe(principal, p.Name, id)
 		if aerr != nil {
 			writeRESTError(w, aerr)
 			return
@@ -534,12 +432,12 @@ func (in *ingress) restPush(w http.ResponseWriter, r *http.Request) {
 	case r.Method == http.MethodGet:
 		op = "ListTaskPushNotificationConfigs"
 	}
-	writeRESTError(w, unimplemented(op))
+	writeRESTError(w, a2a.Unimplemented(op))
 }
 
 func (in *ingress) restExtendedCard(w http.ResponseWriter, r *http.Request) {
 	if _, _, ok := in.restBegin(w, r); !ok {
 		return
 	}
-	writeRESTError(w, unimplemented("GetExtendedAgentCard"))
+	writeRESTError(w, a2a.Unimplemented("GetExtendedAgentCard"))
 }

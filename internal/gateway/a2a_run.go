@@ -120,7 +120,7 @@ func spawnFailed(profile string, cerr *claimError) *spawnFailure {
 // already running (adopted), else a fresh spawn resuming its session with
 // -recall. It returns why not otherwise.
 func (in *ingress) leaseFor(c *conv) (*lease, *spawnFailure) {
-	p := in.profiles.Load().byName[c.key.profile]
+	p := in.profiles.Load().ByName[c.key.profile]
 	if p == nil {
 		return nil, &spawnFailure{a2a.StateRejected, fmt.Sprintf(textSpawnRefused, c.key.profile, "the profile is no longer configured")}
 	}
@@ -137,10 +137,10 @@ func (in *ingress) leaseFor(c *conv) (*lease, *spawnFailure) {
 		return l, nil
 	}
 	start := time.Now()
-	entry, cerr := in.g.resumeEntry(in.g.ctx, session, p.entry)
+	entry, cerr := in.g.resumeEntry(in.g.ctx, session, p.Entry)
 	var l *lease
 	if cerr == nil {
-		l, cerr = in.g.spawnLease(in.g.ctx, c.key.principal, entry, p.config, session, slotAcquire, nil)
+		l, cerr = in.g.spawnLease(in.g.ctx, c.key.principal, entry, p.Config, session, slotAcquire, nil)
 	}
 	in.g.countClaim(start, cerr)
 	if cerr != nil {

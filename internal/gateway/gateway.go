@@ -25,6 +25,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nexus-broker/nexus-broker/internal/a2a"
 	"github.com/nexus-broker/nexus-broker/internal/auth"
 	"github.com/nexus-broker/nexus-broker/internal/bootlog"
 	"github.com/nexus-broker/nexus-broker/internal/cluster"
@@ -180,7 +181,7 @@ func (g *Gateway) Start(ctx context.Context) error {
 		g.log.Info("lease durability enabled", "state_dir", g.boot.StateDir, "broker_id", st.BrokerID)
 	}
 	if g.a2a != nil {
-		ps, err := buildProfiles(g.boot, g.boot, g.a2aBase())
+		ps, err := a2a.BuildProfiles(g.boot, g.boot, g.a2aBase())
 		if err != nil {
 			return bootlog.Wrap(buildProfilesFailed, fmt.Errorf("broker config: %w", err))
 		}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nexus-broker/nexus-broker/internal/a2a"
 	"github.com/nexus-broker/nexus-broker/internal/config"
 	"github.com/nexus-broker/nexus-broker/internal/config/core"
 	"github.com/nexus-broker/nexus-broker/internal/gateway/spawner"
@@ -28,7 +29,7 @@ func (g *Gateway) Reload(ctx context.Context, path string) error {
 		return g.reloadRejected(path, err)
 	}
 	cur := g.cfg.Load()
-	var profiles *profileSet
+	var profiles *a2a.Profiles
 	// No A2A routes were registered at boot without agents:, so a reload
 	// cannot switch the ingress on: reported and ignored like a boot-only key.
 	switchOn := g.a2a == nil && len(next.Agents) > 0
@@ -51,7 +52,7 @@ func (g *Gateway) Reload(ctx context.Context, path string) error {
 		bootOnly = append(bootOnly, "agents")
 	}
 	if g.a2a != nil {
-		if profiles, err = buildProfiles(next, g.boot, g.a2aBase()); err != nil {
+		if profiles, err = a2a.BuildProfiles(next, g.boot, g.a2aBase()); err != nil {
 			return g.reloadRejected(path, fmt.Errorf("broker config: %w", err))
 		}
 	}

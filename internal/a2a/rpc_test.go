@@ -1,4 +1,4 @@
-package gateway
+package a2a
 
 import (
 	"bytes"
@@ -6,16 +6,13 @@ import (
 	"reflect"
 	"strings"
 	"testing"
-
-	"github.com/nexus-broker/nexus-broker/internal/a2a"
-	"github.com/nexus-broker/nexus-broker/internal/config"
 )
 
 // sendBody is a send as the official client writes it.
 const sendBody = `{"jsonrpc":"2.0","method":"SendStreamingMessage","params":{"message":{"messageId":"m1","contextId":"c1","role":"ROLE_USER","parts":[{"text":"hello there"}]}},"id":"r1"}`
 
 func TestDecodeRPCReadsASendInOnePass(t *testing.T) {
-	req, sent, err := decodeRPC([]byte(sendBody))
+	req, sent, err := DecodeRPC([]byte(sendBody))
 	if err != nil || sent == nil {
 		t.Fatalf("decodeRPC = %+v, %v, %v; want the send's params", req, sent, err)
 	}
@@ -35,12 +32,12 @@ func TestDecodeRPCLeavesOtherRequestsToTheirMethod(t *testing.T) {
 		`{"jsonrpc":"2.0","method":"SendMessage","params":{"message":{"role":5}},"id":1}`,
 		`{"jsonrpc":"2.0","method":"SendMessage","id":1}`,
 	} {
-		req, sent, err := decodeRPC([]byte(body))
+		req, sent, err := DecodeRPC([]byte(body))
 		if err != nil || sent != nil || req.Method == "" {
 			t.Errorf("%s: decodeRPC = %+v, %+v, %v; want the envelope alone", body, req, sent, err)
 		}
 	}
-	if _, _, err := decodeRPC([]byte(`{"method":"SendMessage",`)); err == nil {
+	if _, _, err := DecodeRPC([]byte(`{"method":"SendMessage",`)); err == nil {
 		t.Error("a body that is not JSON decoded")
 	}
 }
@@ -79,8 +76,8 @@ func FuzzDecodeRPCAgrees(f *testing.F) {
 	f.Add([]byte(`{"jsonrpc":"2.0","method":"SendMessage","params":null}`))
 	f.Add([]byte(`{"Method":"SendMessage","PARAMS":{"message":{}},"params":{"tenant":"x"}}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
-		req, sent, err := decodeRPC(body)
-		var two rpcRequest
+		req, sent, err := DecodeRPC(body)
+		var two RPCRequest
 		twoErr := json.Unmarshal(body, &two)
 		if (err == nil) != (twoErr == nil) {
 			t.Fatalf("decodeRPC error %v, the envelope's %v", err, twoErr)
@@ -92,7 +89,7 @@ func FuzzDecodeRPCAgrees(f *testing.F) {
 			t.Fatalf("envelope %+v, the two passes' %+v", req, two)
 		}
 		send := req.Method == "SendMessage" || req.Method == "SendStreamingMessage"
-		var sr a2a.SendRequest
+		var sr SendRequest
 		decodes := len(two.Params) > 0 && string(two.Params) != "null" && json.Unmarshal(two.Params, &sr) == nil
 		switch {
 		case sent != nil && !send:
@@ -104,27 +101,4 @@ func FuzzDecodeRPCAgrees(f *testing.F) {
 			t.Fatalf("a send whose params decode (%+v) took the two passes", sr)
 		}
 	})
-}
-
-// TestCardSecurityNamesEachValidator: one scheme per validator a client
-// presents a credential to, named as upstream's chain names it (a second
-// jwks is jwks#2), each its own requirement; proxy_headers is not one.
-func TestCardSecurityNamesEachValidator(t *testing.T) {
-	schemes, reqs := securityOf(&config.Auth{Validators: []config.Validator{
-		{Type: config.ValidatorJWKS, Issuer: "https://a.example", Audience: config.Strings{"x", "y"}},
-		{Type: config.ValidatorProxyHeaders},
-		{Type: config.ValidatorJWKS},
-		{Type: config.ValidatorIntrospect},
-	}})
-	got, _ := json.Marshal(map[string]any{"s": schemes, "r": reqs})
-	want := `{"r":[{"schemes":{"jwks":[]}},{"schemes":{"jwks#2":[]}},{"schemes":{"introspect":[]}}],"s":{` +
-		`"introspect":{"httpAuthSecurityScheme":{"description":"Opaque bearer token, verified by RFC 7662 introspection at the issuer.","scheme":"Bearer"}},` +
-		`"jwks":{"httpAuthSecurityScheme":{"bearerFormat":"JWT","description":"OIDC JWT access token, verified against the issuer's published key set. Issuer: https://a.example. Audience: x, y.","scheme":"Bearer"}},` +
-		`"jwks#2":{"httpAuthSecurityScheme":{"bearerFormat":"JWT","description":"OIDC JWT access token, verified against the issuer's published key set.","scheme":"Bearer"}}}}`
-	if string(got) != want {
-		t.Errorf("card security\n got %s\nwant %s", got, want)
-	}
-	if s, r := securityOf(&config.Auth{Validators: []config.Validator{{Type: config.ValidatorProxyHeaders}}}); s != nil || r != nil {
-		t.Errorf("proxy_headers alone advertises %v %v", s, r)
-	}
 }
