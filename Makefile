@@ -63,6 +63,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz 'FuzzReadOnlyImage$$' -fuzztime $(FUZZTIME) ./internal/footprint
 	$(GO) test -run '^$$' -fuzz 'FuzzTargetOf$$' -fuzztime $(FUZZTIME) ./internal/gateway
 	$(GO) test -run '^$$' -fuzz 'FuzzDecodeRPCAgrees$$' -fuzztime $(FUZZTIME) ./internal/a2a
+	$(GO) test -run '^$$' -fuzz 'FuzzRegister$$' -fuzztime $(FUZZTIME) ./internal/gateway
 	$(GO) test -run '^$$' -fuzz 'FuzzParseTextRecord$$' -fuzztime $(FUZZTIME) ./internal/spawnclient
 	$(GO) test -run '^$$' -fuzz 'FuzzWireAgrees$$' -fuzztime $(FUZZTIME) ./pkg/spawnrpc/spawnpb
 	$(GO) test -run '^$$' -fuzz 'FuzzHealthCodecAgrees$$' -fuzztime $(FUZZTIME) ./pkg/spawnrpc

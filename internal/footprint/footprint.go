@@ -9,7 +9,6 @@ import (
 	"os"
 	"runtime"
 	"runtime/debug"
-	"strconv"
 
 	"golang.org/x/sys/unix"
 )
@@ -67,9 +66,9 @@ func readOnlyImage(smaps []byte, exe string) []span {
 		if lo, hi, ok := bytes.Cut(f[0], []byte("-")); ok && len(f) >= 5 {
 			// A mapping's header: range, perms, offset, device, inode, path.
 			candidate = false
-			s, err1 := strconv.ParseUint(string(lo), 16, 64)
-			e, err2 := strconv.ParseUint(string(hi), 16, 64)
-			if err1 == nil && err2 == nil && len(f) == 6 && string(f[5]) == exe && len(f[1]) == 4 && f[1][1] == '-' {
+			s, ok1 := parseAddr(lo)
+			e, ok2 := parseAddr(hi)
+			if ok1 && ok2 && len(f) == 6 && string(f[5]) == exe && len(f[1]) == 4 && f[1][1] == '-' {
 				out = append(out, span{uintptr(s), uintptr(e)})
 				candidate = true
 			}
@@ -81,4 +80,25 @@ func readOnlyImage(smaps []byte, exe string) []span {
 		}
 	}
 	return out
+}
+
+// parseAddr reads an address as the kernel writes it in maps and smaps
+// (%08lx): lowercase hex digits only. Anything else is not a mapping's
+// header.
+func parseAddr(b []byte) (uint64, bool) {
+	if len(b) == 0 || len(b) > 16 {
+		return 0, false
+	}
+	var v uint64
+	for _, c := range b {
+		switch {
+		case '0' <= c && c <= '9':
+			v = v<<4 | uint64(c-'0')
+		case 'a' <= c && c <= 'f':
+			v = v<<4 | uint64(c-'a'+10)
+		default:
+			return 0, false
+		}
+	}
+	return v, true
 }

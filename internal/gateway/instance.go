@@ -77,15 +77,14 @@ func (g *Gateway) serveInstance(conn *websocket.Conn, remote string) {
 		g.log.Warn("instance closed before register frame", "remote", remote, "error", err)
 		return
 	}
-	f, err := brokerframe.Decode(data)
-	if err != nil {
-		ws.closeNow(websocket.ClosePolicyViolation, "invalid register frame")
-		g.log.Warn("instance sent undecodable first frame", "remote", remote, "error", err)
-		return
-	}
-	if f.Signal != brokerframe.SignalRegister {
-		ws.closeNow(websocket.ClosePolicyViolation, "expected register frame")
-		g.log.Warn("instance first frame was not register", "remote", remote, "signal", f.Signal)
+	f, refuse, err := registerOf(data)
+	if refuse != "" {
+		ws.closeNow(websocket.ClosePolicyViolation, refuse)
+		if err != nil {
+			g.log.Warn("instance sent undecodable first frame", "remote", remote, "error", err)
+		} else {
+			g.log.Warn("instance first frame was not register", "remote", remote, "signal", f.Signal)
+		}
 		return
 	}
 	l, refusal := g.admitInstance(g.ctx, f)
@@ -143,6 +142,20 @@ func (ic *instanceConn) serve(l *lease) {
 	close(ic.drained)
 	ws.finish()
 	g.log.Info("instance disconnected", "lease_id", l.id)
+}
+
+// registerOf reads a dial-back's first message. Anything but a register
+// frame answers the close reason refusing it: with err when it does not
+// decode at all.
+func registerOf(data []byte) (f brokerframe.Frame, refuse string, err error) {
+	f, err = brokerframe.Decode(data)
+	switch {
+	case err != nil:
+		return f, "invalid register frame", err
+	case f.Signal != brokerframe.SignalRegister:
+		return f, "expected register frame", nil
+	}
+	return f, "", nil
 }
 
 // refusal names why a registration was refused, for the log only.
