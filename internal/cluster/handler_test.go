@@ -9,6 +9,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -209,4 +210,59 @@ func TestSubscribePermissionViolationIsFatal(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "the permitted node ready", func() bool { return n.Ready() == nil })
+}
+
+// TestNATSPasswordsStayOutOfLogs: a password in a cluster.urls entry
+// shows as xxxxx in every log line and error of a broker that cannot
+// reach NATS, and in a refused boot's error.
+func TestNATSPasswordsStayOutOfLogs(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().String()
+	ln.Close()
+	var logs syncBuffer
+	k := &config.Cluster{URLs: config.Strings{"nats://broker:hunter2@" + dead}, Secret: "handler-test-secret-0123456789abcdef", SubjectPrefix: config.DefaultSubjectPrefix, HeartbeatInterval: core.Duration(100 * time.Millisecond)}
+	n, err := New(Options{Config: k, BrokerID: "a", Log: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(n.Close)
+	waitFor(t, "three failed attempts logged", func() bool { return strings.Contains(logs.String(), "NATS unreachable after consecutive attempts") })
+	ready := n.Ready()
+	if ready == nil || strings.Contains(ready.Error(), "hunter2") || strings.Contains(logs.String(), "hunter2") || !strings.Contains(logs.String(), "broker:xxxxx@"+dead) {
+		t.Fatalf("readiness %v; log:\n%s", ready, logs.String())
+	}
+
+	url := startServer(t, func(o *natsserver.Options) { o.Username, o.Password = "broker", "right-password" })
+	k.URLs = config.Strings{strings.Replace(url, "nats://", "nats://broker:hunter2@", 1)}
+	bad, err := New(Options{Config: k, BrokerID: "b", Log: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bad.Start(); err == nil || strings.Contains(err.Error(), "hunter2") || !strings.Contains(err.Error(), "broker:xxxxx@") {
+		t.Fatalf("a refused boot: %v", err)
+	}
+}
+
+// syncBuffer is a log sink safe for concurrent writers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

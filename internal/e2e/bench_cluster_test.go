@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"os"
 	"testing"
 	"time"
 
@@ -10,36 +11,57 @@ import (
 
 // BenchmarkClusterRelay: one lease on broker a, its WebSocket opened on a
 // (direct to the owner) and, for a second lease, on b (relayed over NATS),
-// measured in the same run: round trip, and pipelined throughput.
+// measured in the same run: round trip, and pipelined throughput. With
+// NEXUS_BENCH_BASE_BIN the base build's pair of brokers runs beside, on a
+// nats-server of its own, and its round trips (base-…) are measured in the
+// same loop, turn about: sealing-added-p50-ms is this build's non-owner
+// p50 less the base build's.
 func BenchmarkClusterRelay(b *testing.B) {
 	benchPreflight(b)
-	_, bs := startCluster(b, "idle_timeout: 0s\n", "", "a", "b")
-	owner, entry := bs["a"], bs["b"]
-	direct := dialBench(b, wsVia(owner, owner.claim(brokerclient.ClaimRequest{Config: benchConfig}).LeaseID))
-	relayed := dialBench(b, wsVia(entry, owner.claim(brokerclient.ClaimRequest{Config: benchConfig}).LeaseID))
-	var d, r []time.Duration
-	for n := 0; b.Loop(); n++ {
-		dt, err := clientRoundTrip(direct, n)
-		if err != nil {
-			b.Fatalf("direct to the owner: %v", err)
-		}
-		rt, err := clientRoundTrip(relayed, n)
-		if err != nil {
-			b.Fatalf("through a non-owner: %v", err)
-		}
-		d, r = append(d, dt), append(r, rt)
+	type pair struct{ direct, relayed *brokerclient.Conn }
+	start := func(binDir string) pair {
+		ns := startNATS(b, 0, nil)
+		bs := startMembers(b, openMember(ns.ClientURL()), Options{YAML: "idle_timeout: 0s\n", BinDir: binDir}, "a", "b")
+		owner, entry := bs["a"], bs["b"]
+		return pair{dialBench(b, wsVia(owner, owner.claim(brokerclient.ClaimRequest{Config: benchConfig}).LeaseID)),
+			dialBench(b, wsVia(entry, owner.claim(brokerclient.ClaimRequest{Config: benchConfig}).LeaseID))}
 	}
-	b.ReportMetric(ms(pct(d, 50)), "owner-p50-ms")
-	b.ReportMetric(ms(pct(r, 50)), "non-owner-p50-ms")
-	b.ReportMetric(ms(pct(r, 99)), "non-owner-p99-ms")
-	b.ReportMetric(float64(pct(r, 50))/float64(pct(d, 50)), "rtt-ratio")
+	pairs := map[string]pair{"": start("")}
+	if dir := os.Getenv(BaseBinEnv); dir != "" {
+		pairs["base-"] = start(dir)
+	}
+	d, r := map[string][]time.Duration{}, map[string][]time.Duration{}
+	for n := 0; b.Loop(); n++ {
+		for prefix, p := range pairs {
+			dt, err := clientRoundTrip(p.direct, n)
+			if err != nil {
+				b.Fatalf("%sdirect to the owner: %v", prefix, err)
+			}
+			rt, err := clientRoundTrip(p.relayed, n)
+			if err != nil {
+				b.Fatalf("%sthrough a non-owner: %v", prefix, err)
+			}
+			d[prefix], r[prefix] = append(d[prefix], dt), append(r[prefix], rt)
+		}
+	}
+	for prefix := range pairs {
+		b.ReportMetric(ms(pct(d[prefix], 50)), prefix+"owner-p50-ms")
+		b.ReportMetric(ms(pct(r[prefix], 50)), prefix+"non-owner-p50-ms")
+		b.ReportMetric(ms(pct(r[prefix], 99)), prefix+"non-owner-p99-ms")
+		b.ReportMetric(float64(pct(r[prefix], 50))/float64(pct(d[prefix], 50)), prefix+"rtt-ratio")
+	}
+	if _, ok := pairs["base-"]; ok {
+		b.ReportMetric(ms(pct(r[""], 50)-pct(r["base-"], 50)), "sealing-added-p50-ms")
+	}
 
 	const frames = 2000
-	td := pump(b, []*brokerclient.Conn{direct}, frames)
-	tr := pump(b, []*brokerclient.Conn{relayed}, frames)
-	b.ReportMetric(frames/td.Seconds(), "owner-frames/s")
-	b.ReportMetric(frames/tr.Seconds(), "non-owner-frames/s")
-	b.ReportMetric(td.Seconds()/tr.Seconds(), "throughput-ratio")
+	for prefix, p := range pairs {
+		td := pump(b, []*brokerclient.Conn{p.direct}, frames)
+		tr := pump(b, []*brokerclient.Conn{p.relayed}, frames)
+		b.ReportMetric(frames/td.Seconds(), prefix+"owner-frames/s")
+		b.ReportMetric(frames/tr.Seconds(), prefix+"non-owner-frames/s")
+		b.ReportMetric(td.Seconds()/tr.Seconds(), prefix+"throughput-ratio")
+	}
 }
 
 // BenchmarkClusterSpilledClaim: claim latency on a broker with a free slot
