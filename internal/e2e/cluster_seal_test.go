@@ -315,3 +315,31 @@ func TestClusterFrozenLinkIsUnreadyAndLateReleaseIsDropped(t *testing.T) {
 		t.Fatalf("A's lease is %q after the thaw, want active: the release answered 503 was carried out", st)
 	}
 }
+
+// TestClusterLeaseWorksThroughABrokerThatHasNotHeardItsOwner: B starts
+// after A's only heartbeat (the interval is an hour), so B has never heard
+// of A; A's lease still streams, mints a ticket and releases through B, at
+// once: B asks A's subjects directly. A lease id naming a broker nobody
+// runs stays an ordinary 404.
+func TestClusterLeaseWorksThroughABrokerThatHasNotHeardItsOwner(t *testing.T) {
+	ns := startNATS(t, 0, nil)
+	join := func(id string) (string, []string) { return clusterYAMLEvery(id, ns.ClientURL(), "1h"), nil }
+	a := startMembers(t, join, Options{}, "a")["a"]
+	id := a.claim(brokerclient.ClaimRequest{}).LeaseID
+	b := startMembers(t, join, Options{}, "b")["b"]
+	if n := b.metrics()["nexus_broker_cluster_peers_reachable"]; n != 0 {
+		t.Fatalf("B hears %v peers; the test needs it to have heard none", n)
+	}
+	if got := say(t, dialVia(t, b, id, brokerclient.DialOptions{}), "unheard"); got != "echo #1: unheard" {
+		t.Fatalf("A's lease through B, which never heard A: %q", got)
+	}
+	if st, body := b.do("POST", "/ticket/"+id, ""); st != 200 {
+		t.Fatalf("ticket through B = %d %s", st, body)
+	}
+	if st, body := b.do("POST", "/release/0123456789abcdef0123456789abcdef-zz", ""); st != 404 || strings.TrimSpace(body) != `{"error":"unknown lease"}` {
+		t.Fatalf("release of a lease of a broker nobody runs = %d %s", st, body)
+	}
+	if st, body := b.do("POST", "/release/"+id, ""); st != 200 {
+		t.Fatalf("release through B = %d %s", st, body)
+	}
+}

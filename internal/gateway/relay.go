@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -88,19 +89,28 @@ func (g *Gateway) remoteOwner(id string) string {
 	return ""
 }
 
-// ownerDown answers for a lease whose owner cannot: a broker the cluster
-// has never seen is an ordinary unknown lease, one that stopped answering
-// is 503. It reports false when the owner looks reachable.
+// ownerDown answers 503 for a lease whose owner was heard and then
+// stopped heartbeating. It reports false otherwise: the owner looks
+// reachable, or has not been heard yet (membership may not have
+// converged), and is asked directly.
 func (g *Gateway) ownerDown(w http.ResponseWriter, owner string) bool {
-	switch {
-	case !g.rt.node.Known(owner):
-		writeUnknownLease(w)
-	case !g.rt.node.Reachable(owner):
+	if g.rt.node.Known(owner) && !g.rt.node.Reachable(owner) {
 		writeError(w, http.StatusServiceUnavailable, errOwnerUnavailable)
-	default:
-		return false
+		return true
 	}
-	return true
+	return false
+}
+
+// ownerFailed answers for a request the lease's owner did not answer: NATS
+// saying nobody subscribes to the subjects of a broker never heard from is
+// an ordinary unknown lease; anything else is 503.
+func (g *Gateway) ownerFailed(w http.ResponseWriter, id, owner, op string, err error) {
+	if errors.Is(err, cluster.ErrNoResponders) && !g.rt.node.Known(owner) {
+		writeUnknownLease(w)
+		return
+	}
+	g.log.Warn("cluster: the lease's owner did not answer", "lease_id", id, "owner", owner, "op", op, "error", err)
+	writeError(w, http.StatusServiceUnavailable, errOwnerUnavailable)
 }
 
 // forward sends an HTTP route's request to the lease's owner and writes
@@ -111,8 +121,7 @@ func (g *Gateway) forward(w http.ResponseWriter, r *http.Request, owner, op stri
 	}
 	var a httpAnswer
 	if err := g.rt.node.Call(r.Context(), owner, op, leaseCall{Lease: r.PathValue("lease_id"), Principal: p}, &a); err != nil {
-		g.log.Warn("cluster: the lease's owner did not answer", "lease_id", r.PathValue("lease_id"), "owner", owner, "op", op, "error", err)
-		writeError(w, http.StatusServiceUnavailable, errOwnerUnavailable)
+		g.ownerFailed(w, r.PathValue("lease_id"), owner, op, err)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -209,8 +218,7 @@ func (g *Gateway) relayClient(w http.ResponseWriter, r *http.Request, owner, id 
 	}
 	var ans attachAnswer
 	if err := g.rt.node.Call(r.Context(), owner, opAttach, a, &ans); err != nil {
-		g.log.Warn("cluster: the lease's owner did not answer", "lease_id", id, "owner", owner, "op", opAttach, "error", err)
-		writeError(w, http.StatusServiceUnavailable, errOwnerUnavailable)
+		g.ownerFailed(w, id, owner, opAttach, err)
 		return
 	}
 	if ans.Status != http.StatusOK {
