@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -65,6 +66,34 @@ func TestSessionRebindAcrossEntriesIsRefused(t *testing.T) {
 	resumed := b.claim(brokerclient.ClaimRequest{SessionID: victim.SessionID})
 	if got := b.leaseBinary(resumed.LeaseID); got != "alice" {
 		t.Fatalf("the victim's resume ran as %q, want alice", got)
+	}
+}
+
+// TestClaimSaysWhySessionReportWasRefused: a claim whose instance's
+// session-id report was refused (by spawnd: another entry's session; by
+// the rule: a hostile id) answers 200 without session_id and with
+// session_error saying why; an honest claim carries no session_error.
+func TestClaimSaysWhySessionReportWasRefused(t *testing.T) {
+	b, reported := startLiarBroker(t, "mallory", "alice")
+	status, body := b.do("POST", "/claim", `{"config":"engine:\n  name: x\n","binary":"alice"}`)
+	var victim brokerclient.Claim
+	if err := json.Unmarshal([]byte(body), &victim); status != 200 || err != nil || victim.SessionID == "" || strings.Contains(body, "session_error") {
+		t.Fatalf("honest claim = %d %s, want 200 with session_id and no session_error", status, body)
+	}
+	for _, tc := range []struct{ report, why string }{
+		{victim.SessionID, `belongs to entry "alice", not "mallory"`},
+		{"../..", sessionid.Rule},
+	} {
+		if err := os.WriteFile(reported, []byte(tc.report), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		c := b.claim(brokerclient.ClaimRequest{Binary: "mallory"})
+		if c.SessionID != "" || !strings.Contains(c.SessionError, tc.why) {
+			t.Errorf("claim whose instance reported %q: session_id %q, session_error %q; want none and one containing %q", tc.report, c.SessionID, c.SessionError, tc.why)
+		}
+		if status, _ := b.do("POST", "/release/"+c.LeaseID, ""); status != 200 {
+			t.Fatal("release")
+		}
 	}
 }
 

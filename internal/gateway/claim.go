@@ -30,7 +30,9 @@ type claimResponse struct {
 	LeaseID   string `json:"lease_id"`
 	WSURL     string `json:"ws_url"`
 	SessionID string `json:"session_id,omitempty"` // none reported within session_report_grace
-	Ticket    string `json:"ticket,omitempty"`
+	// SessionError is why the instance's session-id report was refused.
+	SessionError string `json:"session_error,omitempty"`
+	Ticket       string `json:"ticket,omitempty"`
 	// For the "claim ready" line; zero when a peer served the claim.
 	pid    int64
 	binary string
@@ -225,10 +227,13 @@ func (g *Gateway) claimBody(r *http.Request, p auth.Principal, body []byte, slot
 		return nil, cerr
 	}
 	l.mu.Lock()
-	session = l.sessionID
+	session, sessionErr := l.sessionID, l.sessionErr
 	pid := l.pid
 	l.mu.Unlock()
-	resp := &claimResponse{LeaseID: l.id, WSURL: g.wsURL(r, l.id), SessionID: session, pid: pid, binary: l.entry}
+	if session != "" {
+		sessionErr = ""
+	}
+	resp := &claimResponse{LeaseID: l.id, WSURL: g.wsURL(r, l.id), SessionID: session, SessionError: sessionErr, pid: pid, binary: l.entry}
 	if g.auth.Enabled() {
 		resp.Ticket = g.tickets.Mint(l.id, p)
 	}
@@ -511,26 +516,26 @@ func (g *Gateway) binaryNames() []string {
 }
 
 // record asks spawnd to record a session id an instance reported, and says
-// whether the lease may carry it. spawnd refuses an id another entry's
-// session holds (a session belongs to the entry that created it); a spawnd
-// that cannot be asked is logged and the id kept, since the record is
-// best-effort.
-func (g *Gateway) record(id, session string) bool {
+// whether the lease may carry it, and why not when spawnd refused it.
+// spawnd refuses an id another entry's session holds (a session belongs to
+// the entry that created it); a spawnd that cannot be asked is logged and
+// the id kept, since the record is best-effort.
+func (g *Gateway) record(id, session string) (keep bool, refused string) {
 	ctx, cancel := context.WithTimeout(g.ctx, 10*time.Second)
 	defer cancel()
 	err := g.sp.Record(ctx, id, session)
 	switch spawner.CodeOf(err) {
 	case spawner.OK:
-		return true
+		return true, ""
 	case spawner.NotFound:
-		return false // the lease is gone; nothing carries the id
+		return false, "" // the lease is gone; nothing carries the id
 	case spawner.InvalidArgument, spawner.FailedPrecondition, spawner.ResourceExhausted:
 		g.log.Warn("instance's session-id report refused by nexus-spawnd; the lease keeps running with the session id it had",
 			"lease_id", id, "error", spawner.MessageOf(err))
-		return false
+		return false, spawner.MessageOf(err)
 	}
 	g.log.Warn("recording a lease's session id with nexus-spawnd failed", "lease_id", id, "error", err)
-	return true
+	return true, ""
 }
 
 // handleRelease is POST /release/{lease_id}. Ownership is checked before

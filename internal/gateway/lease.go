@@ -92,11 +92,13 @@ type guarded struct {
 	state     string
 	reason    string
 	sessionID string
-	pid       int64
-	spawned   bool
-	restored  bool
-	inst      *instanceConn
-	client    attachedClient
+	// sessionErr is why the last refused session-id report was refused.
+	sessionErr string
+	pid        int64
+	spawned    bool
+	restored   bool
+	inst       *instanceConn
+	client     attachedClient
 	// clientTurns counts client connections in the order they were
 	// accepted; clientTurn is the attached one's (see clientTicket).
 	clientTurns, clientTurn uint64
@@ -203,6 +205,7 @@ func (l *lease) markSession(id string) {
 			l.g.log.Warn("instance's session-id report refused; the lease keeps running with the session id it had",
 				"lease_id", l.id, "error", refusal)
 		}
+		l.refuseSession(refusal.Error())
 		l.settleSession()
 		return
 	}
@@ -211,7 +214,8 @@ func (l *lease) markSession(id string) {
 		if prev != nil {
 			<-prev // spawnd records a lease's ids in the order they came
 		}
-		if l.g.record(l.id, id) {
+		keep, refused := l.g.record(l.id, id)
+		if keep {
 			l.mu.Lock()
 			l.sessionID = id
 			obs := l.a2a
@@ -219,9 +223,19 @@ func (l *lease) markSession(id string) {
 			if obs != nil {
 				obs.sessionRecorded(l, id)
 			}
+		} else if refused != "" {
+			l.refuseSession(refused)
 		}
 		l.settleSession()
 	}()
+}
+
+// refuseSession keeps why a session-id report was refused, for the claim
+// to answer when the lease is left without an id.
+func (l *lease) refuseSession(why string) {
+	l.mu.Lock()
+	l.sessionErr = why
+	l.mu.Unlock()
 }
 
 func (l *lease) settleSession() {

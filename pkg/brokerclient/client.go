@@ -43,7 +43,10 @@ type Claim struct {
 	LeaseID   string `json:"lease_id"`
 	WSURL     string `json:"ws_url"`
 	SessionID string `json:"session_id"`
-	Ticket    string `json:"ticket,omitempty"`
+	// SessionError says why the instance's session-id report was refused;
+	// then SessionID is empty and the session cannot be resumed.
+	SessionError string `json:"session_error,omitempty"`
+	Ticket       string `json:"ticket,omitempty"`
 }
 
 // APIError is a non-2xx answer: its status and {"error":…} text.
