@@ -9,7 +9,7 @@ PKGS    := ./...
 # docs/performance.md). internal/e2e builds the binaries it tests the same way.
 TAGS    := netgo,osusergo
 
-.PHONY: build run stop cluster test lint bench fuzz proto clean
+.PHONY: build run stop cluster test lint bench fuzz chaos proto clean
 
 build:
 	$(GO) build -tags $(TAGS) -o $(BIN)/ ./cmd/...
@@ -45,6 +45,14 @@ lint:
 # binaries> runs that build's broker beside this one (docs/performance.md).
 bench: build
 	E2E_NORACE=1 $(GO) test -tags $(TAGS) -run '^$$' -bench . -benchtime 2s -timeout 45m ./internal/e2e/ ./internal/gateway/... ./internal/spawnd/ ./internal/auth/ ./internal/a2a/
+
+# Chaos at scale, not part of make test: LEASES streaming leases through
+# kill -9 of spawnd, of the gateway and of both, a SIGSTOPped spawnd and a
+# state_dir whose disk fills (root: it mounts a tmpfs), printing what each
+# lost (all zero) and the reattach and re-adoption times.
+LEASES ?= 200
+chaos:
+	E2E_NORACE=1 NEXUS_CHAOS_LEASES=$(LEASES) $(GO) test -tags $(TAGS) -count=1 -v -run '^TestChaosAtScale$$' -timeout 60m ./internal/e2e/
 
 # Short fuzzing of every decoder and the config loader.
 FUZZTIME ?= 30s
