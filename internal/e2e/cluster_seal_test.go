@@ -71,8 +71,9 @@ func wire(m *nats.Msg) []byte {
 // with that ticket through a third broker, and release through a
 // non-owner. No subject, header or body it sees holds the ticket, the
 // bearer token, the principal, the claim's config or a frame's payload;
-// sending every captured request again, verbatim or to its own inbox,
-// gets it no answer and changes nothing.
+// sending every captured request again, verbatim or to its own inbox, or
+// every captured answer again, gets it no answer and changes nothing: each
+// is refused, counted, by the broker it reaches.
 func TestClusterSealedTrafficTellsASpyNothing(t *testing.T) {
 	ids := []string{"a", "b", "c"}
 	ns := permittedNATS(t, ids...)
@@ -106,7 +107,7 @@ func TestClusterSealedTrafficTellsASpyNothing(t *testing.T) {
 	s.mu.Lock()
 	seen := append([]*nats.Msg(nil), s.seen...)
 	s.mu.Unlock()
-	var requests []*nats.Msg
+	var requests, replies []*nats.Msg
 	ops := map[string]bool{}
 	for _, m := range seen {
 		w := wire(m)
@@ -115,9 +116,12 @@ func TestClusterSealedTrafficTellsASpyNothing(t *testing.T) {
 				t.Fatalf("the spy read %q in a message on %s (reply %q)", secret, m.Subject, m.Reply)
 			}
 		}
-		if strings.HasPrefix(m.Subject, "nexus.broker.b.") {
+		switch {
+		case strings.HasPrefix(m.Subject, "nexus.broker.b."):
 			requests = append(requests, m)
 			ops[m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]] = true
+		case strings.HasPrefix(m.Subject, "_INBOX.") && len(m.Data) > 0:
+			replies = append(replies, m)
 		}
 	}
 	for _, op := range []string{"claim", "ticket", "attach", "send", "read", "release"} {
@@ -145,8 +149,11 @@ func TestClusterSealedTrafficTellsASpyNothing(t *testing.T) {
 		s.replay(m, "")
 		s.replay(m, mine)
 	}
-	eventually(t, 20*time.Second, func() string { return "every replayed and redirected request refused" }, func() bool {
-		return total("replay") >= replays+float64(len(requests)) && total("seal") >= forged+float64(len(requests))
+	for _, m := range replies {
+		s.replay(m, "")
+	}
+	eventually(t, 20*time.Second, func() string { return "every replayed and redirected request, and every replayed answer, refused" }, func() bool {
+		return total("replay") >= replays+float64(len(requests)+len(replies)) && total("seal") >= forged+float64(len(requests))
 	})
 	if m, err := stolen.NextMsg(200 * time.Millisecond); err == nil {
 		t.Fatalf("the spy's inbox got an answer: %q", m.Data)
@@ -341,5 +348,19 @@ func TestClusterLeaseWorksThroughABrokerThatHasNotHeardItsOwner(t *testing.T) {
 	}
 	if st, body := b.do("POST", "/release/"+id, ""); st != 200 {
 		t.Fatalf("release through B = %d %s", st, body)
+	}
+}
+
+// TestClusterRefusedSubscriptionRefusesTheBoot: a broker whose NATS user
+// may not subscribe to its own request subjects (here: broker b's
+// permissions) does not run ready but deaf: its boot is refused, naming
+// the subject.
+func TestClusterRefusedSubscriptionRefusesTheBoot(t *testing.T) {
+	ns := permittedNATS(t, "b")
+	code, out := bootAs(t, func(id string) (string, []string) {
+		return clusterYAML(id, ns.ClientURL()) + "  user: b\n  password_env: " + natsPasswordEnv + "\n", []string{natsPasswordEnv + "=pw-b"}
+	})
+	if code == 0 || !strings.Contains(out, "NATS refuses this broker's subscription to _INBOX.a.") || strings.Contains(out, "nexus-broker listening") {
+		t.Fatalf("broker a with b's NATS permissions: exit %d, output:\n%s", code, out)
 	}
 }

@@ -448,17 +448,24 @@ func TestClusterTinyMaxPayloadRefusesTheBoot(t *testing.T) {
 // (it is expected to refuse the boot) and returns its exit code and output.
 func bootAgainst(t *testing.T, ns *natsserver.Server) (int, string) {
 	t.Helper()
+	return bootAs(t, openMember(ns.ClientURL()))
+}
+
+// bootAs is bootAgainst joining as join says, as broker a.
+func bootAs(t *testing.T, join member) (int, string) {
+	t.Helper()
 	dir := t.TempDir()
 	run := filepath.Join(sockdir.New(t, "nxc"), "run")
 	yaml := fmt.Sprintf("listen_addr: \"127.0.0.1:%d\"\nadvertise_addr: \"127.0.0.1:1\"\nstate_dir: %q\nspawnd:\n  run_dir: %q\nbinaries:\n  nexus:\n    path: %q\n",
-		freePort(t), filepath.Join(dir, "state"), run, bin("nexus-echo")) + clusterYAML("a", ns.ClientURL())
-	cfg := writeConfig(t, dir, yaml)
+		freePort(t), filepath.Join(dir, "state"), run, bin("nexus-echo"))
+	member, env := join("a")
+	cfg := writeConfig(t, dir, yaml+member)
 	t.Cleanup(func() {
 		if ep, err := spawnrpc.ReadEndpoint(run); err == nil {
 			_ = syscall.Kill(ep.Pid, syscall.SIGKILL)
 		}
 	})
-	return runToExit(t, []string{clusterSecretEnv + "=" + clusterSecret, "TMPDIR=" + privateTmp(t)}, "nexus-broker", "-config", cfg)
+	return runToExit(t, append([]string{clusterSecretEnv + "=" + clusterSecret, "TMPDIR=" + privateTmp(t)}, env...), "nexus-broker", "-config", cfg)
 }
 
 // TestClusterClaimSpillsToAPeerWithAFreeSlot: with A full, a claim on A is
