@@ -1,13 +1,13 @@
 package gateway
 
 import (
-	"context"
 	"net"
 	"net/http"
 	"sync"
 	"time"
 
 	"github.com/nexus-broker/nexus-broker/internal/a2a"
+	"github.com/nexus-broker/nexus-broker/internal/gateway/internal/wire"
 )
 
 // A task's SSE stream. Events are queued by whoever publishes them (under
@@ -19,14 +19,6 @@ import (
 // client never stalls its instance; it saves the event the hop to the
 // handler goroutine, which on a busy host is a scheduling delay between the
 // instance's answer and the client.
-
-// connKey carries the accepted connection in a request's context (see
-// Server), for the socket checks of a direct write.
-type connKey struct{}
-
-func withConn(ctx context.Context, c net.Conn) context.Context {
-	return context.WithValue(ctx, connKey{}, c)
-}
 
 // sseStream is one subscriber of a task.
 type sseStream struct {
@@ -55,7 +47,7 @@ type sseOut struct {
 	buf   []byte
 	spare []a2a.Event
 	// room is what the socket takes without blocking, as last measured
-	// (sendRoom) less what was written since: the queue only drains
+	// (wire.SendRoom) less what was written since: the queue only drains
 	// meanwhile, so it never overstates.
 	room int
 	// pending is rendered bytes a direct writer found no room for; the
@@ -154,7 +146,7 @@ func (s *sseStream) writeDirect() {
 		return
 	}
 	if len(o.buf)+chunkOverhead > o.room {
-		o.room, _ = sendRoom(o.conn)
+		o.room, _ = wire.SendRoom(o.conn)
 		if len(o.buf)+chunkOverhead > o.room {
 			o.pending = true
 			s.signal()
@@ -213,7 +205,7 @@ func (s *sseStream) serve(w http.ResponseWriter, r *http.Request, frame func(a2a
 	// already queued, so the headers go out with it in one write.
 	w.WriteHeader(http.StatusOK)
 	fl, _ := w.(http.Flusher)
-	conn, _ := r.Context().Value(connKey{}).(net.Conn)
+	conn, _ := wire.ConnOf(r.Context())
 	o := &sseOut{w: w, fl: fl, conn: conn, frame: frame}
 	s.turn.Lock()
 	s.out = o
@@ -227,7 +219,7 @@ func (s *sseStream) serve(w http.ResponseWriter, r *http.Request, frame func(a2a
 		// Measured here, after the snapshot left and while the instance
 		// works, so that a direct write usually spends budget rather
 		// than asking the kernel.
-		o.room, _ = sendRoom(conn)
+		o.room, _ = wire.SendRoom(conn)
 	}
 	s.turn.Unlock()
 	if ended || !ok {

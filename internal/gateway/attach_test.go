@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/nexus-broker/nexus-broker/internal/config/core"
+	"github.com/nexus-broker/nexus-broker/internal/gateway/internal/wire"
 )
 
 // TestTheLaterAcceptedClientWinsWhateverTheAttachOrder: two connections
@@ -23,8 +24,8 @@ func TestTheLaterAcceptedClientWinsWhateverTheAttachOrder(t *testing.T) {
 	if g.attachClient(l, older, first, -1, "", credentialAnonymous) {
 		t.Fatal("the older connection, arriving late, was attached over the newer one")
 	}
-	if older.closing == nil || older.closing.Code != codeSuperseded {
-		t.Errorf("the older connection was closed with %+v, want %d", older.closing, codeSuperseded)
+	if older.closing == nil || older.closing.Code != wire.CodeSuperseded {
+		t.Errorf("the older connection was closed with %+v, want %d", older.closing, wire.CodeSuperseded)
 	}
 	if newer.closing != nil || l.client != newer {
 		t.Errorf("the newer connection was closed (%+v) or detached", newer.closing)

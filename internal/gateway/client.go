@@ -10,6 +10,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/nexus-broker/nexus-broker/internal/gateway/internal/streamlog"
+	"github.com/nexus-broker/nexus-broker/internal/gateway/internal/wire"
 	"github.com/nexus-broker/nexus-broker/pkg/brokerframe"
 )
 
@@ -21,7 +22,7 @@ const finishFlush = 2 * time.Second
 // stream plus a reader feeding the instance.
 type clientConn struct {
 	l         *lease
-	ws        *wsConn
+	ws        *wire.Conn
 	principal string
 	cur       *streamlog.Cursor
 	// resumed: the client connected with ?from_seq=, so it is told about
@@ -121,13 +122,13 @@ func (c *clientConn) writeDirect() bool {
 	if len(batch) == 0 {
 		return true
 	}
-	if !c.ws.roomFor(size) {
+	if !c.ws.RoomFor(size) {
 		return false
 	}
 	// Held: the read pump flushes them once it has handled everything the
 	// instance sent so far (flushHeld), so a burst leaves in one write.
 	for _, e := range batch {
-		if _, err := c.ws.send(e.Data, true); err != nil {
+		if _, err := c.ws.Send(e.Data, true); err != nil {
 			c.markDead()
 			return true
 		}
@@ -138,7 +139,7 @@ func (c *clientConn) writeDirect() bool {
 
 // flushHeld writes what writeDirect left in the socket's buffer.
 func (c *clientConn) flushHeld() {
-	if _, err := c.ws.flush(); err != nil {
+	if _, err := c.ws.Flush(); err != nil {
 		c.markDead()
 	}
 }
@@ -159,7 +160,7 @@ func (c *clientConn) drain() {
 			if c.l.log.HasAfter(c.cur) && time.Now().Before(c.flushBy) {
 				continue
 			}
-			c.ws.closeGraceful(closing.Code, closing.Reason)
+			c.ws.CloseGraceful(closing.Code, closing.Reason)
 			c.markDead()
 			return
 		}
@@ -196,7 +197,7 @@ func (c *clientConn) writeAll() bool {
 			continue
 		}
 		if len(batch) == 0 {
-			_, err := c.ws.flush()
+			_, err := c.ws.Flush()
 			return err == nil
 		}
 		for _, e := range batch {
@@ -206,7 +207,7 @@ func (c *clientConn) writeAll() bool {
 		}
 		l.log.Advance(c.cur, batch[len(batch)-1].Seq)
 		if c.closingExpired() {
-			_, err := c.ws.flush()
+			_, err := c.ws.Flush()
 			return err == nil
 		}
 	}
@@ -214,10 +215,10 @@ func (c *clientConn) writeAll() bool {
 
 // sendWhole holds one frame for the socket once it has room for all of it.
 func (c *clientConn) sendWhole(data []byte) bool {
-	if !c.ws.waitRoom(len(data) + frameHeaderMax) {
+	if !c.ws.WaitRoom(len(data) + frameHeaderMax) {
 		return false
 	}
-	_, err := c.ws.send(data, true)
+	_, err := c.ws.Send(data, true)
 	return err == nil
 }
 
@@ -254,7 +255,7 @@ func (g *Gateway) handleClient(w http.ResponseWriter, r *http.Request) {
 	// once its first handshake is answered is the newer, however the two
 	// serving goroutines are scheduled.
 	turn := l.clientTicket()
-	conn, err := upgrader.Upgrade(w, r, nil)
+	conn, err := wire.Upgrader.Upgrade(w, r, nil)
 	if err != nil {
 		g.logAcceptFailed("client", r, err)
 		return
@@ -266,11 +267,11 @@ func (g *Gateway) handleClient(w http.ResponseWriter, r *http.Request) {
 
 // serveClient runs one client socket of l until it ends.
 func (g *Gateway) serveClient(l *lease, conn *websocket.Conn, turn uint64, principal, credential string, fromSeq int64) {
-	c := &clientConn{l: l, ws: newWSConn(conn, g.log, "client", l.id), principal: principal, resumed: fromSeq >= 0}
+	c := &clientConn{l: l, ws: wire.NewConn(conn, g.log, "client", l.id), principal: principal, resumed: fromSeq >= 0}
 
 	if !g.attachClient(l, c, turn, fromSeq, principal, credential) {
-		c.ws.closeGraceful(websocket.CloseGoingAway, closeLeaseClosed)
-		c.ws.discardUntilClosed()
+		c.ws.CloseGraceful(websocket.CloseGoingAway, wire.CloseLeaseClosed)
+		c.ws.DiscardUntilClosed()
 		return
 	}
 
@@ -283,13 +284,13 @@ func (g *Gateway) serveClient(l *lease, conn *websocket.Conn, turn uint64, princ
 
 // serve runs the read pump until the socket ends, then detaches it.
 func (c *clientConn) serve() {
-	c.ws.flushBeforeRead(c.flushToInstance)
+	c.ws.FlushBeforeRead(c.flushToInstance)
 	c.readPump()
 	c.flushToInstance()
 	c.markDead()
 
 	c.l.g.detachClient(c.l, c, c.cur)
-	c.ws.finish()
+	c.ws.Finish()
 }
 
 // clientTicket is the turn of a client connection accepted now: the
@@ -353,12 +354,12 @@ func (g *Gateway) attachClient(l *lease, c attachedClient, turn uint64, fromSeq 
 func (g *Gateway) displaced(l *lease, old attachedClient, principal, credential string) {
 	old.displace()
 	g.m.clientEvictions.Add(1)
-	g.publish(EventEvicted, l, closeSuperseded)
+	g.publish(EventEvicted, l, wire.CloseSuperseded)
 	g.log.Warn("this connection displaced the lease's previous client, which has been "+
 		"closed. A client must not keep two connections open to one lease — they will "+
 		"evict each other",
 		"lease_id", l.id, "principal_id", principal, "credential", credential,
-		"reason", closeSuperseded, "close_status", codeSuperseded)
+		"reason", wire.CloseSuperseded, "close_status", wire.CodeSuperseded)
 }
 
 // detachClient ends c's attachment when its connection goes away.
@@ -394,13 +395,13 @@ type attachedClient interface {
 func (c *clientConn) place(cur *streamlog.Cursor, gap *brokerframe.StreamGap) {
 	c.cur, c.gap = cur, gap
 }
-func (c *clientConn) displace() { c.ws.closeNow(codeSuperseded, closeSuperseded) }
-func (c *clientConn) goAway()   { c.ws.closeGraceful(websocket.CloseGoingAway, closeRestarting) }
+func (c *clientConn) displace() { c.ws.CloseNow(wire.CodeSuperseded, wire.CloseSuperseded) }
+func (c *clientConn) goAway()   { c.ws.CloseGraceful(websocket.CloseGoingAway, wire.CloseRestarting) }
 
 // readPump forwards the client's io frames to the instance.
 func (c *clientConn) readPump() {
 	for {
-		data, err := c.ws.read()
+		data, err := c.ws.Read()
 		if err != nil {
 			return
 		}
@@ -474,4 +475,10 @@ func (g *Gateway) evictedGap(leaseID string, missFrom, missThrough uint64) []byt
 	g.m.replayGaps.inc(brokerframe.GapEvicted)
 	return streamlog.GapFrame(leaseID, &brokerframe.StreamGap{Reason: brokerframe.GapEvicted,
 		RequestedFromSeq: missFrom - 1, MissingFromSeq: missFrom, MissingThroughSeq: missThrough})
+}
+
+// logAcceptFailed logs a refused handshake as upstream does ("client
+// websocket accept failed", "instance websocket accept failed").
+func (g *Gateway) logAcceptFailed(peer string, r *http.Request, err error) {
+	g.log.Error(peer+" websocket accept failed", "error", "failed to accept WebSocket connection: "+wire.AcceptFailure(r, err))
 }

@@ -1,7 +1,8 @@
 // Package gateway is the lease core of nexus-broker's unprivileged half:
 // leases and their states, claims and releases, the instance and client
 // WebSockets, capacity and its FIFO queue (internal/capacity), the stream
-// log and replay (internal/streamlog), the idle and turn policy, metrics,
+// log and replay (internal/streamlog), the sockets (internal/wire), the
+// idle and turn policy, metrics,
 // and the HTTP routes over them. It never spawns or signals a process
 // itself: it asks spawnd through the spawner.Spawner interface, in its own
 // types. The A2A ingress (a2a_*.go) and the cluster router (relay*.go,

@@ -12,6 +12,7 @@ import (
 
 	"github.com/gorilla/websocket"
 
+	"github.com/nexus-broker/nexus-broker/internal/gateway/internal/wire"
 	"github.com/nexus-broker/nexus-broker/internal/gateway/spawner"
 	"github.com/nexus-broker/nexus-broker/pkg/brokerframe"
 )
@@ -27,7 +28,7 @@ const maxRegisterFrame = 64 << 10
 
 // instanceConn is one dial-back socket of a lease's instance.
 type instanceConn struct {
-	ws *wsConn
+	ws *wire.Conn
 	// drained is closed when the read pump has delivered everything the
 	// instance wrote and returned.
 	drained chan struct{}
@@ -49,15 +50,15 @@ func (ic *instanceConn) flushToClient() {
 // sendShutdown asks the instance to end its session and stop redialing.
 func (ic *instanceConn) sendShutdown() {
 	data, _ := brokerframe.Encode(brokerframe.Frame{Signal: brokerframe.SignalShutdown})
-	_ = ic.ws.write(data)
+	_ = ic.ws.Write(data)
 }
 
 // handleInstance is WS /instance: where a process spawnd started proves it
 // is that process (lease id + per-spawn secret) and then streams.
 func (g *Gateway) handleInstance(w http.ResponseWriter, r *http.Request) {
-	conn, err := upgrader.Upgrade(w, r, nil)
+	conn, err := wire.Upgrader.Upgrade(w, r, nil)
 	if err != nil {
-		g.logAcceptFailed("instance", r, err) // the upgrader has answered
+		g.logAcceptFailed("instance", r, err) // the wire.Upgrader has answered
 		return
 	}
 	// Serve the socket on a fresh goroutine and return: a handler that never
@@ -68,18 +69,18 @@ func (g *Gateway) handleInstance(w http.ResponseWriter, r *http.Request) {
 
 // serveInstance runs one dial-back socket: register, then the read pump.
 func (g *Gateway) serveInstance(conn *websocket.Conn, remote string) {
-	ws := newWSConn(conn, g.log, "instance", "")
+	ws := wire.NewConn(conn, g.log, "instance", "")
 	conn.SetReadLimit(maxRegisterFrame)
 	_ = conn.SetReadDeadline(time.Now().Add(registerWait))
 	_, data, err := conn.ReadMessage()
 	if err != nil {
-		ws.closeNow(websocket.ClosePolicyViolation, "no register frame")
+		ws.CloseNow(websocket.ClosePolicyViolation, "no register frame")
 		g.log.Warn("instance closed before register frame", "remote", remote, "error", err)
 		return
 	}
 	f, refuse, err := registerOf(data)
 	if refuse != "" {
-		ws.closeNow(websocket.ClosePolicyViolation, refuse)
+		ws.CloseNow(websocket.ClosePolicyViolation, refuse)
 		if err != nil {
 			g.log.Warn("instance sent undecodable first frame", "remote", remote, "error", err)
 		} else {
@@ -92,19 +93,19 @@ func (g *Gateway) serveInstance(conn *websocket.Conn, remote string) {
 		// Every refusal is byte-identical on the wire, and sent before the
 		// log line (whose wording differs) is written, so a dialer cannot
 		// tell a live lease id from a dead one; the log tells them apart.
-		ws.closeNow(websocket.ClosePolicyViolation, closeUnknownLease)
+		ws.CloseNow(websocket.ClosePolicyViolation, wire.CloseUnknownLease)
 		g.logRefusal(f, refusal, remote)
 		return
 	}
-	conn.SetReadLimit(maxMessage)
-	_ = ws.heardNow()
-	ws.leaseID = l.id
+	conn.SetReadLimit(wire.MaxMessage)
+	_ = ws.HeardNow()
+	ws.SetLease(l.id)
 	ic := &instanceConn{ws: ws, drained: make(chan struct{})}
 
 	l.mu.Lock()
 	if l.state == stateDraining {
 		l.mu.Unlock()
-		ws.closeNow(websocket.CloseGoingAway, closeLeaseClosed)
+		ws.CloseNow(websocket.CloseGoingAway, wire.CloseLeaseClosed)
 		return
 	}
 	reattached := l.restored && l.state == stateSpawning
@@ -113,7 +114,7 @@ func (g *Gateway) serveInstance(conn *websocket.Conn, remote string) {
 	}
 	l.mu.Unlock()
 	if old := l.attachInstance(ic); old != nil {
-		old.ws.closeNow(websocket.CloseGoingAway, "superseded by a newer instance connection")
+		old.ws.CloseNow(websocket.CloseGoingAway, "superseded by a newer instance connection")
 	}
 	if reattached {
 		l.activate()
@@ -130,7 +131,7 @@ func (g *Gateway) serveInstance(conn *websocket.Conn, remote string) {
 // serve runs the read pump until the socket ends, then detaches it.
 func (ic *instanceConn) serve(l *lease) {
 	g, ws := l.g, ic.ws
-	ws.flushBeforeRead(ic.flushToClient)
+	ws.FlushBeforeRead(ic.flushToClient)
 	ic.readPump(l)
 	ic.flushToClient()
 
@@ -140,7 +141,7 @@ func (ic *instanceConn) serve(l *lease) {
 	}
 	l.mu.Unlock()
 	close(ic.drained)
-	ws.finish()
+	ws.Finish()
 	g.log.Info("instance disconnected", "lease_id", l.id)
 }
 
@@ -232,7 +233,7 @@ func (g *Gateway) logRefusal(f brokerframe.Frame, why refusal, remote string) {
 func (ic *instanceConn) readPump(l *lease) {
 	g := l.g
 	for {
-		data, err := ic.ws.read()
+		data, err := ic.ws.Read()
 		if err != nil {
 			var ne net.Error
 			if !errors.As(err, &ne) && !websocket.IsCloseError(err, websocket.CloseNormalClosure, websocket.CloseGoingAway) &&
@@ -347,14 +348,14 @@ func (l *lease) sendToInstance(data []byte, hold bool) *instanceConn {
 		l.heldBytes += len(data)
 		return nil
 	}
-	lost, err := inst.ws.send(data, hold)
+	lost, err := inst.ws.Send(data, hold)
 	l.instanceWriteFailed(lost, err)
 	return inst
 }
 
 // flushInstance writes the client frames ic's socket holds.
 func (l *lease) flushInstance(ic *instanceConn) {
-	lost, err := ic.ws.flush()
+	lost, err := ic.ws.Flush()
 	l.instanceWriteFailed(lost, err)
 }
 
@@ -378,12 +379,12 @@ func (l *lease) attachInstance(ic *instanceConn) (old *instanceConn) {
 	l.inst = ic
 	l.mu.Unlock()
 	for i, data := range l.held {
-		if lost, err := ic.ws.send(data, true); err != nil {
+		if lost, err := ic.ws.Send(data, true); err != nil {
 			l.g.m.framesDropped.add("no_instance", uint64(lost+len(l.held)-i-1))
 			break
 		}
 	}
-	if lost, _ := ic.ws.flush(); lost > 0 {
+	if lost, _ := ic.ws.Flush(); lost > 0 {
 		l.g.m.framesDropped.add("no_instance", uint64(lost))
 	}
 	l.held, l.heldBytes = nil, 0

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/nexus-broker/nexus-broker/internal/gateway/internal/streamlog"
+	"github.com/nexus-broker/nexus-broker/internal/gateway/internal/wire"
 	"github.com/nexus-broker/nexus-broker/internal/gateway/spawner"
 	"github.com/nexus-broker/nexus-broker/pkg/brokerframe"
 	"github.com/nexus-broker/nexus-broker/pkg/sessionid"
@@ -296,7 +297,7 @@ func (l *lease) teardown(reason string, mode teardownMode) {
 				l.g.log.Warn("instance socket did not drain within the grace after its process exited; closing it",
 					"lease_id", l.id, "grace", drainGrace)
 			}
-			inst.ws.closeNow(1000, "")
+			inst.ws.CloseNow(1000, "")
 		}
 		l.mu.Lock()
 		obs := l.a2a
@@ -304,9 +305,9 @@ func (l *lease) teardown(reason string, mode teardownMode) {
 		if obs != nil {
 			obs.leaseClosed(l)
 		}
-		code, text := 1001, closeLeaseClosed
+		code, text := 1001, wire.CloseLeaseClosed
 		if reason == reasonCrashed {
-			code, text = codeInstanceCrashed, closeInstanceCrashed
+			code, text = wire.CodeInstanceCrashed, wire.CloseInstanceCrashed
 		}
 		l.mu.Lock()
 		c := l.client
@@ -345,7 +346,7 @@ func (l *lease) detachAll() {
 		c.goAway()
 	}
 	if inst != nil {
-		inst.ws.closeNow(1001, "broker shutting down")
+		inst.ws.CloseNow(1001, "broker shutting down")
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nexus-broker/nexus-broker/internal/auth"
 	"github.com/nexus-broker/nexus-broker/internal/cluster"
+	"github.com/nexus-broker/nexus-broker/internal/gateway/internal/wire"
 )
 
 // Cluster ops: what one broker asks the owner of a lease.
@@ -225,29 +226,29 @@ func (g *Gateway) relayClient(w http.ResponseWriter, r *http.Request, owner, id 
 		writeError(w, ans.Status, ans.Error)
 		return
 	}
-	conn, err := upgrader.Upgrade(w, r, nil)
+	conn, err := wire.Upgrader.Upgrade(w, r, nil)
 	if err != nil {
 		g.logAcceptFailed("client", r, err)
 		g.detachRelay(owner, id, ans.Conn)
 		return
 	}
 	g.log.Info("client connected; relaying to the lease's owner", "lease_id", id, "owner", owner)
-	go g.serveRelay(newWSConn(conn, g.log, "client", id), owner, id, ans)
+	go g.serveRelay(wire.NewConn(conn, g.log, "client", id), owner, id, ans)
 }
 
 // serveRelay pumps one relayed socket until either side ends it: reads
 // from the owner's stream log with the client's cursor on this goroutine,
 // client messages sent one at a time on another.
-func (g *Gateway) serveRelay(ws *wsConn, owner, id string, ans attachAnswer) {
+func (g *Gateway) serveRelay(ws *wire.Conn, owner, id string, ans attachAnswer) {
 	ctx, cancel := context.WithCancel(g.ctx)
 	defer cancel()
 	var once sync.Once
 	end := func(code int, reason string, graceful bool) {
 		once.Do(func() {
 			if graceful {
-				ws.closeGraceful(code, reason)
+				ws.CloseGraceful(code, reason)
 			} else {
-				ws.closeNow(code, reason)
+				ws.CloseNow(code, reason)
 			}
 		})
 		cancel()
@@ -267,7 +268,7 @@ func (g *Gateway) serveRelay(ws *wsConn, owner, id string, ans attachAnswer) {
 	go func() {
 		defer close(msgs)
 		for {
-			data, err := ws.read()
+			data, err := ws.Read()
 			if err != nil {
 				return
 			}
@@ -332,7 +333,7 @@ func (g *Gateway) serveRelay(ws *wsConn, owner, id string, ans attachAnswer) {
 			break
 		}
 		for _, f := range out.Frames {
-			if ws.write(f) != nil {
+			if ws.Write(f) != nil {
 				cancel()
 			}
 		}
@@ -345,17 +346,17 @@ func (g *Gateway) serveRelay(ws *wsConn, owner, id string, ans attachAnswer) {
 		}
 	}
 	g.detachRelay(owner, id, ans.Conn)
-	ws.finish()
+	ws.Finish()
 	g.log.Info("client disconnected", "lease_id", id, "owner", owner)
 }
 
 // endRelayed closes the client as the owner said.
-func (g *Gateway) endRelayed(ws *wsConn, c *closeReq, once *sync.Once, cancel context.CancelFunc) {
+func (g *Gateway) endRelayed(ws *wire.Conn, c *closeReq, once *sync.Once, cancel context.CancelFunc) {
 	once.Do(func() {
-		if c.Code == codeSuperseded {
-			ws.closeNow(c.Code, c.Reason)
+		if c.Code == wire.CodeSuperseded {
+			ws.CloseNow(c.Code, c.Reason)
 		} else {
-			ws.closeGraceful(c.Code, c.Reason)
+			ws.CloseGraceful(c.Code, c.Reason)
 		}
 	})
 	cancel()

@@ -15,6 +15,7 @@ import (
 	"github.com/nexus-broker/nexus-broker/internal/auth"
 	"github.com/nexus-broker/nexus-broker/internal/cluster"
 	"github.com/nexus-broker/nexus-broker/internal/gateway/internal/streamlog"
+	"github.com/nexus-broker/nexus-broker/internal/gateway/internal/wire"
 	"github.com/nexus-broker/nexus-broker/pkg/brokerframe"
 )
 
@@ -78,8 +79,8 @@ func (c *relayConn) notify(bool) {}
 func (c *relayConn) flushHeld()  {}
 
 func (c *relayConn) finish(code int, reason string) { c.close(code, reason, finishFlush) }
-func (c *relayConn) displace()                      { c.close(codeSuperseded, closeSuperseded, 0) }
-func (c *relayConn) goAway()                        { c.close(websocket.CloseGoingAway, closeRestarting, 0) }
+func (c *relayConn) displace()                      { c.close(wire.CodeSuperseded, wire.CloseSuperseded, 0) }
+func (c *relayConn) goAway()                        { c.close(websocket.CloseGoingAway, wire.CloseRestarting, 0) }
 
 func (c *relayConn) close(code int, reason string, flush time.Duration) {
 	c.mu.Lock()
@@ -164,7 +165,7 @@ func (g *Gateway) relayFor(body json.RawMessage) (*relayConn, relayCall, error) 
 func (g *Gateway) relayRead(ctx context.Context, _ string, body json.RawMessage) (any, error) {
 	c, rc, err := g.relayFor(body)
 	if err != nil {
-		return relayAnswer{Close: &closeReq{Code: websocket.CloseGoingAway, Reason: closeLeaseClosed}}, nil
+		return relayAnswer{Close: &closeReq{Code: websocket.CloseGoingAway, Reason: wire.CloseLeaseClosed}}, nil
 	}
 	l := c.l
 	budget := g.relayBudget()
@@ -225,7 +226,7 @@ func (g *Gateway) relayRead(ctx context.Context, _ string, body json.RawMessage)
 func (g *Gateway) relaySend(_ context.Context, _ string, body json.RawMessage) (any, error) {
 	c, rc, err := g.relayFor(body)
 	if err != nil {
-		return relayAnswer{Close: &closeReq{Code: websocket.CloseGoingAway, Reason: closeLeaseClosed}}, nil
+		return relayAnswer{Close: &closeReq{Code: websocket.CloseGoingAway, Reason: wire.CloseLeaseClosed}}, nil
 	}
 	c.mu.Lock()
 	closing := c.closing

@@ -1,4 +1,4 @@
-package gateway
+package wire
 
 import (
 	"encoding/binary"
@@ -17,7 +17,7 @@ import (
 // HTTP, and for everything gorilla writes itself (the upgrade answer, ping,
 // pong, close), it is the plain connection: each Write goes out at once,
 // after whatever data frames were waiting, so a control frame is never held
-// back. Data frames do not go through gorilla's writer: wsConn hands them
+// back. Data frames do not go through gorilla's writer: Conn hands them
 // to writeFrame, which appends the frame to a buffer, and the buffer leaves
 // in one write(2) when its writer says the queue has drained (flush), or
 // when it is full. A pipelined stream then costs one syscall per batch

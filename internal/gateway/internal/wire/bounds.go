@@ -1,7 +1,9 @@
-package gateway
+package wire
 
 import (
+	"context"
 	"io"
+	"net"
 	"net/http"
 	"time"
 )
@@ -9,7 +11,7 @@ import (
 // HTTP bounds. A request body must arrive within bodyReadTimeout of its
 // headers, and a keep-alive connection between requests is closed after
 // idleTimeout. Neither reaches an upgraded WebSocket (the upgrade hijacks
-// the connection and wsConn runs its own liveness), and there is no write
+// the connection and Conn runs its own liveness), and there is no write
 // timeout: a claim may rightly take queue_wait_timeout + ready_timeout to
 // answer. Only tests shorten them, through TestHTTPTimeoutsEnv.
 var (
@@ -59,4 +61,18 @@ func (b *deadlineBody) Read(p []byte) (int, error) {
 		_ = b.rc.SetReadDeadline(time.Time{})
 	}
 	return n, err
+}
+
+// connKey carries the accepted connection in a request's context (see
+// Server), for the socket checks of a direct write.
+type connKey struct{}
+
+func withConn(ctx context.Context, c net.Conn) context.Context {
+	return context.WithValue(ctx, connKey{}, c)
+}
+
+// ConnOf is the connection r's context came over, and whether it has one.
+func ConnOf(ctx context.Context) (net.Conn, bool) {
+	c, ok := ctx.Value(connKey{}).(net.Conn)
+	return c, ok
 }

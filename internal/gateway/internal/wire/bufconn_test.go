@@ -1,4 +1,4 @@
-package gateway
+package wire
 
 import (
 	"encoding/binary"
@@ -53,23 +53,23 @@ func (c countingConn) ReadPooled(pool *sync.Pool) (*[]byte, int, error) {
 	return c.Conn.(pooledReader).ReadPooled(pool)
 }
 
-// combinePair is a gateway-side wsConn behind Listener and the gorilla
+// combinePair is a gateway-side Conn behind Listener and the gorilla
 // client talking to it, plus the count of the gateway side's writes.
-func combinePair(t testing.TB) (*wsConn, *websocket.Conn, *atomic.Int64) {
+func combinePair(t testing.TB) (*Conn, *websocket.Conn, *atomic.Int64) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	writes := new(atomic.Int64)
-	server := make(chan *wsConn, 1)
+	server := make(chan *Conn, 1)
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		c, err := upgrader.Upgrade(w, r, nil)
+		c, err := Upgrader.Upgrade(w, r, nil)
 		if err != nil {
 			t.Error(err)
 			return
 		}
-		server <- newWSConn(c, slog.New(slog.NewTextHandler(io.Discard, nil)), "client", "L")
+		server <- NewConn(c, slog.New(slog.NewTextHandler(io.Discard, nil)), "client", "L")
 	})}
 	go func() { _ = srv.Serve(Listener(countingListener{ln, writes})) }()
 	t.Cleanup(func() { _ = srv.Close() })
@@ -82,7 +82,7 @@ func combinePair(t testing.TB) (*wsConn, *websocket.Conn, *atomic.Int64) {
 	if ws.bc == nil {
 		t.Fatal("the upgraded connection is not a bufConn")
 	}
-	t.Cleanup(func() { ws.closeNow(websocket.CloseNormalClosure, "") })
+	t.Cleanup(func() { ws.CloseNow(websocket.CloseNormalClosure, "") })
 	return ws, client, writes
 }
 
@@ -104,14 +104,14 @@ func TestHeldFramesLeaveInOneWrite(t *testing.T) {
 	msgs := []string{"one", strings.Repeat("b", 300), strings.Repeat("c", 20000)}
 	before := writes.Load()
 	for _, m := range msgs {
-		if _, err := ws.send([]byte(m), true); err != nil {
+		if _, err := ws.Send([]byte(m), true); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if n := writes.Load() - before; n != 0 {
 		t.Fatalf("%d writes before the flush; held frames must wait for it", n)
 	}
-	if _, err := ws.flush(); err != nil {
+	if _, err := ws.Flush(); err != nil {
 		t.Fatal(err)
 	}
 	if n := writes.Load() - before; n != 1 {
@@ -119,7 +119,7 @@ func TestHeldFramesLeaveInOneWrite(t *testing.T) {
 	}
 	// Past combineLimit a frame leaves at once, hold or not.
 	big := strings.Repeat("d", combineLimit+1)
-	if _, err := ws.send([]byte(big), true); err != nil {
+	if _, err := ws.Send([]byte(big), true); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range append(msgs, big) {
@@ -136,27 +136,27 @@ func TestControlFramesAreNotHeld(t *testing.T) {
 	ws, client, _ := combinePair(t)
 	pinged := make(chan struct{}, 1)
 	client.SetPingHandler(func(string) error { pinged <- struct{}{}; return nil })
-	if _, err := ws.send([]byte("held"), true); err != nil {
+	if _, err := ws.Send([]byte("held"), true); err != nil {
 		t.Fatal(err)
 	}
-	ws.probe() // the liveness ping, as the timer sends it
+	ws.Probe() // the liveness ping, as the timer sends it
 	if got := readText(t, client); got != "held" {
 		t.Fatalf("got %q, want the held frame first", got)
 	}
 	// The ping is handled inside the next read, which the close ends.
-	ws.closeGraceful(codeSuperseded, closeSuperseded)
+	ws.CloseGraceful(CodeSuperseded, CloseSuperseded)
 	_ = client.SetReadDeadline(time.Now().Add(10 * time.Second))
 	_, _, err := client.ReadMessage()
 	var ce *websocket.CloseError
-	if !errors.As(err, &ce) || ce.Code != codeSuperseded || ce.Text != closeSuperseded {
-		t.Fatalf("read ended with %v, want close %d %q", err, codeSuperseded, closeSuperseded)
+	if !errors.As(err, &ce) || ce.Code != CodeSuperseded || ce.Text != CloseSuperseded {
+		t.Fatalf("read ended with %v, want close %d %q", err, CodeSuperseded, CloseSuperseded)
 	}
 	select {
 	case <-pinged:
 	default:
 		t.Fatal("the ping did not reach the peer before the close")
 	}
-	if _, err := ws.send([]byte("late"), false); !errors.Is(err, websocket.ErrCloseSent) {
+	if _, err := ws.Send([]byte("late"), false); !errors.Is(err, websocket.ErrCloseSent) {
 		t.Fatalf("a data frame after the close: %v, want ErrCloseSent", err)
 	}
 }
@@ -195,7 +195,7 @@ func TestReadsLendTheirBuffer(t *testing.T) {
 	}
 	for i, want := range msgs {
 		_ = ws.c.SetReadDeadline(time.Now().Add(10 * time.Second))
-		got, err := ws.read()
+		got, err := ws.Read()
 		if err != nil || string(got) != want {
 			t.Fatalf("message %d: %d bytes, %v; want %d bytes", i, len(got), err, len(want))
 		}
@@ -220,13 +220,13 @@ func TestReadsSeeThePeerGo(t *testing.T) {
 	ws, client, _ := combinePair(t)
 	_ = client.WriteMessage(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, "bye"))
 	_ = ws.c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	if _, err := ws.read(); !websocket.IsCloseError(err, websocket.CloseNormalClosure) {
+	if _, err := ws.Read(); !websocket.IsCloseError(err, websocket.CloseNormalClosure) {
 		t.Fatalf("read ended with %v, want the peer's close", err)
 	}
 	ws, client, _ = combinePair(t)
 	_ = client.UnderlyingConn().Close()
 	_ = ws.c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	if _, err := ws.read(); err == nil {
+	if _, err := ws.Read(); err == nil {
 		t.Fatal("a read from a dropped connection succeeded")
 	} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
 		t.Fatalf("a read from a dropped connection timed out (%v) rather than seeing it go", err)
@@ -241,9 +241,9 @@ func TestWriteFrameAllocatesNothing(t *testing.T) {
 	go func() { _, _ = io.Copy(io.Discard, client.UnderlyingConn()) }()
 	frame := []byte(`{"version":1,"lease_id":"L","seq":7,"signal":"io","payload":{"type":"echo","n":1}}`)
 	allocs := testing.AllocsPerRun(1000, func() {
-		_, _ = ws.send(frame, true)
-		_, _ = ws.send(frame, true)
-		_, _ = ws.flush()
+		_, _ = ws.Send(frame, true)
+		_, _ = ws.Send(frame, true)
+		_, _ = ws.Flush()
 	})
 	if allocs != 0 {
 		t.Fatalf("%.1f allocations per two frames and a flush, want 0", allocs)
@@ -260,9 +260,9 @@ func BenchmarkWriteFrame(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		for range 8 {
-			_, _ = ws.send(frame, true)
+			_, _ = ws.Send(frame, true)
 		}
-		_, _ = ws.flush()
+		_, _ = ws.Flush()
 	}
 }
 
@@ -291,20 +291,20 @@ func TestAWriteErrorIsFinal(t *testing.T) {
 	ws.bc.mu.Lock()
 	ws.bc.Conn = tornConn{ws.bc.Conn, torn}
 	ws.bc.mu.Unlock()
-	if _, err := ws.send([]byte(strings.Repeat("a", 1000)), false); !errors.Is(err, errTorn) {
+	if _, err := ws.Send([]byte(strings.Repeat("a", 1000)), false); !errors.Is(err, errTorn) {
 		t.Fatalf("the torn write: %v", err)
 	}
-	if _, err := ws.send([]byte("after"), true); !errors.Is(err, errTorn) {
+	if _, err := ws.Send([]byte("after"), true); !errors.Is(err, errTorn) {
 		t.Fatalf("a held frame after the failure: %v, want the failure", err)
 	}
-	if _, err := ws.flush(); !errors.Is(err, errTorn) {
+	if _, err := ws.Flush(); !errors.Is(err, errTorn) {
 		t.Fatalf("a flush after the failure: %v, want the failure", err)
 	}
 	if err := ws.c.WriteControl(websocket.PingMessage, nil, time.Now().Add(time.Second)); err == nil {
 		t.Fatal("a ping after the failure was written")
 	}
-	ws.probe()
-	ws.closeNow(websocket.CloseGoingAway, closeUnresponsive)
+	ws.Probe()
+	ws.CloseNow(websocket.CloseGoingAway, closeUnresponsive)
 	if n := torn.Load(); n != 1 {
 		t.Fatalf("%d writes reached the socket, want only the torn one", n)
 	}

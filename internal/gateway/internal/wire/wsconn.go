@@ -1,4 +1,11 @@
-package gateway
+// Package wire is the lease core's sockets: every accepted connection
+// combining its writes (bufconn.go), the WebSocket wrapper with its
+// liveness probe, write wait and send room (wsconn.go), and the HTTP
+// server's bounds (bounds.go). It is internal to the lease core
+// (internal/gateway): no other layer can import it.
+//
+// It imports only internal/rawsock of the project.
+package wire
 
 import (
 	"errors"
@@ -71,25 +78,25 @@ const (
 	// closeWait bounds how long a graceful close waits for the peer's echo
 	// (the spec's five seconds).
 	closeWait = 5 * time.Second
-	// maxMessage bounds one inbound WebSocket message.
-	maxMessage = 16 << 20
+	// MaxMessage bounds one inbound WebSocket message.
+	MaxMessage = 16 << 20
 )
 
 // Close codes and reasons of the wire contract.
 const (
-	closeLeaseClosed = "lease closed"
-	// closeRestarting is a gateway's going away while the lease lives on
+	CloseLeaseClosed = "lease closed"
+	// CloseRestarting is a gateway's going away while the lease lives on
 	// (SIGTERM): wire-facts' 1001, without saying the lease closed.
-	closeRestarting      = "broker restarting; reconnect with from_seq"
-	closeInstanceCrashed = "instance crashed"
-	closeSuperseded      = "superseded by a newer client connection"
-	closeUnknownLease    = "unknown lease"
+	CloseRestarting      = "broker restarting; reconnect with from_seq"
+	CloseInstanceCrashed = "instance crashed"
+	CloseSuperseded      = "superseded by a newer client connection"
+	CloseUnknownLease    = "unknown lease"
 	closeUnresponsive    = "peer unresponsive"
-	codeInstanceCrashed  = 4500
-	codeSuperseded       = 4501
+	CodeInstanceCrashed  = 4500
+	CodeSuperseded       = 4501
 )
 
-var upgrader = websocket.Upgrader{
+var Upgrader = websocket.Upgrader{
 	// An idle lease holds two sockets and its memory was mostly theirs:
 	// gorilla keeps only a small read buffer, the connection lends a larger
 	// one while bytes wait in it (see bufConn.Read), and write buffers come
@@ -146,17 +153,16 @@ func hasToken(h http.Header, key, token string) bool {
 	return false
 }
 
-// logAcceptFailed logs a refused handshake as upstream does ("client
-// websocket accept failed", "instance websocket accept failed").
-func (g *Gateway) logAcceptFailed(peer string, r *http.Request, err error) {
+// AcceptFailure is how a refused handshake is worded in the log.
+func AcceptFailure(r *http.Request, err error) string {
 	_, text := handshakeRefusal(r, nil, 0, err)
-	g.log.Error(peer+" websocket accept failed", "error", "failed to accept WebSocket connection: "+text)
+	return text
 }
 
-// wsConn serializes data writes on one gorilla connection (gorilla allows one
+// Conn serializes data writes on one gorilla connection (gorilla allows one
 // concurrent writer; control frames are safe from any goroutine) and runs the
 // liveness probe.
-type wsConn struct {
+type Conn struct {
 	// peer ("client" or "instance") and leaseID name the socket in logs.
 	peer, leaseID string
 	log           *slog.Logger
@@ -181,43 +187,48 @@ type wsConn struct {
 	room int
 }
 
-func newWSConn(c *websocket.Conn, log *slog.Logger, peer, leaseID string) *wsConn {
-	w := &wsConn{c: c, done: make(chan struct{}), log: log, peer: peer, leaseID: leaseID}
+// SetLease names the lease the socket serves in its log lines, once it is
+// known (an instance's socket learns it from its register frame).
+func (w *Conn) SetLease(id string) { w.leaseID = id }
+
+// NewConn wraps c, naming it peer ("client" or "instance") of leaseID.
+func NewConn(c *websocket.Conn, log *slog.Logger, peer, leaseID string) *Conn {
+	w := &Conn{c: c, done: make(chan struct{}), log: log, peer: peer, leaseID: leaseID}
 	if bc, ok := c.UnderlyingConn().(*bufConn); ok {
 		bc.startFraming()
 		w.bc = bc
 	}
-	c.SetReadLimit(maxMessage)
-	w.heardNow()
-	c.SetPongHandler(func(string) error { return w.heardNow() })
+	c.SetReadLimit(MaxMessage)
+	w.HeardNow()
+	c.SetPongHandler(func(string) error { return w.HeardNow() })
 	c.SetPingHandler(func(data string) error {
-		_ = w.heardNow()
+		_ = w.HeardNow()
 		err := c.WriteControl(websocket.PongMessage, []byte(data), time.Now().Add(writeWait))
 		if errors.Is(err, websocket.ErrCloseSent) {
 			return nil
 		}
 		return err
 	})
-	w.pinger = time.AfterFunc(pingInterval, w.probe)
+	w.pinger = time.AfterFunc(pingInterval, w.Probe)
 	return w
 }
 
 // heardNow notes that the peer is alive and pushes the liveness deadline.
-func (w *wsConn) heardNow() error {
+func (w *Conn) HeardNow() error {
 	now := time.Now()
 	w.heard.Store(now.UnixNano())
 	return w.c.SetReadDeadline(now.Add(peerTimeout))
 }
 
 // read returns the next message. The liveness deadline is pushed out by the
-// peer's pongs and pings (see newWSConn), not by each message: any conformant
+// peer's pongs and pings (see NewConn), not by each message: any conformant
 // peer answers every ping, and not touching the deadline per message keeps a
 // timer update off the relay's hot path.
-func (w *wsConn) read() ([]byte, error) {
+func (w *Conn) Read() ([]byte, error) {
 	_, data, err := w.c.ReadMessage()
 	if err != nil {
 		var ne net.Error
-		if errors.As(err, &ne) && ne.Timeout() && !w.closing() {
+		if errors.As(err, &ne) && ne.Timeout() && !w.Closing() {
 			w.giveUp(err)
 		}
 		return nil, err
@@ -228,15 +239,15 @@ func (w *wsConn) read() ([]byte, error) {
 // write sends one text message now, with any held before it. A write that
 // cannot complete within writeWait fails rather than pinning the writer on a
 // dead peer.
-func (w *wsConn) write(data []byte) error {
-	_, err := w.send(data, false)
+func (w *Conn) Write(data []byte) error {
+	_, err := w.Send(data, false)
 	return err
 }
 
 // send writes one text message; with hold it may wait in the connection's
 // buffer for a flush (see bufConn). It reports how many messages a failed
 // write lost.
-func (w *wsConn) send(data []byte, hold bool) (lost int, err error) {
+func (w *Conn) Send(data []byte, hold bool) (lost int, err error) {
 	if w.bc != nil {
 		return w.bc.writeFrame(data, hold)
 	}
@@ -254,7 +265,7 @@ func (w *wsConn) send(data []byte, hold bool) (lost int, err error) {
 
 // flush writes the messages send held. It reports how many a failed write
 // lost.
-func (w *wsConn) flush() (lost int, err error) {
+func (w *Conn) Flush() (lost int, err error) {
 	if w.bc == nil {
 		return 0, nil
 	}
@@ -263,23 +274,23 @@ func (w *wsConn) flush() (lost int, err error) {
 
 // flushBeforeRead makes f run before each read of the socket (see
 // bufConn.beforeRead). Only the socket's reading goroutine may call it.
-func (w *wsConn) flushBeforeRead(f func()) {
+func (w *Conn) FlushBeforeRead(f func()) {
 	if w.bc != nil {
 		w.bc.beforeRead = f
 	}
 }
 
 // roomFor reports whether the socket's send buffer can take n more bytes
-// without the write blocking (see sendRoom). A check leaves a byte budget
+// without the write blocking (see SendRoom). A check leaves a byte budget
 // that later calls spend before asking the kernel again: the queue only
 // drains meanwhile, so the budget never overstates the room. Only the
 // holder of the client's writing turn calls it.
-func (w *wsConn) roomFor(n int) bool {
+func (w *Conn) RoomFor(n int) bool {
 	if n <= w.room {
 		w.room -= n
 		return true
 	}
-	w.room, _ = sendRoom(w.c.UnderlyingConn())
+	w.room, _ = SendRoom(w.c.UnderlyingConn())
 	if n > w.room {
 		return false
 	}
@@ -294,22 +305,22 @@ func (w *wsConn) roomFor(n int) bool {
 // the queue to empty. Past writeWait without room the peer is stalled: the
 // connection fails for good (see bufConn.fail) and waitRoom reports false.
 // Only the holder of the client's writing turn calls it.
-func (w *wsConn) waitRoom(n int) bool {
-	if w.roomFor(n) {
+func (w *Conn) WaitRoom(n int) bool {
+	if w.RoomFor(n) {
 		return true
 	}
 	deadline := time.Now().Add(writeWait)
 	for pause := time.Millisecond; ; pause = min(2*pause, 50*time.Millisecond) {
-		if _, err := w.flush(); err != nil {
+		if _, err := w.Flush(); err != nil {
 			return false
 		}
-		if w.roomFor(n) {
+		if w.RoomFor(n) {
 			return true
 		}
 		if queued, _, ok := socketQueue(w.c.UnderlyingConn()); ok && queued == 0 {
 			return true // larger than the room the socket ever has: it may block
 		}
-		if w.closing() || time.Now().After(deadline) {
+		if w.Closing() || time.Now().After(deadline) {
 			if w.bc != nil {
 				w.bc.fail(errStalled)
 			}
@@ -322,10 +333,10 @@ func (w *wsConn) waitRoom(n int) bool {
 // errStalled is the write error of a peer that took no bytes for writeWait.
 var errStalled = errors.New("peer took no bytes within the write wait; connection closed")
 
-// sendRoom is how many more bytes c's socket takes without a write
+// SendRoom is how many more bytes c's socket takes without a write
 // blocking: half its send buffer (SO_SNDBUF) less what is queued
 // (SIOCOUTQ) and what its bufConn holds. Anything unexpected answers 0.
-func sendRoom(c net.Conn) (int, bool) {
+func SendRoom(c net.Conn) (int, bool) {
 	queued, size, known := socketQueue(c)
 	if !known {
 		return 0, false
@@ -358,8 +369,8 @@ func socketQueue(c net.Conn) (queued, size int, ok bool) {
 }
 
 // probe sends one ping and re-arms itself until the connection ends.
-func (w *wsConn) probe() {
-	if w.closing() {
+func (w *Conn) Probe() {
+	if w.Closing() {
 		return
 	}
 	if err := w.c.WriteControl(websocket.PingMessage, nil, time.Now().Add(writeWait)); err != nil {
@@ -370,17 +381,17 @@ func (w *wsConn) probe() {
 
 // giveUp tears an unresponsive peer down without waiting for a close
 // handshake it will never answer.
-func (w *wsConn) giveUp(err error) {
+func (w *Conn) giveUp(err error) {
 	w.log.Warn("peer stopped answering pings; closing its socket so the lease detaches. "+
 		"The connection is half-open — the peer's host slept, moved network, or had its flow "+
 		"dropped by a NAT — and would otherwise have looked healthy until the OS keepalive noticed",
 		"lease_id", w.leaseID, "peer", w.peer, "silent_for", time.Since(time.Unix(0, w.heard.Load())),
 		"deadline", peerTimeout, "error", err)
-	w.closeNow(websocket.CloseGoingAway, closeUnresponsive)
+	w.CloseNow(websocket.CloseGoingAway, closeUnresponsive)
 }
 
 // closeNow sends a close frame and drops the connection at once.
-func (w *wsConn) closeNow(code int, reason string) {
+func (w *Conn) CloseNow(code int, reason string) {
 	w.once.Do(func() {
 		w.pinger.Stop()
 		_ = w.c.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, reason), time.Now().Add(time.Second))
@@ -392,7 +403,7 @@ func (w *wsConn) closeNow(code int, reason string) {
 // closeGraceful sends a close frame and lets the read loop see the peer's
 // echo (or closeWait pass) before the connection is dropped, so the frame is
 // not lost to a reset.
-func (w *wsConn) closeGraceful(code int, reason string) {
+func (w *Conn) CloseGraceful(code int, reason string) {
 	w.once.Do(func() {
 		w.pinger.Stop()
 		_ = w.c.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(code, reason), time.Now().Add(time.Second))
@@ -405,17 +416,17 @@ func (w *wsConn) closeGraceful(code int, reason string) {
 // discardUntilClosed reads and drops messages until the connection ends (a
 // graceful close's echo or closeWait), then releases it. It is the read
 // loop of a socket closed before anything was relayed over it.
-func (w *wsConn) discardUntilClosed() {
+func (w *Conn) DiscardUntilClosed() {
 	for {
-		if _, err := w.read(); err != nil {
-			w.finish()
+		if _, err := w.Read(); err != nil {
+			w.Finish()
 			return
 		}
 	}
 }
 
 // closing reports whether a close has begun.
-func (w *wsConn) closing() bool {
+func (w *Conn) Closing() bool {
 	select {
 	case <-w.done:
 		return true
@@ -425,7 +436,7 @@ func (w *wsConn) closing() bool {
 }
 
 // finish releases the connection after its read loop ended.
-func (w *wsConn) finish() {
+func (w *Conn) Finish() {
 	w.once.Do(func() {
 		w.pinger.Stop()
 		close(w.done)
