@@ -257,3 +257,17 @@ func TestAmbiguousPrefixes(t *testing.T) {
 		}
 	}
 }
+
+// With tenancy: two validators whose principal ids can meet are a boot
+// error, since one id would be one uid for two callers; distinct prefixes
+// boot.
+func TestTenancyNeedsDistinctPrincipalPrefixes(t *testing.T) {
+	const base = "state_dir: /s\ntenancy: {uid_range: 200000-200009, homes_dir: /h, sandbox: none}\n"
+	_, err := Parse([]byte(base + "auth:\n  validators:\n    - {type: static, tokens: [{token: a, principal: a}]}\n    - {type: static, tokens: [{token: b, principal: b}]}\n"))
+	if err == nil || !strings.Contains(err.Error(), "broker config: tenancy: the validators static and static#2 lack distinct principal_prefix values") {
+		t.Fatalf("Parse = %v, want the tenancy boot error naming both validators", err)
+	}
+	if _, err := Parse([]byte(base + "auth:\n  validators:\n    - {type: static, principal_prefix: \"s1:\", tokens: [{token: a, principal: a}]}\n    - {type: static, principal_prefix: \"s2:\", tokens: [{token: b, principal: b}]}\n")); err != nil {
+		t.Fatalf("distinct prefixes: %v", err)
+	}
+}

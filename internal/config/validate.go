@@ -38,6 +38,12 @@ func (c *Config) validate() error {
 		if err := c.Auth.validate(); err != nil {
 			return err
 		}
+		// A uid is keyed by principal id: two callers one id could name
+		// would share one OS identity.
+		if pairs := c.Auth.AmbiguousPrefixes(); c.Tenancy != nil && len(pairs) > 0 {
+			return fmt.Errorf("broker config: tenancy: the validators %s and %s lack distinct principal_prefix values, so one principal id could name a caller of each, and they would share a uid; give each validator a principal_prefix no other one starts with",
+				pairs[0][0], pairs[0][1])
+		}
 	}
 	return c.validateCluster()
 }

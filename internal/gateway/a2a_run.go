@@ -137,7 +137,7 @@ func (in *ingress) leaseFor(c *conv) (*lease, *spawnFailure) {
 		return l, nil
 	}
 	start := time.Now()
-	entry, cerr := in.g.resumeEntry(in.g.ctx, session, p.Entry)
+	entry, cerr := in.g.resumeEntry(in.g.ctx, c.key.principal, session, p.Entry)
 	var l *lease
 	if cerr == nil {
 		l, cerr = in.g.spawnLease(in.g.ctx, c.key.principal, entry, p.Config, session, slotAcquire, nil)

@@ -215,7 +215,7 @@ func (g *Gateway) claimBody(r *http.Request, p auth.Principal, body []byte, slot
 			away = &queuedOffer{ctx: r.Context(), principal: p, body: body}
 		}
 	}
-	entry, cerr := g.resumeEntry(r.Context(), session, requested)
+	entry, cerr := g.resumeEntry(r.Context(), p.ID, session, requested)
 	if cerr != nil {
 		return nil, cerr
 	}
@@ -393,16 +393,21 @@ func (g *Gateway) spawnLease(ctx context.Context, principal, entry string, cfgDa
 // offers. No record means no opinion: the claim gets what it asked for, or
 // the reserved entry. The record is best-effort, so a spawnd that cannot be
 // asked is no opinion too.
-func (g *Gateway) resumeEntry(ctx context.Context, session, requested string) (string, *claimError) {
+//
+// With auth:, a resume is first held to the session's owner (owned.go).
+func (g *Gateway) resumeEntry(ctx context.Context, principal, session, requested string) (string, *claimError) {
 	recorded := ""
 	if session != "" {
 		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		entry, err := g.sp.Binding(ctx, session)
+		b, err := g.sp.Binding(ctx, session, principal)
 		cancel()
+		if cerr := g.checkOwner(principal, session, b, err); cerr != nil {
+			return "", cerr
+		}
 		if err != nil {
 			g.log.Warn("could not ask nexus-spawnd which binary created a session; resuming unchecked", "session_id", session, "error", err)
 		} else {
-			recorded = entry
+			recorded = b.Entry
 		}
 	}
 	switch {

@@ -26,8 +26,8 @@ type sessionCall struct {
 // holdsSession reports whether this host's session index (or a live lease)
 // has the session. A spawnd that cannot be asked holds nothing.
 func (g *Gateway) holdsSession(ctx context.Context, session string) bool {
-	entry, err := g.sp.Binding(ctx, session)
-	return err == nil && entry != ""
+	b, err := g.sp.Binding(ctx, session, "")
+	return err == nil && b.Entry != ""
 }
 
 // answerSession is a peer's side of sessionHolder.

@@ -156,10 +156,17 @@ func (c *Client) Reload(ctx context.Context, digest string) (gwspawner.Reloaded,
 }
 
 // Binding implements spawner.Spawner.
-func (c *Client) Binding(ctx context.Context, session string) (string, error) {
-	res, err := c.spawner.Binding(ctx, &spawnpb.BindingRequest{SessionId: session})
+func (c *Client) Binding(ctx context.Context, session, principal string) (gwspawner.Bound, error) {
+	res, err := c.spawner.Binding(ctx, &spawnpb.BindingRequest{SessionId: session, Principal: principal})
 	if err != nil {
-		return "", callError(err)
+		return gwspawner.Bound{}, callError(err)
 	}
-	return res.Entry, nil
+	b := gwspawner.Bound{Entry: res.Entry}
+	switch res.Ownership {
+	case spawnpb.Ownership_OWNERSHIP_OWN:
+		b.Owner = gwspawner.OwnerSelf
+	case spawnpb.Ownership_OWNERSHIP_OTHER:
+		b.Owner = gwspawner.OwnerOther
+	}
+	return b, nil
 }

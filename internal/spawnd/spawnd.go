@@ -269,10 +269,10 @@ func New(cfgPath string, cfg *core.Config, log *slog.Logger) (_ *Daemon, err err
 			return nil, bootlog.Wrap(bootlog.OpenState, err, "state_dir", stateDir)
 		}
 		adopted = d.recoverLeases(live)
-		d.index = openSessionIndex(stateDir, maxBindings, log)
 		d.wg.Add(1)
 		go d.healJournal()
 	}
+	d.index = openSessionIndex(stateDir, maxBindings, log)
 	d.sweepCgroups()
 	if err := d.startLogWatch(); err != nil {
 		return nil, fmt.Errorf("watching the instance log directory %s: %w", d.logDir, err)
@@ -555,8 +555,12 @@ func (d *Daemon) Spawn(_ context.Context, req *spawnpb.SpawnRequest) (*spawnpb.S
 		d.unmint(l, reasonJournalFailed)
 		return nil, d.journalRefusal(id, e.name, err, "its instance was killed")
 	}
-	// Bound only once the instance runs: a failed exec replayed nothing.
-	d.index.Put(binding{recall, e.name})
+	// Bound only once the instance runs: a failed exec replayed nothing. A
+	// resume keeps the session's owner. A failed write is the index's to
+	// log: the binding stays in memory.
+	if recall != "" {
+		_ = d.index.Put(binding{recall, e.name, d.creator(recall, l.rec.Principal)})
+	}
 	d.supervise(l)
 
 	attrs := []any{"lease_id", id, "entry", e.name, "pid", p.pid, "log", d.logFor(id)}
@@ -763,8 +767,31 @@ func (d *Daemon) bindLocked(l *lease, session string) error {
 		return status.Errorf(codes.FailedPrecondition, "Record: session %q belongs to entry %q, not %q", session, owner, l.rec.Entry)
 	}
 	l.rec.SessionID = session
-	d.index.Put(binding{session, l.rec.Entry})
+	_ = d.index.Put(binding{session, l.rec.Entry, d.creator(session, l.rec.Principal)}) // a failed write is the index's to log
 	return nil
+}
+
+// creator is the principal a session belongs to: its recorded owner, else
+// (a new session, or one recorded without an owner) principal.
+func (d *Daemon) creator(session, principal string) string {
+	if b, ok := d.index.Get(session); ok && b.Principal != "" {
+		return b.Principal
+	}
+	return principal
+}
+
+// ownership is whether session belongs to principal, by the index alone:
+// every session an instance reports is recorded there, with its creator,
+// before the claim answers.
+func (d *Daemon) ownership(session, principal string) spawnpb.Ownership {
+	b, ok := d.index.Get(session)
+	switch {
+	case !ok || b.Principal == "":
+		return spawnpb.Ownership_OWNERSHIP_UNRECORDED
+	case b.Principal != principal:
+		return spawnpb.Ownership_OWNERSHIP_OTHER
+	}
+	return spawnpb.Ownership_OWNERSHIP_OWN
 }
 
 // sessionOwner is the entry a session belongs to: that of the newest live
@@ -782,6 +809,9 @@ func (d *Daemon) sessionOwner(session string, self *lease) string {
 	}
 	if newest != nil {
 		return newest.rec.Entry
+	}
+	if d.stateLock == nil {
+		return "" // an index in memory holds owners only: no state_dir, no binary check
 	}
 	b, _ := d.index.Get(session)
 	return b.Entry
@@ -859,17 +889,21 @@ func (d *Daemon) Status(context.Context, *spawnpb.StatusRequest) (*spawnpb.Statu
 }
 
 // Binding answers which entry ran a session, for the gateway to hold a
-// resume to it (sessionOwner). "" is no opinion: the resume proceeds
-// unchecked.
+// resume to it (sessionOwner; "" is no opinion: the resume proceeds
+// unchecked), and whether the asking principal created it (ownership),
+// never naming the owner.
 func (d *Daemon) Binding(_ context.Context, req *spawnpb.BindingRequest) (*spawnpb.BindingResponse, error) {
 	session := req.GetSessionId()
 	if err := sessionid.Validate(session); err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "Binding: %v; ask only about a claim that resumes a session", err)
+	}
+	if err := checkPrincipal(req.GetPrincipal()); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "Binding: %v", err)
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if _, err := d.admit(verbBinding, ""); err != nil {
 		return nil, err
 	}
-	return &spawnpb.BindingResponse{Entry: d.sessionOwner(session, nil)}, nil
+	return &spawnpb.BindingResponse{Entry: d.sessionOwner(session, nil), Ownership: d.ownership(session, req.GetPrincipal())}, nil
 }

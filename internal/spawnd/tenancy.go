@@ -148,7 +148,12 @@ func (tn *tenancy) uidFor(principal string) (uint32, error) {
 	}
 	uid := uint32(tn.next)
 	tn.next++
-	tn.uids.Put(uidRecord{Principal: principal, UID: uid})
+	// Past a failed write the uid is held in memory and written with the
+	// file's next rewrite; this spawn is refused rather than run on a uid a
+	// restart could give another principal.
+	if err := tn.uids.Put(uidRecord{Principal: principal, UID: uid}); err != nil {
+		return 0, fmt.Errorf("recording uid %d for a new principal in %s: %w", uid, uidsFile, err)
+	}
 	return uid, nil
 }
 

@@ -35,9 +35,31 @@ type Spawner interface {
 	// Reload asks spawnd to re-read its keys of the file whose digest the
 	// gateway validated.
 	Reload(ctx context.Context, digest string) (Reloaded, error)
-	// Binding is the entry that ran session, "" for no opinion.
-	Binding(ctx context.Context, session string) (entry string, err error)
+	// Binding is the entry that ran session ("" for no opinion), and
+	// whether principal created it.
+	Binding(ctx context.Context, session, principal string) (Bound, error)
 }
+
+// Bound is Binding's answer.
+type Bound struct {
+	Entry string
+	Owner Ownership
+}
+
+// Ownership is whether a session belongs to the principal asking; spawnd
+// never names the owner.
+type Ownership int
+
+// The ownerships.
+const (
+	// OwnerUnrecorded: no owner is recorded (evicted, created before owners
+	// were, or since a spawnd without a state_dir started).
+	OwnerUnrecorded Ownership = iota
+	// OwnerSelf: the principal created the session.
+	OwnerSelf
+	// OwnerOther: another principal did.
+	OwnerOther
+)
 
 // Binary is one registry entry as spawnd resolved it.
 type Binary struct {
