@@ -162,7 +162,9 @@ func (a *Authenticator) Authenticate(r *http.Request) (Principal, *Refusal) {
 // not find out, with none accepting, is 503; anything else 401 credential
 // rejected.
 func (a *Authenticator) Verify(ctx context.Context, c *Credential) (Principal, *Refusal) {
-	presented := c.Authorization
+	// On auth.proxy_listen the proxy's header is the credential, and the
+	// only one: a bearer there was the proxy's to judge.
+	presented := c.Authorization && !c.ViaProxySocket
 	for _, h := range a.headers {
 		presented = presented || c.Header.Get(h) != ""
 	}
@@ -171,6 +173,9 @@ func (a *Authenticator) Verify(ctx context.Context, c *Credential) (Principal, *
 	}
 	var unavailable, last error
 	for _, l := range a.chain {
+		if _, proxy := l.validator.(*proxyHeaders); c.ViaProxySocket && !proxy {
+			continue
+		}
 		p, err := l.validate(ctx, c)
 		switch {
 		case err == nil:

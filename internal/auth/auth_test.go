@@ -13,6 +13,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -568,9 +570,10 @@ func TestPrincipalPrefix(t *testing.T) {
 
 func proxyAuth(t *testing.T) *Authenticator {
 	return newAuth(t, `auth:
+  proxy_listen: /run/nexus-broker/proxy.sock
   validators:
     - type: proxy_headers
-      trusted_proxy_cidrs: [127.0.0.2/32]
+      trusted_proxy_cidrs: [203.0.113.0/24]
       principal_header: X-Forwarded-User
       tenant_header: X-Org
       scopes_header: X-Groups
@@ -582,7 +585,12 @@ func proxyAuth(t *testing.T) *Authenticator {
 func TestProxyHeaders(t *testing.T) {
 	a := proxyAuth(t)
 	req := func(peer string, h map[string]string, tok string) *Credential {
-		c := &Credential{Header: http.Header{}, Peer: netip.MustParseAddr(peer)}
+		c := &Credential{Header: http.Header{}}
+		if peer == "socket" {
+			c.ViaProxySocket = true
+		} else {
+			c.Peer = netip.MustParseAddr(peer)
+		}
 		for k, v := range h {
 			c.Header.Set(k, v)
 		}
@@ -591,36 +599,77 @@ func TestProxyHeaders(t *testing.T) {
 		}
 		return c
 	}
-	ident := map[string]string{"X-Forwarded-User": "alice", "X-Org": "acme", "X-Groups": "a, b", "X-Forwarded-For": "127.0.0.2"}
-	p := wantAccept(t, a, req("127.0.0.2", ident, ""), "alice")
-	if p.Tenant != "acme" || !slices.Equal(p.Scopes, []string{"a", "b"}) {
-		t.Errorf("principal %+v", p)
+	ident := map[string]string{"X-Forwarded-User": "alice", "X-Org": "acme", "X-Groups": "a, b", "X-Forwarded-For": "203.0.113.7"}
+	for _, from := range []string{"203.0.113.7", "socket"} {
+		p := wantAccept(t, a, req(from, ident, ""), "alice")
+		if p.Tenant != "acme" || !slices.Equal(p.Scopes, []string{"a", "b"}) {
+			t.Errorf("from %s: principal %+v", from, p)
+		}
+		// A header sent twice: which one the proxy set is unknowable.
+		for _, h := range []string{"X-Forwarded-User", "X-Org", "X-Groups"} {
+			twice := req(from, ident, "")
+			twice.Header.Add(h, "other")
+			if ref := wantRefusal(t, a, twice, 401, TextRejected); !strings.Contains(ref.Reason, h+" sent more than once") {
+				t.Errorf("from %s, %s twice: reason %q", from, h, ref.Reason)
+			}
+		}
 	}
-	// The same headers from an untrusted peer: X-Forwarded-For is never read.
-	wantRefusal(t, a, req("127.0.0.1", ident, ""), 401, TextRejected)
-	// A direct caller with a token still gets through the next validator.
-	wantAccept(t, a, req("127.0.0.1", nil, "direct"), "direct-caller")
-	wantRefusal(t, a, req("127.0.0.1", nil, ""), 401, TextRequired)
+	// The same headers from an untrusted peer: X-Forwarded-For is never
+	// read; from this host, whatever the CIDRs, they are refused too.
+	wantRefusal(t, a, req("198.51.100.1", ident, ""), 401, TextRejected)
+	wantRefusal(t, a, req("127.0.0.2", ident, ""), 401, TextRejected)
+	// A direct caller with a token still gets through the next validator,
+	// but not on the proxy's socket, where the proxy's header is the only
+	// credential.
+	wantAccept(t, a, req("198.51.100.1", nil, "direct"), "direct-caller")
+	wantRefusal(t, a, req("198.51.100.1", nil, ""), 401, TextRequired)
+	wantRefusal(t, a, req("socket", nil, "direct"), 401, TextRequired)
+	wantRefusal(t, a, req("socket", nil, ""), 401, TextRequired)
 }
 
-// TestProxyHeadersOverTCP sends the same request from 127.0.0.2 and from
-// 127.0.0.1 to a real listener: only the trusted peer is accepted.
-func TestProxyHeadersOverTCP(t *testing.T) {
+// TestProxyHeadersOverSockets sends the same request on a unix socket
+// served as auth.proxy_listen is, and over TCP from 127.0.0.2: only the
+// socket's is the proxy's.
+func TestProxyHeadersOverSockets(t *testing.T) {
 	a := proxyAuth(t)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p, ref := a.Authenticate(r)
 		if ref != nil {
 			ref.Write(w)
 			return
 		}
 		_, _ = io.WriteString(w, p.ID)
-	}))
+	})
+	tcp := httptest.NewServer(h)
+	defer tcp.Close()
+	ident := map[string]string{"X-Forwarded-User": "alice"}
+	if status, body := getFrom(t, "127.0.0.2", tcp.URL, ident); status != 401 || body != `{"error":"credential rejected"}`+"\n" {
+		t.Errorf("over TCP from 127.0.0.2: %d %q, want 401 credential rejected", status, body)
+	}
+	sock := filepath.Join(t.TempDir(), "p.sock")
+	if len(sock) > 100 {
+		sock = filepath.Join("/tmp", fmt.Sprintf("nexus-auth-%d.sock", os.Getpid()))
+	}
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: h, ConnContext: func(ctx context.Context, _ net.Conn) context.Context { return OnProxySocket(ctx) }}
+	go func() { _ = srv.Serve(ln) }()
 	defer srv.Close()
-	for _, tc := range []struct{ from, want string }{{"127.0.0.2", "200 alice"}, {"127.0.0.1", "401 {\"error\":\"credential rejected\"}\n"}} {
-		status, body := getFrom(t, tc.from, srv.URL, map[string]string{"X-Forwarded-User": "alice", "X-Forwarded-For": "127.0.0.2"})
-		if got := fmt.Sprint(status, " ", body); got != tc.want {
-			t.Errorf("from %s: %q, want %q", tc.from, got, tc.want)
-		}
+	cl := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+	}}}
+	req, _ := http.NewRequest("GET", "http://proxy/leases", nil)
+	req.Header.Set("X-Forwarded-User", "alice")
+	resp, err := cl.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(body) != "alice" {
+		t.Errorf("on the proxy's socket: %d %q, want alice", resp.StatusCode, body)
 	}
 }
 
@@ -695,7 +744,7 @@ func newAuthF(f *testing.F) *Authenticator {
 	c, err := config.Parse([]byte(`auth:
   validators:
     - type: proxy_headers
-      trusted_proxy_cidrs: [127.0.0.2/32]
+      trusted_proxy_cidrs: [203.0.113.0/24]
       principal_header: X-Forwarded-User
     - type: static
       tokens: [{token: tok, principal: p}]

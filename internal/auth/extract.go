@@ -1,6 +1,7 @@
 package auth
 
 import (
+	"context"
 	"net"
 	"net/http"
 	"net/netip"
@@ -18,14 +19,25 @@ type Credential struct {
 	// Ticket is a non-empty ?ticket= (read only where tickets are taken).
 	Ticket string
 	// Peer is the TCP peer; X-Forwarded-For is never read.
-	Peer   netip.Addr
-	Header http.Header
+	Peer netip.Addr
+	// ViaProxySocket is set for a request on auth.proxy_listen: only
+	// proxy_headers judge it.
+	ViaProxySocket bool
+	Header         http.Header
+}
+
+type proxyConnKey struct{}
+
+// OnProxySocket marks ctx as a connection's on auth.proxy_listen (an
+// http.Server's ConnContext).
+func OnProxySocket(ctx context.Context) context.Context {
+	return context.WithValue(ctx, proxyConnKey{}, true)
 }
 
 // Extract reads r's credential. withTicket says the route takes ?ticket=
 // (WS /lease/{id} only).
 func Extract(r *http.Request, withTicket bool) Credential {
-	c := Credential{Header: r.Header}
+	c := Credential{Header: r.Header, ViaProxySocket: r.Context().Value(proxyConnKey{}) != nil}
 	if h := r.Header.Values("Authorization"); len(h) > 0 {
 		c.Authorization = true
 		// Exactly one header, "Bearer <token>"; anything else is rejected.

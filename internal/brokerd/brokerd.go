@@ -119,6 +119,15 @@ func Run(o Options) error {
 	srv := gateway.Server(g.Handler())
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(gateway.Listener(ln)) }()
+	if cfg.Auth != nil && cfg.Auth.ProxyListen != "" {
+		psrv, err := serveProxy(cfg.Auth, g.Handler(), log, serveErr)
+		if err != nil {
+			g.Shutdown()
+			return bootlog.Config(err, path)
+		}
+		defer psrv.Close()
+		defer os.Remove(cfg.Auth.ProxyListen)
+	}
 	base := "http://" + ln.Addr().String()
 	log.Info("http gateway listening", "addr", ln.Addr().String()) // upstream's line
 	log.Info("nexus-broker listening", append([]any{"addr", ln.Addr().String(), "config", path}, bootSummary(ctx, cfg, path, client)...)...)

@@ -3,10 +3,12 @@ package config
 import (
 	"fmt"
 	"maps"
+	"net"
 	"net/http"
 	"net/netip"
 	"net/url"
 	"os"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
@@ -25,6 +27,13 @@ type Auth struct {
 	// Unset means DefaultAdminScope; "" means nobody is an operator.
 	AdminScope *string     `yaml:"admin_scope"`
 	Validators []Validator `yaml:"validators"`
+	// ProxyListen is a unix socket (mode 0660, group ProxyListenGroup) on
+	// which proxy_headers are honoured: the authenticating proxy on this
+	// host connects to it, since a TCP peer on this host proves nothing.
+	ProxyListen string `yaml:"proxy_listen"`
+	// ProxyListenGroup is the socket's group (a name or a gid); unset, the
+	// gateway's own group.
+	ProxyListenGroup string `yaml:"proxy_listen_group"`
 }
 
 // DefaultIntrospectCacheTTL is an introspect validator's cache_ttl when the
@@ -209,6 +218,9 @@ func (a *Auth) validate() error {
 	if len(a.Validators) == 0 {
 		return fmt.Errorf("broker config: auth.validators: required, and at least one; an auth: block with no validator accepts nobody (remove the block to run unauthenticated)")
 	}
+	if err := a.validateProxyListen(); err != nil {
+		return err
+	}
 	for i := range a.Validators {
 		v := &a.Validators[i]
 		path := ValidatorPath(i)
@@ -224,7 +236,7 @@ func (a *Auth) validate() error {
 		case ValidatorIntrospect:
 			err = v.validateIntrospect(path)
 		case ValidatorProxyHeaders:
-			err = v.validateProxy(path)
+			err = v.validateProxy(path, a.ProxyListen != "")
 		}
 		if err != nil {
 			return err
@@ -350,12 +362,15 @@ func (v *Validator) validateIntrospect(path string) error {
 	return nil
 }
 
-func (v *Validator) validateProxy(path string) error {
-	if err := checkList(path+".trusted_proxy_cidrs", v.TrustedProxyCIDRs,
-		"list your authenticating proxy's own address, such as 10.4.0.7/32; the list is the whole security model of this validator"); err != nil {
+func (v *Validator) validateProxy(path string, proxyListen bool) error {
+	if v.TrustedProxyCIDRs == nil && proxyListen {
+		v.Prefixes = nil
+	} else if err := checkList(path+".trusted_proxy_cidrs", v.TrustedProxyCIDRs,
+		"list your authenticating proxy's own address, such as 10.4.0.7/32 (the list is the whole security model of this validator), or give auth.proxy_listen, a unix socket a proxy on this host connects to"); err != nil {
 		return err
 	}
 	v.Prefixes = nil
+	local := hostAddrs()
 	for i, s := range v.TrustedProxyCIDRs {
 		key := fmt.Sprintf("%s.trusted_proxy_cidrs[%d]", path, i)
 		p, err := netip.ParsePrefix(strings.TrimSpace(s))
@@ -369,7 +384,11 @@ func (v *Validator) validateProxy(path string) error {
 		if p.Bits() == 0 {
 			return fmt.Errorf("broker config: %s: %q trusts every address on the network to name itself as any user; list the proxy's own address (a /32 or /128) instead", key, s)
 		}
-		v.Prefixes = append(v.Prefixes, p.Masked())
+		p = unmapPrefix(p.Masked())
+		if a, ok := holdsHostAddr(p, local); ok {
+			return fmt.Errorf("broker config: %s: %q holds %s, an address of this host: any process here (an instance included) could connect from it and name itself as any user; run the proxy on this host against auth.proxy_listen (a unix socket) instead, or list only addresses of other hosts", key, s, a)
+		}
+		v.Prefixes = append(v.Prefixes, p)
 	}
 	if err := required(path, "principal_header", v.PrincipalHeader, "name the header your proxy puts the authenticated user in, such as X-Forwarded-User"); err != nil {
 		return err
@@ -380,6 +399,82 @@ func (v *Validator) validateProxy(path string) error {
 		}
 	}
 	return nil
+}
+
+// validateProxyListen checks auth.proxy_listen and its group.
+func (a *Auth) validateProxyListen() error {
+	if a.ProxyListen == "" {
+		if a.ProxyListenGroup != "" {
+			return fmt.Errorf("broker config: auth.proxy_listen_group: set without auth.proxy_listen; give the socket's path, or remove the key")
+		}
+		return nil
+	}
+	if !filepath.IsAbs(a.ProxyListen) {
+		return fmt.Errorf("broker config: auth.proxy_listen: %q is not an absolute path; give the unix socket's full path, such as /run/nexus-broker/proxy.sock", a.ProxyListen)
+	}
+	if !slices.ContainsFunc(a.Validators, func(v Validator) bool { return v.Type == ValidatorProxyHeaders }) {
+		return fmt.Errorf("broker config: auth.proxy_listen: set with no proxy_headers validator, so nothing would be read from the proxy; add one, or remove the key")
+	}
+	return nil
+}
+
+// unmapPrefix writes an IPv4-mapped IPv6 prefix as the IPv4 one it is, so
+// it matches the unmapped peers it is compared with.
+func unmapPrefix(p netip.Prefix) netip.Prefix {
+	if p.Addr().Is4In6() && p.Bits() >= 96 {
+		return netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
+	}
+	return p
+}
+
+// loopbackNets are this host's whatever its interfaces: 127.0.0.0/8 and
+// ::1, the IPv4 range mapped too.
+var loopbackNets = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128"), netip.MustParsePrefix("::ffff:127.0.0.0/104")}
+
+// hostAddrs are the addresses of this host's interfaces, unmapped.
+func hostAddrs() []netip.Addr {
+	addrs, _ := net.InterfaceAddrs()
+	var out []netip.Addr
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok {
+			if ip, ok := netip.AddrFromSlice(n.IP); ok {
+				out = append(out, ip.Unmap())
+			}
+		}
+	}
+	return out
+}
+
+// holdsHostAddr is an address of this host that p contains: loopback or
+// one of local, in plain or IPv4-mapped form.
+func holdsHostAddr(p netip.Prefix, local []netip.Addr) (netip.Addr, bool) {
+	for _, l := range loopbackNets {
+		switch {
+		case !p.Overlaps(l):
+		case l.Contains(p.Addr()):
+			return p.Addr().Unmap(), true
+		case l.IsSingleIP():
+			return l.Addr(), true
+		default:
+			return l.Addr().Next().Unmap(), true
+		}
+	}
+	for _, a := range local {
+		if p.Contains(a) || (a.Is4() && p.Contains(netip.AddrFrom16(a.As16()))) {
+			return a, true
+		}
+	}
+	return netip.Addr{}, false
+}
+
+// IsHostAddress reports whether a is, now, an address of this host:
+// loopback or on any local interface (IPv4-mapped unmapped first).
+func IsHostAddress(a netip.Addr) bool {
+	a = a.Unmap()
+	if a.IsLoopback() {
+		return true
+	}
+	return slices.Contains(hostAddrs(), a)
 }
 
 func validHeaderName(s string) bool {

@@ -109,7 +109,7 @@ func TestAuthOK(t *testing.T) {
       algorithms: [ES256, EdDSA]
       principal_claim: email
     - type: proxy_headers
-      trusted_proxy_cidrs: [127.0.0.2, "::1/128"]
+      trusted_proxy_cidrs: [203.0.113.7, "2001:db8::7/128", "::ffff:198.51.100.0/120"]
       principal_header: X-User
 `))
 	if err != nil {
@@ -129,7 +129,7 @@ func TestAuthOK(t *testing.T) {
 	if j := a.Validators[2]; !reflect.DeepEqual(j.Audience, Strings{"a", "b"}) {
 		t.Errorf("audience = %v", j.Audience)
 	}
-	want := []netip.Prefix{netip.MustParsePrefix("127.0.0.2/32"), netip.MustParsePrefix("::1/128")}
+	want := []netip.Prefix{netip.MustParsePrefix("203.0.113.7/32"), netip.MustParsePrefix("2001:db8::7/128"), netip.MustParsePrefix("198.51.100.0/24")}
 	if p := a.Validators[3].Prefixes; !reflect.DeepEqual(p, want) {
 		t.Errorf("prefixes = %v, want %v", p, want)
 	}
@@ -143,7 +143,7 @@ const jwksBase = "auth:\n  validators:\n    - type: jwks\n      issuer: i\n     
 var authErrorCases = []struct{ name, yaml, key, want string }{
 	{"empty block", "auth:\n", "auth", "has no value"},
 	{"no validators", "auth:\n  validators: []\n", "auth.validators", "at least one"},
-	{"unknown auth key", "auth:\n  admin: x\n  validators: []\n", "auth.admin", "unknown key; the keys allowed here are admin_scope, validators"},
+	{"unknown auth key", "auth:\n  admin: x\n  validators: []\n", "auth.admin", "unknown key; the keys allowed here are admin_scope, proxy_listen, proxy_listen_group, validators"},
 	{"validator without type", "auth:\n  validators:\n    - tokens: []\n", "auth.validators[0].type", "required; write one of introspect, jwks, proxy_headers, static"},
 	{"unknown type", "auth:\n  validators:\n    - type: ldap\n", "auth.validators[0].type", `"ldap" is not a validator type`},
 	{"jwks key on static", "auth:\n  validators:\n    - type: static\n      issuer: x\n", "auth.validators[0].issuer", "unknown key; the keys allowed here are principal_prefix, tokens, type"},
@@ -175,6 +175,14 @@ var authErrorCases = []struct{ name, yaml, key, want string }{
 	{"proxy no header", "auth:\n  validators:\n    - type: proxy_headers\n      trusted_proxy_cidrs: [10.0.0.7/32]\n", "auth.validators[0].principal_header", "required"},
 	{"proxy bad header", "auth:\n  validators:\n    - type: proxy_headers\n      trusted_proxy_cidrs: [10.0.0.7/32]\n      principal_header: \"X User\"\n", "auth.validators[0].principal_header", "not an HTTP header name"},
 	{"prefix control char", strings.Replace(jwksBase, "principal_claim: sub\n", "principal_claim: sub\n      principal_prefix: \"a\\tb\"\n", 1), "auth.validators[0].principal_prefix", "holds a control character"},
+	{"proxy loopback", "auth:\n  validators:\n    - type: proxy_headers\n      trusted_proxy_cidrs: [10.0.0.7/32, 127.0.0.2/32]\n      principal_header: X-User\n", "auth.validators[0].trusted_proxy_cidrs[1]", `"127.0.0.2/32" holds 127.0.0.2, an address of this host`},
+	{"proxy v6 loopback", "auth:\n  validators:\n    - type: proxy_headers\n      trusted_proxy_cidrs: [\"::1\"]\n      principal_header: X-User\n", "auth.validators[0].trusted_proxy_cidrs[0]", `"::1" holds ::1, an address of this host`},
+	{"proxy mapped loopback", "auth:\n  validators:\n    - type: proxy_headers\n      trusted_proxy_cidrs: [\"::ffff:127.0.0.9/128\"]\n      principal_header: X-User\n", "auth.validators[0].trusted_proxy_cidrs[0]", `holds 127.0.0.9, an address of this host`},
+	{"proxy wide v4 holds loopback", "auth:\n  validators:\n    - type: proxy_headers\n      trusted_proxy_cidrs: [64.0.0.0/2]\n      principal_header: X-User\n", "auth.validators[0].trusted_proxy_cidrs[0]", `holds 127.0.0.1, an address of this host`},
+	{"proxy wide mapped holds loopback", "auth:\n  validators:\n    - type: proxy_headers\n      trusted_proxy_cidrs: [\"::ffff:0:0/96\"]\n      principal_header: X-User\n", "auth.validators[0].trusted_proxy_cidrs[0]", `holds 127.0.0.1, an address of this host`},
+	{"proxy listen relative", "auth:\n  proxy_listen: proxy.sock\n  validators:\n    - type: proxy_headers\n      principal_header: X-User\n", "auth.proxy_listen", "is not an absolute path"},
+	{"proxy listen no validator", "auth:\n  proxy_listen: /run/p.sock\n  validators:\n    - type: static\n      tokens: [{token: t, principal: p}]\n", "auth.proxy_listen", "no proxy_headers validator"},
+	{"proxy listen group alone", "auth:\n  proxy_listen_group: www-data\n  validators:\n    - type: static\n      tokens: [{token: t, principal: p}]\n", "auth.proxy_listen_group", "set without auth.proxy_listen"},
 	{"proxy forwarded-for key", "auth:\n  validators:\n    - type: proxy_headers\n      trusted_proxy_cidrs: [10.0.0.7/32]\n      principal_header: X-User\n      trust_forwarded_for: true\n", "auth.validators[0].trust_forwarded_for", "unknown key"},
 }
 
@@ -269,5 +277,45 @@ func TestTenancyNeedsDistinctPrincipalPrefixes(t *testing.T) {
 	}
 	if _, err := Parse([]byte(base + "auth:\n  validators:\n    - {type: static, principal_prefix: \"s1:\", tokens: [{token: a, principal: a}]}\n    - {type: static, principal_prefix: \"s2:\", tokens: [{token: b, principal: b}]}\n")); err != nil {
 		t.Fatalf("distinct prefixes: %v", err)
+	}
+}
+
+// TestProxyCIDRsRefuseThisHostsInterfaces: a CIDR holding any address of
+// this host's interfaces is refused naming the CIDR, in plain and mapped
+// form; proxy_listen alone needs no CIDR.
+func TestProxyCIDRsRefuseThisHostsInterfaces(t *testing.T) {
+	local := hostAddrs()
+	if len(local) == 0 {
+		t.Fatal("this host reports no interface address")
+	}
+	for _, a := range local {
+		forms := []string{netip.PrefixFrom(a, a.BitLen()).String()}
+		if a.Is4() {
+			forms = append(forms, netip.PrefixFrom(netip.AddrFrom16(a.As16()), 128).String())
+		}
+		for _, cidr := range forms {
+			_, err := Parse([]byte(fmt.Sprintf("auth:\n  validators:\n    - type: proxy_headers\n      trusted_proxy_cidrs: [%q]\n      principal_header: X-User\n", cidr)))
+			if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("auth.validators[0].trusted_proxy_cidrs[0]: %q holds", cidr)) {
+				t.Errorf("%s (an address of this host): %v", cidr, err)
+			}
+		}
+		if !IsHostAddress(a) {
+			t.Errorf("IsHostAddress(%s) = false for an interface address", a)
+		}
+	}
+	for _, a := range []string{"127.0.0.2", "::1", "::ffff:127.0.0.1"} {
+		if !IsHostAddress(netip.MustParseAddr(a)) {
+			t.Errorf("IsHostAddress(%s) = false", a)
+		}
+	}
+	if IsHostAddress(netip.MustParseAddr("203.0.113.7")) {
+		t.Error("IsHostAddress(203.0.113.7), a documentation address, = true")
+	}
+	c, err := Parse([]byte("auth:\n  proxy_listen: /run/nexus-broker/proxy.sock\n  proxy_listen_group: www-data\n  validators:\n    - type: proxy_headers\n      principal_header: X-User\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Auth.ProxyListen != "/run/nexus-broker/proxy.sock" || c.Auth.ProxyListenGroup != "www-data" || c.Auth.Validators[0].Prefixes != nil {
+		t.Errorf("auth = %+v", c.Auth)
 	}
 }

@@ -8,6 +8,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"syscall"
@@ -17,6 +20,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/nexus-broker/nexus-broker/internal/auth/authtest"
+	"github.com/nexus-broker/nexus-broker/internal/sockdir"
 	"github.com/nexus-broker/nexus-broker/pkg/brokerclient"
 	"github.com/nexus-broker/nexus-broker/pkg/brokerframe"
 )
@@ -437,34 +441,145 @@ func TestAuthOwnershipSurvivesRestarts(t *testing.T) {
 	check("both-restarted")
 }
 
-// TestAuthProxyHeadersTrustsOnlyThePeer: the same request from the trusted
-// 127.0.0.2 and the untrusted 127.0.0.1 (X-Forwarded-For naming the trusted
-// one) is accepted vs rejected.
-func TestAuthProxyHeadersTrustsOnlyThePeer(t *testing.T) {
-	b := startBroker(t, Options{YAML: `auth:
+// proxyGet sends GET path with headers (each value a header line of its
+// own) from a client bound to the local address from, and returns the
+// answer.
+func proxyGet(t *testing.T, from, url string, headers ...[2]string) (int, string) {
+	t.Helper()
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
+	return sendWith(t, &http.Transport{DialContext: d.DialContext}, url, headers...)
+}
+
+func sendWith(t *testing.T, tr *http.Transport, url string, headers ...[2]string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest("GET", url, nil)
+	for _, h := range headers {
+		req.Header.Add(h[0], h[1])
+	}
+	resp, err := (&http.Client{Transport: validating(tr)}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, string(body)
+}
+
+var asAlice = [2]string{"X-Forwarded-User", "alice"}
+
+// TestAuthProxyListen: proxy_headers are honoured on auth.proxy_listen, a
+// 0660 socket of proxy_listen_group, each connection's peer uid logged
+// once; a request there without the principal header, or with it twice, is
+// 401. A process bound to 127.0.0.2 sending the same header over TCP (an
+// instance on this host, say) is refused, and a uid outside the group
+// cannot connect at all.
+func TestAuthProxyListen(t *testing.T) {
+	sock := filepath.Join(sockdir.New(t, "nxp"), "proxy.sock")
+	b := startBroker(t, Options{Token: tokOps, YAML: fmt.Sprintf(`auth:
+  proxy_listen: %q
+  proxy_listen_group: adm
   validators:
     - type: proxy_headers
-      trusted_proxy_cidrs: [127.0.0.2/32]
       principal_header: X-Forwarded-User
-`})
-	for _, tc := range []struct {
-		from   string
-		status int
-		body   string
-	}{{"127.0.0.2", 200, `{"leases":[]}` + "\n"}, {"127.0.0.1", 401, bodyRejected}} {
-		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(tc.from)}}
-		cl := &http.Client{Transport: validating(&http.Transport{DialContext: d.DialContext})}
-		req, _ := http.NewRequest("GET", b.Base+"/leases", nil)
-		req.Header.Set("X-Forwarded-User", "alice")
-		req.Header.Set("X-Forwarded-For", "127.0.0.2")
-		resp, err := cl.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		wantAnswer(t, "from "+tc.from, resp.StatusCode, string(body), tc.status, tc.body)
+    - type: static
+      tokens: [{token: tok-ops, principal: ops, scopes: "nexus.broker.admin"}]
+`, sock)})
+	st, err := os.Stat(sock)
+	if err != nil {
+		t.Fatal(err)
 	}
+	if st.Mode()&os.ModeSocket == 0 || st.Mode().Perm() != 0o660 || st.Sys().(*syscall.Stat_t).Gid != 4 {
+		t.Errorf("proxy_listen is %v gid %d, want a 0660 socket of adm (4)", st.Mode(), st.Sys().(*syscall.Stat_t).Gid)
+	}
+	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+	}}
+	defer tr.CloseIdleConnections()
+	url := "http://proxy/leases"
+	status, got := sendWith(t, tr, url, asAlice)
+	wantAnswer(t, "alice through the proxy's socket", status, got, 200, `{"leases":[]}`+"\n")
+	status, got = sendWith(t, tr, url, asAlice)
+	wantAnswer(t, "alice again, same connection", status, got, 200, `{"leases":[]}`+"\n")
+	status, got = sendWith(t, tr, url)
+	wantAnswer(t, "no principal header on the socket", status, got, 401, bodyRequired)
+	status, got = sendWith(t, tr, url, [2]string{"Authorization", "Bearer tok-ops"})
+	wantAnswer(t, "a bearer but no principal header on the socket", status, got, 401, bodyRequired)
+	status, got = sendWith(t, tr, url, asAlice, [2]string{"X-Forwarded-User", "ops"})
+	wantAnswer(t, "the principal header twice on the socket", status, got, 401, bodyRejected)
+	b.GatewayLog.wait(t, regexp.MustCompile(`msg="auth allowed" route="GET /leases" principal_id=alice`), 5*time.Second)
+	if n := b.GatewayLog.count(regexp.MustCompile(`level=INFO msg="proxy connection" proxy_listen=\S+ peer_uid=0 peer_gid=0 peer_pid=\d+`)); n != 1 {
+		t.Errorf("%d proxy connection records for one connection, want 1:\n%s", n, b.GatewayLog)
+	}
+
+	// The attack: a process on this host binds 127.0.0.2 and names alice.
+	status, got = proxyGet(t, "127.0.0.2", b.Base+"/leases", asAlice, [2]string{"X-Forwarded-For", "127.0.0.2"})
+	wantAnswer(t, "X-Forwarded-User over TCP from 127.0.0.2", status, got, 401, bodyRejected)
+	if status, got := proxyGet(t, "127.0.0.2", b.Base+"/leases", [2]string{"Authorization", "Bearer tok-ops"}); status != 200 {
+		t.Errorf("a direct caller with a token over TCP: %d %s", status, got)
+	}
+
+	// A uid outside the socket's group cannot connect.
+	out, err := exec.Command("setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
+		"curl", "-sS", "--unix-socket", sock, "-H", "X-Forwarded-User: alice", "http://proxy/leases").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "ermission denied") && !strings.Contains(string(out), "Couldn't connect") {
+		t.Errorf("uid 65534 outside adm on the socket: %v %s", err, out)
+	}
+	if strings.Contains(b.GatewayLog.String(), "peer_uid=65534") {
+		t.Error("uid 65534 reached the gateway through the socket")
+	}
+	b.KillGateway(syscall.SIGTERM) // waits for the exit
+	if _, err := os.Lstat(sock); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("proxy_listen after the gateway stopped: %v, want it removed", err)
+	}
+}
+
+// TestAuthProxyCIDRsOfThisHostAreRefused: a trusted_proxy_cidrs entry
+// holding an address of this host refuses the boot and a SIGHUP, naming
+// the entry; an address this host takes after the boot is refused at
+// request time, though the CIDR trusts it.
+func TestAuthProxyCIDRsOfThisHostAreRefused(t *testing.T) {
+	const later = "198.18.0.7" // not this host's, until the test adds it
+	yaml := `auth:
+  validators:
+    - type: proxy_headers
+      trusted_proxy_cidrs: [` + later + `/32]
+      principal_header: X-Forwarded-User
+    - type: static
+      tokens: [{token: tok-ops, principal: ops, scopes: "nexus.broker.admin"}]
+`
+	b := startBroker(t, Options{Token: tokOps, YAML: yaml})
+	text, err := os.ReadFile(b.ConfigPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(b.ConfigPath, []byte(strings.Replace(string(text), later+"/32", "10.9.0.0/16, 127.0.0.2/32", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.reload(t); !strings.HasPrefix(got, "rejected") {
+		t.Fatalf("a SIGHUP with a same-host CIDR: %s", got)
+	}
+	if !strings.Contains(unquoted(b.GatewayLog.String()), `auth.validators[0].trusted_proxy_cidrs[1]: "127.0.0.2/32" holds 127.0.0.2, an address of this host`) {
+		t.Errorf("the rejected reload does not name the CIDR:\n%s", b.GatewayLog)
+	}
+
+	// This host takes the trusted address after the boot.
+	if out, err := exec.Command("ip", "addr", "add", later+"/32", "dev", "lo").CombinedOutput(); err != nil {
+		t.Fatalf("ip addr add: %v %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "addr", "del", later+"/32", "dev", "lo").Run() })
+	status, got := proxyGet(t, later, b.Base+"/leases", asAlice)
+	wantAnswer(t, "X-Forwarded-User from "+later+", now this host's", status, got, 401, bodyRejected)
+	b.GatewayLog.wait(t, regexp.MustCompile(`msg="auth denied" route="GET /leases" principal_id="" reason="credential rejected" status=401 denial="proxy_headers: identity header from an address of this host`), 5*time.Second)
+
+	b.KillGateway(syscall.SIGTERM)
+	if err := os.WriteFile(b.ConfigPath, text, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sameHost := func(s string) string { return strings.Replace(s, later+"/32", "10.9.0.0/16, 127.0.0.2/32", 1) }
+	refusedBoot(t, b, "a same-host trusted_proxy_cidrs", sameHost,
+		`auth.validators[0].trusted_proxy_cidrs[1]: "127.0.0.2/32" holds 127.0.0.2, an address of this host`)
+	refusedBoot(t, b, "a CIDR this host now holds", func(s string) string { return strings.Replace(s, "10.9.0.0/16, 127.0.0.2/32", later+"/32", 1) },
+		`auth.validators[0].trusted_proxy_cidrs[0]: "`+later+`/32" holds `+later+`, an address of this host`)
 }
 
 // jwksValidator is a jwks validator entry over is, audience nexus-broker.
