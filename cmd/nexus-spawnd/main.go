@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -79,6 +80,9 @@ func run(cfgPath, runDir string, idleExit time.Duration, log *slog.Logger) error
 	// Close stops watching; instances keep running, which is the point of
 	// the split.
 	defer d.Close()
+	if err := d.TakeReleases(filepath.Join(runDir, spawnrpc.ReleasesDir), allowedUID); err != nil {
+		return err
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()

@@ -562,6 +562,11 @@ func (g *Gateway) release(r *http.Request, id string, p auth.Principal) (int, an
 			l.state, l.reason = stateDraining, reasonRelease
 		}
 		l.mu.Unlock()
+		// Answered, the release must be done even if this gateway stops
+		// before spawnd answers again.
+		if err := g.sp.HandOver(l.id); err != nil {
+			g.log.Warn("handing the release to nexus-spawnd failed; it is carried out only if this gateway runs until spawnd answers", "lease_id", l.id, "error", err)
+		}
 		go l.teardown(reasonRelease, teardownGraceful)
 	} else {
 		l.teardown(reasonRelease, teardownGraceful)

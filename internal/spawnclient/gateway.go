@@ -2,11 +2,16 @@ package spawnclient
 
 import (
 	"context"
+	"fmt"
+	"path/filepath"
 	"time"
 
 	"google.golang.org/grpc/status"
 
+	"github.com/nexus-broker/nexus-broker/internal/atomicfile"
+	"github.com/nexus-broker/nexus-broker/internal/config/core"
 	gwspawner "github.com/nexus-broker/nexus-broker/internal/gateway/spawner"
+	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
 )
 
@@ -169,4 +174,14 @@ func (c *Client) Binding(ctx context.Context, session, principal string) (gwspaw
 		b.Owner = gwspawner.OwnerOther
 	}
 	return b, nil
+}
+
+// HandOver implements spawner.Spawner: an empty file named lease in the
+// run directory's releases directory, written whole (temp file, fsync,
+// rename, directory fsync), which spawnd carries out (spawnd.TakeReleases).
+func (c *Client) HandOver(lease string) error {
+	if !core.IsToken(lease, 128) {
+		return fmt.Errorf("lease id %q cannot name a file", lease)
+	}
+	return atomicfile.Write(filepath.Join(c.opts.RunDir, spawnrpc.ReleasesDir, lease), nil, nil)
 }

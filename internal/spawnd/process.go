@@ -360,7 +360,8 @@ func (d *Daemon) supervised(l *lease, exited bool, err error) {
 		_ = os.Remove(d.logFor(rec.LeaseID))
 		ev.LogPath = ""
 	}
-	d.journal.Put(journalLine{kindEnded, rec})
+	_ = d.journal.Put(journalLine{kindEnded, rec})
+	d.dropRelease(rec.LeaseID)
 	d.log.Info("instance exited", "lease_id", rec.LeaseID, "entry", rec.Entry, "pid", rec.PID, "adopted", l.adopted,
 		"exit_code", ev.ExitCode, "signal", ev.Signal, "terminated", terminated, "reason", rec.Reason)
 	d.watchers.publish(ev)

@@ -159,8 +159,12 @@ type Daemon struct {
 	// opened).
 	stateDir  string
 	stateLock *os.File
-	journal   *bindindex.Index[journalLine]
-	index     *bindindex.Index[binding]
+	// releases is the directory of handed-over releases, "" until
+	// TakeReleases; releaseWatch its inotify watch (handover.go).
+	releases     string
+	releaseWatch *os.File
+	journal      *bindindex.Index[journalLine]
+	index        *bindindex.Index[binding]
 
 	// reloadMu serialises Reload so the keys it reports are the ones it swapped.
 	reloadMu sync.Mutex
@@ -320,10 +324,14 @@ func (d *Daemon) release() {
 	}
 }
 
-// Close stops every supervisor, escalation and Watch stream. It never
-// signals an instance: they keep running, with their temp configs, for the
-// next nexus-spawnd to re-adopt from the journal.
+// Close stops every supervisor, escalation and Watch stream. With a
+// state_dir it never signals an instance: they keep running, with their temp
+// configs, for the next nexus-spawnd to re-adopt from the journal. Without
+// one nothing could ever adopt them, so it ends them first (endAll).
 func (d *Daemon) Close() error {
+	if d.stateLock == nil {
+		d.endAll()
+	}
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
@@ -332,11 +340,42 @@ func (d *Daemon) Close() error {
 	d.closed = true
 	d.mu.Unlock()
 	close(d.closing)
+	if d.releaseWatch != nil {
+		_ = d.releaseWatch.Close() // ends watchReleases
+	}
 	_ = unix.Close(d.stopW)
 	d.stopW = -1
 	d.wg.Wait()
 	d.release()
 	return nil
+}
+
+// reasonSpawndStopped is the teardown reason of the instances a spawnd
+// without state_dir ends as it stops.
+const reasonSpawndStopped = "nexus-spawnd stopped"
+
+// endAll terminates every lease and waits for the exits, SIGTERM first
+// (the gateway, gone or going, asks no instance to stop), SIGKILL after
+// termGrace.
+func (d *Daemon) endAll() {
+	d.mu.Lock()
+	ids := slices.Collect(maps.Keys(d.leases))
+	d.mu.Unlock()
+	if len(ids) == 0 {
+		return
+	}
+	d.log.Warn("nexus-spawnd is stopping without a state_dir, so no successor could adopt its instances: ending them", "leases", len(ids))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*termGrace+time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, id := range ids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, _ = d.Terminate(ctx, &spawnpb.TerminateRequest{LeaseId: id, Reason: reasonSpawndStopped, SkipGrace: true})
+		}()
+	}
+	wg.Wait()
 }
 
 // configFor and logFor are where a lease's temp config and output go.

@@ -24,6 +24,10 @@ const (
 	// one is refused, and a launcher tells "starting or stopping" from
 	// "gone" without signalling a pid.
 	ServeLockFile = "spawnd.lock"
+	// ReleasesDir holds the releases the gateway hands over while spawnd
+	// does not answer, one empty file per lease id (spawnd.TakeReleases);
+	// it belongs to spawnd.gateway_uid.
+	ReleasesDir = "releases"
 	// socketPrefix is go-plugin's os.CreateTemp pattern for its sockets.
 	socketPrefix = "plugin"
 )

@@ -38,6 +38,10 @@ type Spawner interface {
 	// Binding is the entry that ran session ("" for no opinion), and
 	// whether principal created it.
 	Binding(ctx context.Context, session, principal string) (Bound, error)
+	// HandOver hands spawnd a release durably without waiting for it to
+	// answer: spawnd terminates the lease when it next can, whether or not
+	// this gateway still runs then.
+	HandOver(lease string) error
 }
 
 // Bound is Binding's answer.
