@@ -196,7 +196,7 @@ func (in *ingress) clustered(h http.HandlerFunc) http.HandlerFunc {
 			h(w, r)
 			return
 		}
-		body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, maxA2ABody))
+		body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, a2a.MaxBody))
 		r.Body = io.NopCloser(io.MultiReader(bytes.NewReader(body), r.Body))
 		target := targetOf(r, body)
 		if err != nil || target.context == "" && target.task == "" {

@@ -2,17 +2,11 @@ package gateway
 
 import (
 	"context"
-	"errors"
-	"io"
 	"net/http"
 	"strconv"
-	"strings"
 
 	"github.com/nexus-broker/nexus-broker/internal/a2a"
 )
-
-// maxA2ABody bounds an A2A request body: one message of text.
-const maxA2ABody = 1 << 20
 
 // Default and largest ListTasks page.
 const (
@@ -123,83 +117,10 @@ func (in *ingress) handleCard(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(p.Card)
 }
 
-// versionOK: an absent A2A-Version means 1.0; anything else but 1.0 is
-// refused.
-func versionOK(r *http.Request) *a2a.Error {
-	v := strings.TrimSpace(r.Header.Get("A2A-Version"))
-	if v == "" || v == a2a.ProtocolVersion {
-		return nil
-	}
-	return a2a.ErrVersionUnsupported.With("A2A-Version %q is not supported; this agent speaks A2A %s", v, a2a.ProtocolVersion)
-}
-
-// readBody reads a bounded request body, into a buffer of its announced
-// length when it has one.
-func readBody(r *http.Request) ([]byte, *a2a.Error, bool) {
-	rd := http.MaxBytesReader(nil, r.Body, maxA2ABody)
-	var body []byte
-	var err error
-	if n := r.ContentLength; n > 0 && n <= maxA2ABody {
-		body = make([]byte, n)
-		_, err = io.ReadFull(rd, body)
-	} else {
-		body, err = io.ReadAll(rd)
-	}
-	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			return nil, a2a.ErrInvalidRequest.With("request body exceeds %d bytes; send a shorter message", tooBig.Limit), true
-		}
-		return nil, a2a.ErrParse.With("reading the request body: %v", err), false
-	}
-	return body, nil, false
-}
-
-// checkSend validates a SendMessageRequest and returns its input text.
-func checkSend(req *a2a.SendRequest) (string, *a2a.Error) {
-	m := req.Message
-	switch {
-	case m == nil:
-		return "", a2a.InvalidField("message", "message is required")
-	case m.MessageID == "":
-		return "", a2a.InvalidField("message.messageId", "message id is required")
-	case m.Role != a2a.RoleUser && m.Role != a2a.RoleAgent:
-		return "", a2a.InvalidField("message.role", "role must be %s or %s, got %q", a2a.RoleUser, a2a.RoleAgent, m.Role)
-	case len(m.Parts) == 0:
-		return "", a2a.InvalidField("message.parts", "at least one part is required")
-	case m.Role != a2a.RoleUser:
-		return "", a2a.InvalidField("message.role", "an inbound message must carry %s, got %q", a2a.RoleUser, m.Role)
-	}
-	if c := req.Configuration; c != nil {
-		if bad := nonNegative(c.HistoryLength, "configuration.historyLength"); bad != nil {
-			return "", bad
-		}
-		if len(c.PushConfig) > 0 && string(c.PushConfig) != "null" {
-			return "", a2a.ErrPushNotSupported.With("this broker does not deliver push notifications; the agent card declares capabilities.pushNotifications as false")
-		}
-		if modes := c.AcceptedOutputModes; len(modes) > 0 && !acceptsText(modes) {
-			return "", a2a.ErrContentType.With("this agent produces %s; the request accepts only %s", a2a.TextModes[0], strings.Join(modes, ", "))
-		}
-	}
-	return a2a.InputText(m)
-}
-
-// acceptsText reports whether acceptedOutputModes admit the text/plain
-// every answer is.
-func acceptsText(modes []string) bool {
-	for _, m := range modes {
-		switch strings.ToLower(strings.TrimSpace(m)) {
-		case "text/plain", "text/*", "*/*", "text":
-			return true
-		}
-	}
-	return false
-}
-
 // send starts (or answers) a task. With stream the returned stream carries
 // its events from its snapshot on.
 func (in *ingress) send(principal string, p *a2a.Profile, req *a2a.SendRequest, stream bool) (*liveTask, *sseStream, *a2a.Error) {
-	text, aerr := checkSend(req)
+	text, aerr := a2a.CheckSend(req)
 	if aerr != nil {
 		return nil, nil, aerr
 	}
@@ -220,22 +141,6 @@ func (in *ingress) send(principal string, p *a2a.Profile, req *a2a.SendRequest, 
 	return t, s, nil
 }
 
-// trimTask applies historyLength and, for lists, includeArtifacts.
-func trimTask(t *a2a.Task, historyLength *int, artifacts bool) {
-	if historyLength != nil {
-		n := max(*historyLength, 0)
-		if len(t.History) > n {
-			t.History = t.History[len(t.History)-n:]
-		}
-		if n == 0 {
-			t.History = nil
-		}
-	}
-	if !artifacts {
-		t.Artifacts = nil
-	}
-}
-
 // list is ListTasks: newest change first, paged by offset. In cluster
 // mode it is every broker's that answered; the others are returned.
 func (in *ingress) list(ctx context.Context, principal string, p *a2a.Profile, req *a2a.ListRequest) (*a2a.ListResponse, []string, *a2a.Error) {
@@ -249,7 +154,7 @@ func (in *ingress) list(ctx context.Context, principal string, p *a2a.Profile, r
 	if req.Status != "" && !a2a.KnownState(req.Status) {
 		return nil, nil, a2a.InvalidField("status", "unknown task state %q", req.Status)
 	}
-	if bad := nonNegative(req.HistoryLength, "historyLength"); bad != nil {
+	if bad := a2a.NonNegative(req.HistoryLength, "historyLength"); bad != nil {
 		return nil, nil, bad
 	}
 	off := 0
@@ -288,30 +193,22 @@ func (in *ingress) matching(principal, profile string, req *a2a.ListRequest, lim
 	out := make([]a2a.Task, 0, min(len(rs), limit))
 	for _, r := range rs[:min(len(rs), limit)] {
 		t := r.Task
-		trimTask(&t, req.HistoryLength, req.IncludeArtifacts)
+		a2a.TrimTask(&t, req.HistoryLength, req.IncludeArtifacts)
 		out = append(out, t)
 	}
 	return out, len(rs)
 }
 
-// nonNegative refuses a negative historyLength as upstream's codec does.
-func nonNegative(n *int, field string) *a2a.Error {
-	if n != nil && *n < 0 {
-		return a2a.InvalidField(field, "must not be negative, got %d", *n)
-	}
-	return nil
-}
-
 // get is GetTask, from the record.
 func (in *ingress) get(principal string, p *a2a.Profile, req *a2a.TaskRequest) (*a2a.Task, *a2a.Error) {
-	if bad := nonNegative(req.HistoryLength, "historyLength"); bad != nil {
+	if bad := a2a.NonNegative(req.HistoryLength, "historyLength"); bad != nil {
 		return nil, bad
 	}
 	r, ok := in.store.Get(principal, p.Name, req.ID)
 	if !ok {
 		return nil, a2a.TaskNotFound(req.ID)
 	}
-	trimTask(&r.Task, req.HistoryLength, true)
+	a2a.TrimTask(&r.Task, req.HistoryLength, true)
 	return &r.Task, nil
 }
 

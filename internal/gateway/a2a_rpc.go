@@ -39,7 +39,7 @@ func (in *ingress) handleJSONRPC(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	body, aerr, _ := readBody(r)
+	body, aerr, _ := a2a.ReadBody(r)
 	if aerr != nil {
 		writeJSON(w, http.StatusOK, a2a.RPCFail(nil, aerr))
 		return
@@ -70,7 +70,7 @@ func (in *ingress) handleJSONRPC(w http.ResponseWriter, r *http.Request) {
 	}
 	stream := req.Method == "SendStreamingMessage" || req.Method == "SubscribeToTask"
 	fail := func(e *a2a.Error) { writeRPCFail(w, req.ID, stream, e) }
-	if e := versionOK(r); e != nil {
+	if e := a2a.VersionOK(r); e != nil {
 		fail(e)
 		return
 	}
@@ -198,7 +198,7 @@ func (in *ingress) result(r *http.Request, t *liveTask, cfg *a2a.SendConfig) a2a
 		task = in.wait(r.Context(), t)
 	}
 	if cfg != nil {
-		trimTask(&task, cfg.HistoryLength, true)
+		a2a.TrimTask(&task, cfg.HistoryLength, true)
 	}
 	return task
 }
@@ -217,7 +217,7 @@ func (in *ingress) restBegin(w http.ResponseWriter, r *http.Request) (string, *a
 	if !ok {
 		return "", nil, false
 	}
-	if e := versionOK(r); e != nil {
+	if e := a2a.VersionOK(r); e != nil {
 		writeRESTError(w, e)
 		return "", nil, false
 	}
@@ -225,7 +225,7 @@ func (in *ingress) restBegin(w http.ResponseWriter, r *http.Request) (string, *a
 }
 
 func (in *ingress) restSendRequest(w http.ResponseWriter, r *http.Request) (*a2a.SendRequest, bool) {
-	body, aerr, tooBig := readBody(r)
+	body, aerr, tooBig := a2a.ReadBody(r)
 	if tooBig {
 		writeError(w, http.StatusRequestEntityTooLarge, aerr.Message)
 		return nil, false
@@ -277,12 +277,7 @@ func (in *ingress) restStream(w http.ResponseWriter, r *http.Request) {
 		writeRESTError(w, aerr)
 		return
 	}
-	sse(w, r, s, func() { in.unsubscribe(t, s) }, restFrame)
-}
-
-func restFrame(ev a2a.Event) []byte {
-	data, _ := json.Marshal(ev)
-	return data
+	sse(w, r, s, func() { in.unsubscribe(t, s) }, a2a.RESTFrame)
 }
 
 func (in *ingress) restList(w http.ResponseWriter, r *http.Request) {
@@ -293,10 +288,10 @@ func (in *ingress) restList(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	lr := a2a.ListRequest{ContextID: q.Get("contextId"), Status: q.Get("status"), PageToken: q.Get("pageToken")}
 	var bad *a2a.Error
-	lr.PageSize, bad = queryInt(q.Get("pageSize"), "pageSize")
+	lr.PageSize, bad = a2a.QueryInt(q.Get("pageSize"), "pageSize")
 	if bad == nil && q.Has("historyLength") {
 		var n int
-		n, bad = queryInt(q.Get("historyLength"), "historyLength")
+		n, bad = a2a.QueryInt(q.Get("historyLength"), "historyLength")
 		lr.HistoryLength = &n
 	}
 	if v := q.Get("includeArtifacts"); bad == nil && v != "" {
@@ -325,17 +320,6 @@ func (in *ingress) restList(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
-func queryInt(s, name string) (int, *a2a.Error) {
-	if s == "" {
-		return 0, nil
-	}
-	var n int
-	if err := json.Unmarshal([]byte(s), &n); err != nil {
-		return 0, a2a.InvalidField(name, "must be an integer, got %q", s)
-	}
-	return n, nil
-}
-
 // restTask is tasks/{id} (GET), tasks/{id}:cancel (POST) and
 // tasks/{id}:subscribe (GET or POST).
 func (in *ingress) restTask(w http.ResponseWriter, r *http.Request) {
@@ -349,7 +333,7 @@ func (in *ingress) restTask(w http.ResponseWriter, r *http.Request) {
 	case verb == "" && r.Method == http.MethodGet:
 		tr := a2a.TaskRequest{ID: id}
 		if r.URL.Query().Has("historyLength") {
-			n, bad := queryInt(r.URL.Query().Get("historyLength"), "historyLength")
+			n, bad := a2a.QueryInt(r.URL.Query().Get("historyLength"), "historyLength")
 			if bad != nil {
 				writeRESTError(w, bad)
 				return
@@ -375,7 +359,7 @@ func (in *ingress) restTask(w http.ResponseWriter, r *http.Request) {
 			writeRESTError(w, aerr)
 			return
 		}
-		sse(w, r, s, stop, restFrame)
+		sse(w, r, s, stop, a2a.RESTFrame)
 	case verb == "":
 		restMiss(w, r, http.MethodGet)
 	case verb == "cancel":
