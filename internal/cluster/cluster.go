@@ -80,6 +80,9 @@ type Options struct {
 	// PeerFree, when set, is told of each heartbeat of a peer that has a
 	// free slot. It must not block.
 	PeerFree func(peer string)
+	// Binaries, when set, are the registry entries this broker spawns,
+	// sent with each heartbeat.
+	Binaries func() []string
 }
 
 // Handler answers one request addressed to this broker. from is the
@@ -97,6 +100,7 @@ type Node struct {
 	// shownURLs is urls with any password redacted: what logs and errors say.
 	shownURLs string
 	free      func() int
+	binaries  func() []string
 	peerFree  func(string)
 	// beatNow asks for a heartbeat before the next tick.
 	beatNow chan struct{}
@@ -146,7 +150,7 @@ func New(o Options) (*Node, error) {
 	n := newNode(o.BrokerID, []byte(secret), o.Log)
 	n.prefix, n.advertise, n.every = k.SubjectPrefix, o.Advertise, k.HeartbeatInterval.D()
 	n.urls, n.shownURLs = strings.Join(k.URLs, ","), RedactURLs(k.URLs)
-	n.free, n.peerFree = o.Free, o.PeerFree
+	n.free, n.peerFree, n.binaries = o.Free, o.PeerFree, o.Binaries
 	if n.opts, err = n.natsOptions(k); err != nil {
 		n.cancel()
 		return nil, err

@@ -21,11 +21,23 @@ type Peer struct {
 	ID        string
 	Advertise string
 	Reachable bool
+	// Free is how many claims it would take without queueing, and
+	// Binaries the registry entries it spawns, as its last heartbeat said.
+	Free     int
+	Binaries []string
+}
+
+// Serves reports whether p spawns binary ("" is the default entry, which
+// every broker has).
+func (p Peer) Serves(binary string) bool {
+	return binary == "" || slices.Contains(p.Binaries, binary)
 }
 
 type peer struct {
 	advertise string
 	lastSeen  time.Time
+	free      int
+	binaries  []string
 }
 
 // twin is the last heartbeat heard with this broker's id from another
@@ -41,6 +53,8 @@ type heartbeat struct {
 	Free int `json:"free,omitempty"`
 	// Instance is random for each start of a broker.
 	Instance string `json:"instance"`
+	// Binaries are the registry entries the broker spawns.
+	Binaries []string `json:"binaries,omitempty"`
 }
 
 // liveAnswer is a broker answering for its id.
@@ -101,6 +115,9 @@ func (n *Node) beat(nc *nats.Conn) {
 		if n.free != nil {
 			hb.Free = n.free()
 		}
+		if n.binaries != nil {
+			hb.Binaries = n.binaries()
+		}
 		if data, err := n.stampBody(hb, time.Time{}); err == nil {
 			_ = n.publish(nc, forHeartbeat, n.prefix+"."+opHeartbeat, "", data) // fails while disconnected; failures count in ReconnectErrHandler
 		}
@@ -140,7 +157,7 @@ func (n *Node) heard(msg *nats.Msg) {
 		n.peers[e.From] = p
 		n.log.Info("cluster: peer joined", "peer", e.From, "advertise", hb.Advertise)
 	}
-	p.advertise, p.lastSeen = hb.Advertise, time.Now()
+	p.advertise, p.lastSeen, p.free, p.binaries = hb.Advertise, time.Now(), hb.Free, hb.Binaries
 	n.mu.Unlock()
 	if hb.Free > 0 && n.peerFree != nil {
 		n.peerFree(e.From)
@@ -185,13 +202,29 @@ func (n *Node) current(p *peer) bool {
 	return time.Since(p.lastSeen) < missedBeats*n.every && n.nc.Load() != nil && n.nc.Load().IsConnected()
 }
 
+func (n *Node) view(id string, p *peer) Peer {
+	return Peer{ID: id, Advertise: p.advertise, Reachable: n.current(p), Free: p.free, Binaries: p.binaries}
+}
+
+// Peer is broker id as its heartbeats show it; ok is false for a broker
+// never heard.
+func (n *Node) Peer(id string) (_ Peer, ok bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	p := n.peers[id]
+	if p == nil {
+		return Peer{}, false
+	}
+	return n.view(id, p), true
+}
+
 // Peers lists every broker heard from but this one, sorted by id.
 func (n *Node) Peers() []Peer {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	out := make([]Peer, 0, len(n.peers))
 	for id, p := range n.peers {
-		out = append(out, Peer{ID: id, Advertise: p.advertise, Reachable: n.current(p)})
+		out = append(out, n.view(id, p))
 	}
 	slices.SortFunc(out, func(a, b Peer) int { return strings.Compare(a.ID, b.ID) })
 	return out

@@ -364,3 +364,39 @@ func TestClusterRefusedSubscriptionRefusesTheBoot(t *testing.T) {
 		t.Fatalf("broker a with b's NATS permissions: exit %d, output:\n%s", code, out)
 	}
 }
+
+// TestClusterClaimGoesToAPeerThatSpawnsItsBinary: in a cluster where only
+// B has the entry "other", a claim for it on A (which has a free slot) is
+// spawned by B and answers through A, never a 400; with B full it is a
+// 503, never a 400; an entry no broker has stays A's 400 listing A's.
+func TestClusterClaimGoesToAPeerThatSpawnsItsBinary(t *testing.T) {
+	ns := startNATS(t, 0, nil)
+	join := func(id string) (string, []string) {
+		entries := fmt.Sprintf("binaries:\n  nexus:\n    path: %q\n", bin("nexus-echo"))
+		if id == "b" {
+			entries = fmt.Sprintf("max_concurrent: 1\n%s  other:\n    path: %q\n", entries, bin("nexus-echo"))
+		}
+		return entries + clusterYAML(id, ns.ClientURL()), nil
+	}
+	bs := startMembers(t, join, Options{NoNexusEntry: true}, "a", "b")
+	a, b := bs["a"], bs["b"]
+	eventually(t, 10*time.Second, func() string { return "A hearing B's binaries" }, func() bool {
+		st, _ := a.do("POST", "/claim", `{"config":"engine:\n  name: example\n","binary":"other"}`)
+		return st != 400
+	})
+	if n := len(b.Instances()); n != 1 {
+		t.Fatalf("B runs %d instances after the claim for its entry through A, want 1", n)
+	}
+	lease := b.leases().Leases[0].LeaseID
+	if got := say(t, dialVia(t, a, lease, brokerclient.DialOptions{}), "other"); got != "echo #1: other" {
+		t.Fatalf("B's lease through A: %q", got)
+	}
+	st, body := a.do("POST", "/claim", `{"config":"engine:\n  name: example\n","binary":"other"}`)
+	if st != 503 || !strings.Contains(body, `no broker that spawns binary \"other\" has a free slot`) {
+		t.Fatalf("a claim for B's entry with B full = %d %s, want 503", st, body)
+	}
+	st, body = a.do("POST", "/claim", `{"config":"engine:\n  name: example\n","binary":"nobody"}`)
+	if st != 400 || !strings.Contains(body, `unknown binary \"nobody\"; this broker spawns: nexus`) {
+		t.Fatalf("a claim for an entry no broker has = %d %s, want 400", st, body)
+	}
+}

@@ -96,7 +96,7 @@ func startMembers(t testing.TB, join member, o Options, ids ...string) map[strin
 	bs := map[string]*Broker{}
 	for _, id := range ids {
 		yaml, env := join(id)
-		bs[id] = startBroker(t, Options{YAML: yaml + o.YAML, StateDir: true, Advertise: true, Token: o.Token, BinDir: o.BinDir,
+		bs[id] = startBroker(t, Options{YAML: yaml + o.YAML, StateDir: true, Advertise: true, Token: o.Token, BinDir: o.BinDir, NoNexusEntry: o.NoNexusEntry,
 			GatewayEnv: append([]string{clusterSecretEnv + "=" + clusterSecret}, env...)})
 	}
 	for _, b := range bs {

@@ -185,6 +185,15 @@ func (g *Gateway) claimBody(r *http.Request, p auth.Principal, body []byte, slot
 	// A typo is a 400 that lists the entries, even on a resume of a bound
 	// session: only the 400 says what this broker has.
 	if requested != "" && !g.hasBinary(requested) {
+		// In cluster mode a peer that spawns it may take the claim.
+		if slot == slotAcquire && g.rt != nil {
+			if resp, cerr, ok := g.offerClaim(r.Context(), p, body); ok {
+				return resp, cerr
+			}
+			if g.peerServes(requested) {
+				return nil, refuse(http.StatusServiceUnavailable, "no_capacity", "no capacity: no broker that spawns binary %q has a free slot", requested)
+			}
+		}
 		return nil, refuse(http.StatusBadRequest, "rejected", "unknown binary %q; this broker spawns: %s", requested, strings.Join(g.binaryNames(), ", "))
 	}
 	session := strings.TrimSpace(req.SessionID)

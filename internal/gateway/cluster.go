@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -26,7 +27,7 @@ func (g *Gateway) joinCluster(brokerID string) error {
 		streams:  map[string]*carriedStream{},
 	}
 	n, err := cluster.New(cluster.Options{Config: g.boot.Cluster, BrokerID: brokerID, Advertise: g.boot.AdvertiseAddr, Log: g.log,
-		Free: g.cap.Free, PeerFree: rt.peerHasFree})
+		Free: g.cap.Free, PeerFree: rt.peerHasFree, Binaries: g.binaryNames})
 	if err != nil {
 		return err
 	}
@@ -109,17 +110,20 @@ func (g *Gateway) resumeTimeout() time.Duration {
 	return g.offerTimeout() + g.cfg.Load().QueueWaitTimeout.D()
 }
 
-// offerClaim offers a claim this full broker would queue to its reachable
-// peers, one at a time in random order, until one with a free slot spawns
-// it: each takes a slot only if one is free at that moment, so exactly one
-// broker spawns. ok is false when every peer declined (or none answered,
-// or the body is too large for one cluster message): the claim then queues
-// here as in single-broker mode.
+// offerClaim offers a claim this broker would queue (or whose binary it
+// does not have) to its reachable peers that spawn the claim's binary and
+// had a free slot at their last heartbeat, one at a time in random order,
+// until one with a free slot spawns it: each takes a slot only if one is
+// free at that moment, so exactly one broker spawns. ok is false when
+// every such peer declined (or none answered, or the body is too large for
+// one cluster message): the claim then queues here as in single-broker
+// mode.
 func (g *Gateway) offerClaim(ctx context.Context, p auth.Principal, body []byte) (*claimResponse, *claimError, bool) {
 	if !g.offerable(body) {
 		return nil, nil, false
 	}
-	peers := slices.DeleteFunc(g.rt.node.Peers(), func(p cluster.Peer) bool { return !p.Reachable })
+	binary := claimedBinary(body)
+	peers := slices.DeleteFunc(g.rt.node.Peers(), func(p cluster.Peer) bool { return !p.Reachable || p.Free <= 0 || !p.Serves(binary) })
 	rand.Shuffle(len(peers), func(i, j int) { peers[i], peers[j] = peers[j], peers[i] })
 	for _, peer := range peers {
 		if resp, cerr, ok := g.offerTo(ctx, peer.ID, p, body); ok {
@@ -142,9 +146,29 @@ func (g *Gateway) peerClaimed(peer string, a offerAnswer) (*claimResponse, *clai
 	return &resp, nil
 }
 
+// peerServes reports whether a reachable peer spawns binary.
+func (g *Gateway) peerServes(binary string) bool {
+	return slices.ContainsFunc(g.rt.node.Peers(), func(p cluster.Peer) bool { return p.Reachable && p.Serves(binary) })
+}
+
+// claimedBinary is the registry entry a claim body names, "" for the
+// default (or an unreadable body, which the claim's own parse refuses).
+func claimedBinary(body []byte) string {
+	var c struct {
+		Binary string `json:"binary"`
+	}
+	_ = json.Unmarshal(body, &c)
+	return strings.TrimSpace(c.Binary)
+}
+
 // offerTo offers a claim to one peer; ok is false when the peer declined
-// it (no free slot, or no spawner: 503) or did not answer.
+// it (no free slot, or no spawner: 503), did not answer, or does not spawn
+// the claim's binary (it would answer 400 for an entry another broker
+// has).
 func (g *Gateway) offerTo(ctx context.Context, peer string, p auth.Principal, body []byte) (*claimResponse, *claimError, bool) {
+	if view, ok := g.rt.node.Peer(peer); ok && !view.Serves(claimedBinary(body)) {
+		return nil, nil, false
+	}
 	var a offerAnswer
 	if err := g.rt.node.CallFor(ctx, g.offerTimeout(), peer, opClaim, offerCall{Principal: p, Claim: body}, &a); err != nil {
 		g.log.Warn("cluster: offering a claim to a peer failed", "peer", peer, "error", err)
