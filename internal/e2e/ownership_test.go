@@ -35,19 +35,20 @@ func ownedSession(t *testing.T, b *Broker) string {
 }
 
 // assertUnknownSession checks that bob's resumes of alice's session and of
-// an id nobody created get the same 404, spawn nothing, and are logged by
-// case without naming the owner.
-func assertUnknownSession(t *testing.T, b *Broker, session string) {
+// an id nobody created get the same 404, spawn nothing (instances counts
+// them), and are logged by case without naming the owner.
+func assertUnknownSession(t *testing.T, b *Broker, session string, instances func() int) {
 	t.Helper()
 	const want = `{"error":"unknown session"}` + "\n"
 	before := b.metrics()[`nexus_broker_claims_total{outcome="rejected"}`]
+	live := instances()
 	for _, id := range []string{session, "feedfacefeedface"} {
 		if code, body := b.resumeAs(tokBob, id); code != http.StatusNotFound || body != want {
 			t.Errorf("bob resuming %s = %d %q, want 404 %q", id, code, body, want)
 		}
 	}
-	if n := len(b.Instances()); n != 0 {
-		t.Errorf("%d instances after bob's refused resumes, want none spawned", n)
+	if n := instances(); n != live {
+		t.Errorf("%d instances after bob's refused resumes, %d before: want none spawned", n, live)
 	}
 	if got := b.metrics()[`nexus_broker_claims_total{outcome="rejected"}`] - before; got != 2 {
 		t.Errorf("claims_total{outcome=rejected} grew by %v, want 2", got)
@@ -67,7 +68,7 @@ func assertUnknownSession(t *testing.T, b *Broker, session string) {
 func TestCrossPrincipalResumeIsUnknown(t *testing.T) {
 	b := startAuthBroker(t, "", Options{StateDir: true})
 	session := ownedSession(t, b)
-	assertUnknownSession(t, b, session)
+	assertUnknownSession(t, b, session, func() int { return len(b.Instances()) })
 	if code, body := b.resumeAs(tokAlice, session); code != http.StatusOK {
 		t.Fatalf("alice resuming her own session = %d %s", code, body)
 	}

@@ -1,0 +1,266 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nexus-broker/nexus-broker/internal/echo"
+	"github.com/nexus-broker/nexus-broker/pkg/brokerclient"
+)
+
+// tenancyRange is this package's tenancy.uid_range (the lock on a range is
+// host-wide, so it differs from internal/spawnd's).
+const tenancyRange = "280000-280099"
+
+// tenantHost is a broker with tenancy: whose directories are outside /tmp
+// (which the sandbox hides): broker.yaml, state_dir and nexus-echo's copy
+// under one 0755 directory of /var/tmp, with homes_dir beside them.
+type tenantHost struct {
+	*Broker
+	root, echo, homes, world string
+}
+
+func startTenantHost(t *testing.T, sandbox string) *tenantHost {
+	t.Helper()
+	requireRoot(t)
+	root, err := os.MkdirTemp("/var/tmp", "nexus-e2e-tenancy-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(root) })
+	h := &tenantHost{root: root, echo: filepath.Join(root, "bin", "nexus-echo"), homes: filepath.Join(root, "homes"), world: filepath.Join(root, "world")}
+	for dir, mode := range map[string]os.FileMode{root: 0o755, filepath.Dir(h.echo): 0o755, h.world: 0o777, filepath.Join(root, "etc"): 0o700} {
+		if err := os.MkdirAll(dir, mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(dir, mode); err != nil {
+			t.Fatal(err)
+		}
+	}
+	copyFile(t, bin("nexus-echo"), h.echo, 0o755)
+	t.Cleanup(h.killInstances)
+	h.Broker = startBroker(t, Options{
+		Dir:          filepath.Join(root, "etc"),
+		StateDir:     true,
+		NoNexusEntry: true,
+		Token:        tokOps,
+		YAML: staticAuthYAML + fmt.Sprintf("binaries:\n  nexus:\n    path: %q\n    env: {%s: \"1\"}\ntenancy: {uid_range: %q, homes_dir: %q, sandbox: %s}\n",
+			h.echo, echo.EnvAllowRun, tenancyRange, h.homes, sandbox),
+	})
+	return h
+}
+
+func copyFile(t *testing.T, from, to string, mode os.FileMode) {
+	t.Helper()
+	src, err := os.Open(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	dst, err := os.OpenFile(to, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(dst, src); err != nil {
+		t.Fatal(err)
+	}
+	if err := dst.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// instances are the live processes of this host's nexus-echo copy.
+func (h *tenantHost) instances() []int {
+	return pidsWhere(func(pid int) bool {
+		exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+		return err == nil && exe == h.echo
+	})
+}
+
+// killInstances kills the process group of every instance a failed test
+// left (bwrap's, which leads it).
+func (h *tenantHost) killInstances() {
+	for _, pid := range h.instances() {
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		f := strings.Fields(string(data[bytes.LastIndexByte(data, ')')+1:]))
+		if pgid, err := strconv.Atoi(f[2]); err == nil && pgid > 1 {
+			_ = syscall.Kill(-pgid, syscall.SIGKILL)
+		}
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+}
+
+// tenant is one principal's claimed instance.
+type tenant struct {
+	claim *brokerclient.Claim
+	conn  *brokerclient.Conn
+	uid   int
+}
+
+func (h *tenantHost) claimAs(t *testing.T, token, session string) tenant {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c, err := h.as(token).Claim(ctx, brokerclient.ClaimRequest{Config: "engine:\n  name: example\n", SessionID: session})
+	if err != nil {
+		t.Fatalf("claim as %s: %v", token, err)
+	}
+	conn := h.dial(c, brokerclient.DialOptions{Token: token})
+	uid, err := strconv.Atoi(say(t, conn, "/run id -u"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tenant{c, conn, uid}
+}
+
+// hashOf is a file's content digest (a directory's: its files'), "" when
+// unreadable.
+func hashOf(path string) string {
+	sum := sha256.New()
+	err := filepath.WalkDir(path, func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		data, err := os.ReadFile(p)
+		fmt.Fprintf(sum, "%s %d\n", p, len(data))
+		sum.Write(data)
+		return err
+	})
+	if err != nil {
+		return ""
+	}
+	return fmt.Sprintf("%x", sum.Sum(nil))
+}
+
+// TestTenantCannotReachAnother: with tenancy: and sandbox: strict, bob's
+// instance (through nexus-echo's /run, standing in for an engine's shell
+// tool) can read, write or signal nothing of alice's, of spawnd's or of
+// the host's, and the host is checked as root to be unchanged; bob resuming
+// alice's session gets what an unknown id gets; alice keeps her uid across
+// claims and a kill -9 of spawnd.
+func TestTenantCannotReachAnother(t *testing.T) {
+	h := startTenantHost(t, "strict")
+	alice := h.claimAs(t, tokAlice, "")
+	session := alice.claim.SessionID
+	aliceHome := filepath.Join(h.homes, strconv.Itoa(alice.uid))
+	sessionFile := filepath.Join(aliceHome, ".nexus", "sessions", session)
+	stateDir := filepath.Join(h.root, "etc", "state")
+	say(t, alice.conn, "my secret is PINEAPPLE")
+
+	// The positive control: what bob will try to reach is there.
+	var st syscall.Stat_t
+	if err := syscall.Stat(aliceHome, &st); err != nil || int(st.Uid) != alice.uid || st.Mode&0o7777 != 0o700 {
+		t.Fatalf("alice's home %s: %v, uid %d mode %04o; want uid %d, 0700", aliceHome, err, st.Uid, st.Mode&0o7777, alice.uid)
+	}
+	if err := syscall.Stat(sessionFile, &st); err != nil || int(st.Uid) != alice.uid {
+		t.Fatalf("alice's session %s: %v, uid %d; want it of uid %d", sessionFile, err, st.Uid, alice.uid)
+	}
+	alicePids := h.instances()
+	if len(alicePids) != 1 {
+		t.Fatalf("%d instances, want alice's alone", len(alicePids))
+	}
+	before := map[string]string{}
+	configs, _ := filepath.Glob(filepath.Join(h.Tmp, "nexus-spawnd-*", alice.claim.LeaseID+".yaml"))
+	if len(configs) != 1 {
+		t.Fatalf("alice's temp config not found under %s", h.Tmp)
+	}
+	for _, p := range []string{sessionFile, filepath.Join(stateDir, "spawn-key"), configs[0]} {
+		if before[p] = hashOf(p); before[p] == "" {
+			t.Fatalf("%s is not readable as root", p)
+		}
+	}
+
+	bob := h.claimAs(t, tokBob, "")
+	if bob.uid == alice.uid || bob.uid < 280000 || bob.uid > 280099 {
+		t.Fatalf("bob runs as uid %d, alice as %d; want two uids of %s", bob.uid, alice.uid, tenancyRange)
+	}
+	if got := say(t, bob.conn, "/run id -G"); got != strconv.Itoa(bob.uid) {
+		t.Errorf("bob's groups are %q, want his own gid alone", got)
+	}
+	attacks := map[string]string{
+		"list alice's home":           "ls " + aliceHome,
+		"read alice's session":        "ls " + sessionFile,
+		"list spawnd's state_dir":     "ls " + stateDir,
+		"read the spawn-key":          "cat " + filepath.Join(stateDir, "spawn-key"),
+		"write a world-writable dir":  "echo bob > " + filepath.Join(h.world, "bob"),
+		"write the broker's config":   "echo bob >> " + h.ConfigPath,
+		"write alice's session":       "echo bob > " + filepath.Join(sessionFile, "bob"),
+		"read alice's temp config":    "cat " + configs[0],
+		"read alice's environ":        fmt.Sprintf("cat /proc/%d/environ", alicePids[0]),
+		"read alice's cmdline":        fmt.Sprintf("cat /proc/%d/cmdline", alicePids[0]),
+		"signal alice's instance":     fmt.Sprintf("kill -TERM %d", alicePids[0]),
+		"see another instance's argv": "cat /proc/*/cmdline | tr '\\0' ' ' | grep -c -- [" + alice.claim.LeaseID[:1] + "]" + alice.claim.LeaseID[1:],
+	}
+	for what, cmd := range attacks {
+		if got := say(t, bob.conn, "/run "+cmd); !strings.HasPrefix(got, "run failed") {
+			t.Errorf("%s (%s) from bob's instance answered %q, want a failure", what, cmd, got)
+		}
+	}
+	// /dev/shm and /tmp are bob's own: a write there reaches nothing of
+	// the host's.
+	for _, dir := range []string{"/dev/shm", "/tmp"} {
+		name := filepath.Join(dir, "nexus-e2e-bob-was-here")
+		if got := say(t, bob.conn, "/run echo bob > "+name+" && echo ok"); got != "ok" {
+			t.Errorf("bob's private %s is not writable: %q", dir, got)
+		}
+		if _, err := os.Lstat(name); err == nil {
+			_ = os.Remove(name)
+			t.Errorf("bob's write to his %s reached the host's %s", dir, name)
+		}
+	}
+
+	// As root: nothing changed.
+	for p, sum := range before {
+		if hashOf(p) != sum {
+			t.Errorf("%s changed under bob's attacks", p)
+		}
+	}
+	if ents, _ := os.ReadDir(h.world); len(ents) != 0 {
+		t.Errorf("the world-writable directory holds %v after bob's attacks", ents)
+	}
+	if err := syscall.Kill(alicePids[0], 0); err != nil {
+		t.Errorf("alice's instance %d is gone after bob's attacks: %v", alicePids[0], err)
+	}
+	if got := say(t, alice.conn, "still there?"); !strings.Contains(got, "still there?") {
+		t.Errorf("alice's instance answered %q after bob's attacks", got)
+	}
+
+	assertUnknownSession(t, h.Broker, session, func() int { return len(h.instances()) })
+
+	// Alice's own resume, after a kill -9 of spawnd: her uid, her session.
+	for token, id := range map[string]string{tokAlice: alice.claim.LeaseID, tokBob: bob.claim.LeaseID} {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err := h.as(token).Release(ctx, id)
+		cancel()
+		if err != nil {
+			t.Fatalf("release %s: %v", id, err)
+		}
+	}
+	followed := regexp.MustCompile(`msg="following nexus-spawnd's instance exits"`)
+	n := h.GatewayLog.count(followed)
+	h.KillSpawnd(syscall.SIGKILL)
+	h.StartSpawnd()
+	h.GatewayLog.wait(t, regexp.MustCompile(fmt.Sprintf(`(?s)(msg="following nexus-spawnd's instance exits".*){%d}`, n+1)), time.Minute)
+	again := h.claimAs(t, tokAlice, session)
+	if again.uid != alice.uid {
+		t.Errorf("after a kill -9 of nexus-spawnd alice runs as uid %d, before as %d", again.uid, alice.uid)
+	}
+	// Her fifth turn: the resumed session holds her four before.
+	if got := say(t, again.conn, "what did I say?"); !strings.HasPrefix(got, "echo #5: ") {
+		t.Errorf("alice's resume answered %q, want her own session's fifth turn", got)
+	}
+}
