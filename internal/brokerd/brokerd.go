@@ -226,6 +226,12 @@ func resolveConfig(path string, log *slog.Logger) (string, bool, error) {
 	// Private, and verified if it was there: in /tmp anyone could have
 	// created it first and swapped the config spawnd reads.
 	dir := devDir()
+	// Its parent's owner could rename it away and put its own in its
+	// place, whatever its mode says: an $XDG_RUNTIME_DIR of another uid's
+	// (a root make run under sudo -E) is refused as a planted one is.
+	if err := safedir.ParentOwned(filepath.Dir(dir)); err != nil && os.Getenv("XDG_RUNTIME_DIR") != "" {
+		return "", false, fmt.Errorf("development defaults directory: $XDG_RUNTIME_DIR: %w", err)
+	}
 	if err := safedir.Ensure(dir, 0o700); err != nil {
 		return "", false, fmt.Errorf("development defaults directory: %w", err)
 	}

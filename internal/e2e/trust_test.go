@@ -230,3 +230,24 @@ func TestAnotherUserCannotStopSpawndsLeases(t *testing.T) {
 		t.Fatalf("the lease is gone after another user's -stop: %d %s", code, body)
 	}
 }
+
+// TestDevDefaultsUnderAnotherUsersXDGRuntimeDirRefused: a root make run
+// with the $XDG_RUNTIME_DIR of another uid (sudo -E, say) refuses it,
+// naming it and its owner, as a pre-created directory under /tmp is
+// refused, and writes nothing in it: its owner could swap the config
+// spawnd reads.
+func TestDevDefaultsUnderAnotherUsersXDGRuntimeDirRefused(t *testing.T) {
+	requireRoot(t)
+	xdg := filepath.Join(sockdir.New(t, "nxu"), "user")
+	if err := os.Mkdir(xdg, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(xdg, nobody, nobody); err != nil { // /run/user/<uid> of another user
+		t.Fatal(err)
+	}
+	code, out := runToExit(t, []string{"XDG_RUNTIME_DIR=" + xdg}, "nexus-broker")
+	refused(t, "another uid's XDG_RUNTIME_DIR", code, out, "$XDG_RUNTIME_DIR: "+xdg, fmt.Sprintf("owned by uid %d with mode 0700", nobody))
+	if left, _ := os.ReadDir(xdg); len(left) != 0 {
+		t.Errorf("the gateway created %s in another uid's XDG_RUNTIME_DIR", left[0].Name())
+	}
+}

@@ -46,6 +46,21 @@ func Ensure(path string, perm os.FileMode) error {
 // Private creates path (and parents) with mode perm, or takes the one there
 // if it is this euid's and no symlink, setting its mode to perm. It returns
 // the mode found when that let in more than perm, else 0.
+// ParentOwned refuses a directory (symlinks followed) that another uid
+// owns: its owner can rename what this process creates in it and put its
+// own in its place, whatever the mode of what was created.
+func ParentOwned(path string) error {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return &fs.PathError{Op: "stat", Path: path, Err: err}
+	}
+	if uid := os.Geteuid(); int(st.Uid) != uid {
+		return fmt.Errorf("%s is owned by uid %d with mode %04o; want owner uid %d: refusing to use it (%w: its owner can replace what is created in it); "+
+			"unset it, or use one this user owns", path, st.Uid, st.Mode&0o7777, uid, ErrNotOwned)
+	}
+	return nil
+}
+
 func Private(path string, perm os.FileMode) (loose os.FileMode, err error) {
 	if err := os.MkdirAll(path, perm); err != nil {
 		return 0, err
