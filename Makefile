@@ -16,7 +16,9 @@ build:
 
 # Starts nexus-broker with its embedded development defaults (nexus-spawnd is
 # launched for you, nexus-echo is the nexus entry) unless ./broker.yaml exists.
-run: build
+run:
+	@test -x $(BIN)/nexus-broker || echo "make run: building nexus-broker, nexus-spawnd and nexus-echo first; on a cold Go build cache this takes about two minutes, later builds seconds"
+	@$(MAKE) --no-print-directory build
 	$(BIN)/nexus-broker
 
 # Releases every lease of the nexus-spawnd `make run` uses (./broker.yaml's

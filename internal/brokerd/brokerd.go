@@ -145,7 +145,7 @@ func Run(o Options) error {
 			return bootlog.Wrap(bootlog.HTTPGateway, err)
 		case <-ctx.Done():
 			// Upstream's lines; ours adds that the instances stay.
-			log.Info("shutdown signal received, draining", "instances", "keep running for the next gateway to reattach", "release_them_with", "nexus-broker -stop -config "+path)
+			log.Info("shutdown signal received, draining", "instances", "keep running for the next gateway to reattach", "release_them_with", releaseHint(dev, path))
 			g.Shutdown()
 			sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
 			defer cancel()
@@ -156,6 +156,15 @@ func Run(o Options) error {
 			return nil
 		}
 	}
+}
+
+// releaseHint is how to release what Ctrl-C leaves running: make stop on
+// make run's development defaults, else -stop with the file.
+func releaseHint(dev bool, path string) string {
+	if dev {
+		return "make stop (bin/nexus-broker -stop)"
+	}
+	return "nexus-broker -stop -config " + path
 }
 
 // bootSummary is what is in force, for the one boot line that says so: the

@@ -53,3 +53,14 @@ func dropTime(_ []string, a slog.Attr) slog.Attr {
 	}
 	return a
 }
+
+// TestReleaseHint: Ctrl-C of make run names make stop; of a gateway on a
+// file of its own, -stop with that file.
+func TestReleaseHint(t *testing.T) {
+	if got := releaseHint(true, "/run/user/0/nexus-broker-dev/broker.yaml"); got != "make stop (bin/nexus-broker -stop)" {
+		t.Errorf("development defaults: %q", got)
+	}
+	if got := releaseHint(false, "/etc/nexus-broker/broker.yaml"); got != "nexus-broker -stop -config /etc/nexus-broker/broker.yaml" {
+		t.Errorf("a config file: %q", got)
+	}
+}
