@@ -19,6 +19,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"github.com/nexus-broker/nexus-broker/internal/logbound"
 	"log/slog"
 	"net/http"
 	"sort"
@@ -61,6 +62,9 @@ type Options struct {
 // serve Handler, and Shutdown when done.
 type Gateway struct {
 	log *slog.Logger
+	// quiet writes the lines a peer can make repeat per frame or request
+	// (drops, refusals), bounded per subject and message (logbound).
+	quiet *logbound.Limiter
 	spawndLink
 	settings
 	cap *capacity.Slots[queuedOffer]
@@ -148,6 +152,7 @@ func New(o Options) *Gateway {
 	ctx, cancel := context.WithCancel(context.Background())
 	g := &Gateway{
 		log:        o.Logger,
+		quiet:      logbound.New(o.Logger, logbound.Window),
 		spawndLink: spawndLink{sp: o.Spawner, ready: o.Ready, journal: o.Journal, listenPort: uint32(o.ListenPort)},
 		settings:   settings{boot: o.Config},
 		cap:        capacity.New[queuedOffer](o.Config.MaxConcurrent, o.Config.MaxQueueDepth, o.Config.QueueWaitTimeout.D()),

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"net/http"
+	"strings"
 
 	"github.com/nexus-broker/nexus-broker/internal/auth"
 	"github.com/nexus-broker/nexus-broker/internal/gateway/internal/capacity"
@@ -98,6 +99,12 @@ func auditAttrs(r *http.Request, principal string) []any {
 	return attrs
 }
 
+// auditKey is the subject an audit record is bounded by (logbound): one
+// peer, as one principal, on one route, refused for one reason.
+func auditKey(r *http.Request, principal, reason string) string {
+	return strings.Join([]string{peerHost(r.RemoteAddr), principal, r.Pattern, reason}, " ")
+}
+
 // refuse answers an authentication refusal and audits it, naming p when
 // it is known (a caller without the admin scope).
 func (g *Gateway) refuse(w http.ResponseWriter, r *http.Request, p auth.Principal, ref *auth.Refusal) {
@@ -108,7 +115,7 @@ func (g *Gateway) refuse(w http.ResponseWriter, r *http.Request, p auth.Principa
 // denied writes an "auth denied" record: reason is what the caller was
 // told, denial why.
 func (g *Gateway) denied(r *http.Request, principal string, status int, reason, denial string) {
-	g.log.Warn("auth denied", append(auditAttrs(r, principal), "reason", reason, "status", status, "denial", denial, "peer", r.RemoteAddr)...)
+	g.quiet.Warn(auditKey(r, principal, denial), "auth denied", append(auditAttrs(r, principal), "reason", reason, "status", status, "denial", denial, "peer", r.RemoteAddr)...)
 }
 
 // leaseDenied writes a "lease access denied" record.
@@ -117,12 +124,12 @@ func (g *Gateway) leaseDenied(r *http.Request, p auth.Principal, id string) {
 	if r.PathValue("lease_id") == "" {
 		attrs = append(attrs, "lease_id", id)
 	}
-	g.log.Warn("lease access denied", append(attrs, "reason", "unknown lease or not owned by this principal", "peer", r.RemoteAddr)...)
+	g.quiet.Warn(auditKey(r, p.ID, ""), "lease access denied", append(attrs, "reason", "unknown lease or not owned by this principal", "peer", r.RemoteAddr)...)
 }
 
 // audit writes a "request refused" record.
 func (g *Gateway) audit(r *http.Request, p auth.Principal, status int, reason string) {
-	g.log.Warn("request refused", append(auditAttrs(r, p.ID), "status", status, "reason", reason, "peer", r.RemoteAddr)...)
+	g.quiet.Warn(auditKey(r, p.ID, reason), "request refused", append(auditAttrs(r, p.ID), "status", status, "reason", reason, "peer", r.RemoteAddr)...)
 }
 
 // guarded wraps a handler in authentication.

@@ -75,16 +75,16 @@ func (g *Gateway) serveInstance(conn *websocket.Conn, remote string) {
 	_, data, err := conn.ReadMessage()
 	if err != nil {
 		ws.CloseNow(websocket.ClosePolicyViolation, "no register frame")
-		g.log.Warn("instance closed before register frame", "remote", remote, "error", err)
+		g.quiet.Warn(peerHost(remote), "instance closed before register frame", "remote", remote, "error", err)
 		return
 	}
 	f, refuse, err := registerOf(data)
 	if refuse != "" {
 		ws.CloseNow(websocket.ClosePolicyViolation, refuse)
 		if err != nil {
-			g.log.Warn("instance sent undecodable first frame", "remote", remote, "error", err)
+			g.quiet.Warn(peerHost(remote), "instance sent undecodable first frame", "remote", remote, "error", err)
 		} else {
-			g.log.Warn("instance first frame was not register", "remote", remote, "signal", f.Signal)
+			g.quiet.Warn(peerHost(remote), "instance first frame was not register", "remote", remote, "signal", f.Signal)
 		}
 		return
 	}
@@ -159,6 +159,15 @@ func registerOf(data []byte) (f brokerframe.Frame, refuse string, err error) {
 	return f, "", nil
 }
 
+// peerHost is a remote address without its port: the subject of the lines
+// logbound bounds per peer.
+func peerHost(remote string) string {
+	if host, _, err := net.SplitHostPort(remote); err == nil {
+		return host
+	}
+	return remote
+}
+
 // refusal names why a registration was refused, for the log only.
 type refusal int
 
@@ -203,27 +212,27 @@ func (g *Gateway) admitInstance(ctx context.Context, f brokerframe.Frame) (*leas
 func (g *Gateway) logRefusal(f brokerframe.Frame, why refusal, remote string) {
 	switch why {
 	case refusedVersionSkew:
-		g.log.Warn("rejecting instance registration: its register frame declares a broker frame "+
+		g.quiet.Warn(f.LeaseID, "rejecting instance registration: its register frame declares a broker frame "+
 			"schema version this broker does not speak. The binary the binaries registry entry for "+
 			"this lease points at is a different build from this broker: upgrade whichever is older "+
 			"so both speak the same version",
 			"lease_id", f.LeaseID, "instance_frame_version", f.Version, "broker_frame_version", brokerframe.Version, "remote", remote,
 			"error", fmt.Sprintf("register frame schema version does not match this broker: instance sent version %d, this broker speaks version %d", f.Version, brokerframe.Version))
 	case refusedNoSecret:
-		g.log.Warn("rejecting instance registration: its register frame carried NO spawn secret, "+
+		g.quiet.Warn(f.LeaseID, "rejecting instance registration: its register frame carried NO spawn secret, "+
 			"and this broker requires one for every registration — with or without an auth block. "+
 			"The most likely cause is that the instance binary the binaries registry entry points at "+
 			"predates the spawn-secret protocol: upgrade it. Removing the auth block no longer makes "+
 			"this work", "lease_id", f.LeaseID, "remote", remote, "error", "register frame carried no spawn secret")
 	case refusedWrongSecret:
-		g.log.Warn("rejecting instance registration: its register frame carried the WRONG spawn secret. "+
+		g.quiet.Warn(f.LeaseID, "rejecting instance registration: its register frame carried the WRONG spawn secret. "+
 			"This broker did not spawn the process that dialed back", "lease_id", f.LeaseID, "remote", remote,
 			"error", "register frame spawn secret does not match")
 	case refusedSpawndUnavailable:
-		g.log.Warn("rejecting instance registration", "lease_id", f.LeaseID, "remote", remote,
+		g.quiet.Warn(f.LeaseID, "rejecting instance registration", "lease_id", f.LeaseID, "remote", remote,
 			"error", "nexus-spawnd could not be asked to verify the spawn secret; the instance will redial")
 	default:
-		g.log.Warn("rejecting instance registration", "lease_id", f.LeaseID, "remote", remote,
+		g.quiet.Warn(f.LeaseID, "rejecting instance registration", "lease_id", f.LeaseID, "remote", remote,
 			"error", "unknown lease: no live lease has this id (released, reaped, or never minted by this broker)")
 	}
 }
@@ -277,7 +286,7 @@ func (ic *instanceConn) readPump(l *lease) {
 			// Upstream's words for a client that stopped draining; here the
 			// frames lost are the oldest its cursor had not reached.
 			g.m.framesDropped.add("client_buffer_full", uint64(lost))
-			g.log.Warn("peer send buffer full, dropping frame", "lease_id", l.id, "signal", f.Signal, "frames", lost)
+			g.quiet.Warn(l.id, "peer send buffer full, dropping frame", "lease_id", l.id, "signal", f.Signal, "frames", lost)
 		}
 		// Recorded in the step that reads the observer: a conversation
 		// adopting this lease sees either this state or this payload.
@@ -301,12 +310,12 @@ func (ic *instanceConn) readPump(l *lease) {
 // drops, in upstream's words: the count alone does not say which lease.
 func (l *lease) dropUndecodable(err error) {
 	l.g.m.framesDropped.inc("undecodable")
-	l.g.log.Warn("dropping undecodable frame", "lease_id", l.id, "error", err)
+	l.g.quiet.Warn(l.id, "dropping undecodable frame", "lease_id", l.id, "error", err)
 }
 
 func (l *lease) dropMismatched(frameLease string) {
 	l.g.m.framesDropped.inc("lease_mismatch")
-	l.g.log.Warn("dropping frame with mismatched lease", "bound_lease", l.id, "frame_lease", frameLease)
+	l.g.quiet.Warn(l.id, "dropping frame with mismatched lease", "bound_lease", l.id, "frame_lease", frameLease)
 }
 
 var statusType = []byte(`"status"`)
@@ -366,7 +375,7 @@ func (l *lease) instanceWriteFailed(lost int, err error) {
 		return
 	}
 	l.g.m.framesDropped.add("no_instance", uint64(lost))
-	l.g.log.Warn("client frames were lost: the instance socket failed while they were being written", "lease_id", l.id, "frames", lost, "error", err)
+	l.g.quiet.Warn(l.id, "client frames were lost: the instance socket failed while they were being written", "lease_id", l.id, "frames", lost, "error", err)
 }
 
 // attachInstance makes ic the lease's instance connection and delivers the
