@@ -66,7 +66,7 @@ func CheckSend(req *SendRequest) (string, *Error) {
 			return "", bad
 		}
 		if len(c.PushConfig) > 0 && string(c.PushConfig) != "null" {
-			return "", ErrPushNotSupported.With("this broker does not deliver push notifications; the agent card declares capabilities.pushNotifications as false")
+			return "", NoPush("")
 		}
 		if modes := c.AcceptedOutputModes; len(modes) > 0 && !acceptsText(modes) {
 			return "", ErrContentType.With("this agent produces %s; the request accepts only %s", TextModes[0], strings.Join(modes, ", "))

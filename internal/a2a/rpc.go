@@ -11,9 +11,11 @@ const (
 	errorInfoType  = "type.googleapis.com/google.rpc.ErrorInfo"
 	badRequestType = "type.googleapis.com/google.rpc.BadRequest"
 	a2aDomain      = "a2a-protocol.org"
-	// notImplemented is the detail the push-notification operations and
-	// GetExtendedAgentCard carry with their UnsupportedOperationError.
+	// notImplemented is the detail GetExtendedAgentCard carries with its
+	// UnsupportedOperationError.
 	notImplemented = "OPERATION_NOT_IMPLEMENTED"
+	// textNoPush is why a push-notification request is refused.
+	textNoPush = "this broker does not deliver push notifications; the agent card declares capabilities.pushNotifications as false"
 )
 
 // ErrorDetails renders an error's google.rpc details: its ErrorInfo, with
@@ -30,13 +32,22 @@ func ErrorDetails(e *Error) []map[string]any {
 	return []map[string]any{d}
 }
 
-// Unimplemented is the answer of every operation this ingress does not
-// offer (push notifications, the extended card), in upstream's words: its
-// ErrorInfo names the operation, and its detail says not yet rather than
-// never.
+// Unimplemented is the answer of an operation this ingress does not offer
+// (the extended card), in upstream's words: its ErrorInfo names the
+// operation, and its detail says not yet rather than never.
 func Unimplemented(op string) *Error {
 	return ErrUnsupportedOp.With("operation %q is not yet implemented by this broker's A2A ingress", op).
 		WithMeta("operation", op, "detail", notImplemented)
+}
+
+// NoPush is the answer of a push-notification operation (op) or of a send
+// asking for push notifications (op ""): PushNotificationNotSupportedError,
+// which a client's errors.Is recognises, since the card declares no push.
+func NoPush(op string) *Error {
+	if op == "" {
+		return ErrPushNotSupported.With(textNoPush)
+	}
+	return ErrPushNotSupported.With("operation %q refused: %s", op, textNoPush).WithMeta("operation", op)
 }
 
 // RPCRequest is a JSON-RPC 2.0 request's envelope.

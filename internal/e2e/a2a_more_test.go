@@ -57,7 +57,7 @@ func TestA2AProtocolErrors(t *testing.T) {
 	}{
 		{"other A2A-Version", "GetTask", `{"id":"x"}`, []string{"A2A-Version", "0.3"}, -32009, false},
 		{"unknown method", "message/send", send, nil, -32601, false},
-		{"push notification config", "CreateTaskPushNotificationConfig", `{"taskId":"x"}`, nil, -32004, true},
+		{"push notification config", "CreateTaskPushNotificationConfig", `{"taskId":"x"}`, nil, -32003, false},
 		{"extended card", "GetExtendedAgentCard", `{}`, nil, -32004, true},
 		{"non-text part", "SendMessage", `{"message":{"messageId":"m1","role":"ROLE_USER","parts":[{"url":"https://example.com/a.png"}]}}`, nil, -32005, false},
 		{"unknown task", "GetTask", `{"id":"nope"}`, nil, -32001, false},
@@ -79,8 +79,8 @@ func TestA2AProtocolErrors(t *testing.T) {
 		}
 	}
 	code, text := b.doAs(b.Token, "DELETE", "/agents/support/a2a/v1/tasks/x/pushNotificationConfigs/c", "")
-	if code != 400 || !strings.Contains(text, `"message":"operation \"DeleteTaskPushNotificationConfig\" is not yet implemented by this broker's A2A ingress"`) ||
-		!strings.Contains(text, `"metadata":{"detail":"OPERATION_NOT_IMPLEMENTED","operation":"DeleteTaskPushNotificationConfig"}`) {
+	if code != 400 || !strings.Contains(text, `"message":"operation \"DeleteTaskPushNotificationConfig\" refused: this broker does not deliver push notifications`) ||
+		!strings.Contains(text, `"reason":"PUSH_NOTIFICATION_NOT_SUPPORTED"`) || !strings.Contains(text, `"metadata":{"operation":"DeleteTaskPushNotificationConfig"}`) {
 		t.Errorf("HTTP+JSON push config delete: %d %s", code, text)
 	}
 	// Refusals of a request's fields in upstream's words: InvalidParams

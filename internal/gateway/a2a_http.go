@@ -2,8 +2,10 @@ package gateway
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/nexus-broker/nexus-broker/internal/a2a"
 )
@@ -44,6 +46,9 @@ const restRoot = "/agents/{name}/a2a/v1/{rest...}"
 func (in *ingress) routes(mux *http.ServeMux) {
 	mux.HandleFunc(restRoot, in.restUnmatched)
 	mux.HandleFunc("GET /agents/{name}/.well-known/agent-card.json", in.handleCard)
+	mux.HandleFunc("GET /agents/{name}", in.redirectCard)
+	mux.HandleFunc("GET /agents/{name}/{$}", in.redirectCard)
+	mux.HandleFunc("GET /agents/.well-known/agent-card.json", in.handleSoleCard)
 	mux.HandleFunc("POST /agents/{name}/a2a", in.clustered(in.handleJSONRPC))
 	mux.HandleFunc("POST /agents/{name}/a2a/v1/message:send", in.clustered(in.restSend))
 	mux.HandleFunc("POST /agents/{name}/a2a/v1/message:stream", in.clustered(in.restStream))
@@ -115,6 +120,32 @@ func (in *ingress) handleCard(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	_, _ = w.Write(p.Card)
+}
+
+// redirectCard sends a profile's URL, with or without its trailing slash,
+// to the profile's card.
+func (in *ingress) redirectCard(w http.ResponseWriter, r *http.Request) {
+	if _, _, ok := in.caller(w, r, cardRoute); ok {
+		http.Redirect(w, r, "/agents/"+r.PathValue("name")+"/.well-known/agent-card.json", http.StatusPermanentRedirect)
+	}
+}
+
+// handleSoleCard is where a client resolving the well-known name against a
+// profile URL without its trailing slash looks (/agents/support resolves
+// to /agents/.well-known/agent-card.json, as the JS SDK's createFromUrl
+// does): the card when one profile is mounted. With several, that request
+// cannot say which, so the 404 names them and the URL form that works.
+func (in *ingress) handleSoleCard(w http.ResponseWriter, r *http.Request) {
+	names := in.profiles.Load().Names()
+	if len(names) != 1 {
+		if _, ok := in.g.Authenticate(w, r); ok {
+			writeError(w, http.StatusNotFound, fmt.Sprintf("%s: this broker mounts %d agent profiles (%s); resolve the card against a profile URL with its trailing slash, /agents/<name>/",
+				errUnknownProfile, len(names), strings.Join(names, ", ")))
+		}
+		return
+	}
+	r.SetPathValue("name", names[0])
+	in.handleCard(w, r)
 }
 
 // send starts (or answers) a task. With stream the returned stream carries

@@ -173,7 +173,7 @@ func (in *ingress) handleJSONRPC(w http.ResponseWriter, r *http.Request) {
 		fail(a2a.Unimplemented(req.Method))
 	default:
 		if pushMethods[req.Method] {
-			fail(a2a.Unimplemented(req.Method))
+			fail(a2a.NoPush(req.Method))
 			return
 		}
 		fail(a2a.ErrMethodNotFound.With("unknown A2A operation %q", req.Method))
@@ -416,7 +416,7 @@ func (in *ingress) restPush(w http.ResponseWriter, r *http.Request) {
 	case r.Method == http.MethodGet:
 		op = "ListTaskPushNotificationConfigs"
 	}
-	writeRESTError(w, a2a.Unimplemented(op))
+	writeRESTError(w, a2a.NoPush(op))
 }
 
 func (in *ingress) restExtendedCard(w http.ResponseWriter, r *http.Request) {
