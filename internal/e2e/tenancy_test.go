@@ -31,9 +31,11 @@ type tenantHost struct {
 	root, echo, homes, world string
 }
 
-func startTenantHost(t *testing.T, sandbox string) *tenantHost {
+func startTenantHost(t testing.TB, sandbox, uidRange string) *tenantHost {
 	t.Helper()
-	requireRoot(t)
+	if os.Getuid() != 0 {
+		t.Skip("tenancy needs a root nexus-spawnd; CI runs as root")
+	}
 	root, err := os.MkdirTemp("/var/tmp", "nexus-e2e-tenancy-")
 	if err != nil {
 		t.Fatal(err)
@@ -56,12 +58,12 @@ func startTenantHost(t *testing.T, sandbox string) *tenantHost {
 		NoNexusEntry: true,
 		Token:        tokOps,
 		YAML: staticAuthYAML + fmt.Sprintf("binaries:\n  nexus:\n    path: %q\n    env: {%s: \"1\"}\ntenancy: {uid_range: %q, homes_dir: %q, sandbox: %s}\n",
-			h.echo, echo.EnvAllowRun, tenancyRange, h.homes, sandbox),
+			h.echo, echo.EnvAllowRun, uidRange, h.homes, sandbox),
 	})
 	return h
 }
 
-func copyFile(t *testing.T, from, to string, mode os.FileMode) {
+func copyFile(t testing.TB, from, to string, mode os.FileMode) {
 	t.Helper()
 	src, err := os.Open(from)
 	if err != nil {
@@ -153,7 +155,7 @@ func hashOf(path string) string {
 // alice's session gets what an unknown id gets; alice keeps her uid across
 // claims and a kill -9 of spawnd.
 func TestTenantCannotReachAnother(t *testing.T) {
-	h := startTenantHost(t, "strict")
+	h := startTenantHost(t, "strict", tenancyRange)
 	alice := h.claimAs(t, tokAlice, "")
 	session := alice.claim.SessionID
 	aliceHome := filepath.Join(h.homes, strconv.Itoa(alice.uid))
