@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"path/filepath"
 	"regexp"
 	"syscall"
 	"testing"
@@ -32,5 +33,21 @@ func TestAGatewaySIGTERMSaysTheLeaseLivesOn(t *testing.T) {
 	from := conn.LastSeq
 	if got := say(t, b.dial(claim, brokerclient.DialOptions{FromSeq: &from}), "back"); got == "" {
 		t.Fatal("no answer after reconnecting")
+	}
+}
+
+// TestASpawndKilledHoldingNoLeaseLeavesNoTempDir: the empty temp-config
+// directory a spawnd killed with -9 leaves is removed by the next one.
+func TestASpawndKilledHoldingNoLeaseLeavesNoTempDir(t *testing.T) {
+	b := startBroker(t, Options{StateDir: true})
+	b.KillSpawnd(syscall.SIGKILL)
+	before, _ := filepath.Glob(filepath.Join(b.Tmp, "nexus-spawnd-*"))
+	if len(before) != 1 {
+		t.Fatalf("temp directories after kill -9: %v", before)
+	}
+	b.StartSpawnd()
+	after, _ := filepath.Glob(filepath.Join(b.Tmp, "nexus-spawnd-*"))
+	if len(after) != 1 || after[0] == before[0] {
+		t.Fatalf("temp directories: %v before the restart, %v after; want only the new spawnd's", before, after)
 	}
 }

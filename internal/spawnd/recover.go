@@ -208,14 +208,14 @@ func journaledConfig(rec leaseRecord) string {
 }
 
 // removeConfig removes a gone instance's temp config, and then its
-// directory if empty and not ours (a predecessor killed with -9 left it).
+// directory if left empty by a predecessor killed with -9 (removeStaleDir).
 func (d *Daemon) removeConfig(path string) {
 	if path == "" {
 		return
 	}
 	_ = os.Remove(path)
 	if dir := filepath.Dir(path); dir != d.configDir {
-		_ = os.Remove(dir) // fails unless empty
+		removeStaleDir(dir)
 	}
 }
 

@@ -221,6 +221,10 @@ func TestRecoveryProvesIdentity(t *testing.T) {
 	if err := os.WriteFile(oldConfig, []byte("core: {}\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// Its spawnd, killed with -9, left its lock free.
+	if err := os.WriteFile(filepath.Join(oldConfigDir, configLockFile), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	// Linux never hands out a pid at or above pid_max, whose ceiling is 2^22.
 	const impossiblePID = 1<<22 + 1
 	ours := func(id string, pid int, start uint64, boot string) leaseRecord {
@@ -289,4 +293,65 @@ func TestRecoveryProvesIdentity(t *testing.T) {
 		t.Errorf("journal after the next boot = %q, want only the foreign line", raw)
 	}
 	untouched(t, pid)
+}
+
+// TestAStartingSpawndRemovesOnlyDeadEmptyConfigDirs: a temp-config
+// directory a spawnd killed with -9 left (its lock free, nothing but the
+// lock and empty logs in it) is removed by the next spawnd to start; a live
+// spawnd's, one holding a config, one without a lock, a symlink, and one
+// another uid planted are not.
+func TestAStartingSpawndRemovesOnlyDeadEmptyConfigDirs(t *testing.T) {
+	root := worldDir(t)
+	t.Setenv("TMPDIR", root)
+	live := newHarness(t, defaultYAML)
+	plant := func(name string, files ...string) string {
+		dir := filepath.Join(root, configDirPrefix+name)
+		if err := os.MkdirAll(filepath.Join(dir, "logs"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range files {
+			if err := os.WriteFile(filepath.Join(dir, f), nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return dir
+	}
+	dead := plant("dead", configLockFile)
+	full := plant("full", configLockFile, "lease-x.yaml")
+	nolock := plant("nolock")
+	target := filepath.Join(t.TempDir(), "target")
+	if err := os.Mkdir(target, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(target, configLockFile), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(root, configDirPrefix+"link")
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+	// The attacker's, planted as uid 65534.
+	other := filepath.Join(root, configDirPrefix+"other")
+	if out, err := exec.Command("setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
+		"sh", "-c", `mkdir "$1" && : > "$1/`+configLockFile+`"`, "sh", other).CombinedOutput(); err != nil {
+		t.Fatalf("planting as uid 65534: %v %s", err, out)
+	}
+
+	next := newHarness(t, defaultYAML)
+	if _, err := os.Stat(dead); !os.IsNotExist(err) {
+		t.Errorf("the dead spawnd's empty directory was not removed: %v", err)
+	}
+	for _, dir := range []string{live.d.configDir, next.d.configDir, full, nolock, link, target, other} {
+		if _, err := os.Lstat(dir); err != nil {
+			t.Errorf("%s was removed: %v", dir, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(target, configLockFile)); err != nil {
+		t.Errorf("the symlink's target lost its lock: %v", err)
+	}
+	liveDir := live.d.configDir
+	live.stop()
+	if _, err := os.Stat(liveDir); !os.IsNotExist(err) {
+		t.Errorf("a spawnd's own directory outlived its Close: %v", err)
+	}
 }

@@ -114,21 +114,27 @@ func tempRoot() string {
 // tempRoot, 0711, for temp configs (a run_as instance opens its own by exact
 // name but cannot list the others; state_dir would not let it in), and
 // <state_dir>/logs (0700; without a state_dir, logs in the temp directory).
-func makeWorkDirs(stateDir string) (configDir, logDir string, err error) {
+// The first holds its lock (configdir.go), returned open.
+func makeWorkDirs(stateDir string) (configDir, logDir string, lock *os.File, err error) {
 	configDir, err = os.MkdirTemp(tempRoot(), configDirPrefix)
 	if err == nil {
 		err = os.Chmod(configDir, 0o711)
 	}
 	if err != nil {
-		return "", "", fmt.Errorf("creating nexus-spawnd's temp directory: %w; check TMPDIR", err)
+		return "", "", nil, fmt.Errorf("creating nexus-spawnd's temp directory: %w; check TMPDIR", err)
+	}
+	if lock, err = lockConfigDir(configDir); err != nil {
+		_ = os.RemoveAll(configDir)
+		return "", "", nil, err
 	}
 	logDir = filepath.Join(configDir, "logs")
 	if stateDir != "" {
 		logDir = filepath.Join(stateDir, "logs")
 	}
 	if err := os.MkdirAll(logDir, 0o700); err != nil {
+		_ = lock.Close()
 		_ = os.RemoveAll(configDir)
-		return "", "", fmt.Errorf("creating the instance log directory: %w", err)
+		return "", "", nil, fmt.Errorf("creating the instance log directory: %w", err)
 	}
-	return configDir, logDir, nil
+	return configDir, logDir, lock, nil
 }

@@ -144,12 +144,13 @@ type Daemon struct {
 	cfgPath    string
 	key        []byte // spawn-key: the HMAC key every spawn secret derives from
 	brokerID   string
-	bootID     string // this boot's /proc/sys/kernel/random/boot_id
-	advertise  string // advertise_addr, journaled with each lease
-	listenAddr string // listen_addr at boot, what NEXUS_BROKER_ADDR is built from
-	privileged bool   // holds CAP_SETUID and CAP_SETGID, so run_as can work
-	configDir  string // temp configs; 0711 so a run_as instance can open its own
-	logDir     string // one stdout/stderr file per lease
+	bootID     string   // this boot's /proc/sys/kernel/random/boot_id
+	advertise  string   // advertise_addr, journaled with each lease
+	listenAddr string   // listen_addr at boot, what NEXUS_BROKER_ADDR is built from
+	privileged bool     // holds CAP_SETUID and CAP_SETGID, so run_as can work
+	configDir  string   // temp configs; 0711 so a run_as instance can open its own
+	configLock *os.File // configDir's lock, held for the Daemon's life
+	logDir     string   // one stdout/stderr file per lease
 	// cgroups holds one cgroup v2 per lease (cgroup.go); nil where there
 	// is no delegated tree, and instances are contained by process group.
 	cgroups *cgroupTree
@@ -263,7 +264,8 @@ func New(cfgPath string, cfg *core.Config, log *slog.Logger) (_ *Daemon, err err
 	if d.exits, err = newExitWatch(d.stopR); err != nil {
 		return nil, err
 	}
-	if d.configDir, d.logDir, err = makeWorkDirs(stateDir); err != nil {
+	sweepConfigDirs(tempRoot())
+	if d.configDir, d.logDir, d.configLock, err = makeWorkDirs(stateDir); err != nil {
 		return nil, err
 	}
 	var adopted []*lease
@@ -317,7 +319,8 @@ func (d *Daemon) release() {
 		// Each succeeds only if empty: a live instance may still read its
 		// config, and instance output is kept for the operator.
 		_ = os.Remove(d.logDir)
-		_ = os.Remove(d.configDir)
+		_ = d.configLock.Close()
+		removeStaleDir(d.configDir)
 	}
 	if d.stateLock != nil {
 		_ = d.stateLock.Close()
