@@ -31,10 +31,7 @@ const (
 	// cancelWait bounds how long CancelTask waits for the instance to
 	// acknowledge before answering with the task as it stands.
 	cancelWait = 10 * time.Second
-	// subscriberBuffer is how many events a slow stream may fall behind
-	// before it is closed; a task has only a handful.
-	subscriberBuffer = 64
-	sourceA2A        = "broker.a2a"
+	sourceA2A  = "broker.a2a"
 )
 
 // Status texts a task settles with, in upstream's words where it has them;
@@ -84,7 +81,7 @@ type ingress struct {
 	// direct is set while the read pump publishes (payload): the streams
 	// it queues events on go to written, for it to write.
 	direct  bool
-	written []*sseStream
+	written []*a2a.Stream
 }
 
 // conv is one conversation. It moves on events only (a message arrives, a
@@ -116,7 +113,7 @@ type liveTask struct {
 	conv      *conv
 	input     string
 	turn      a2a.Turn
-	subs      map[*sseStream]struct{}
+	subs      map[*a2a.Stream]struct{}
 	settled   chan struct{} // closed at a terminal state
 	parked    chan struct{} // replaced each time the task reaches INPUT_REQUIRED or ends
 	askTimer  *time.Timer
@@ -165,14 +162,14 @@ func (in *ingress) close() {
 // SUBMITTED and queued; it runs when the task ahead of it is terminal. A
 // stream is returned when stream is set, registered before the task can
 // change.
-func (in *ingress) submit(principal, profile string, msg *a2a.Message, text string, stream bool) (*liveTask, *sseStream) {
+func (in *ingress) submit(principal, profile string, msg *a2a.Message, text string, stream bool) (*liveTask, *a2a.Stream) {
 	if msg.ContextID == "" {
 		msg.ContextID = in.newID()
 	}
 	now := time.Now()
 	t := &liveTask{
 		input:   text,
-		subs:    map[*sseStream]struct{}{},
+		subs:    map[*a2a.Stream]struct{}{},
 		settled: make(chan struct{}),
 		parked:  make(chan struct{}),
 	}
@@ -192,7 +189,7 @@ func (in *ingress) submit(principal, profile string, msg *a2a.Message, text stri
 	t.conv = c
 	in.store.Put(t.rec)
 	in.live[id] = t
-	var s *sseStream
+	var s *a2a.Stream
 	if stream {
 		s = in.subscribeLocked(t)
 	}
@@ -210,18 +207,18 @@ func (in *ingress) submit(principal, profile string, msg *a2a.Message, text stri
 }
 
 // subscribeLocked attaches a stream to t; its first event is t's snapshot.
-func (in *ingress) subscribeLocked(t *liveTask) *sseStream {
+func (in *ingress) subscribeLocked(t *liveTask) *a2a.Stream {
 	snap := t.rec.Task.Clone()
-	s := newStream(a2a.Event{Task: &snap})
+	s := a2a.NewStream(a2a.Event{Task: &snap})
 	t.subs[s] = struct{}{}
 	return s
 }
 
-func (in *ingress) unsubscribe(t *liveTask, s *sseStream) {
+func (in *ingress) unsubscribe(t *liveTask, s *a2a.Stream) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	delete(t.subs, s)
-	s.end()
+	s.End()
 }
 
 // publishLocked stores t and then queues evs on every stream: written by
@@ -236,13 +233,13 @@ func (in *ingress) publishLocked(t *liveTask, evs ...a2a.Event) {
 		in.store.Update(t.rec)
 	}
 	for s := range t.subs {
-		if !s.push(evs) {
+		if !s.Push(evs) {
 			delete(t.subs, s)
 		}
 		if in.direct {
 			in.written = append(in.written, s)
 		} else {
-			s.signal()
+			s.Signal()
 		}
 	}
 }
@@ -378,7 +375,7 @@ func (in *ingress) cancelTask(principal, profile, id string) (*a2a.Task, *a2a.Er
 
 // subscribe is SubscribeToTask: a live task's stream opens on its snapshot;
 // a terminal one gets its snapshot and the end.
-func (in *ingress) subscribe(principal, profile, id string) (*sseStream, func(), *a2a.Error) {
+func (in *ingress) subscribe(principal, profile, id string) (*a2a.Stream, func(), *a2a.Error) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	if t := in.lookupLocked(principal, profile, id); t != nil {
@@ -389,8 +386,8 @@ func (in *ingress) subscribe(principal, profile, id string) (*sseStream, func(),
 	if !ok {
 		return nil, nil, a2a.TaskNotFound(id)
 	}
-	s := newStream(a2a.Event{Task: &r.Task})
-	s.end()
+	s := a2a.NewStream(a2a.Event{Task: &r.Task})
+	s.End()
 	return s, func() {}, nil
 }
 

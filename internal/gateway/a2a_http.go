@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/nexus-broker/nexus-broker/internal/a2a"
+	"github.com/nexus-broker/nexus-broker/internal/gateway/internal/wire"
 )
 
 // Default and largest ListTasks page.
@@ -150,7 +151,7 @@ func (in *ingress) handleSoleCard(w http.ResponseWriter, r *http.Request) {
 
 // send starts (or answers) a task. With stream the returned stream carries
 // its events from its snapshot on.
-func (in *ingress) send(principal string, p *a2a.Profile, req *a2a.SendRequest, stream bool) (*liveTask, *sseStream, *a2a.Error) {
+func (in *ingress) send(principal string, p *a2a.Profile, req *a2a.SendRequest, stream bool) (*liveTask, *a2a.Stream, *a2a.Error) {
 	text, aerr := a2a.CheckSend(req)
 	if aerr != nil {
 		return nil, nil, aerr
@@ -160,7 +161,7 @@ func (in *ingress) send(principal string, p *a2a.Profile, req *a2a.SendRequest, 
 		if aerr != nil {
 			return nil, nil, aerr
 		}
-		var s *sseStream
+		var s *a2a.Stream
 		if stream {
 			in.mu.Lock()
 			s = in.subscribeLocked(t)
@@ -245,9 +246,16 @@ func (in *ingress) get(principal string, p *a2a.Profile, req *a2a.TaskRequest) (
 
 // --- SSE ------------------------------------------------------------------
 
-// sse serves a task's stream (see sseStream) until it ends or the client
+// sse serves a task's stream (see a2a.Stream) until it ends or the client
 // goes away, then stop detaches it; frame renders one event's data line.
-func sse(w http.ResponseWriter, r *http.Request, s *sseStream, stop func(), frame func(a2a.Event) []byte) {
+func sse(w http.ResponseWriter, r *http.Request, s *a2a.Stream, stop func(), frame func(a2a.Event) []byte) {
 	defer stop()
-	s.serve(w, r, frame)
+	streamTo(w, r, s, frame)
+}
+
+// streamTo serves s over the connection r came on, measuring its send
+// room as the core's sockets do.
+func streamTo(w http.ResponseWriter, r *http.Request, s *a2a.Stream, frame func(a2a.Event) []byte) {
+	conn, _ := wire.ConnOf(r.Context())
+	s.Serve(w, r, frame, conn, wire.SendRoom)
 }

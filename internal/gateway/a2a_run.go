@@ -265,19 +265,19 @@ const directStreams = 4
 // payload is the instance's read pump handing over one io payload. The
 // events it publishes are written from here, after in.mu is released.
 func (in *ingress) payload(l *lease, p json.RawMessage) {
-	var direct [directStreams]*sseStream
+	var direct [directStreams]*a2a.Stream
 	in.mu.Lock()
 	in.direct = true
 	in.payloadLocked(l, p)
 	n := copy(direct[:], in.written)
 	for _, s := range in.written[n:] {
-		s.signal()
+		s.Signal()
 	}
 	clear(in.written)
 	in.direct, in.written = false, in.written[:0]
 	in.mu.Unlock()
 	for _, s := range direct[:n] {
-		s.writeDirect()
+		s.WriteDirect()
 	}
 }
 

@@ -44,7 +44,7 @@ func (l smallBuffers) Accept() (net.Conn, error) {
 // serveStream serves s on a real socket through the gateway's own server
 // and listener, and returns a connection that has sent the request and
 // read the response's head.
-func serveStream(t *testing.T, s *sseStream, small bool) (*bufio.Reader, net.Conn) {
+func serveStream(t *testing.T, s *a2a.Stream, small bool) (*bufio.Reader, net.Conn) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -54,7 +54,7 @@ func serveStream(t *testing.T, s *sseStream, small bool) (*bufio.Reader, net.Con
 	if small {
 		inner = smallBuffers{ln}
 	}
-	srv := Server(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { s.serve(w, r, eventFrame) }))
+	srv := Server(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { streamTo(w, r, s, eventFrame) }))
 	go func() { _ = srv.Serve(Listener(inner)) }()
 	t.Cleanup(func() { _ = srv.Close() })
 	c, err := net.Dial("tcp", ln.Addr().String())
@@ -105,16 +105,16 @@ func readEvents(t *testing.T, body *bufio.Reader) []string {
 // the response. (As many as a stream holds: more, published faster than
 // they are written, would end it as too far behind.)
 func TestStreamKeepsOrderAcrossWriters(t *testing.T) {
-	const events = subscriberBuffer
-	s := newStream(statusEvent(0, false))
+	const events = a2a.SubscriberBuffer
+	s := a2a.NewStream(statusEvent(0, false))
 	body, _ := serveStream(t, s, false)
 	go func() {
 		for n := 1; n < events; n++ {
-			s.push([]a2a.Event{statusEvent(n, n == events-1)})
+			s.Push([]a2a.Event{statusEvent(n, n == events-1)})
 			if n%3 == 0 {
-				s.signal()
+				s.Signal()
 			} else {
-				s.writeDirect()
+				s.WriteDirect()
 			}
 		}
 	}()
@@ -135,7 +135,7 @@ func TestStreamKeepsOrderAcrossWriters(t *testing.T) {
 // the client, in order, once it reads again.
 func TestStreamDirectWriteNeverBlocks(t *testing.T) {
 	const events = 40
-	s := newStream(statusEvent(0, false))
+	s := a2a.NewStream(statusEvent(0, false))
 	body, _ := serveStream(t, s, true)
 	big := strings.Repeat("x", 64<<10) // 40 of them: far beyond both socket buffers
 	published := make(chan struct{})
@@ -144,8 +144,8 @@ func TestStreamDirectWriteNeverBlocks(t *testing.T) {
 		for n := 1; n < events; n++ {
 			ev := statusEvent(n, n == events-1)
 			ev.StatusUpdate.ContextID = big
-			s.push([]a2a.Event{ev})
-			s.writeDirect()
+			s.Push([]a2a.Event{ev})
+			s.WriteDirect()
 		}
 	}()
 	select {
@@ -167,17 +167,17 @@ func TestStreamDirectWriteNeverBlocks(t *testing.T) {
 // TestStreamTooFarBehindEnds: a stream that falls subscriberBuffer events
 // behind ends after the ones it holds, rather than growing.
 func TestStreamTooFarBehindEnds(t *testing.T) {
-	s := newStream(statusEvent(0, false))
-	for n := 1; n < subscriberBuffer; n++ {
-		if !s.push([]a2a.Event{statusEvent(n, false)}) {
+	s := a2a.NewStream(statusEvent(0, false))
+	for n := 1; n < a2a.SubscriberBuffer; n++ {
+		if !s.Push([]a2a.Event{statusEvent(n, false)}) {
 			t.Fatalf("push %d refused", n)
 		}
 	}
-	if s.push([]a2a.Event{statusEvent(subscriberBuffer, false)}) {
+	if s.Push([]a2a.Event{statusEvent(a2a.SubscriberBuffer, false)}) {
 		t.Fatal("a stream holding subscriberBuffer events took one more")
 	}
 	body, _ := serveStream(t, s, false)
-	if got := readEvents(t, body); len(got) != subscriberBuffer {
-		t.Fatalf("read %d events, want the %d held", len(got), subscriberBuffer)
+	if got := readEvents(t, body); len(got) != a2a.SubscriberBuffer {
+		t.Fatalf("read %d events, want the %d held", len(got), a2a.SubscriberBuffer)
 	}
 }

@@ -25,7 +25,7 @@ const TestHTTPTimeoutsEnv = "NEXUS_BROKER_TEST_HTTP_TIMEOUTS"
 
 // Server is the http.Server for h: headers within 10 s, bodies within
 // bodyReadTimeout, idle keep-alives closed after idleTimeout. A request's
-// context carries its connection (see sseStream.writeDirect).
+// context carries its connection (see a2a.Stream.WriteDirect).
 func Server(h http.Handler) *http.Server {
 	return &http.Server{Handler: boundBody(h), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: idleTimeout,
 		ConnContext: withConn}

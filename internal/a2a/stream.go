@@ -1,13 +1,10 @@
-package gateway
+package a2a
 
 import (
 	"net"
 	"net/http"
 	"sync"
 	"time"
-
-	"github.com/nexus-broker/nexus-broker/internal/a2a"
-	"github.com/nexus-broker/nexus-broker/internal/gateway/internal/wire"
 )
 
 // A task's SSE stream. Events are queued by whoever publishes them (under
@@ -20,10 +17,10 @@ import (
 // handler goroutine, which on a busy host is a scheduling delay between the
 // instance's answer and the client.
 
-// sseStream is one subscriber of a task.
-type sseStream struct {
+// Stream is one subscriber of a task.
+type Stream struct {
 	mu     sync.Mutex
-	events []a2a.Event // published, not yet written
+	events []Event // published, not yet written
 	// ended: nothing more will be queued (a final event, a stream too far
 	// behind, or the subscriber left).
 	ended bool
@@ -40,14 +37,16 @@ type sseStream struct {
 
 // sseOut is the response a stream is written to, touched only under turn.
 type sseOut struct {
-	w     http.ResponseWriter
-	fl    http.Flusher
-	conn  net.Conn // nil when the request did not come over a socket
-	frame func(a2a.Event) []byte
-	buf   []byte
-	spare []a2a.Event
+	w    http.ResponseWriter
+	fl   http.Flusher
+	conn net.Conn // nil when the request did not come over a socket
+	// roomOf measures conn's send room (Serve's room).
+	roomOf func(net.Conn) (int, bool)
+	frame  func(Event) []byte
+	buf    []byte
+	spare  []Event
 	// room is what the socket takes without blocking, as last measured
-	// (wire.SendRoom) less what was written since: the queue only drains
+	// (roomOf) less what was written since: the queue only drains
 	// meanwhile, so it never overstates.
 	room int
 	// pending is rendered bytes a direct writer found no room for; the
@@ -57,6 +56,10 @@ type sseOut struct {
 	// silent until the client answers (see keepaliveEvery).
 	parked bool
 }
+
+// SubscriberBuffer is how many events a slow stream may fall behind
+// before it is closed; a task has only a handful.
+const SubscriberBuffer = 64
 
 // keepaliveEvery is how often a parked stream gets keepaliveComment, as
 // upstream writes it: a proxy in front of the broker reads a silent
@@ -69,23 +72,23 @@ const keepaliveEvery = 20 * time.Second
 const keepaliveComment = ": ping\n\n"
 
 // newStream is a stream whose first event is first.
-func newStream(first a2a.Event) *sseStream {
-	s := &sseStream{wake: make(chan struct{}, 1)}
-	s.events = append(make([]a2a.Event, 0, 4), first)
+func NewStream(first Event) *Stream {
+	s := &Stream{wake: make(chan struct{}, 1)}
+	s.events = append(make([]Event, 0, 4), first)
 	return s
 }
 
-// push queues evs; it reports false when the stream has ended or too many
+// Push queues evs; it reports false when the stream has ended or too many
 // events wait, which ends it (a stream too far behind is closed rather than
 // allowed to grow without bound). A final event ends it too.
-func (s *sseStream) push(evs []a2a.Event) bool {
+func (s *Stream) Push(evs []Event) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, ev := range evs {
 		if s.ended {
 			return false
 		}
-		if len(s.events) >= subscriberBuffer {
+		if len(s.events) >= SubscriberBuffer {
 			s.ended = true
 			return false
 		}
@@ -95,14 +98,14 @@ func (s *sseStream) push(evs []a2a.Event) bool {
 	return !s.ended
 }
 
-// end closes the stream after what is queued.
-func (s *sseStream) end() {
+// End closes the stream after what is queued.
+func (s *Stream) End() {
 	s.mu.Lock()
 	s.ended = true
 	s.mu.Unlock()
 }
 
-func (s *sseStream) signal() {
+func (s *Stream) Signal() {
 	select {
 	case s.wake <- struct{}{}:
 	default:
@@ -111,7 +114,7 @@ func (s *sseStream) signal() {
 
 // take swaps out the queued events (into spare's backing array) and
 // reports whether the stream has ended.
-func (s *sseStream) take(spare []a2a.Event) ([]a2a.Event, bool) {
+func (s *Stream) take(spare []Event) ([]Event, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	evs := s.events
@@ -119,18 +122,18 @@ func (s *sseStream) take(spare []a2a.Event) ([]a2a.Event, bool) {
 	return evs, s.ended
 }
 
-// writeDirect writes what is queued from a publisher's goroutine, if the
+// WriteDirect writes what is queued from a publisher's goroutine, if the
 // writing turn is free and the socket takes it without blocking; otherwise
 // the handler is told to.
-func (s *sseStream) writeDirect() {
+func (s *Stream) WriteDirect() {
 	if !s.turn.TryLock() {
-		s.signal() // the holder may be past its last look at the queue
+		s.Signal() // the holder may be past its last look at the queue
 		return
 	}
 	defer s.turn.Unlock()
 	o := s.out
 	if o == nil || o.conn == nil || o.pending {
-		s.signal()
+		s.Signal()
 		return
 	}
 	evs, ended := s.take(o.spare)
@@ -139,17 +142,17 @@ func (s *sseStream) writeDirect() {
 		// The handler writes the last event with the response's end, in
 		// one write.
 		o.pending = true
-		s.signal()
+		s.Signal()
 		return
 	}
 	if len(o.buf) == 0 {
 		return
 	}
 	if len(o.buf)+chunkOverhead > o.room {
-		o.room, _ = wire.SendRoom(o.conn)
+		o.room, _ = o.roomOf(o.conn)
 		if len(o.buf)+chunkOverhead > o.room {
 			o.pending = true
-			s.signal()
+			s.Signal()
 			return
 		}
 	}
@@ -162,18 +165,18 @@ const chunkOverhead = 16
 
 // render appends evs' data lines to buf, notes whether the last state
 // left the stream parked, and recycles the slice.
-func (o *sseOut) render(evs []a2a.Event) {
+func (o *sseOut) render(evs []Event) {
 	for i, ev := range evs {
 		o.buf = append(o.buf, "data: "...)
 		o.buf = append(o.buf, o.frame(ev)...)
 		o.buf = append(o.buf, '\n', '\n')
 		switch {
 		case ev.StatusUpdate != nil:
-			o.parked = ev.StatusUpdate.Status.State == a2a.StateInputRequired
+			o.parked = ev.StatusUpdate.Status.State == StateInputRequired
 		case ev.Task != nil:
-			o.parked = ev.Task.Status.State == a2a.StateInputRequired
+			o.parked = ev.Task.Status.State == StateInputRequired
 		}
-		evs[i] = a2a.Event{}
+		evs[i] = Event{}
 	}
 	o.spare = evs[:0]
 }
@@ -193,10 +196,12 @@ func (o *sseOut) flush(push bool) bool {
 	return true
 }
 
-// serve is the handler's side: it writes the stream until it ends or the
+// Serve is the handler's side: it writes the stream until it ends or the
 // client goes away. The last event is left unflushed so that it leaves with
 // the response's end in one write.
-func (s *sseStream) serve(w http.ResponseWriter, r *http.Request, frame func(a2a.Event) []byte) {
+// conn is the connection the request came over (nil: none), and room says
+// what its send buffer takes now without blocking.
+func (s *Stream) Serve(w http.ResponseWriter, r *http.Request, frame func(Event) []byte, conn net.Conn, room func(net.Conn) (int, bool)) {
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
@@ -205,8 +210,7 @@ func (s *sseStream) serve(w http.ResponseWriter, r *http.Request, frame func(a2a
 	// already queued, so the headers go out with it in one write.
 	w.WriteHeader(http.StatusOK)
 	fl, _ := w.(http.Flusher)
-	conn, _ := wire.ConnOf(r.Context())
-	o := &sseOut{w: w, fl: fl, conn: conn, frame: frame}
+	o := &sseOut{w: w, fl: fl, conn: conn, roomOf: room, frame: frame}
 	s.turn.Lock()
 	s.out = o
 	defer func() {
@@ -219,7 +223,7 @@ func (s *sseStream) serve(w http.ResponseWriter, r *http.Request, frame func(a2a
 		// Measured here, after the snapshot left and while the instance
 		// works, so that a direct write usually spends budget rather
 		// than asking the kernel.
-		o.room, _ = wire.SendRoom(conn)
+		o.room, _ = o.roomOf(conn)
 	}
 	s.turn.Unlock()
 	if ended || !ok {
@@ -248,7 +252,7 @@ func (s *sseStream) serve(w http.ResponseWriter, r *http.Request, frame func(a2a
 // writeQueued writes what is queued, under turn, and with ping the
 // keepalive comment if that leaves the stream parked. The last event of an
 // ended stream is not flushed. ok is false when the client is gone.
-func (s *sseStream) writeQueued(o *sseOut, ping bool) (ended, ok bool) {
+func (s *Stream) writeQueued(o *sseOut, ping bool) (ended, ok bool) {
 	evs, ended := s.take(o.spare)
 	o.render(evs)
 	if ping && o.parked && !ended {
