@@ -2,26 +2,19 @@ package e2e
 
 import (
 	"bytes"
-	"context"
-	"encoding/json"
-	"net"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/gorilla/websocket"
-
 	"github.com/nexus-broker/nexus-broker/pkg/brokerclient"
-	"github.com/nexus-broker/nexus-broker/pkg/brokerframe"
 )
 
 // TestAFloodToAStalledClientWritesAFewLines: an instance streaming 1 M
-// deltas to a client that reads nothing loses nearly all of them to the
-// replay bound, one drop per frame, and the gateway's log says so in a few
+// deltas to a client that reads nothing loses frame after frame to the
+// replay bound, and the gateway's log says so in a few
 // dozen lines (the first drop, then one summary with the count per 10 s),
 // not one line per frame.
 func TestAFloodToAStalledClientWritesAFewLines(t *testing.T) {
@@ -30,32 +23,9 @@ func TestAFloodToAStalledClientWritesAFewLines(t *testing.T) {
 	b := startBroker(t, Options{YAML: "client_replay_buffer_bytes: 3000\n",
 		GatewayEnv: []string{"NEXUS_BROKER_TEST_WRITE_WAIT=30m"}})
 	claim := b.claim(brokerclient.ClaimRequest{})
-	d := websocket.Dialer{NetDialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-		nd := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
-			var serr error
-			if err := c.Control(func(fd uintptr) {
-				serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096)
-			}); err != nil {
-				return err
-			}
-			return serr
-		}}
-		return nd.DialContext(ctx, network, addr)
-	}}
-	ws, _, err := d.Dial(claim.WSURL, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ws.Close()
+	ws := dialSmallBuffer(t, claim.WSURL)
 	before := strings.Count(b.GatewayLog.String(), "\n")
-	in, err := brokerframe.Encode(brokerframe.Frame{LeaseID: claim.LeaseID, Signal: brokerframe.SignalIO,
-		Payload: json.RawMessage(`{"type":"input","content":"/big 1000000"}`)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ws.WriteMessage(websocket.TextMessage, in); err != nil {
-		t.Fatal(err)
-	}
+	writeInput(t, ws, claim.LeaseID, "/big 1000000")
 	// The turn is over once nexus-echo has recorded it in its transcript,
 	// after its last delta was sent.
 	transcript := filepath.Join(b.Home, ".nexus", "sessions", claim.SessionID, "transcript.jsonl")

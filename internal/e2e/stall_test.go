@@ -3,16 +3,21 @@ package e2e
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gorilla/websocket"
 
 	"github.com/nexus-broker/nexus-broker/pkg/brokerclient"
 	"github.com/nexus-broker/nexus-broker/pkg/brokerframe"
@@ -90,15 +95,7 @@ func dialStalling(t *testing.T, wsURL string) net.Conn {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
-		var serr error
-		if err := c.Control(func(fd uintptr) {
-			serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096)
-		}); err != nil {
-			return err
-		}
-		return serr
-	}}
+	d := net.Dialer{Control: smallReceiveBuffer}
 	sock, err := d.Dial("tcp", u.Host)
 	if err != nil {
 		t.Fatal(err)
@@ -151,3 +148,44 @@ func nextServerFrame(data []byte) (op byte, payload, rest []byte, ok bool) {
 }
 
 func head(b []byte) []byte { return b[:min(len(b), 80)] }
+
+// smallReceiveBuffer is a net.Dialer Control giving the socket a 4 KiB
+// receive buffer, too small to hide that its client reads nothing.
+func smallReceiveBuffer(_, _ string, c syscall.RawConn) error {
+	var serr error
+	if err := c.Control(func(fd uintptr) {
+		serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096)
+	}); err != nil {
+		return err
+	}
+	return serr
+}
+
+// dialSmallBuffer opens a client WebSocket whose socket has a 4 KiB receive
+// buffer; the test's cleanup closes it.
+func dialSmallBuffer(t *testing.T, wsURL string) *websocket.Conn {
+	t.Helper()
+	d := websocket.Dialer{NetDialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		nd := net.Dialer{Control: smallReceiveBuffer}
+		return nd.DialContext(ctx, network, addr)
+	}}
+	ws, _, err := d.Dial(wsURL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ws.Close() })
+	return ws
+}
+
+// writeInput sends an input payload on a raw client WebSocket.
+func writeInput(t *testing.T, ws *websocket.Conn, leaseID, content string) {
+	t.Helper()
+	in, err := brokerframe.Encode(brokerframe.Frame{LeaseID: leaseID, Signal: brokerframe.SignalIO,
+		Payload: json.RawMessage(`{"type":"input","content":` + strconv.Quote(content) + `}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ws.WriteMessage(websocket.TextMessage, in); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,15 +1,12 @@
 package e2e
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"regexp"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -236,32 +233,8 @@ func TestEvictionSendsAGapNamingTheMissingRange(t *testing.T) {
 func TestAStalledClientLosesTheOldestFramesAndTheGatewaySaysSo(t *testing.T) {
 	b := startBroker(t, Options{YAML: "client_replay_buffer_bytes: 3000\n"})
 	claim := b.claim(brokerclient.ClaimRequest{})
-	// A receive buffer too small to hide that this client reads nothing.
-	d := websocket.Dialer{NetDialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-		nd := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
-			var serr error
-			if err := c.Control(func(fd uintptr) {
-				serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096)
-			}); err != nil {
-				return err
-			}
-			return serr
-		}}
-		return nd.DialContext(ctx, network, addr)
-	}}
-	ws, _, err := d.Dial(claim.WSURL, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ws.Close()
-	in, err := brokerframe.Encode(brokerframe.Frame{LeaseID: claim.LeaseID, Signal: brokerframe.SignalIO,
-		Payload: json.RawMessage(`{"type":"input","content":"/big 50000"}`)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ws.WriteMessage(websocket.TextMessage, in); err != nil {
-		t.Fatal(err)
-	}
+	ws := dialSmallBuffer(t, claim.WSURL)
+	writeInput(t, ws, claim.LeaseID, "/big 50000")
 	b.GatewayLog.wait(t, regexp.MustCompile(`level=WARN msg="peer send buffer full, dropping frame" lease_id=`+claim.LeaseID+` signal=io frames=[1-9]`), 60*time.Second)
 	if v := b.metrics()[`nexus_broker_frames_dropped_total{reason="client_buffer_full"}`]; v == 0 {
 		t.Fatal("frames_dropped_total{client_buffer_full} = 0 after a logged loss")
