@@ -56,7 +56,8 @@ LEASES ?= 200
 chaos:
 	E2E_NORACE=1 NEXUS_CHAOS_LEASES=$(LEASES) $(GO) test -tags $(TAGS) -count=1 -v -run '^TestChaosAtScale$$' -timeout 60m ./internal/e2e/
 
-# Short fuzzing of every decoder and the config loader.
+# Short fuzzing of every decoder and the config loader, spawnd's verb
+# handlers (a real Daemon, state_dir on /dev/shm) and its state files.
 FUZZTIME ?= 30s
 fuzz:
 	$(GO) test -run '^$$' -fuzz 'FuzzDecode$$' -fuzztime $(FUZZTIME) ./pkg/brokerframe
@@ -77,6 +78,10 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz 'FuzzParseTextRecord$$' -fuzztime $(FUZZTIME) ./internal/spawnclient
 	$(GO) test -run '^$$' -fuzz 'FuzzWireAgrees$$' -fuzztime $(FUZZTIME) ./pkg/spawnrpc/spawnpb
 	$(GO) test -run '^$$' -fuzz 'FuzzHealthCodecAgrees$$' -fuzztime $(FUZZTIME) ./pkg/spawnrpc
+	$(GO) test -run '^$$' -fuzz 'FuzzReadEndpoint$$' -fuzztime $(FUZZTIME) ./pkg/spawnrpc
+	$(GO) test -run '^$$' -fuzz 'FuzzJournalReplay$$' -fuzztime $(FUZZTIME) ./internal/spawnd
+	$(GO) test -run '^$$' -fuzz 'FuzzSessionIndex$$' -fuzztime $(FUZZTIME) ./internal/spawnd
+	$(GO) test -run '^$$' -fuzz 'FuzzVerbs$$' -fuzztime $(FUZZTIME) ./internal/spawnd
 
 # Regenerates pkg/spawnrpc/spawnpb from spawn.proto with Debian's
 # protobuf-compiler (apt-get install protobuf-compiler), the plugin
