@@ -18,8 +18,8 @@ func BenchmarkSandboxedClaim(b *testing.B) {
 		name string
 		h    *tenantHost
 	}{
-		{"none-", startTenantHost(b, "none", "280100-280109")},
-		{"strict-", startTenantHost(b, "strict", "280110-280119")},
+		{"none-", startTenantHost(b, "none", uidRange(40, 49))},
+		{"strict-", startTenantHost(b, "strict", uidRange(50, 59))},
 	}
 	ctx := context.Background()
 	claimOnce := func(h *tenantHost) time.Duration {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -19,9 +20,13 @@ import (
 	"github.com/nexus-broker/nexus-broker/pkg/brokerclient"
 )
 
-// tenancyRange is this package's tenancy.uid_range (the lock on a range is
-// host-wide, so it differs from internal/spawnd's).
-const tenancyRange = "280000-280099"
+// tenancyLo starts this test process's block of uids (the lock on a range
+// is host-wide: two runs on one host, or internal/spawnd's tests beside
+// these, never share one).
+var tenancyLo = 900000 + os.Getpid()%5000*100
+
+// uidRange is from..to of this process's block.
+func uidRange(from, to int) string { return fmt.Sprintf("%d-%d", tenancyLo+from, tenancyLo+to) }
 
 // tenantHost is a broker with tenancy: whose directories are outside /tmp
 // (which the sandbox hides): broker.yaml, state_dir and nexus-echo's copy
@@ -155,7 +160,7 @@ func hashOf(path string) string {
 // alice's session gets what an unknown id gets; alice keeps her uid across
 // claims and a kill -9 of spawnd.
 func TestTenantCannotReachAnother(t *testing.T) {
-	h := startTenantHost(t, "strict", tenancyRange)
+	h := startTenantHost(t, "strict", uidRange(0, 9))
 	alice := h.claimAs(t, tokAlice, "")
 	session := alice.claim.SessionID
 	aliceHome := filepath.Join(h.homes, strconv.Itoa(alice.uid))
@@ -187,8 +192,8 @@ func TestTenantCannotReachAnother(t *testing.T) {
 	}
 
 	bob := h.claimAs(t, tokBob, "")
-	if bob.uid == alice.uid || bob.uid < 280000 || bob.uid > 280099 {
-		t.Fatalf("bob runs as uid %d, alice as %d; want two uids of %s", bob.uid, alice.uid, tenancyRange)
+	if bob.uid == alice.uid || bob.uid < tenancyLo || bob.uid > tenancyLo+9 {
+		t.Fatalf("bob runs as uid %d, alice as %d; want two uids of %s", bob.uid, alice.uid, uidRange(0, 9))
 	}
 	if got := say(t, bob.conn, "/run id -G"); got != strconv.Itoa(bob.uid) {
 		t.Errorf("bob's groups are %q, want his own gid alone", got)
@@ -264,5 +269,33 @@ func TestTenantCannotReachAnother(t *testing.T) {
 	// Her fifth turn: the resumed session holds her four before.
 	if got := say(t, again.conn, "what did I say?"); !strings.HasPrefix(got, "echo #5: ") {
 		t.Errorf("alice's resume answered %q, want her own session's fifth turn", got)
+	}
+}
+
+// TestTenancyRefusesNonRootSpawnd: a nexus-spawnd that is not root cannot
+// give principals their uids, and says so at boot, naming the key.
+func TestTenancyRefusesNonRootSpawnd(t *testing.T) {
+	requireRoot(t)
+	dir, err := os.MkdirTemp("", "nexus-e2e-tenancy-nonroot-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	cfg := filepath.Join(dir, "broker.yaml")
+	yaml := fmt.Sprintf("state_dir: %q\nbinaries: {nexus: {path: %q}}\ntenancy: {uid_range: %q, homes_dir: %q, sandbox: none}\n",
+		filepath.Join(dir, "state"), bin("nexus-echo"), uidRange(20, 29), filepath.Join(dir, "homes"))
+	for _, err := range []error{os.WriteFile(cfg, []byte(yaml), 0o644), os.Chmod(dir, 0o755)} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", bin("nexus-spawnd"), "-config", cfg).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "broker config: tenancy: nexus-spawnd runs as uid 65534, and tenancy needs root") {
+		t.Fatalf("a non-root nexus-spawnd with tenancy: exited %v: %s", err, out)
+	}
+	if _, err := os.Lstat(filepath.Join(dir, "state")); err == nil {
+		t.Error("the refused spawnd created its state_dir")
 	}
 }

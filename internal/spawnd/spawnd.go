@@ -202,6 +202,9 @@ func New(cfgPath string, cfg *core.Config, log *slog.Logger) (_ *Daemon, err err
 	if err != nil {
 		return nil, err
 	}
+	if err := checkTenancyRoot(cfg); err != nil {
+		return nil, err
+	}
 	stateDir, err := core.ExpandHome(cfg.StateDir)
 	if err != nil {
 		return nil, fmt.Errorf("broker config: state_dir: %w", err)

@@ -70,9 +70,6 @@ type tenancy struct {
 // holds. Every failure is a boot error naming its key.
 func openTenancy(cfg *core.Config, stateDir string, log *slog.Logger) (_ *tenancy, err error) {
 	t := cfg.Tenancy
-	if euid := os.Geteuid(); euid != 0 {
-		return nil, fmt.Errorf("broker config: tenancy: nexus-spawnd runs as uid %d, and tenancy needs root to start instances under the uids of tenancy.uid_range; run nexus-spawnd as root or remove tenancy", euid)
-	}
 	lo, hi := t.Range()
 	tn := &tenancy{lo: lo, hi: hi, homes: t.HomesDir, homesFD: -1}
 	defer func() {
@@ -120,6 +117,15 @@ func openTenancy(cfg *core.Config, stateDir string, log *slog.Logger) (_ *tenanc
 		}
 	}
 	return tn, nil
+}
+
+// checkTenancyRoot refuses tenancy: to a non-root spawnd, before anything
+// of state_dir is touched.
+func checkTenancyRoot(cfg *core.Config) error {
+	if euid := os.Geteuid(); cfg.Tenancy != nil && euid != 0 {
+		return fmt.Errorf("broker config: tenancy: nexus-spawnd runs as uid %d, and tenancy needs root to start instances under the uids of tenancy.uid_range; run nexus-spawnd as root or remove tenancy", euid)
+	}
+	return nil
 }
 
 func (tn *tenancy) close() {

@@ -16,15 +16,18 @@ import (
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
 )
 
-// Ranges of these tests: one each, so parallel packages never share one
-// (the lock on them is host-wide).
-const (
-	tenancyRange   = "270000-270009"
-	tenancyLo      = 270000
-	tenancyOneUID  = "270010-270010"
-	tenancyLockLo  = "270020-270029"
-	tenancyOverlap = "270025-270035"
+// Ranges of these tests: one each, and one block per test process, so
+// neither the tests nor two runs on one host (the lock on a range is
+// host-wide) share one.
+var (
+	tenancyLo      = 300000 + os.Getpid()%5000*100
+	tenancyRange   = uidRange(0, 9)
+	tenancyOneUID  = uidRange(10, 10)
+	tenancyLockLo  = uidRange(20, 29)
+	tenancyOverlap = uidRange(25, 35)
 )
+
+func uidRange(from, to int) string { return fmt.Sprintf("%d-%d", tenancyLo+from, tenancyLo+to) }
 
 // homesParent is a directory every uid may traverse (t.TempDir's parent
 // is 0700), for homes_dir.
@@ -186,8 +189,8 @@ func TestTenancyBootErrors(t *testing.T) {
 	for _, tc := range []struct{ name, yaml, want string }{
 		{"a passwd account", tenancyYAML("65530-65540", ok), "tenancy.uid_range: 65530-65540 holds id 65534 of "},
 		{"systemd's dynamic users", tenancyYAML("61000-61200", ok), "tenancy.uid_range: 61000-61200 overlaps systemd's dynamic users"},
-		{"the gateway's uid", tenancyYAML(tenancyRange, ok) + "spawnd: {gateway_uid: 270003}\n", "holds uid 270003, the gateway's"},
-		{"the socket group", tenancyYAML(tenancyRange, ok) + "spawnd: {socket_gid: 270004}\n", "holds gid 270004, spawnd.socket_gid"},
+		{"the gateway's uid", tenancyYAML(tenancyRange, ok) + fmt.Sprintf("spawnd: {gateway_uid: %d}\n", tenancyLo+3), fmt.Sprintf("holds uid %d, the gateway's", tenancyLo+3)},
+		{"the socket group", tenancyYAML(tenancyRange, ok) + fmt.Sprintf("spawnd: {socket_gid: %d}\n", tenancyLo+4), fmt.Sprintf("holds gid %d, spawnd.socket_gid", tenancyLo+4)},
 		{"another spawnd's range", tenancyYAML(tenancyOverlap, ok), "overlaps the range another nexus-spawnd of this host holds"},
 		{"a loose homes_dir", tenancyYAML(tenancyRange, loose), "tenancy.homes_dir: " + loose + " is owned by uid 0 with mode 0755"},
 		{"another's homes_dir", tenancyYAML(tenancyRange, theirs), "tenancy.homes_dir: " + theirs + " is owned by uid 65534"},
