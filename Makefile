@@ -76,7 +76,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz 'FuzzDecodeRPCAgrees$$' -fuzztime $(FUZZTIME) ./internal/a2a
 	$(GO) test -run '^$$' -fuzz 'FuzzRegister$$' -fuzztime $(FUZZTIME) ./internal/gateway
 	$(GO) test -run '^$$' -fuzz 'FuzzParseTextRecord$$' -fuzztime $(FUZZTIME) ./internal/spawnclient
-	$(GO) test -run '^$$' -fuzz 'FuzzWireAgrees$$' -fuzztime $(FUZZTIME) ./pkg/spawnrpc/spawnpb
+	$(GO) test -run '^$$' -fuzz 'FuzzCodecAgrees$$' -fuzztime $(FUZZTIME) ./pkg/spawnrpc/spawnpb
 	$(GO) test -run '^$$' -fuzz 'FuzzHealthCodecAgrees$$' -fuzztime $(FUZZTIME) ./pkg/spawnrpc
 	$(GO) test -run '^$$' -fuzz 'FuzzReadEndpoint$$' -fuzztime $(FUZZTIME) ./pkg/spawnrpc
 	$(GO) test -run '^$$' -fuzz 'FuzzJournalReplay$$' -fuzztime $(FUZZTIME) ./internal/spawnd
@@ -84,14 +84,16 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz 'FuzzVerbs$$' -fuzztime $(FUZZTIME) ./internal/spawnd
 
 # Regenerates pkg/spawnrpc/spawnpb from spawn.proto with Debian's
-# protobuf-compiler (apt-get install protobuf-compiler), the plugin
-# versions pinned in go.mod, and our own protoc-gen-go-wire (the messages'
-# reflection-free marshalling and the codec using it).
+# protobuf-compiler (apt-get install protobuf-compiler) and the plugin
+# versions pinned in go.mod: protoc-gen-go, protoc-gen-go-grpc, and
+# vtprotobuf's protoc-gen-go-vtproto (each message's reflection-free
+# MarshalVT, UnmarshalVT and SizeVT, which spawnpb.Codec uses).
 proto:
-	$(GO) build -o $(TOOLS)/ google.golang.org/protobuf/cmd/protoc-gen-go google.golang.org/grpc/cmd/protoc-gen-go-grpc ./tools/protoc-gen-go-wire
+	$(GO) build -o $(TOOLS)/ google.golang.org/protobuf/cmd/protoc-gen-go google.golang.org/grpc/cmd/protoc-gen-go-grpc github.com/planetscale/vtprotobuf/cmd/protoc-gen-go-vtproto
 	PATH="$(CURDIR)/$(TOOLS):$$PATH" protoc --go_out=. --go_opt=paths=source_relative \
 		--go-grpc_out=. --go-grpc_opt=paths=source_relative \
-		--go-wire_out=. --go-wire_opt=paths=source_relative pkg/spawnrpc/spawnpb/spawn.proto
+		--go-vtproto_out=. --go-vtproto_opt=paths=source_relative,features=marshal+unmarshal+size \
+		pkg/spawnrpc/spawnpb/spawn.proto
 
 clean:
 	rm -rf $(BIN)

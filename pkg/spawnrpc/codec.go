@@ -11,10 +11,10 @@ import (
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
 )
 
-// Codec is the gRPC codec of both ends: spawnpb's messages marshal
-// themselves (spawnpb.Codec), and so do the health check's, the one RPC of
-// another service that runs while all is idle (the gateway's probe, every
-// second). Anything else (go-plugin's services, on attach) goes through
+// Codec is the gRPC codec of both ends: spawnpb's messages go through
+// vtprotobuf's generated code (spawnpb.Codec), and the health check's,
+// the one RPC of another service that runs while all is idle (the
+// gateway's probe, every second), through the few lines below. Anything else (go-plugin's services, on attach) goes through
 // protobuf's reflection, whose code would otherwise stay resident in both
 // processes (docs/performance.md).
 type Codec struct{ spawnpb.Codec }
