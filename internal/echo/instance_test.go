@@ -650,3 +650,49 @@ func TestBigAnswerArrivesWhole(t *testing.T) {
 		t.Error("the outbox dropped frames of a turn on a live connection")
 	}
 }
+
+// TestEchoesWaitForABrokerSlowToRead: a broker that stops reading while it
+// sends 20 MB of echo payloads (its read queue fills, then its socket) gets
+// every echo back, in order, once it reads again: the instance waits for
+// room instead of evicting, and its read loop still takes the shutdown
+// that follows.
+func TestEchoesWaitForABrokerSlowToRead(t *testing.T) {
+	t.Parallel()
+	const n = 20000
+	b := newFakeBroker(t)
+	inst := spawn{}.start(t, b)
+	c := b.accept(t)
+	c.handshake(t)
+	pad := strings.Repeat("x", 1000)
+	sent := make(chan error, 1)
+	go func() {
+		for i := range n {
+			p := fmt.Sprintf(`{"type":"echo","n":%d,"pad":%q}`, i, pad)
+			f, err := brokerframe.Encode(brokerframe.Frame{LeaseID: testLease, Signal: brokerframe.SignalIO, Payload: json.RawMessage(p)})
+			if err == nil {
+				err = c.ws.WriteMessage(websocket.TextMessage, f)
+			}
+			if err != nil {
+				sent <- err
+				return
+			}
+		}
+		sent <- nil
+	}()
+	time.Sleep(2 * time.Second) // the fault itself: the broker reads nothing for 2 s
+	for i := range n {
+		var p struct{ N int }
+		f := c.expectSignal(t, brokerframe.SignalIO)
+		if err := json.Unmarshal(f.Payload, &p); err != nil || p.N != i {
+			t.Fatalf("echo %d: got %s (%v): echoes were lost", i, f.Payload[:min(len(f.Payload), 40)], err)
+		}
+	}
+	if err := <-sent; err != nil {
+		t.Fatal(err)
+	}
+	c.send(t, brokerframe.Frame{Signal: brokerframe.SignalShutdown})
+	inst.expectExit(t, ExitOK)
+	if log := inst.logs.String(); strings.Contains(log, "dropped") {
+		t.Errorf("nexus-echo logged a drop while connected:\n%s", log)
+	}
+}
