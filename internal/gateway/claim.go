@@ -244,7 +244,14 @@ func (g *Gateway) claimBody(r *http.Request, p auth.Principal, body []byte, slot
 	}
 	resp := &claimResponse{LeaseID: l.id, WSURL: g.wsURL(r, l.id), SessionID: session, SessionError: sessionErr, pid: pid, binary: l.entry}
 	if g.auth.Enabled() {
-		resp.Ticket = g.tickets.Mint(l.id, p)
+		tok, err := g.tickets.Mint(l.id, p)
+		if err != nil {
+			// No claim without its ticket: the lease goes, as a claim that
+			// failed does.
+			go l.teardown(reasonClaimAbandoned, teardownGraceful)
+			return nil, refuse(ticketRefusal(err), "rejected", "%v", err)
+		}
+		resp.Ticket = tok
 	}
 	return resp, nil
 }

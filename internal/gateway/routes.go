@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -73,11 +74,25 @@ func (g *Gateway) ticket(r *http.Request, id string, p auth.Principal) (int, any
 	}
 	out := map[string]string{"lease_id": l.id}
 	if g.auth.Enabled() {
-		out["ticket"] = g.tickets.Mint(l.id, p)
+		tok, err := g.tickets.Mint(l.id, p)
+		if err != nil {
+			g.log.Warn("lease ticket refused", "lease_id", l.id, "principal_id", p.ID, "error", err)
+			return ticketRefusal(err), map[string]string{"error": err.Error()}
+		}
+		out["ticket"] = tok
 	}
 	// Never the value: a ticket is a bearer credential.
 	g.log.Info("issued lease ticket", "route", "POST /ticket/{lease_id}", "lease_id", l.id, "principal_id", p.ID, "issued", out["ticket"] != "")
 	return http.StatusOK, out
+}
+
+// ticketRefusal is the status of a refused mint: the principal's limit is
+// 429, a full store 503.
+func ticketRefusal(err error) int {
+	if errors.Is(err, auth.ErrPrincipalTickets) {
+		return http.StatusTooManyRequests
+	}
+	return http.StatusServiceUnavailable
 }
 
 // BinaryInfo is one entry of GET /binaries.
