@@ -284,14 +284,18 @@ func TestTenancyRefusesNonRootSpawnd(t *testing.T) {
 	cfg := filepath.Join(dir, "broker.yaml")
 	yaml := fmt.Sprintf("state_dir: %q\nbinaries: {nexus: {path: %q}}\ntenancy: {uid_range: %q, homes_dir: %q, sandbox: none}\n",
 		filepath.Join(dir, "state"), bin("nexus-echo"), uidRange(20, 29), filepath.Join(dir, "homes"))
-	for _, err := range []error{os.WriteFile(cfg, []byte(yaml), 0o644), os.Chmod(dir, 0o755)} {
+	// The run directory is the test's, so the refused spawnd leaves nothing
+	// under the default /tmp/nexus-broker-65534.
+	runDir := filepath.Join(dir, "run")
+	for _, err := range []error{os.WriteFile(cfg, []byte(yaml), 0o644), os.Chmod(dir, 0o755),
+		os.Mkdir(runDir, 0o700), os.Chown(runDir, 65534, 65534)} {
 		if err != nil {
 			t.Fatal(err)
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, "setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", bin("nexus-spawnd"), "-config", cfg).CombinedOutput()
+	out, err := exec.CommandContext(ctx, "setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", bin("nexus-spawnd"), "-config", cfg, "-run-dir", runDir).CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "broker config: tenancy: nexus-spawnd runs as uid 65534, and tenancy needs root") {
 		t.Fatalf("a non-root nexus-spawnd with tenancy: exited %v: %s", err, out)
 	}
