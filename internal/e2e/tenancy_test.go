@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/nexus-broker/nexus-broker/internal/echo"
+	"github.com/nexus-broker/nexus-broker/internal/sockdir"
 	"github.com/nexus-broker/nexus-broker/pkg/brokerclient"
 )
 
@@ -276,11 +277,9 @@ func TestTenantCannotReachAnother(t *testing.T) {
 // give principals their uids, and says so at boot, naming the key.
 func TestTenancyRefusesNonRootSpawnd(t *testing.T) {
 	requireRoot(t)
-	dir, err := os.MkdirTemp("", "nexus-e2e-tenancy-nonroot-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	// A short directory: the refused spawnd's run directory (its socket
+	// path) lives inside it whatever TMPDIR is.
+	dir := sockdir.New(t, "nxt")
 	cfg := filepath.Join(dir, "broker.yaml")
 	yaml := fmt.Sprintf("state_dir: %q\nbinaries: {nexus: {path: %q}}\ntenancy: {uid_range: %q, homes_dir: %q, sandbox: none}\n",
 		filepath.Join(dir, "state"), bin("nexus-echo"), uidRange(20, 29), filepath.Join(dir, "homes"))
