@@ -108,14 +108,24 @@ func (j *jwks) close() { j.keys.stop() }
 // without the network, so an unreachable issuer never denies it; a failed
 // fetch keeps the set held.
 type keySet struct {
+	keySource
+	clock
+	done chan struct{}
+	once sync.Once
+	heldSet
+}
+
+// keySource is where the set is fetched from, and how.
+type keySource struct {
 	url    string
 	algs   []jose.SignatureAlgorithm
 	client *http.Client
 	log    *slog.Logger
-	clock
-	done chan struct{}
-	once sync.Once
+}
 
+// heldSet is the set as last fetched and the fetches' schedule; mu guards
+// it.
+type heldSet struct {
 	mu       sync.Mutex
 	keys     []jose.JSONWebKey
 	body     []byte               // the set as last fetched, to tell a change
@@ -128,8 +138,8 @@ type keySet struct {
 }
 
 func newKeySet(url string, log *slog.Logger, clk clock) *keySet {
-	return &keySet{url: url, log: log, client: &http.Client{Timeout: fetchTimeout},
-		clock: clk, done: make(chan struct{}), interval: jwksDefaultRefresh}
+	return &keySet{keySource: keySource{url: url, log: log, client: &http.Client{Timeout: fetchTimeout}},
+		clock: clk, done: make(chan struct{}), heldSet: heldSet{interval: jwksDefaultRefresh}}
 }
 
 var errNoKey = errors.New("no key in the issuer's JWKS matches the token's kid")

@@ -87,19 +87,31 @@ type Client struct {
 	opts  DialOptions
 	log   *slog.Logger
 	hclog hclog.Logger
-
-	ctx         context.Context // ends at Close
-	cancel      context.CancelFunc
-	supervised  chan struct{} // closed when the supervisor returns
-	poke        chan struct{} // a call saw codes.Unavailable
+	lifetime
+	// poke: a call saw codes.Unavailable.
+	poke        chan struct{}
 	reconnected chan struct{}
 	spawner     *spawner
-	closeOnce   sync.Once
 
 	// attached is set once the first attach succeeded: from then on an
 	// attach is a re-attach.
 	attached bool
 
+	attachment
+}
+
+// lifetime is the Client's own: Close cancels ctx and waits for the
+// supervisor.
+type lifetime struct {
+	ctx        context.Context // ends at Close
+	cancel     context.CancelFunc
+	supervised chan struct{} // closed when the supervisor returns
+	closeOnce  sync.Once
+}
+
+// attachment is the spawnd attached now, and what it last said; mu guards
+// it.
+type attachment struct {
 	mu      sync.Mutex
 	digest  string        // the config version this gateway runs
 	cur     *conn         // nil while re-attaching
@@ -128,11 +140,10 @@ func Dial(ctx context.Context, opts DialOptions) (*Client, error) {
 		opts:        opts,
 		log:         log,
 		hclog:       spawnrpc.PluginLogger(log, func() bool { return false }),
-		supervised:  make(chan struct{}),
+		lifetime:    lifetime{supervised: make(chan struct{})},
 		poke:        make(chan struct{}, 1),
 		reconnected: make(chan struct{}, 1),
-		ready:       make(chan struct{}),
-		digest:      opts.ConfigDigest,
+		attachment:  attachment{ready: make(chan struct{}), digest: opts.ConfigDigest},
 	}
 	c.spawner = &spawner{c: c}
 	c.ctx, c.cancel = context.WithCancel(context.WithoutCancel(ctx))
