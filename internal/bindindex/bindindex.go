@@ -50,6 +50,11 @@ type Spec[B any] struct {
 	Accept func(old B, had bool, b B) bool
 	// Durable fsyncs every append and rewrite.
 	Durable bool
+	// WrittenFirst keeps a record in memory only once it is written
+	// (fsynced, when Durable): a Put that fails leaves the index as it
+	// was, for records that must not be acted on unless they outlive a
+	// restart (a principal's uid).
+	WrittenFirst bool
 	// CompactEvery overrides the package's.
 	CompactEvery int
 	// What names the file in log lines ("session → binary index").
@@ -162,7 +167,7 @@ func OpenRequired[B any](spec Spec[B], log *slog.Logger) (*Index[B], error) {
 		}
 		x.remember(key, b, slices.Clone(bytes.TrimSuffix(raw, []byte("\n"))))
 	}
-	err = x.compact()
+	err = x.compact(nil)
 	if err != nil && spec.Durable {
 		log.Error("compacting the "+spec.What+" at boot failed; appending to it uncompacted", "path", spec.Path, "error", err)
 		x.torn = len(data) > 0 && data[len(data)-1] != '\n'
@@ -172,9 +177,10 @@ func OpenRequired[B any](spec Spec[B], log *slog.Logger) (*Index[B], error) {
 }
 
 // Put records b, the newest record of its key, unless Accept refuses it.
-// The record is kept in memory whatever happens on disk. The error says it
-// is not durable: the write or fsync failed, or the file had failed and
-// could not be rewritten yet; nil for a record Accept or Key refused.
+// The record is kept in memory whatever happens on disk, unless the spec
+// is WrittenFirst. The error says it is not durable: the write or fsync
+// failed, or the file had failed and could not be rewritten yet; nil for a
+// record Accept or Key refused.
 func (x *Index[B]) Put(b B) error {
 	if x == nil {
 		return nil
@@ -198,28 +204,41 @@ func (x *Index[B]) Put(b B) error {
 			return nil
 		}
 	}
-	// Remembered even if the write fails, for the next rewrite to write.
-	x.remember(key, b, line)
-	if x.failed != nil {
-		return x.rewrite() // b included
+	// Otherwise remembered even if the write fails, for the next rewrite
+	// to write.
+	if !x.spec.WrittenFirst {
+		x.remember(key, b, line)
 	}
-	if x.f == nil {
-		return nil // memory-only
-	}
-	if err := x.write(line); err != nil {
-		if x.spec.Durable {
-			x.fail(err)
-		} else {
-			x.log.Warn("appending to the "+x.spec.What+" failed; "+x.spec.Lost, "path", x.spec.Path, "key", key, "error", err)
+	switch {
+	case x.failed != nil:
+		var pending []byte
+		if x.spec.WrittenFirst {
+			pending = line
 		}
+		err = x.rewrite(pending) // b included
+	case x.f == nil: // memory-only
+	default:
+		if err = x.write(line); err != nil {
+			if x.spec.Durable {
+				x.fail(err)
+			} else {
+				x.log.Warn("appending to the "+x.spec.What+" failed; "+x.spec.Lost, "path", x.spec.Path, "key", key, "error", err)
+			}
+			return err
+		}
+		x.appends++
+	}
+	if err != nil {
 		return err
 	}
-	x.appends++
+	if x.spec.WrittenFirst {
+		x.remember(key, b, line)
+	}
 	if x.appends >= cmp.Or(x.spec.CompactEvery, CompactEvery) {
 		x.appends = 0
 		// The file as it is stays whole and open: a failed compaction
 		// costs only its size.
-		if err := x.compact(); err != nil {
+		if err := x.compact(nil); err != nil {
 			lvl := slog.LevelWarn
 			if x.spec.Durable {
 				lvl = slog.LevelError
@@ -240,10 +259,11 @@ func (x *Index[B]) fail(err error) {
 		"state_dir", filepath.Dir(x.spec.Path), "path", x.spec.Path, "error", err)
 }
 
-// rewrite replaces a failed file with the records in memory (a temp file,
-// fsynced, renamed over it, the directory fsynced). The caller holds x.mu.
-func (x *Index[B]) rewrite() error {
-	if err := x.compact(); err != nil {
+// rewrite replaces a failed file with the records in memory and the
+// pending line, if any (a temp file, fsynced, renamed over it, the
+// directory fsynced). The caller holds x.mu.
+func (x *Index[B]) rewrite(pending []byte) error {
+	if err := x.compact(pending); err != nil {
 		return err
 	}
 	x.log.Info("the "+x.spec.What+" was rewritten from memory after a failed write; appending to it again",
@@ -273,7 +293,7 @@ func (x *Index[B]) Rewrite() error {
 	if x.failed == nil || x.closed {
 		return nil
 	}
-	return x.rewrite()
+	return x.rewrite(nil)
 }
 
 // write appends one line in a single write(2), fsynced when durable. The
@@ -337,11 +357,16 @@ func (x *Index[B]) All() []B {
 	return out
 }
 
-// compact rewrites the file as the records in memory, oldest first.
-func (x *Index[B]) compact() error {
+// compact rewrites the file as the records in memory, oldest first, then
+// the pending line, if any.
+func (x *Index[B]) compact(pending []byte) error {
 	var buf bytes.Buffer
 	for e := x.order.Front(); e != nil; e = e.Next() {
 		buf.Write(e.Value.(entry[B]).line)
+		buf.WriteByte('\n')
+	}
+	if pending != nil {
+		buf.Write(pending)
 		buf.WriteByte('\n')
 	}
 	f, err := atomicfile.Replace(x.spec.Path, buf.Bytes(), x.spec.Durable, nil)

@@ -87,17 +87,7 @@ func openTenancy(cfg *core.Config, stateDir string, log *slog.Logger) (_ *tenanc
 		return nil, fmt.Errorf("broker config: tenancy.homes_dir: %w", err)
 	}
 	path := filepath.Join(stateDir, uidsFile)
-	tn.uids, err = bindindex.OpenRequired(bindindex.Spec[uidRecord]{
-		Path:    path,
-		Durable: true,
-		Key:     func(r uidRecord) (string, bool) { return r.Principal, r.UID != 0 },
-		// A principal's uid is never replaced, nor given to another.
-		Accept: func(_ uidRecord, had bool, _ uidRecord) bool { return !had },
-		What:   "principal → uid file",
-		Skip:   "skipping a principal → uid line that is not a whole record (torn by a crash mid-write, or edited)",
-		Lost:   "the principal keeps this uid until nexus-spawnd restarts, and may be given another after",
-		Read:   safedir.ReadOwned,
-	}, log)
+	tn.uids, err = openUIDs(path, log)
 	if err != nil {
 		return nil, bootlog.Wrap(bootlog.OpenState, err, "state_dir", stateDir)
 	}
@@ -117,6 +107,25 @@ func openTenancy(cfg *core.Config, stateDir string, log *slog.Logger) (_ *tenanc
 		}
 	}
 	return tn, nil
+}
+
+// openUIDs opens the principal → uid file. A uid is in memory only once
+// its record is fsynced (WrittenFirst): a uid served before it is durable
+// could, after a restart, be given to another principal, or the principal
+// another uid.
+func openUIDs(path string, log *slog.Logger) (*bindindex.Index[uidRecord], error) {
+	return bindindex.OpenRequired(bindindex.Spec[uidRecord]{
+		Path:         path,
+		Durable:      true,
+		WrittenFirst: true,
+		Key:          func(r uidRecord) (string, bool) { return r.Principal, r.UID != 0 },
+		// A principal's uid is never replaced, nor given to another.
+		Accept: func(_ uidRecord, had bool, _ uidRecord) bool { return !had },
+		What:   "principal → uid file",
+		Skip:   "skipping a principal → uid line that is not a whole record (torn by a crash mid-write, or edited)",
+		Lost:   "the claim that allocated this uid is refused and the uid not given",
+		Read:   safedir.ReadOwned,
+	}, log)
 }
 
 // checkTenancyRoot refuses tenancy: to a non-root spawnd, before anything
@@ -153,13 +162,14 @@ func (tn *tenancy) uidFor(principal string) (uint32, error) {
 		return 0, errNoUID
 	}
 	uid := uint32(tn.next)
-	tn.next++
-	// Past a failed write the uid is held in memory and written with the
-	// file's next rewrite; this spawn is refused rather than run on a uid a
-	// restart could give another principal.
+	// A failed write allocates nothing: the uid stays the next to give, and
+	// the file is rewritten whole from memory (without this record) before
+	// it is appended to again, so a record the failed write may have left
+	// is gone before the uid is given.
 	if err := tn.uids.Put(uidRecord{Principal: principal, UID: uid}); err != nil {
-		return 0, fmt.Errorf("recording uid %d for a new principal in %s: %w", uid, uidsFile, err)
+		return 0, fmt.Errorf("recording uid %d for a new principal in %s failed, so the claim is refused and the uid not given: %w", uid, uidsFile, err)
 	}
+	tn.next++
 	return uid, nil
 }
 

@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"testing"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -215,5 +216,75 @@ func TestTenancyBootErrors(t *testing.T) {
 				t.Fatalf("boot error %q, want %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// A uid whose record cannot be made durable is not given: the claim is
+// refused naming the file, nothing is allocated (the principal has no uid,
+// the next principal gets that uid), and the file once it works again holds
+// what memory holds. The write fails for real: state_dir is a full tmpfs.
+func TestTenancyUIDIsGivenOnlyOnceDurable(t *testing.T) {
+	requireRoot(t)
+	state := filepath.Join(t.TempDir(), "state")
+	if err := os.Mkdir(state, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", state, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "size=64k,mode=0700"); err != nil {
+		t.Fatalf("mounting a tmpfs: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(state, unix.MNT_DETACH); err != nil {
+			t.Error(err)
+		}
+	})
+	path := filepath.Join(state, uidsFile)
+	quiet := slog.New(slog.DiscardHandler)
+	uids, err := openUIDs(path, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lo := uint32(tenancyLo)
+	tn := &tenancy{lo: lo, hi: lo + 9, next: uint64(lo), uids: uids}
+	filler, err := os.Create(filepath.Join(state, "filler"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := filler.Write(make([]byte, pageSize)); err != nil {
+			break
+		}
+	}
+	filler.Close()
+
+	for try := 1; try <= 2; try++ {
+		uid, err := tn.uidFor("alice")
+		if err == nil || !strings.Contains(err.Error(), "recording uid "+fmt.Sprint(lo)+" for a new principal in "+uidsFile+" failed, so the claim is refused") {
+			t.Fatalf("try %d: alice's first claim on a full state_dir = uid %d, %v; want it refused", try, uid, err)
+		}
+	}
+	if r, ok := uids.Get("alice"); ok {
+		t.Fatalf("alice holds uid %d in memory although its record is not durable", r.UID)
+	}
+	if err := os.Remove(filler.Name()); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]uint32{"bob": lo, "alice": lo + 1}
+	for _, p := range []string{"bob", "alice"} {
+		if uid, err := tn.uidFor(p); err != nil || uid != want[p] {
+			t.Errorf("%s's claim once writes work = uid %d, %v; want %d", p, uid, err, want[p])
+		}
+	}
+	uids.Close()
+	again, err := openUIDs(path, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Close()
+	got := map[string]uint32{}
+	for _, r := range again.All() {
+		got[r.Principal] = r.UID
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("after a restart the file gives %v, want %v", got, want)
 	}
 }
