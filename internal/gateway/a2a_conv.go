@@ -66,6 +66,8 @@ func (k convKey) String() string { return k.principal + "\x00" + k.profile + "\x
 // ingress is the A2A front door's state. Everything under mu.
 type ingress struct {
 	g        *Gateway
+	log      *slog.Logger
+	done     <-chan struct{} // closed at the gateway's shutdown
 	store    *a2a.Store
 	contexts *bindindex.Index[contextBinding] // in memory without state_dir, or when the file is off
 	policy   config.A2ATasks
@@ -76,7 +78,7 @@ type ingress struct {
 	// lease, a spawn or a hold. A quiet one is forgotten (its session is in
 	// contexts) so that conversations cost memory only while they live.
 	convs   map[convKey]*conv
-	byLease map[*lease]*conv     // the conversation each A2A lease serves
+	byLease map[*Lease]*conv     // the conversation each A2A lease serves
 	live    map[string]*liveTask // tasks not yet terminal, by id
 	// direct is set while the read pump publishes (payload): the streams
 	// it queues events on go to written, for it to write.
@@ -90,7 +92,7 @@ type ingress struct {
 type conv struct {
 	key     convKey
 	session string
-	lease   *lease
+	lease   *Lease
 	queue   []*liveTask // waiting, oldest first
 	active  *liveTask   // the task the conversation is on; nil between tasks
 	// sent is set once active's input went to the instance: only then are
@@ -121,7 +123,7 @@ type liveTask struct {
 }
 
 func newIngress(g *Gateway, cfg *config.Config, dir string, log *slog.Logger) *ingress {
-	in := &ingress{g: g, policy: cfg.A2A.Tasks, convs: map[convKey]*conv{}, byLease: map[*lease]*conv{}, live: map[string]*liveTask{}}
+	in := &ingress{g: g, log: log, done: g.Done(), policy: cfg.A2A.Tasks, convs: map[convKey]*conv{}, byLease: map[*Lease]*conv{}, live: map[string]*liveTask{}}
 	t := cfg.A2A.Tasks
 	in.store = a2a.OpenStore(dir, a2a.Policy{TTL: t.TTL.D(), MaxPerContext: t.MaxPerContext, MaxBytes: int64(t.MaxStoreBytes)}, log)
 	spec := bindindex.Spec[contextBinding]{
@@ -149,6 +151,16 @@ func newIngress(g *Gateway, cfg *config.Config, dir string, log *slog.Logger) *i
 		in.contexts = bindindex.Open(spec, log)
 	}
 	return in
+}
+
+// stopped says whether the gateway is shutting down.
+func (in *ingress) stopped() bool {
+	select {
+	case <-in.done:
+		return true
+	default:
+		return false
+	}
 }
 
 func (in *ingress) close() {
@@ -196,7 +208,7 @@ func (in *ingress) submit(principal, profile string, msg *a2a.Message, text stri
 	c.queue = append(c.queue, t)
 	send := in.advanceLocked(c)
 	if c.active != nil && c.active != t {
-		in.g.log.Warn("a2a task queued behind the conversation's active turn", "profile", profile, "task_id", id,
+		in.log.Warn("a2a task queued behind the conversation's active turn", "profile", profile, "task_id", id,
 			"context_id", msg.ContextID, "ahead", len(c.queue))
 	}
 	in.mu.Unlock()
@@ -324,7 +336,7 @@ func (in *ingress) answer(principal, profile string, msg *a2a.Message, text stri
 func (in *ingress) cancel(principal, profile, id string) (*a2a.Task, *a2a.Error) {
 	task, aerr := in.cancelTask(principal, profile, id)
 	if aerr == nil && task.Status.State == a2a.StateCanceled {
-		in.g.log.Info("a2a task canceled", "profile", profile, "task_id", id)
+		in.log.Info("a2a task canceled", "profile", profile, "task_id", id)
 	}
 	return task, aerr
 }

@@ -8,7 +8,6 @@ import (
 	"strings"
 
 	"github.com/nexus-broker/nexus-broker/internal/a2a"
-	"github.com/nexus-broker/nexus-broker/internal/gateway/internal/wire"
 )
 
 // Default and largest ListTasks page.
@@ -21,7 +20,7 @@ const errUnknownProfile = "unknown agent profile"
 
 // a2aBase is the origin cards advertise (agents: needs advertise_addr or
 // an explicit listen host, so it is never empty).
-func (g *Gateway) a2aBase() string { return g.origin("http", "https") }
+func (g *Gateway) a2aBase() string { return g.BaseURL() }
 
 // logA2ABoot states the ingress at boot in upstream's lines: the ingress,
 // the task retention in force (the store is durable with a dir), and one
@@ -89,7 +88,7 @@ func (in *ingress) caller(w http.ResponseWriter, r *http.Request, b binding) (st
 	name := r.PathValue("name")
 	p := in.profiles.Load().ByName[name]
 	if p == nil {
-		in.g.log.Warn("a2a request for an unknown agent profile", "route", r.Pattern, "profile", name, "path", r.URL.Path)
+		in.log.Warn("a2a request for an unknown agent profile", "route", r.Pattern, "profile", name, "path", r.URL.Path)
 		e := a2a.ErrMethodNotFound.With("%s: no A2A agent is mounted at %s", errUnknownProfile, r.URL.Path)
 		switch b {
 		case rpcRoute:
@@ -256,6 +255,6 @@ func sse(w http.ResponseWriter, r *http.Request, s *a2a.Stream, stop func(), fra
 // streamTo serves s over the connection r came on, measuring its send
 // room as the core's sockets do.
 func streamTo(w http.ResponseWriter, r *http.Request, s *a2a.Stream, frame func(a2a.Event) []byte) {
-	conn, _ := wire.ConnOf(r.Context())
-	s.Serve(w, r, frame, conn, wire.SendRoom)
+	conn, room := StreamConn(r)
+	s.Serve(w, r, frame, conn, room)
 }

@@ -20,7 +20,7 @@ import (
 // on again. It returns the send to make once in.mu is released.
 func (in *ingress) advanceLocked(c *conv) (send func()) {
 	if c.active == nil {
-		if len(c.queue) == 0 || in.g.ctx.Err() != nil {
+		if len(c.queue) == 0 || in.stopped() {
 			return nil
 		}
 		c.active, c.sent = c.queue[0], false
@@ -29,7 +29,7 @@ func (in *ingress) advanceLocked(c *conv) (send func()) {
 	if c.sent || c.starting || c.busy {
 		return nil
 	}
-	if c.lease != nil && c.lease.currentState() == stateDraining {
+	if c.lease != nil && c.lease.Draining() {
 		in.bindLocked(c, nil)
 	}
 	if c.lease == nil {
@@ -65,28 +65,26 @@ func (in *ingress) start(c *conv) {
 	case t == nil:
 		in.kickLocked(c) // canceled while the instance was starting; it stays for the next message
 	case fail != nil:
-		in.g.log.Warn("a2a task settled without ever reaching an agent instance", "profile", c.key.profile, "task_id", t.rec.Task.ID,
+		in.log.Warn("a2a task settled without ever reaching an agent instance", "profile", c.key.profile, "task_id", t.rec.Task.ID,
 			"context_id", c.key.context, "state", a2a.StateName(fail.state), "error", fail.text)
 		in.setStateLocked(t, fail.state, fail.text)
-	case l.currentState() == stateDraining:
+	case l.Draining():
 		in.instanceGoneLocked(t, l)
 	default:
 		in.kickLocked(c)
 	}
 }
 
-// prepareLocked builds the io frame carrying p and restarts l's idle clock
-// (every message counts as client input); the returned func sends it, never
-// under in.mu, since a slow instance blocks it.
-func (in *ingress) prepareLocked(l *lease, p brokerframe.IO) func() {
+// prepareLocked restarts l's idle clock with p (every message counts as
+// client input); the returned func sends it, never under in.mu, since a
+// slow instance blocks it.
+func (in *ingress) prepareLocked(l *Lease, p brokerframe.IO) func() {
 	payload, _ := json.Marshal(p) // a struct of strings cannot fail
-	data, _ := brokerframe.Encode(brokerframe.Frame{Signal: brokerframe.SignalIO, LeaseID: l.id, Payload: payload})
-	l.clientInput()
-	return func() { l.sendToInstance(data, false) }
+	return l.Send(payload)
 }
 
 // sendLocked writes one io payload to the lease's instance.
-func (in *ingress) sendLocked(l *lease, p brokerframe.IO) {
+func (in *ingress) sendLocked(l *Lease, p brokerframe.IO) {
 	go in.prepareLocked(l, p)()
 }
 
@@ -108,18 +106,18 @@ type spawnFailure struct{ state, text string }
 // something changes) REJECTED, and a spawn that was attempted and did not
 // come up (capacity, a boot that died or timed out) FAILED: a retry may
 // succeed.
-func spawnFailed(profile string, cerr *claimError) *spawnFailure {
-	switch cerr.status {
+func spawnFailed(profile string, cerr *ClaimError) *spawnFailure {
+	switch cerr.Status {
 	case http.StatusBadRequest, http.StatusConflict, http.StatusTooManyRequests:
-		return &spawnFailure{a2a.StateRejected, fmt.Sprintf(textSpawnRefused, profile, cerr.text)}
+		return &spawnFailure{a2a.StateRejected, fmt.Sprintf(textSpawnRefused, profile, cerr.Text)}
 	}
-	return &spawnFailure{a2a.StateFailed, fmt.Sprintf(textSpawnFailed, profile, cerr.text)}
+	return &spawnFailure{a2a.StateFailed, fmt.Sprintf(textSpawnFailed, profile, cerr.Text)}
 }
 
 // leaseFor gets the conversation a live lease: one of its session that is
 // already running (adopted), else a fresh spawn resuming its session with
 // -recall. It returns why not otherwise.
-func (in *ingress) leaseFor(c *conv) (*lease, *spawnFailure) {
+func (in *ingress) leaseFor(c *conv) (*Lease, *spawnFailure) {
 	p := in.profiles.Load().ByName[c.key.profile]
 	if p == nil {
 		return nil, &spawnFailure{a2a.StateRejected, fmt.Sprintf(textSpawnRefused, c.key.profile, "the profile is no longer configured")}
@@ -132,35 +130,26 @@ func (in *ingress) leaseFor(c *conv) (*lease, *spawnFailure) {
 			session = b.SessionID
 		}
 	}
-	if l := in.g.sessionLease(c.key.principal, session); l != nil {
+	if l := in.g.SessionLease(c.key.principal, session); l != nil {
 		in.adopt(c, l, session)
 		return l, nil
 	}
-	start := time.Now()
-	entry, cerr := in.g.resumeEntry(in.g.ctx, c.key.principal, session, p.Entry)
-	var l *lease
-	if cerr == nil {
-		l, cerr = in.g.spawnLease(in.g.ctx, c.key.principal, entry, p.Config, session, slotAcquire, nil)
-	}
-	in.g.countClaim(start, cerr)
+	l, cerr := in.g.Claim(ClaimSpec{Principal: c.key.principal, Binary: p.Entry, Config: p.Config, Session: session})
 	if cerr != nil {
-		in.g.log.Warn("a2a turn could not start an agent instance", "profile", c.key.profile, "context_id", c.key.context,
-			"session_id", session, "status", cerr.status, "error", cerr.text)
+		in.log.Warn("a2a turn could not start an agent instance", "profile", c.key.profile, "context_id", c.key.context,
+			"session_id", session, "status", cerr.Status, "error", cerr.Text)
 		return nil, spawnFailed(c.key.profile, cerr)
 	}
 	// Bound under in.mu: a session id recorded from here on reaches the
-	// conversation through sessionRecorded, the one before is in sid.
+	// conversation through SessionRecorded, the one before is in f.
 	in.mu.Lock()
-	l.mu.Lock()
-	l.a2a = in
-	sid, pid := l.sessionID, l.pid
-	l.mu.Unlock()
+	f := l.Follow(in)
 	in.bindLocked(c, l)
 	in.unholdLocked(c)
-	in.bindSessionLocked(c, sid)
+	in.bindSessionLocked(c, f.SessionID)
 	in.mu.Unlock()
-	in.g.log.Info("a2a turn started an agent instance", "profile", c.key.profile, "context_id", c.key.context,
-		"session_id", sid, "lease_id", l.id, "pid", pid, "binary", entry, "resumed", session != "")
+	in.log.Info("a2a turn started an agent instance", "profile", c.key.profile, "context_id", c.key.context,
+		"session_id", f.SessionID, "lease_id", l.ID(), "pid", f.PID, "binary", f.Binary, "resumed", session != "")
 	return l, nil
 }
 
@@ -175,27 +164,23 @@ const msgAdopted = "a2a turn adopted a live instance already running its session
 // had a task in flight when the broker stopped. Then it is told to cancel
 // and the next input is held until it reports idle. Otherwise it is idle,
 // and the next input goes at once.
-func (in *ingress) adopt(c *conv, l *lease, session string) {
+func (in *ingress) adopt(c *conv, l *Lease, session string) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	// One step under both locks: a status the instance reports from here
-	// on reaches this conversation (see readPump), and the one before is in
-	// reported.
-	l.mu.Lock()
-	l.a2a = in
-	reported := l.reported
-	l.mu.Unlock()
+	// One step: a status the instance reports from here on reaches this
+	// conversation (Payload), and the one before is in reported.
+	reported := l.Follow(in).Reported
 	in.bindLocked(c, l)
 	interrupted := in.store.TakeInterrupted(c.key.principal, c.key.profile, c.key.context)
 	if reported == brokerframe.StateIdle || reported == "" && !interrupted {
 		in.unholdLocked(c)
-		in.g.log.Info(msgAdopted, "profile", c.key.profile, "context_id", c.key.context, "session_id", session, "lease_id", l.id,
+		in.log.Info(msgAdopted, "profile", c.key.profile, "context_id", c.key.context, "session_id", session, "lease_id", l.ID(),
 			"held_until_idle", false)
 		return
 	}
 	in.holdLocked(c, "")
 	in.sendLocked(l, brokerframe.IO{Type: brokerframe.IOCancel, Source: sourceA2A})
-	in.g.log.Info(msgAdopted, "profile", c.key.profile, "context_id", c.key.context, "session_id", session, "lease_id", l.id,
+	in.log.Info(msgAdopted, "profile", c.key.profile, "context_id", c.key.context, "session_id", session, "lease_id", l.ID(),
 		"held_until_idle", true, "reported", reported)
 }
 
@@ -212,7 +197,7 @@ func (in *ingress) holdLocked(c *conv, turn string) {
 		if !c.busy || c.busyGen != gen {
 			return
 		}
-		in.g.log.Warn("an A2A conversation's instance did not report idle after a turn no task owns; sending the next message anyway",
+		in.log.Warn("an A2A conversation's instance did not report idle after a turn no task owns; sending the next message anyway",
 			"profile", c.key.profile, "wait", idleWait)
 		in.unholdLocked(c)
 		in.kickLocked(c)
@@ -228,7 +213,7 @@ func (in *ingress) unholdLocked(c *conv) {
 }
 
 // bindLocked makes l (nil: none) the lease c runs on.
-func (in *ingress) bindLocked(c *conv, l *lease) {
+func (in *ingress) bindLocked(c *conv, l *Lease) {
 	if c.lease != nil {
 		delete(in.byLease, c.lease)
 	}
@@ -238,10 +223,10 @@ func (in *ingress) bindLocked(c *conv, l *lease) {
 	}
 }
 
-// sessionRecorded binds the conversation on l to the session its instance
+// SessionRecorded binds the conversation on l to the session its instance
 // reported after the claim was answered (an engine that names its session
 // lazily), so that the context resumes it once the instance is gone.
-func (in *ingress) sessionRecorded(l *lease, id string) {
+func (in *ingress) SessionRecorded(l *Lease, id string) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	if c := in.byLease[l]; c != nil {
@@ -262,9 +247,9 @@ func (in *ingress) bindSessionLocked(c *conv, id string) {
 // itself; the rest are left to their handlers.
 const directStreams = 4
 
-// payload is the instance's read pump handing over one io payload. The
+// Payload is the instance's read pump handing over one io payload. The
 // events it publishes are written from here, after in.mu is released.
-func (in *ingress) payload(l *lease, p json.RawMessage) {
+func (in *ingress) Payload(l *Lease, p json.RawMessage) {
 	var direct [directStreams]*a2a.Stream
 	in.mu.Lock()
 	in.direct = true
@@ -281,7 +266,7 @@ func (in *ingress) payload(l *lease, p json.RawMessage) {
 	}
 }
 
-func (in *ingress) payloadLocked(l *lease, p json.RawMessage) {
+func (in *ingress) payloadLocked(l *Lease, p json.RawMessage) {
 	c := in.byLease[l]
 	if c == nil {
 		return
@@ -322,7 +307,7 @@ func (in *ingress) approvalLocked(t *liveTask, p json.RawMessage) {
 	if json.Unmarshal(p, &io) != nil || io.Type != brokerframe.IOApprovalRequest {
 		return
 	}
-	in.g.log.Warn("a2a ingress received a tool approval request it cannot express; the turn will wait for an approval no A2A client can send",
+	in.log.Warn("a2a ingress received a tool approval request it cannot express; the turn will wait for an approval no A2A client can send",
 		"profile", t.rec.Profile, "task_id", t.rec.Task.ID, "prompt_id", io.PromptID)
 }
 
@@ -377,7 +362,7 @@ func (in *ingress) inputTimedOut(t *liveTask) {
 	d := in.policy.InputTimeout.D()
 	in.abandonTurnLocked(t.conv, t)
 	in.setStateLocked(t, a2a.StateFailed, fmt.Sprintf(textInputTimeout, d))
-	in.g.log.Warn("a2a task abandoned: the agent's question went unanswered", "profile", t.rec.Profile, "task_id", t.rec.Task.ID,
+	in.log.Warn("a2a task abandoned: the agent's question went unanswered", "profile", t.rec.Profile, "task_id", t.rec.Task.ID,
 		"context_id", t.rec.Task.ContextID, "input_timeout", d)
 }
 
@@ -390,17 +375,17 @@ func (in *ingress) completeLocked(t *liveTask) {
 	in.setStateLocked(t, a2a.StateCompleted, "", up)
 }
 
-// leaseClosed settles the active task of a lease that ended (crash, idle,
+// Closed settles the active task of a lease that ended (crash, idle,
 // release): its socket drained first, so an answer it sent has already
 // completed the task.
-func (in *ingress) leaseClosed(l *lease) {
+func (in *ingress) Closed(l *Lease) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	c := in.byLease[l]
 	if c == nil {
 		return
 	}
-	in.g.log.Info("a2a agent instance stopped", "lease_id", l.id)
+	in.log.Info("a2a agent instance stopped", "lease_id", l.ID())
 	in.bindLocked(c, nil)
 	in.unholdLocked(c)
 	if t := c.active; t != nil && c.sent {
@@ -411,8 +396,8 @@ func (in *ingress) leaseClosed(l *lease) {
 }
 
 // instanceGoneLocked fails a task whose instance (l's) went away, saying how.
-func (in *ingress) instanceGoneLocked(t *liveTask, l *lease) {
-	how := l.endedHow() + " before the turn finished"
-	in.g.log.Warn("a2a task failed because its agent instance went away", "profile", t.rec.Profile, "task_id", t.rec.Task.ID, "reason", how)
+func (in *ingress) instanceGoneLocked(t *liveTask, l *Lease) {
+	how := l.EndedHow() + " before the turn finished"
+	in.log.Warn("a2a task failed because its agent instance went away", "profile", t.rec.Profile, "task_id", t.rec.Task.ID, "reason", how)
 	in.setStateLocked(t, a2a.StateFailed, how)
 }

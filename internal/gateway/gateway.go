@@ -8,10 +8,11 @@
 // types. The A2A ingress (a2a_*.go) and the cluster router (relay*.go,
 // cluster*.go) still live here; docs/architecture.md draws the layers.
 //
-// Layers above it (internal/console, internal/brokerd) read it through its
-// exported face: Leases, Binaries, Capacity, Subscribe, Mount, Admit. It
-// may not import them, nor pkg/spawnrpc or internal/spawnclient
-// (layers_test.go checks it).
+// Layers above it (the A2A door, the cluster router, internal/console,
+// internal/brokerd) use it only through its exported face, all of it in
+// api.go: Claim, Release, a Lease's Send, Follow and Attach, Leases,
+// Subscribe, Mount and the guard. It may not import them, nor pkg/spawnrpc
+// or internal/spawnclient (layers_test.go checks it).
 package gateway
 
 import (
@@ -460,7 +461,7 @@ func (g *Gateway) terminate(l *lease, req spawner.Termination) {
 func (g *Gateway) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /claim", g.handleClaim)
-	mux.HandleFunc("POST /release/{lease_id}", g.guarded(g.ownerRoute(opRelease, g.release)))
+	mux.HandleFunc("POST /release/{lease_id}", g.guarded(g.ownerRoute(opRelease, g.Release)))
 	mux.HandleFunc("POST /ticket/{lease_id}", g.guarded(g.ownerRoute(opTicket, g.ticket)))
 	mux.HandleFunc("GET /leases", g.guarded(g.handleLeases))
 	mux.HandleFunc("GET /binaries", g.guarded(g.handleBinaries))

@@ -15,14 +15,6 @@ const (
 	credentialTicket    = "ticket"
 )
 
-// Authenticate verifies r's credential against the auth: block and returns
-// the caller's principal. On a refusal it has already answered r (401, or
-// 503 with Retry-After) and written the audit line, and returns false.
-// Without an auth: block every caller is the anonymous principal.
-func (g *Gateway) Authenticate(w http.ResponseWriter, r *http.Request) (auth.Principal, bool) {
-	return g.authenticate(w, r, false)
-}
-
 // authenticate is Authenticate; with admin, a caller without
 // auth.admin_scope is refused 403 insufficient scope, audited as denied
 // only, as upstream's validator chain refuses a missing scope.
@@ -58,14 +50,6 @@ func (g *Gateway) owned(r *http.Request, id string, p auth.Principal) *lease {
 		return nil
 	}
 	return l
-}
-
-// OwnsLease reports whether p owns the live lease id: the ownership check
-// of release, connect and ticket, for routes outside this file. false is
-// answered with writeUnknownLease, byte for byte what an unknown lease
-// gets.
-func (g *Gateway) OwnsLease(r *http.Request, id string, p auth.Principal) bool {
-	return g.owned(r, id, p) != nil
 }
 
 func writeUnknownLease(w http.ResponseWriter) {

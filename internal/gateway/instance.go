@@ -294,14 +294,14 @@ func (ic *instanceConn) readPump(l *lease) {
 		if state == brokerframe.StateIdle || brokerframe.IsWorkState(state) {
 			l.reported = state
 		}
-		cl, obs := l.client, l.a2a
+		cl, obs := l.client, l.follower
 		l.mu.Unlock()
 		if cl != nil {
 			cl.notify(true)
 			ic.heldFor = cl
 		}
 		if obs != nil && f.Signal == brokerframe.SignalIO {
-			obs.payload(l, f.Payload)
+			obs.Payload(l.handle(), f.Payload)
 		}
 	}
 }

@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"encoding/json"
 	"fmt"
 	"sync"
 	"time"
@@ -50,19 +49,6 @@ const (
 	holdBytes  = 1 << 20
 )
 
-// leaseObserver follows a lease for the A2A ingress.
-type leaseObserver interface {
-	// payload is called on the instance's read pump, in order, for every
-	// io payload.
-	payload(l *lease, p json.RawMessage)
-	// leaseClosed is called once by the teardown, after the instance's
-	// socket drained and before the lease is gone.
-	leaseClosed(l *lease)
-	// sessionRecorded is called when spawnd recorded a session id the
-	// instance reported, however late after the claim.
-	sessionRecorded(l *lease, id string)
-}
-
 // lease is the gateway's view of one claimed instance.
 type lease struct {
 	g         *Gateway
@@ -71,6 +57,8 @@ type lease struct {
 	entry     string
 	createdAt time.Time
 	log       *streamlog.Log
+	// face is the lease's handle for the layers above (api.go).
+	face Lease
 	sendQueue
 	guarded
 	policy
@@ -103,10 +91,11 @@ type guarded struct {
 	// clientTurns counts client connections in the order they were
 	// accepted; clientTurn is the attached one's (see clientTicket).
 	clientTurns, clientTurn uint64
-	// a2a is the A2A conversation driving this lease, nil for a lease a
-	// WebSocket client claimed. It sees every io payload, and the lease's
-	// end after its instance socket drained.
-	a2a leaseObserver
+	// follower is the layer above following this lease (an A2A
+	// conversation), nil for a lease a WebSocket client claimed. It sees
+	// every io payload, and the lease's end after its instance socket
+	// drained.
+	follower Follower
 	// reported is the last turn state (idle or a work state) the instance
 	// reported to this process; "" until it reports one.
 	reported string
@@ -140,7 +129,7 @@ type milestones struct {
 }
 
 func (g *Gateway) newLease(id, principal, entry string, created time.Time) *lease {
-	return &lease{
+	l := &lease{
 		g: g, id: id, principal: principal, entry: entry, createdAt: created,
 		log:     streamlog.New(id, int64(g.boot.ClientReplayBufferBytes)),
 		guarded: guarded{state: stateSpawning},
@@ -152,6 +141,8 @@ func (g *Gateway) newLease(id, principal, entry string, created time.Time) *leas
 			tornDown:        make(chan struct{}),
 		},
 	}
+	l.face.l = l
+	return l
 }
 
 func (l *lease) currentState() string {
@@ -219,10 +210,10 @@ func (l *lease) markSession(id string) {
 		if keep {
 			l.mu.Lock()
 			l.sessionID = id
-			obs := l.a2a
+			obs := l.follower
 			l.mu.Unlock()
 			if obs != nil {
-				obs.sessionRecorded(l, id)
+				obs.SessionRecorded(l.handle(), id)
 			}
 		} else if refused != "" {
 			l.refuseSession(refused)
@@ -300,10 +291,10 @@ func (l *lease) teardown(reason string, mode teardownMode) {
 			inst.ws.CloseNow(1000, "")
 		}
 		l.mu.Lock()
-		obs := l.a2a
+		obs := l.follower
 		l.mu.Unlock()
 		if obs != nil {
-			obs.leaseClosed(l)
+			obs.Closed(l.handle())
 		}
 		code, text := 1001, wire.CloseLeaseClosed
 		if reason == reasonCrashed {
@@ -491,4 +482,25 @@ func (l *lease) policyFired() {
 		l.g.log.Warn(msgTurnOverrun, "lease_id", l.id, "max_turn_duration", cfg.MaxTurnDuration.D(), "reason", reason)
 	}
 	l.teardown(reason, teardownGraceful)
+}
+
+func (g *Gateway) publish(kind EventKind, l *lease, detail string) {
+	if len(g.subs) == 0 {
+		return
+	}
+	ev := Event{At: time.Now().UTC(), Kind: kind, LeaseID: l.id, Principal: l.principal, Binary: l.entry, Detail: detail}
+	for _, f := range g.subs {
+		f(ev)
+	}
+}
+
+// teardownEvent names a teardown reason's event kind.
+func teardownEvent(reason string) EventKind {
+	switch reason {
+	case reasonRelease:
+		return EventReleased
+	case reasonCrashed:
+		return EventCrashed
+	}
+	return EventReaped
 }

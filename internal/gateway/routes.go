@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"slices"
-	"time"
 
 	"github.com/nexus-broker/nexus-broker/internal/auth"
 	"github.com/nexus-broker/nexus-broker/internal/cluster"
@@ -95,42 +93,10 @@ func ticketRefusal(err error) int {
 	return http.StatusServiceUnavailable
 }
 
-// BinaryInfo is one entry of GET /binaries.
-type BinaryInfo struct {
-	Name        string  `json:"name"`
-	Label       *string `json:"label,omitempty"`       // nil: unset, omitted; "" is kept
-	Description *string `json:"description,omitempty"` // likewise
-}
-
 // handleBinaries is GET /binaries: names and presentational strings only,
 // sorted by name; never a path, argv or environment.
 func (g *Gateway) handleBinaries(w http.ResponseWriter, _ *http.Request, _ auth.Principal) {
 	writeJSON(w, http.StatusOK, map[string]any{"binaries": g.Binaries()})
-}
-
-// Binaries lists the entries spawnd offers, by name: never a path.
-func (g *Gateway) Binaries() []BinaryInfo {
-	bs := *g.binaries.Load()
-	out := make([]BinaryInfo, len(bs))
-	for i, b := range bs {
-		out[i] = BinaryInfo{Name: b.Name, Label: b.Label, Description: b.Description}
-	}
-	return out
-}
-
-// LeaseInfo is one row of GET /leases.
-type LeaseInfo struct {
-	LeaseID      string    `json:"lease_id"`
-	SessionID    string    `json:"session_id,omitempty"`
-	PID          int64     `json:"pid"`
-	State        string    `json:"state"`
-	Binary       string    `json:"binary"`
-	Reason       string    `json:"reason,omitempty"`
-	LastActivity time.Time `json:"last_activity"`
-	CreatedAt    time.Time `json:"created_at"`
-	// For the console only: GET /leases discloses neither.
-	Principal      string `json:"-"`
-	ClientAttached bool   `json:"-"`
 }
 
 type leasesJSON struct {
@@ -142,24 +108,6 @@ type leasesJSON struct {
 	// UnreachableBrokers (cluster mode only) names the brokers that did not
 	// answer: their leases and aggregates are missing from the rest.
 	UnreachableBrokers *[]string `json:"unreachable_brokers,omitempty"`
-}
-
-// Leases lists the live leases owner sees, oldest first; all of them when
-// all is set.
-func (g *Gateway) Leases(owner string, all bool) []LeaseInfo {
-	ls := slices.DeleteFunc(g.liveLeases(), func(l *lease) bool { return !all && l.principal != owner })
-	out := make([]LeaseInfo, 0, len(ls))
-	for _, l := range ls {
-		l.mu.Lock()
-		out = append(out, LeaseInfo{
-			LeaseID: l.id, SessionID: l.sessionID, PID: l.pid, State: l.state, Binary: l.entry,
-			Reason: l.reason, LastActivity: l.lastActivity.UTC(), CreatedAt: l.createdAt.UTC(),
-			Principal: l.principal, ClientAttached: l.client != nil,
-		})
-		l.mu.Unlock()
-	}
-	sortLeases(out)
-	return out
 }
 
 // handleLeases is GET /leases. An operator (auth.admin_scope, or every

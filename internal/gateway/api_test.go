@@ -1,0 +1,69 @@
+package gateway
+
+import (
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/nexus-broker/nexus-broker/internal/auth"
+	"github.com/nexus-broker/nexus-broker/internal/config/core"
+	"github.com/nexus-broker/nexus-broker/pkg/brokerframe"
+)
+
+// closes records what the core told an attached Client.
+type closes struct{ finished, displaced, away int }
+
+func (c *closes) Finish(int, string) { c.finished++ }
+func (c *closes) Displace()          { c.displaced++ }
+func (c *closes) GoAway()            { c.away++ }
+
+// TestAttachFollowsTheStreamFromItsCursor: a client attached through the
+// API reads the frames the lease's stream gets after its cursor, is
+// displaced by a newer attachment, and a lease that is not the caller's is
+// not attached at all.
+func TestAttachFollowsTheStreamFromItsCursor(t *testing.T) {
+	g := bareGateway()
+	l := g.newLease("L", "alice", core.ReservedEntry, time.Now())
+	g.leases[l.id] = l
+	r := httptest.NewRequest("GET", "/lease/L", nil)
+
+	if a := g.Attach(r, "L", auth.Principal{ID: "mallory"}, -1, &closes{}, credentialAnonymous); a != nil {
+		t.Fatal("another principal's lease was attached")
+	}
+	first := &closes{}
+	a := g.Attach(r, "L", auth.Principal{ID: "alice"}, -1, first, credentialAnonymous)
+	if a == nil || a.Lease().ID() != "L" {
+		t.Fatalf("alice's lease was not attached: %v", a)
+	}
+	if _, _, _, wake := a.Read(nil, 8); wake == nil || a.Pending() {
+		t.Fatal("an empty stream did not say how to wait for its first frame")
+	}
+	for range 2 {
+		if _, err := l.log.Append(brokerframe.Frame{Signal: brokerframe.SignalIO, LeaseID: "L", Payload: []byte(`{"type":"echo"}`)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !a.Pending() {
+		t.Fatal("two frames appended and none pending")
+	}
+	frames, evicted, _, _ := a.Read(nil, 8)
+	if len(frames) != 2 || evicted != nil || frames[1].Seq != 2 {
+		t.Fatalf("read %d frames (evicted notice %q), want seqs 1 and 2", len(frames), evicted)
+	}
+	a.Advance(frames[1].Seq)
+	if a.Seq() != 2 || a.Pending() {
+		t.Fatalf("cursor at %d (pending %v) after reading through 2", a.Seq(), a.Pending())
+	}
+
+	second := &closes{}
+	if g.Attach(r, "L", auth.Principal{ID: "alice"}, 0, second, credentialAnonymous) == nil {
+		t.Fatal("the newer attachment was refused")
+	}
+	if first.displaced != 1 || second.displaced != 0 {
+		t.Fatalf("displaced: first %d, second %d; want the first once", first.displaced, second.displaced)
+	}
+	a.Detach()
+	if l.client == nil {
+		t.Fatal("detaching the displaced attachment detached the newer one")
+	}
+}
