@@ -24,9 +24,15 @@ func (n *Node) Refused(reason string) uint64 {
 }
 
 // refuse logs a request that is not answered: the subject and why, never
-// its data.
+// its data. Anyone who can publish on NATS can cause it once per message,
+// so it is bounded per subject (this broker's, naming the op: who sent a
+// message is unknown until its seal is checked) and reason (logbound).
 func (n *Node) refuse(subject string, err error) {
-	n.log.Warn("cluster: request refused", "subject", subject, "error", err)
+	reason := "unreadable"
+	if r := (*refusal)(nil); errors.As(err, &r) {
+		reason = r.reason
+	}
+	n.quiet.Warn(subject+" "+reason, "cluster: request refused", "subject", subject, "error", err)
 }
 
 // serve takes one request (or one chunk of it: chunks are reassembled
@@ -55,8 +61,7 @@ func (n *Node) serve(msg *nats.Msg) {
 		}
 		now := time.Now()
 		if e.Deadline != 0 && now.UnixNano() > e.Deadline {
-			n.refused[RefusedLate].Add(1)
-			n.refuse(msg.Subject, fmt.Errorf("late: it arrived %s after its caller's deadline, when the caller had already given up on it", now.Sub(time.Unix(0, e.Deadline)).Round(time.Millisecond)))
+			n.refuse(msg.Subject, n.count(&refusal{RefusedLate, fmt.Errorf("late: it arrived %s after its caller's deadline, when the caller had already given up on it", now.Sub(time.Unix(0, e.Deadline)).Round(time.Millisecond))}))
 			return
 		}
 		op := msg.Subject[strings.LastIndexByte(msg.Subject, '.')+1:]
@@ -94,7 +99,7 @@ func (n *Node) respond(reply string, e envelope) {
 		err = n.publish(nc, forReply, reply, "", data)
 	}
 	if err != nil {
-		n.log.Warn("cluster: answering a request failed", "subject", reply, "error", err)
+		n.quiet.Warn("", "cluster: answering a request failed", "subject", reply, "error", err)
 	}
 }
 

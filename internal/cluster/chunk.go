@@ -166,6 +166,6 @@ func (n *Node) incomplete(subject, reply string, err error) {
 		n.deliver(subject, "", result{err: err})
 		return
 	}
-	n.log.Warn("cluster: request incomplete", "subject", subject, "error", err)
+	n.quiet.Warn(subject, "cluster: request incomplete", "subject", subject, "error", err)
 	n.respond(reply, envelope{Error: err.Error()})
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/nexus-broker/nexus-broker/internal/config"
+	"github.com/nexus-broker/nexus-broker/internal/logbound"
 )
 
 // Limits and timings.
@@ -124,6 +125,9 @@ type Node struct {
 	asked   atomic.Uint64
 	seen    *replayGuard
 	refused map[string]*atomic.Uint64 // by RefusedReasons
+	// quiet bounds the lines a message can cause (refusals), per subject
+	// and reason (logbound).
+	quiet *logbound.Limiter
 
 	mu      sync.Mutex
 	peers   map[string]*peer
@@ -165,7 +169,7 @@ func newNode(id string, secret []byte, log *slog.Logger) *Node {
 	var inst [8]byte
 	_, _ = rand.Read(inst[:])
 	n := &Node{
-		id: id, keys: newSealer(secret), log: log, handlers: map[string]handler{}, peers: map[string]*peer{}, ctx: ctx, cancel: cancel,
+		id: id, keys: newSealer(secret), log: log, quiet: logbound.New(log, logbound.Window), handlers: map[string]handler{}, peers: map[string]*peer{}, ctx: ctx, cancel: cancel,
 		inbox: inboxPrefix + id + "." + nats.NewInbox()[len(inboxPrefix):], seen: newReplayGuard(time.Now()), waiting: map[string]waiter{},
 		parts: assembler{parts: map[string]*assembly{}}, refused: map[string]*atomic.Uint64{}, beatNow: make(chan struct{}, 1),
 		instance: hex.EncodeToString(inst[:]),

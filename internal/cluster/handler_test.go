@@ -136,6 +136,65 @@ func TestLateRequestIsDropped(t *testing.T) {
 	}
 }
 
+// lineCounter is a log destination that counts the lines holding a string.
+type lineCounter struct {
+	mu    sync.Mutex
+	match string
+	n     int
+}
+
+func (c *lineCounter) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.n += strings.Count(string(p), c.match)
+	return len(p), nil
+}
+
+func (c *lineCounter) count() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n
+}
+
+// TestRefusalsAreLoggedOncePerReason: a flood of requests a broker refuses
+// (unsealed ones any NATS client can send, late ones) writes one "request
+// refused" line per subject and reason in the window, not one per request,
+// while every refusal is still counted.
+func TestRefusalsAreLoggedOncePerReason(t *testing.T) {
+	const n = 300
+	url := startServer(t, nil)
+	lines := &lineCounter{match: `msg="cluster: request refused"`}
+	k := &config.Cluster{URLs: config.Strings{url}, Secret: "handler-test-secret-0123456789abcdef", SubjectPrefix: config.DefaultSubjectPrefix, HeartbeatInterval: core.Duration(100 * time.Millisecond)}
+	a, err := New(Options{Config: k, BrokerID: "a", Advertise: "a.example:8080", Log: slog.New(slog.NewTextHandler(lines, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Handle("op", func(context.Context, string, json.RawMessage) (any, error) { return nil, nil })
+	if err := a.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(a.Close)
+	b := startNode(t, "b", url, func(*Node) {})
+	nc := b.nc.Load()
+	for i := range n {
+		if err := nc.PublishRequest(b.subject("a", "op"), b.inbox+".x"+strconv.Itoa(i), []byte("not sealed")); err != nil {
+			t.Fatal(err)
+		}
+		late, err := b.stampBody("release it", time.Now().Add(-time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.publish(nc, forRequest, b.subject("a", "op"), b.inbox+".late"+strconv.Itoa(i), late); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "every refusal counted", func() bool { return a.Refused(RefusedSeal) == n && a.Refused(RefusedLate) == n })
+	waitFor(t, "the first refusal of each reason logged", func() bool { return lines.count() >= 2 })
+	if got := lines.count(); got != 2 {
+		t.Fatalf("%d refusals of each of 2 reasons wrote %d request refused lines, want 2", n, got)
+	}
+}
+
 // TestNoRespondersOnlyFails: a request to a broker nobody answers for
 // fails at once with ErrNoResponders (NATS's unsealed status), and an
 // answer sealed by another broker than the one asked is ignored: the

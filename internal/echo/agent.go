@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nexus-broker/nexus-broker/internal/logbound"
 	"github.com/nexus-broker/nexus-broker/pkg/brokerframe"
 )
 
@@ -54,6 +55,8 @@ type agent struct {
 	echoes *echoes
 	knobs  knobs
 	log    *slog.Logger
+	// quiet bounds the lines a broker can cause per frame (logbound).
+	quiet  *logbound.Limiter
 	failed func(error) // a turn could not be persisted: the instance must stop
 	// drop cuts the broker connection for a while (cmdDrop); set by Run.
 	drop func(time.Duration)
@@ -73,7 +76,7 @@ type turn struct {
 }
 
 func newAgent(sess *session, send *sender, echoes *echoes, k knobs, log *slog.Logger, failed func(error)) *agent {
-	return &agent{sess: sess, send: send, echoes: echoes, knobs: k, log: log, failed: failed, wake: make(chan struct{}, 1)}
+	return &agent{sess: sess, send: send, echoes: echoes, knobs: k, log: log, quiet: logbound.New(log, logbound.Window), failed: failed, wake: make(chan struct{}, 1)}
 }
 
 // handle routes one io payload from the broker. input queues a turn; cancel
@@ -89,7 +92,7 @@ func (a *agent) handle(payload json.RawMessage) {
 	}
 	var m brokerframe.IO
 	if err := json.Unmarshal(payload, &m); err != nil {
-		a.log.Warn("dropping a malformed io payload", "error", err)
+		a.quiet.Warn(brokerSubject, "dropping a malformed io payload", "error", err)
 		return
 	}
 	a.mu.Lock()
@@ -103,14 +106,14 @@ func (a *agent) handle(payload json.RawMessage) {
 			t.cancel()
 			return
 		}
-		a.log.Info("cancel names no running turn", "turn_id", m.TurnID)
+		a.quiet.Log(slog.LevelInfo, brokerSubject, "cancel names no running turn", "turn_id", m.TurnID)
 	case brokerframe.IOHITLResponse:
 		if t := a.current; t != nil && t.askID != "" && m.RequestID == t.askID {
 			t.askID = "" // one answer per question; answer has room for it
 			t.answer <- m
 			return
 		}
-		a.log.Info("hitl.response names no open question", "request_id", m.RequestID)
+		a.quiet.Log(slog.LevelInfo, brokerSubject, "hitl.response names no open question", "request_id", m.RequestID)
 	}
 }
 

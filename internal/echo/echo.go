@@ -22,6 +22,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nexus-broker/nexus-broker/internal/logbound"
 	"github.com/nexus-broker/nexus-broker/pkg/dialenv"
 )
 
@@ -125,7 +126,7 @@ func Run(opts Options) int {
 	workers.Go(func() { ag.run(ctx) })
 	l := &link{
 		addr: addr, leaseID: leaseID, secret: secret, sessionID: reported,
-		knobs: k, out: out, log: log,
+		knobs: k, out: out, log: log, quiet: logbound.New(log, logbound.Window),
 		onIO:       ag.handle,
 		onShutdown: func() { stop(errStop) },
 	}

@@ -696,3 +696,43 @@ func TestEchoesWaitForABrokerSlowToRead(t *testing.T) {
 		t.Errorf("nexus-echo logged a drop while connected:\n%s", log)
 	}
 }
+
+// TestFramesTheInstanceCannotUseLogOnce: a broker that floods the instance
+// with frames it cannot use (undecodable, of a signal an instance never
+// gets, an input payload that is not one, cancels and hitl.responses that
+// name nothing) makes it write each line once in the window (logbound),
+// not once per frame, and the instance still answers the input after them.
+func TestFramesTheInstanceCannotUseLogOnce(t *testing.T) {
+	t.Parallel()
+	const n = 500
+	b := newFakeBroker(t)
+	inst := spawn{}.start(t, b)
+	c := b.accept(t)
+	sid := c.handshake(t)
+	lines := map[string]func(){
+		"dropping an undecodable frame from the broker": func() {
+			if err := c.ws.WriteMessage(websocket.TextMessage, []byte(`{"signal":`)); err != nil {
+				t.Fatal(err)
+			}
+		},
+		"ignoring a frame an instance does not expect": func() { c.send(t, brokerframe.Frame{Signal: brokerframe.SignalReady}) },
+		"dropping a malformed io payload":              func() { c.sendIO(t, `{"type":"input","content":7}`) },
+		"cancel names no running turn":                 func() { c.sendIO(t, `{"type":"cancel","turn_id":"none"}`) },
+		"hitl.response names no open question":         func() { c.sendIO(t, `{"type":"hitl.response","request_id":"none"}`) },
+	}
+	for range n {
+		for _, send := range lines {
+			send()
+		}
+	}
+	// Frames are handled in order: once this input is answered, every
+	// frame before it was.
+	c.input(t, "after")
+	c.expectTurn(t, sid+"-1", "echo ", "#1: ", "after")
+	log := inst.logs.String()
+	for msg := range lines {
+		if got := strings.Count(log, `msg="`+msg+`"`); got != 1 {
+			t.Errorf("%d frames wrote %q %d times, want once in the window", n, msg, got)
+		}
+	}
+}

@@ -16,8 +16,13 @@ import (
 	"time"
 
 	"github.com/gorilla/websocket"
+	"github.com/nexus-broker/nexus-broker/internal/logbound"
 	"github.com/nexus-broker/nexus-broker/pkg/brokerframe"
 )
+
+// brokerSubject is the subject of the lines a broker's frames cause
+// (logbound): an instance serves one lease and has one peer.
+const brokerSubject = "broker"
 
 // Redial backoff, as upstream's plugin: quick enough to ride out a broker
 // restart, capped so a broker that is gone for good costs one dial per 5 s.
@@ -49,6 +54,8 @@ type link struct {
 	reportDue atomic.Bool
 	out       *outbox
 	log       *slog.Logger
+	// quiet bounds the lines a broker can cause per frame (logbound).
+	quiet *logbound.Limiter
 
 	// onIO gets each io payload, on the read goroutine; it must not block.
 	onIO func(json.RawMessage)
@@ -246,7 +253,7 @@ func (l *link) readLoop(conn *websocket.Conn) error {
 func (l *link) dispatch(data []byte) {
 	f, err := brokerframe.Decode(data)
 	if err != nil {
-		l.log.Warn("dropping an undecodable frame from the broker", "error", err)
+		l.quiet.Warn(brokerSubject, "dropping an undecodable frame from the broker", "error", err)
 		return
 	}
 	switch f.Signal {
@@ -254,7 +261,7 @@ func (l *link) dispatch(data []byte) {
 		l.onIO(f.Payload)
 	case brokerframe.SignalShutdown:
 		if l.knobs.IgnoreShutdown {
-			l.log.Warn("ignoring shutdown frame", "knob", EnvIgnoreShutdown)
+			l.quiet.Warn(brokerSubject, "ignoring shutdown frame", "knob", EnvIgnoreShutdown)
 			return
 		}
 		if l.knobs.ExitOnShutdown {
@@ -267,7 +274,7 @@ func (l *link) dispatch(data []byte) {
 		l.log.Info("broker requested shutdown")
 		l.onShutdown()
 	default:
-		l.log.Warn("ignoring a frame an instance does not expect", "signal", f.Signal)
+		l.quiet.Warn(brokerSubject, "ignoring a frame an instance does not expect", "signal", f.Signal)
 	}
 }
 
