@@ -44,17 +44,63 @@ func TestMain(m *testing.M) {
 		runRPCFloor(path)
 		return
 	}
-	dir, err := os.MkdirTemp("", "nexus-e2e-bin-")
+	run, err := runTmp()
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
+		fmt.Fprintln(os.Stderr, "e2e: the run's temp directory:", err)
 		os.Exit(1)
+	}
+	code := buildAndRun(m, run)
+	os.RemoveAll(run)
+	os.Exit(code)
+}
+
+// runTmp creates the run's temp directory, which every temp path of the
+// tests is under (TMPDIR for the test process and what it starts): in
+// $TMPDIR when another user can reach it, else in /tmp (a root-owned 0700
+// $TMPDIR, say), and mode 0755. The tests that drop to uid 65534 plant
+// files and exec binaries under it.
+func runTmp() (string, error) {
+	root := os.TempDir()
+	if !reachable(root) {
+		root = "/tmp"
+	}
+	dir, err := os.MkdirTemp(root, "nexus-e2e-run-")
+	if err != nil {
+		return "", err
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		os.RemoveAll(dir)
+		return "", err
+	}
+	return dir, os.Setenv("TMPDIR", dir)
+}
+
+// reachable reports whether any user may search every directory of path.
+func reachable(path string) bool {
+	for p := filepath.Clean(path); ; p = filepath.Dir(p) {
+		st, err := os.Stat(p)
+		if err != nil || !st.IsDir() || st.Mode().Perm()&0o001 == 0 {
+			return false
+		}
+		if p == "/" || p == "." {
+			return true
+		}
+	}
+}
+
+// buildAndRun builds the binaries under test in run and runs the tests.
+func buildAndRun(m *testing.M, run string) int {
+	dir := filepath.Join(run, "bin")
+	// run_as tests exec nexus-echo as another uid, which must reach it.
+	err := os.Mkdir(dir, 0o755)
+	if err == nil {
+		err = os.Chmod(dir, 0o755) // whatever the umask
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e: the binaries' directory:", err)
+		return 1
 	}
 	binDir = dir
-	// run_as tests exec nexus-echo as another uid, which must reach it.
-	if err := os.Chmod(dir, 0o755); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
 	args := []string{"build", "-tags", buildTags, "-o", dir + "/", "../../cmd/nexus-broker", "../../cmd/nexus-spawnd", "../../cmd/nexus-echo", "../../cmd/nexus-client"}
 	if os.Getenv("E2E_NORACE") == "" {
 		args = append([]string{"build", "-race"}, args[1:]...)
@@ -63,12 +109,9 @@ func TestMain(m *testing.M) {
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "building the binaries under test:", err)
-		os.RemoveAll(dir)
-		os.Exit(1)
+		return 1
 	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	return m.Run()
 }
 
 // bin names a built binary.
