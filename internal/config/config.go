@@ -31,6 +31,10 @@ type Config struct {
 	// ClientReplayBufferBytes bounds each lease's replay buffer; 0 keeps
 	// sequencing and retains nothing.
 	ClientReplayBufferBytes core.Size `yaml:"client_replay_buffer_bytes"`
+	// MaxClientFrame bounds one client → instance frame as written to the
+	// instance (ours): a stock instance reads at most 32 KiB and drops its
+	// socket on a larger frame, losing it silently.
+	MaxClientFrame core.Size `yaml:"max_client_frame" reload:"sighup"`
 
 	// Auth is the auth: block; nil means authentication is disabled.
 	Auth *Auth `yaml:"auth"`
@@ -78,6 +82,10 @@ const (
 	DefaultMaxClaimBody            = core.DefaultMaxClaimBody
 	DefaultReattachWindow          = 60 * time.Second
 	DefaultClientReplayBufferBytes = 1 << 20
+	DefaultMaxClientFrame          = 32 << 10
+	// MaxMaxClientFrame is the largest max_client_frame: the gateway's
+	// WebSocket read limit.
+	MaxMaxClientFrame = 16 << 20
 )
 
 // Default returns a Config holding every default, with the synthesized
@@ -93,6 +101,7 @@ func Default() *Config {
 		SessionReportGrace:      core.Duration(DefaultSessionReportGrace),
 		ReattachWindow:          core.Duration(DefaultReattachWindow),
 		ClientReplayBufferBytes: DefaultClientReplayBufferBytes,
+		MaxClientFrame:          DefaultMaxClientFrame,
 		A2A:                     defaultA2A(),
 	}
 }

@@ -144,6 +144,7 @@ func TestDefaultValues(t *testing.T) {
 		{"broker_id", c.BrokerID, ""},
 		{"reattach_window", c.ReattachWindow.D(), 60 * time.Second},
 		{"client_replay_buffer_bytes", c.ClientReplayBufferBytes, core.Size(1 << 20)},
+		{"max_client_frame", c.MaxClientFrame, core.Size(32768)},
 		{"inherit_env", c.InheritEnv, []string(nil)},
 		{"run_as", c.RunAs, (*core.RunAs)(nil)},
 		{"spawnd", c.Spawnd, core.Spawnd{}},
@@ -212,6 +213,7 @@ func TestSpecExample(t *testing.T) {
 		SessionReportGrace:      core.Duration(500 * time.Millisecond),
 		ReattachWindow:          core.Duration(2 * time.Minute),
 		ClientReplayBufferBytes: DefaultClientReplayBufferBytes,
+		MaxClientFrame:          DefaultMaxClientFrame,
 		A2A:                     defaultA2A(),
 	}
 	if !reflect.DeepEqual(c, want) {
@@ -326,6 +328,16 @@ var okCases = []struct {
 	{"sizes", "client_replay_buffer_bytes: 0\nmax_claim_body: 1_048_577", func(t *testing.T, c *Config) {
 		if c.ClientReplayBufferBytes != 0 || c.MaxClaimBody != 1048577 {
 			t.Errorf("client_replay_buffer_bytes %d, max_claim_body %d", c.ClientReplayBufferBytes, c.MaxClaimBody)
+		}
+	}},
+	{"max_client_frame bounds", "max_client_frame: 1", func(t *testing.T, c *Config) {
+		if c.MaxClientFrame != 1 {
+			t.Errorf("max_client_frame %d, want 1", c.MaxClientFrame)
+		}
+	}},
+	{"max_client_frame at the read limit", "max_client_frame: 16777216", func(t *testing.T, c *Config) {
+		if c.MaxClientFrame != 16<<20 {
+			t.Errorf("max_client_frame %d, want 16777216", c.MaxClientFrame)
 		}
 	}},
 	{"nexus synthesized beside other entries", "binaries:\n  vision:\n    path: /opt/v\n", func(t *testing.T, c *Config) {
@@ -496,6 +508,9 @@ var errorCases = []struct{ name, yaml, key, want string }{
 	{"size fractional", "client_replay_buffer_bytes: 1.5", "client_replay_buffer_bytes", "invalid byte count"},
 	{"size mapping", "max_claim_body: {bytes: 1}", "max_claim_body", "want a byte count such as 1048576, got a mapping"},
 	{"max_claim_body zero", "max_claim_body: 0", "max_claim_body", "must be positive"},
+	{"max_client_frame zero", "max_client_frame: 0", "max_client_frame", "must be between 1 and 16777216"},
+	{"max_client_frame past the read limit", "max_client_frame: 16777217", "max_client_frame", "must be between 1 and 16777216"},
+	{"max_client_frame negative", "max_client_frame: -1", "max_client_frame", "invalid byte count"},
 
 	// Integers.
 	{"integer fractional", "max_concurrent: 8.5", "max_concurrent", `want a whole number, got "8.5"`},

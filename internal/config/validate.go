@@ -27,6 +27,9 @@ func (c *Config) validate() error {
 		// Zero would make a new session's id unreportable to every claim.
 		return fmt.Errorf("broker config: session_report_grace: must be positive (it is how long a claim waits for the instance's session id), got %s; raise it, or remove the key for the default %s", c.SessionReportGrace.D(), DefaultSessionReportGrace)
 	}
+	if c.MaxClientFrame < 1 || c.MaxClientFrame > MaxMaxClientFrame {
+		return fmt.Errorf("broker config: max_client_frame: must be between 1 and %d (16 MiB, the WebSocket read limit) bytes, got %d; remove the key for the default %d (32 KiB, what a stock nexus instance reads)", MaxMaxClientFrame, c.MaxClientFrame, DefaultMaxClientFrame)
+	}
 	// "<= 0 = unlimited", as max_concurrent (core's checkLimits).
 	c.MaxQueueDepth = max(c.MaxQueueDepth, Unlimited)
 	if c.ReattachWindow <= 0 {

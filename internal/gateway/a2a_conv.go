@@ -317,6 +317,10 @@ func (in *ingress) answer(principal, profile string, msg *a2a.Message, text stri
 		return nil, a2a.ErrUnsupportedOp.With("task %q is not waiting for input; a message may only continue a task that reported %s", msg.TaskID, a2a.StateName(a2a.StateInputRequired)).
 			WithMeta("taskId", msg.TaskID, "detail", detailNotAwaiting)
 	}
+	reply := a2a.Reply(t.turn.Question(), text)
+	if aerr := in.refuseOversize(t.conv.lease, reply); aerr != nil {
+		return nil, aerr
+	}
 	if msg.ContextID == "" {
 		msg.ContextID = t.rec.Task.ContextID
 	}
@@ -325,7 +329,7 @@ func (in *ingress) answer(principal, profile string, msg *a2a.Message, text stri
 	if t.askTimer != nil {
 		t.askTimer.Stop()
 	}
-	in.sendLocked(t.conv.lease, a2a.Reply(t.turn.Question(), text))
+	in.sendLocked(t.conv.lease, reply)
 	in.setStateLocked(t, a2a.StateWorking, "")
 	return t, nil
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/nexus-broker/nexus-broker/internal/a2a"
+	"github.com/nexus-broker/nexus-broker/pkg/brokerframe"
 )
 
 // Default and largest ListTasks page.
@@ -167,6 +168,9 @@ func (in *ingress) send(principal string, p *a2a.Profile, req *a2a.SendRequest, 
 			in.mu.Unlock()
 		}
 		return t, s, nil
+	}
+	if aerr := in.refuseOversize(nil, brokerframe.IO{Type: brokerframe.IOInput, Content: text}); aerr != nil {
+		return nil, nil, aerr
 	}
 	t, s := in.submit(principal, p.Name, req.Message, text, stream)
 	return t, s, nil

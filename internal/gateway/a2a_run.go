@@ -83,6 +83,18 @@ func (in *ingress) prepareLocked(l *Lease, p brokerframe.IO) func() {
 	return l.Send(payload)
 }
 
+// refuseOversize is InvalidParams when p would not fit max_client_frame as
+// the io frame of l's instance (nil: of the lease a new conversation gets),
+// which a client socket's frame may not exceed either; nil when it fits.
+func (in *ingress) refuseOversize(l *Lease, p brokerframe.IO) *a2a.Error {
+	payload, _ := json.Marshal(p) // a struct of strings cannot fail
+	if size, limit, fits := in.g.InputFits(l, payload); !fits {
+		return a2a.ErrInvalidParams.With("the message would reach the agent instance as a frame of %d bytes, over this broker's "+
+			"max_client_frame limit of %d bytes; send a shorter message", size, limit)
+	}
+	return nil
+}
+
 // sendLocked writes one io payload to the lease's instance.
 func (in *ingress) sendLocked(l *Lease, p brokerframe.IO) {
 	go in.prepareLocked(l, p)()

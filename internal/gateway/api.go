@@ -56,9 +56,31 @@ func (h *Lease) EndedHow() string { return h.l.endedHow() }
 // it outside the caller's own locks.
 func (h *Lease) Send(payload json.RawMessage) (write func()) {
 	l := h.l
-	data, _ := brokerframe.Encode(brokerframe.Frame{Signal: brokerframe.SignalIO, LeaseID: l.id, Payload: payload})
+	data := ioFrame(l.id, payload)
 	l.clientInput()
 	return func() { l.sendToInstance(data, false) }
+}
+
+// ioFrame is the io frame carrying payload to the instance of lease id.
+func ioFrame(id string, payload json.RawMessage) []byte {
+	data, _ := brokerframe.Encode(brokerframe.Frame{Signal: brokerframe.SignalIO, LeaseID: id, Payload: payload})
+	return data
+}
+
+// InputFits says whether payload, an io payload, fits max_client_frame as
+// the io frame the instance of h would be written (h nil: the instance of a
+// lease this gateway would mint, whose id is as long): size is that frame's
+// length and limit the key's value. A layer above refuses what does not
+// fit, as WS /lease/{id} closes with 1009 on such a frame.
+func (g *Gateway) InputFits(h *Lease, payload json.RawMessage) (size, limit int, fits bool) {
+	var id string
+	if h != nil {
+		id = h.l.id
+	} else {
+		id, _ = g.newLeaseID() // its length is what counts
+	}
+	size, limit = len(ioFrame(id, payload)), int(g.cfg.Load().MaxClientFrame)
+	return size, limit, size <= limit
 }
 
 // Follower follows one lease for a layer above (Follow).
@@ -264,17 +286,29 @@ func (a *Attachment) Pending() bool {
 }
 
 // Send delivers the client's messages to the instance, in order, as WS
-// /lease/{id} delivers them (only io travels client → instance).
-func (a *Attachment) Send(msgs [][]byte) {
+// /lease/{id} delivers them (only io travels client → instance). A message
+// over max_client_frame is not delivered, nor any after it: the client is
+// finished with 1009 naming the limit, and Send reports false.
+func (a *Attachment) Send(msgs [][]byte) bool {
 	var held *instanceConn
+	var refused *closeReq
 	for _, m := range msgs {
-		if ic := a.l.fromClient(m, true); ic != nil {
+		var ic *instanceConn
+		if ic, refused = a.l.fromClient(m, true); ic != nil {
 			held = ic
+		}
+		if refused != nil {
+			break
 		}
 	}
 	if held != nil {
 		a.l.flushInstance(held)
 	}
+	if refused != nil {
+		a.c.Finish(refused.Code, refused.Reason)
+		return false
+	}
+	return true
 }
 
 // Detach ends the attachment: the connection went away.

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strconv"
 	"sync"
@@ -282,7 +283,9 @@ func (g *Gateway) serveClient(l *lease, conn *websocket.Conn, turn uint64, princ
 	go c.serve()
 }
 
-// serve runs the read pump until the socket ends, then detaches it.
+// serve runs the read pump until the socket ends, then detaches it. A close
+// this side began (a refused frame) is seen through to the client's echo, so
+// what the client sent meanwhile does not reset the connection under it.
 func (c *clientConn) serve() {
 	c.ws.FlushBeforeRead(c.flushToInstance)
 	c.readPump()
@@ -290,7 +293,7 @@ func (c *clientConn) serve() {
 	c.markDead()
 
 	c.l.g.detachClient(c.l, c, c.cur)
-	c.ws.Finish()
+	c.ws.DiscardUntilClosed()
 }
 
 // clientTicket is the turn of a client connection accepted now: the
@@ -398,28 +401,49 @@ func (c *clientConn) place(cur *streamlog.Cursor, gap *brokerframe.StreamGap) {
 func (c *clientConn) displace() { c.ws.CloseNow(wire.CodeSuperseded, wire.CloseSuperseded) }
 func (c *clientConn) goAway()   { c.ws.CloseGraceful(websocket.CloseGoingAway, wire.CloseRestarting) }
 
-// readPump forwards the client's io frames to the instance.
+// readPump forwards the client's io frames to the instance, until the
+// socket ends or a frame is refused (the socket then closes with 1009).
 func (c *clientConn) readPump() {
 	for {
 		data, err := c.ws.Read()
 		if err != nil {
 			return
 		}
-		if ic := c.l.fromClient(data, true); ic != nil {
+		ic, refused := c.l.fromClient(data, true)
+		if ic != nil {
 			c.heldFor = ic
+		}
+		if refused != nil {
+			c.ws.CloseGraceful(refused.Code, refused.Reason)
+			return
 		}
 	}
 }
 
 // fromClient delivers one client message to the instance; with hold as
-// sendToInstance takes it.
-func (l *lease) fromClient(data []byte, hold bool) *instanceConn {
+// sendToInstance takes it. A message larger than max_client_frame as the
+// instance would be written it is not delivered: refused is the close its
+// client gets, and the lease carries on for the next connection.
+func (l *lease) fromClient(data []byte, hold bool) (ic *instanceConn, refused *closeReq) {
 	out, ok := l.forInstance(data)
 	if !ok {
-		return nil
+		return nil, nil
+	}
+	if limit := l.g.cfg.Load().MaxClientFrame; len(out) > int(limit) {
+		l.g.log.Warn("client frame refused: larger than the instance may be sent; the client is closed with 1009 "+
+			"and the lease stays claimed. Raise max_client_frame only if the lease's instance reads larger frames "+
+			"(a stock nexus instance reads at most 32 KiB)",
+			"lease_id", l.id, "frame_bytes", len(out), "max_client_frame", int64(limit))
+		return nil, &closeReq{Code: websocket.CloseMessageTooBig, Reason: frameTooBig(len(out), int64(limit))}
 	}
 	l.clientInput()
-	return l.sendToInstance(out, hold)
+	return l.sendToInstance(out, hold), nil
+}
+
+// frameTooBig says that a frame of n bytes for the instance is over
+// max_client_frame's limit (a close reason: at most 123 bytes).
+func frameTooBig(n int, limit int64) string {
+	return fmt.Sprintf("frame of %d bytes exceeds max_client_frame (%d bytes)", n, limit)
 }
 
 // flushToInstance writes the frames this client's read pump left in the

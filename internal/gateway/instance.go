@@ -97,7 +97,7 @@ func (g *Gateway) serveInstance(conn *websocket.Conn, remote string) {
 		g.logRefusal(f, refusal, remote)
 		return
 	}
-	conn.SetReadLimit(wire.MaxMessage)
+	ws.BoundReads()
 	_ = ws.HeardNow()
 	ws.SetLease(l.id)
 	ic := &instanceConn{ws: ws, drained: make(chan struct{})}

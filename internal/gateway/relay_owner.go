@@ -235,15 +235,21 @@ func (g *Gateway) relaySend(_ context.Context, _ string, body json.RawMessage) (
 		return relayAnswer{Close: closing}, nil
 	}
 	var held *instanceConn
+	var refused *closeReq
 	for _, m := range rc.Msgs {
-		if ic := c.l.fromClient(m, true); ic != nil {
+		var ic *instanceConn
+		if ic, refused = c.l.fromClient(m, true); ic != nil {
 			held = ic
+		}
+		if refused != nil {
+			c.close(refused.Code, refused.Reason, 0)
+			break
 		}
 	}
 	if held != nil {
 		c.l.flushInstance(held)
 	}
-	return relayAnswer{}, nil
+	return relayAnswer{Close: refused}, nil
 }
 
 func (g *Gateway) relayDetach(_ context.Context, _ string, body json.RawMessage) (any, error) {

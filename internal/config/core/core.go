@@ -52,7 +52,7 @@ type Config struct {
 // mistakes in; internal/config's tests keep the list equal to its schema.
 var GatewayKeys = []string{
 	"a2a", "agents", "auth", "client_replay_buffer_bytes", "cluster", "console", "idle_timeout",
-	"max_leases_per_principal", "max_queue_depth",
+	"max_client_frame", "max_leases_per_principal", "max_queue_depth",
 	"max_queued_per_principal", "max_turn_duration", "queue_wait_timeout",
 	"ready_timeout", "reattach_window", "session_report_grace",
 }

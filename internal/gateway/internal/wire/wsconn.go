@@ -10,6 +10,7 @@ package wire
 import (
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -78,9 +79,17 @@ const (
 	// closeWait bounds how long a graceful close waits for the peer's echo
 	// (the spec's five seconds).
 	closeWait = 5 * time.Second
-	// MaxMessage bounds one inbound WebSocket message.
+	// MaxMessage bounds one inbound WebSocket message: the hard read limit,
+	// which a 1009 names (CloseTooBig).
 	MaxMessage = 16 << 20
 )
+
+// ErrTooBig is Read's error for a message over MaxMessage, whose socket it
+// has closed with 1009.
+var ErrTooBig = errors.New("websocket: message exceeds the read limit")
+
+// CloseTooBig is the 1009 reason of a message over MaxMessage.
+var CloseTooBig = fmt.Sprintf("message exceeds the %d-byte WebSocket read limit", MaxMessage)
 
 // Close codes and reasons of the wire contract.
 const (
@@ -198,7 +207,7 @@ func NewConn(c *websocket.Conn, log *slog.Logger, peer, leaseID string) *Conn {
 		bc.startFraming()
 		w.bc = bc
 	}
-	c.SetReadLimit(MaxMessage)
+	w.BoundReads()
 	w.HeardNow()
 	c.SetPongHandler(func(string) error { return w.HeardNow() })
 	c.SetPingHandler(func(data string) error {
@@ -220,12 +229,25 @@ func (w *Conn) HeardNow() error {
 	return w.c.SetReadDeadline(now.Add(peerTimeout))
 }
 
+// BoundReads has Read bound each message at MaxMessage itself rather than
+// gorilla, whose own limit closes with a 1009 that gives no reason.
+func (w *Conn) BoundReads() { w.c.SetReadLimit(0) }
+
 // read returns the next message. The liveness deadline is pushed out by the
 // peer's pongs and pings (see NewConn), not by each message: any conformant
 // peer answers every ping, and not touching the deadline per message keeps a
-// timer update off the relay's hot path.
+// timer update off the relay's hot path. A message over MaxMessage closes
+// the socket with 1009 naming the limit (CloseTooBig) and is ErrTooBig.
 func (w *Conn) Read() ([]byte, error) {
-	_, data, err := w.c.ReadMessage()
+	_, r, err := w.c.NextReader()
+	var data []byte
+	if err == nil {
+		data, err = io.ReadAll(io.LimitReader(r, MaxMessage+1))
+	}
+	if err == nil && len(data) > MaxMessage {
+		w.CloseGraceful(websocket.CloseMessageTooBig, CloseTooBig)
+		return nil, ErrTooBig
+	}
 	if err != nil {
 		var ne net.Error
 		if errors.As(err, &ne) && ne.Timeout() && !w.Closing() {
