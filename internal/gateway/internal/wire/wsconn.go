@@ -194,6 +194,9 @@ type Conn struct {
 	writeBy time.Time
 	// room is roomFor's remaining budget of bytes.
 	room int
+	// lr bounds the message Read is reading (only the reading goroutine
+	// touches it): a field, so a read allocates nothing for it.
+	lr io.LimitedReader
 }
 
 // SetLease names the lease the socket serves in its log lines, once it is
@@ -242,7 +245,9 @@ func (w *Conn) Read() ([]byte, error) {
 	_, r, err := w.c.NextReader()
 	var data []byte
 	if err == nil {
-		data, err = io.ReadAll(io.LimitReader(r, MaxMessage+1))
+		w.lr = io.LimitedReader{R: r, N: MaxMessage + 1}
+		data, err = io.ReadAll(&w.lr)
+		w.lr.R = nil
 	}
 	if err == nil && len(data) > MaxMessage {
 		w.CloseGraceful(websocket.CloseMessageTooBig, CloseTooBig)
