@@ -1,0 +1,149 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nexus-broker/nexus-broker/pkg/brokerclient"
+)
+
+// The stock nexus engine, built from upstream's source, is not something CI
+// can build (its module is not served by the proxy): these tests take the
+// binary from NEXUS_STOCK_NEXUS and skip without it.
+const stockNexusEnv = "NEXUS_STOCK_NEXUS"
+
+// llmStub is an OpenAI-compatible chat completions endpoint on loopback
+// whose answer lists every user message it was sent ("stub heard N: a | b"),
+// so an engine's memory shows; a message longer than 40 bytes is listed by
+// its start and length. It streams when asked to, in chunks.
+func llmStub(t *testing.T) string {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			Stream   bool `json:"stream"`
+			Messages []struct {
+				Role    string          `json:"role"`
+				Content json.RawMessage `json:"content"`
+			} `json:"messages"`
+		}
+		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		var users []string
+		for _, m := range req.Messages {
+			if m.Role != "user" {
+				continue
+			}
+			var s string
+			if json.Unmarshal(m.Content, &s) != nil {
+				s = string(m.Content)
+			}
+			if len(s) > 40 {
+				s = fmt.Sprintf("%s…(%d bytes)", s[:20], len(s))
+			}
+			users = append(users, s)
+		}
+		text := fmt.Sprintf("stub heard %d: %s", len(users), strings.Join(users, " | "))
+		usage := map[string]int{"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+		if !req.Stream {
+			w.Header().Set("Content-Type", "application/json")
+			_ = json.NewEncoder(w).Encode(map[string]any{"id": "x", "object": "chat.completion", "model": "stub", "usage": usage,
+				"choices": []any{map[string]any{"index": 0, "finish_reason": "stop", "message": map[string]string{"role": "assistant", "content": text}}}})
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		chunk := func(delta map[string]string, finish any, extra map[string]any) {
+			c := map[string]any{"id": "x", "object": "chat.completion.chunk", "model": "stub",
+				"choices": []any{map[string]any{"index": 0, "delta": delta, "finish_reason": finish}}}
+			for k, v := range extra {
+				c[k] = v
+			}
+			data, _ := json.Marshal(c)
+			fmt.Fprintf(w, "data: %s\n\n", data)
+		}
+		for i := 0; i < len(text); i += 16 {
+			chunk(map[string]string{"content": text[i:min(i+16, len(text))]}, nil, nil)
+		}
+		chunk(map[string]string{}, "stop", map[string]any{"usage": usage})
+		fmt.Fprint(w, "data: [DONE]\n\n")
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL + "/v1/chat/completions"
+}
+
+// stockNexus starts a broker whose nexus entry is the stock engine, and
+// returns it with the engine config a claim sends (the broker IO plugin, a
+// ReAct agent with memory, and the OpenAI provider pointed at llmStub).
+// Its instances' HOME, where their sessions are kept, is the test's own.
+func stockNexus(t *testing.T) (*Broker, string) {
+	t.Helper()
+	engine := os.Getenv(stockNexusEnv)
+	if engine == "" {
+		t.Skipf("%s is not set: it names a stock nexus engine built from upstream's source, which CI cannot build", stockNexusEnv)
+	}
+	home := t.TempDir()
+	b := startBroker(t, Options{NoNexusEntry: true, YAML: fmt.Sprintf(`binaries:
+  nexus:
+    path: %q
+    env: {OPENAI_API_KEY: dummy, HOME: %q}
+`, engine, home)})
+	cfg := fmt.Sprintf(`core:
+  log_level: warn
+  models:
+    default: quick
+    quick: {provider: nexus.llm.openai, model: gpt-4o-mini, max_tokens: 512}
+  sessions: {root: %q, retention: 1d}
+plugins:
+  active: [nexus.io.broker, nexus.llm.openai, nexus.agent.react, nexus.memory.capped]
+  nexus.llm.openai: {api_key: dummy, base_url: %q}
+`, filepath.Join(home, ".nexus", "sessions"), llmStub(t))
+	return b, cfg
+}
+
+// TestStockNexusInputOverMaxClientFrameIs1009: against the stock engine,
+// which reads at most 32 KiB on its dial-back socket, a frame of exactly
+// max_client_frame reaches the model; a 40 KiB input is refused with 1009
+// naming the limit and the key, never relayed for the engine to drop; the
+// lease answers a reconnect, and the model's memory shows the turns that
+// reached it and not the refused one.
+func TestStockNexusInputOverMaxClientFrameIs1009(t *testing.T) {
+	b, cfg := stockNexus(t)
+	c := b.claim(brokerclient.ClaimRequest{Config: cfg})
+	conn := b.dial(c, brokerclient.DialOptions{})
+	if got := say(t, conn, "hello"); got != "stub heard 1: hello" {
+		t.Fatalf("the stock engine's first turn: %q", got)
+	}
+	if err := conn.WriteRaw(ioFrameOf(t, c.LeaseID, 32768)); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := answerWithin(conn); err != nil || !strings.HasPrefix(got, "stub heard 2: hello | xxxxxxxxxxxxxxxxxxxx…(") {
+		t.Fatalf("a frame of exactly max_client_frame: %q, %v; want the model to have it", got, err)
+	}
+
+	conn = b.dial(c, brokerclient.DialOptions{})
+	bare := bareInput(t, 40<<10)
+	wrapped := len(bare) + len(fmt.Sprintf(`{"version":1,"lease_id":%q,"signal":"io","payload":}`, c.LeaseID))
+	refusedWith1009(t, conn, bare, fmt.Sprintf("frame of %d bytes exceeds max_client_frame (32768 bytes)", wrapped))
+	if l, ok := b.lease(c.LeaseID); !ok || l.State != "active" {
+		t.Fatalf("after the refusal the lease is %+v (listed %v), want it active", l, ok)
+	}
+	conn = b.dial(c, brokerclient.DialOptions{})
+	got := say(t, conn, "again")
+	if !strings.HasPrefix(got, "stub heard 3: hello | xxxxxxxxxxxxxxxxxxxx…(") || !strings.HasSuffix(got, " | again") {
+		t.Fatalf("after reconnecting: %q, want the model to have heard hello, the 32 KiB input and again, and not the refused one", got)
+	}
+}
+
+// answerWithin is conn's next answer, read within 30 s.
+func answerWithin(conn *brokerclient.Conn) (string, error) {
+	_ = conn.Underlying().SetReadDeadline(time.Now().Add(30 * time.Second))
+	return conn.Answer()
+}
