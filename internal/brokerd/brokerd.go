@@ -20,6 +20,7 @@ import (
 	"github.com/nexus-broker/nexus-broker/internal/atomicfile"
 	"github.com/nexus-broker/nexus-broker/internal/auth"
 	"github.com/nexus-broker/nexus-broker/internal/bootlog"
+	"github.com/nexus-broker/nexus-broker/internal/cluster/router"
 	"github.com/nexus-broker/nexus-broker/internal/config"
 	"github.com/nexus-broker/nexus-broker/internal/config/core"
 	"github.com/nexus-broker/nexus-broker/internal/console"
@@ -113,6 +114,9 @@ func Run(o Options) error {
 
 	g := gateway.New(gateway.Options{Config: cfg, Spawner: client, Ready: client.Ready, Journal: client.Journal, Logger: log, ListenPort: ln.Addr().(*net.TCPAddr).Port, Auth: authn})
 	console.Attach(g)
+	if cfg.Cluster != nil {
+		g.JoinCluster(func(brokerID string) (gateway.Router, error) { return router.New(g, cfg, brokerID, log) })
+	}
 	if err := g.Start(ctx); err != nil {
 		return bootlog.Config(err, path)
 	}

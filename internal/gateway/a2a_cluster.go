@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"io"
 	"net/http"
 	"slices"
@@ -12,8 +11,6 @@ import (
 	"time"
 
 	"github.com/nexus-broker/nexus-broker/internal/a2a"
-	"github.com/nexus-broker/nexus-broker/internal/auth"
-	"github.com/nexus-broker/nexus-broker/internal/cluster"
 )
 
 // An A2A conversation lives on the broker whose context index holds it:
@@ -23,81 +20,30 @@ import (
 // request about one is sent to the broker it names without a lookup; any
 // other id (a contextId the client chose, an id minted before cluster
 // mode) is found by asking the peers (answers reused for at most
-// contextCacheFor). The owner answers a stream event by event
-// (a2a_stream.go), anything else whole. A conversation no broker holds
+// contextCacheFor, in internal/cluster/router). The owner answers a
+// stream event by event, anything else whole (the router carries both). A conversation no broker holds
 // starts here, and so belongs to this broker, but only once every peer
 // has said it is not theirs: while one does not answer, or the broker an
 // id names does not, the request is refused with a2aOwnerUnavailable,
 // never started here as a second conversation. A task no broker holds is
 // the uniform not-found, answered here. ListTasks gathers every broker's.
 
-const contextCacheFor = time.Second
-
 // a2aOwnerUnavailable is owner loss as the A2A bindings say it, with the
 // lease routes' text: JSON-RPC's implementation-defined server error
 // (-32000, which a stock client reads as a server error) and, over
 // HTTP+JSON, 503 UNAVAILABLE with the same SERVER_ERROR reason.
 var a2aOwnerUnavailable = &a2a.Error{Code: -32000, HTTPStatus: http.StatusServiceUnavailable, Status: "UNAVAILABLE",
-	Reason: "SERVER_ERROR", Message: errOwnerUnavailable}
+	Reason: "SERVER_ERROR", Message: TextOwnerUnavailable}
 
 // newID mints a task id, or a context id for a message without one: in
 // cluster mode it names this broker as a lease id does (crypto/rand does
 // not fail), else it is an A2A UUID as in single-broker mode.
 func (in *ingress) newID() string {
 	if rt := in.g.rt; rt != nil {
-		id, _ := cluster.NewLeaseID(rt.node.ID())
+		id, _ := rt.NewLeaseID()
 		return id
 	}
 	return a2a.NewID()
-}
-
-// contextCall asks a peer whether it holds a conversation (Context) or a
-// task (Task), in the caller's scope.
-type contextCall struct {
-	Principal string `json:"principal"`
-	Profile   string `json:"profile"`
-	Context   string `json:"context,omitempty"`
-	Task      string `json:"task,omitempty"`
-}
-
-func (c contextCall) key() string {
-	if c.Task != "" {
-		return convKey{c.Principal, c.Profile, "task\x00" + c.Task}.String()
-	}
-	return convKey{c.Principal, c.Profile, c.Context}.String()
-}
-
-type contextAnswer struct {
-	Mine bool `json:"mine"`
-}
-
-// httpCall is an HTTP request another broker carried, with the principal
-// it authenticated.
-type httpCall struct {
-	Principal auth.Principal  `json:"principal"`
-	Method    string          `json:"method"`
-	Path      string          `json:"path"`
-	Query     string          `json:"query,omitempty"`
-	Header    http.Header     `json:"header,omitempty"`
-	Body      json.RawMessage `json:"body,omitempty"`
-}
-
-type httpReply struct {
-	Status int         `json:"status"`
-	Header http.Header `json:"header,omitempty"`
-	Body   []byte      `json:"body,omitempty"`
-}
-
-// forwardedHeaders are the request headers an A2A handler reads.
-var forwardedHeaders = []string{"Content-Type", "Accept", "A2A-Version"}
-
-type forwardedKey struct{}
-
-// forwardedPrincipal is the principal of a request another broker
-// authenticated and carried here (never set from the network).
-func forwardedPrincipal(ctx context.Context) (auth.Principal, bool) {
-	p, ok := ctx.Value(forwardedKey{}).(auth.Principal)
-	return p, ok
 }
 
 // holds reports whether this broker's conversations include the context.
@@ -114,7 +60,7 @@ func (in *ingress) holds(principal, profile, context string) bool {
 }
 
 // holdsCall reports whether this broker holds what c asks about.
-func (in *ingress) holdsCall(c contextCall) bool {
+func (in *ingress) holdsCall(c A2AQuery) bool {
 	if c.Task != "" {
 		_, ok := in.store.Get(c.Principal, c.Profile, c.Task)
 		return ok
@@ -204,193 +150,38 @@ func (in *ingress) clustered(h http.HandlerFunc) http.HandlerFunc {
 			return
 		}
 		who, ref := g.auth.Authenticate(r)
-		c := contextCall{Principal: who.ID, Profile: r.PathValue("name"), Context: target.context, Task: target.task}
+		c := A2AQuery{Principal: who.ID, Profile: r.PathValue("name"), Context: target.context, Task: target.task}
 		if ref != nil || in.profiles.Load().ByName[c.Profile] == nil || in.holdsCall(c) {
 			h(w, r) // a refusal is answered (and audited) by the handler
 			return
 		}
-		owner, aerr := in.ownerOf(r.Context(), c)
-		if aerr != nil {
-			target.refuse(w, aerr)
+		owner, unsure := g.rt.A2AOwner(r.Context(), c)
+		if unsure {
+			target.refuse(w, a2aOwnerUnavailable)
 			return
 		}
 		if owner == "" {
 			h(w, r)
 			return
 		}
-		call := httpCall{Principal: who, Method: r.Method, Path: r.URL.Path, Query: r.URL.RawQuery, Header: http.Header{}, Body: body}
-		for _, k := range forwardedHeaders {
-			if v := r.Header.Values(k); len(v) > 0 {
-				call.Header[k] = v
-			}
-		}
-		if target.stream {
-			g.carryStream(w, r, owner, call, target)
-			return
-		}
-		var rep httpReply
-		if err := g.rt.node.CallFor(r.Context(), g.carriedTimeout(), owner, opHTTP, call, &rep); err != nil {
-			g.log.Warn("cluster: the conversation's broker did not answer", "owner", owner, "error", err)
-			target.refuse(w, a2aOwnerUnavailable)
-			return
-		}
-		for k, v := range rep.Header {
-			w.Header()[k] = v
-		}
-		w.WriteHeader(rep.Status)
-		_, _ = w.Write(rep.Body)
+		g.rt.CarryA2A(w, r, owner, who, body, target.stream, func(w http.ResponseWriter) { target.refuse(w, a2aOwnerUnavailable) })
 	}
 }
-
-// carriedTimeout bounds an A2A request carried whole to another broker: a
-// SendMessage may wait for its instance to boot and its turn to end.
-func (g *Gateway) carriedTimeout() time.Duration {
-	cfg := g.cfg.Load()
-	return cfg.ReadyTimeout.D() + cfg.MaxTurnDuration.D() + 30*time.Second
-}
-
-// ownerOf is the broker that answers what c names when this one does not
-// hold it, "" for this one. An id a broker minted names it: that broker
-// answers, and while it cannot, nobody does; a task id naming a broker
-// never heard from is the uniform not-found, answered here (a context id
-// naming one is refused: the broker may be down since before this one
-// started). Any other id is looked up on the peers.
-func (in *ingress) ownerOf(ctx context.Context, c contextCall) (string, *a2a.Error) {
-	n := in.g.rt.node
-	id := c.Context
-	if id == "" {
-		id = c.Task
-	}
-	switch o := cluster.Owner(id); {
-	case o == n.ID():
-		return "", nil
-	case o != "" && n.Reachable(o):
-		return o, nil
-	case o != "" && c.Task != "" && !n.Known(o):
-		return "", nil
-	case o != "":
-		return "", a2aOwnerUnavailable
-	}
-	owner, unsure := in.g.contextOwner(ctx, c)
-	if unsure {
-		return "", a2aOwnerUnavailable
-	}
-	return owner, nil
-}
-
-// contextOwner is the peer holding the conversation or task, "" for none;
-// unsure when no peer that answered holds it but some did not answer. Only
-// a sure answer is reused.
-func (g *Gateway) contextOwner(ctx context.Context, c contextCall) (owner string, unsure bool) {
-	key := c.key()
-	if owner, ok := g.rt.ctxCache.get(key); ok {
-		return owner, false
-	}
-	missing := askPeers(g, ctx, opContext, c, func(peer string, a contextAnswer) {
-		if a.Mine {
-			owner = peer
-		}
-	})
-	if owner == "" && len(missing) > 0 {
-		return "", true
-	}
-	g.rt.ctxCache.put(key, owner)
-	return owner, false
-}
-
-// answerContext is the owner's side of contextOwner.
-func (g *Gateway) answerContext(_ context.Context, _ string, body json.RawMessage) (any, error) {
-	var c contextCall
-	if err := json.Unmarshal(body, &c); err != nil {
-		return nil, err
-	}
-	return contextAnswer{Mine: g.a2a != nil && g.a2a.holdsCall(c)}, nil
-}
-
-// serveCarried answers an HTTP request another broker carried, through this
-// broker's own routes, as its principal.
-func (g *Gateway) serveCarried(ctx context.Context, from string, body json.RawMessage) (any, error) {
-	req, err := g.carriedRequest(ctx, from, body)
-	if err != nil {
-		return nil, err
-	}
-	mux := g.mux.Load()
-	if mux == nil {
-		return nil, errors.New("not serving yet")
-	}
-	rec := &bufferedResponse{header: http.Header{}}
-	mux.ServeHTTP(rec, req)
-	if rec.status == 0 {
-		rec.status = http.StatusOK
-	}
-	return httpReply{Status: rec.status, Header: rec.header, Body: rec.body.Bytes()}, nil
-}
-
-// carriedRequest rebuilds an HTTP request another broker carried here, as
-// the principal it authenticated.
-func (g *Gateway) carriedRequest(ctx context.Context, from string, body json.RawMessage) (*http.Request, error) {
-	var c httpCall
-	if err := json.Unmarshal(body, &c); err != nil {
-		return nil, err
-	}
-	req, err := http.NewRequestWithContext(context.WithValue(ctx, forwardedKey{}, c.Principal), c.Method, c.Path, bytes.NewReader(c.Body))
-	if err != nil {
-		return nil, err
-	}
-	req.URL.RawQuery = c.Query
-	req.Header = c.Header
-	req.RemoteAddr = "broker " + from
-	return req, nil
-}
-
-// bufferedResponse keeps a response whole for the broker that carried the
-// request.
-type bufferedResponse struct {
-	header http.Header
-	status int
-	body   bytes.Buffer
-}
-
-func (b *bufferedResponse) Header() http.Header { return b.header }
-func (b *bufferedResponse) WriteHeader(status int) {
-	if b.status == 0 {
-		b.status = status
-	}
-}
-func (b *bufferedResponse) Write(p []byte) (int, error) {
-	b.WriteHeader(http.StatusOK)
-	return b.body.Write(p)
-}
-func (b *bufferedResponse) Flush() {}
 
 // --- ListTasks over every broker ----------------------------------------
-
-const opTasks = "tasks"
 
 // headerUnanswered names the brokers a ListTasks answer could not include:
 // a header, since the A2A list's shape has no room for it.
 const headerUnanswered = "Nexus-Unreachable-Brokers"
 
-type tasksCall struct {
-	Principal string          `json:"principal"`
-	Profile   string          `json:"profile"`
-	Req       a2a.ListRequest `json:"req"`
-	Limit     int             `json:"limit"`
-}
-
-type tasksAnswer struct {
-	Tasks []a2a.Task `json:"tasks"`
-	Total int        `json:"total"`
-}
-
 // gatherTasks adds every peer's share of a ListTasks to this broker's
 // (mine, of total), newest change first, and names the peers that did not
 // answer. A page of off..off+size needs no more than each broker's first
 // off+size (c.Limit).
-func (in *ingress) gatherTasks(ctx context.Context, c tasksCall, mine []a2a.Task, total int) ([]a2a.Task, int, []string) {
+func (in *ingress) gatherTasks(ctx context.Context, c TaskQuery, mine []a2a.Task, total int) ([]a2a.Task, int, []string) {
 	local := len(mine)
-	missing := askPeers(in.g, ctx, opTasks, c, func(_ string, a tasksAnswer) {
-		mine, total = append(mine, a.Tasks...), total+a.Total
+	missing := in.g.rt.GatherTasks(ctx, c, func(ts []a2a.Task, n int) {
+		mine, total = append(mine, ts...), total+n
 	})
 	if len(mine) > local {
 		slices.SortStableFunc(mine, func(a, b a2a.Task) int {
@@ -414,19 +205,6 @@ func compareTime(a, b *time.Time) int {
 		return 1
 	}
 	return a.Compare(*b)
-}
-
-// answerTasks is a peer's side of gatherTasks.
-func (g *Gateway) answerTasks(_ context.Context, _ string, body json.RawMessage) (any, error) {
-	var c tasksCall
-	if err := json.Unmarshal(body, &c); err != nil {
-		return nil, err
-	}
-	if g.a2a == nil {
-		return tasksAnswer{Tasks: []a2a.Task{}}, nil
-	}
-	ts, total := g.a2a.matching(c.Principal, c.Profile, &c.Req, c.Limit)
-	return tasksAnswer{Tasks: ts, Total: total}, nil
 }
 
 // unanswered names, in a ListTasks answer, the brokers it lacks.

@@ -203,7 +203,7 @@ func (in *ingress) list(ctx context.Context, principal string, p *a2a.Profile, r
 	ts, total := in.matching(principal, p.Name, req, off+size)
 	var missing []string
 	if in.g.rt != nil {
-		ts, total, missing = in.gatherTasks(ctx, tasksCall{Principal: principal, Profile: p.Name, Req: *req, Limit: off + size}, ts, total)
+		ts, total, missing = in.gatherTasks(ctx, TaskQuery{Principal: principal, Profile: p.Name, Req: *req, Limit: off + size}, ts, total)
 	}
 	out := &a2a.ListResponse{Tasks: []a2a.Task{}, TotalSize: total, PageSize: size}
 	for i := off; i < len(ts) && i < off+size; i++ {

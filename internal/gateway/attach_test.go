@@ -5,8 +5,25 @@ import (
 	"time"
 
 	"github.com/nexus-broker/nexus-broker/internal/config/core"
+	"github.com/nexus-broker/nexus-broker/internal/gateway/internal/streamlog"
 	"github.com/nexus-broker/nexus-broker/internal/gateway/internal/wire"
+	"github.com/nexus-broker/nexus-broker/pkg/brokerframe"
 )
+
+// closingClient is an attached client that records how it was closed.
+type closingClient struct{ closing *CloseReq }
+
+func (c *closingClient) place(*streamlog.Cursor, *brokerframe.StreamGap) {}
+func (c *closingClient) notify(bool)                                     {}
+func (c *closingClient) flushHeld()                                      {}
+func (c *closingClient) finish(code int, reason string)                  { c.close(code, reason) }
+func (c *closingClient) displace()                                       { c.close(wire.CodeSuperseded, wire.CloseSuperseded) }
+func (c *closingClient) goAway()                                         { c.close(1001, wire.CloseRestarting) }
+func (c *closingClient) close(code int, reason string) {
+	if c.closing == nil {
+		c.closing = &CloseReq{Code: code, Reason: reason}
+	}
+}
 
 // TestTheLaterAcceptedClientWinsWhateverTheAttachOrder: two connections
 // accepted one after the other may reach attachClient in either order (each
@@ -15,7 +32,7 @@ import (
 func TestTheLaterAcceptedClientWinsWhateverTheAttachOrder(t *testing.T) {
 	g := bareGateway()
 	l := g.newLease("L", "", core.ReservedEntry, time.Now())
-	older, newer := &relayConn{l: l, closed: make(chan struct{})}, &relayConn{l: l, closed: make(chan struct{})}
+	older, newer := &closingClient{}, &closingClient{}
 	first, second := l.clientTicket(), l.clientTicket()
 
 	if !g.attachClient(l, newer, second, -1, "", credentialAnonymous) {

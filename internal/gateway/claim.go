@@ -187,10 +187,10 @@ func (g *Gateway) claimBody(r *http.Request, p auth.Principal, body []byte, slot
 	if requested != "" && !g.hasBinary(requested) {
 		// In cluster mode a peer that spawns it may take the claim.
 		if slot == slotAcquire && g.rt != nil {
-			if resp, cerr, ok := g.offerClaim(r.Context(), p, body); ok {
-				return resp, cerr
+			if a, ok := g.rt.OfferClaim(r.Context(), p, body); ok {
+				return g.peerClaimed(a)
 			}
-			if g.peerServes(requested) {
+			if g.rt.PeerServes(requested) {
 				return nil, refuse(http.StatusServiceUnavailable, "no_capacity", "no capacity: no broker that spawns binary %q has a free slot", requested)
 			}
 		}
@@ -207,20 +207,20 @@ func (g *Gateway) claimBody(r *http.Request, p auth.Principal, body []byte, slot
 	}
 	offerAway := slot == slotAcquire && g.rt != nil
 	if offerAway && session != "" {
-		resp, cerr, routed, mine := g.routeResume(r.Context(), p, session, body)
+		a, routed, mine := g.rt.RouteResume(r.Context(), p, session, body)
 		if routed {
-			return resp, cerr
+			return g.peerClaimed(a)
 		}
 		offerAway = !mine
 	}
 	var away *queuedOffer
 	if offerAway {
 		if g.cap.Full() {
-			if resp, cerr, ok := g.offerClaim(r.Context(), p, body); ok {
-				return resp, cerr
+			if a, ok := g.rt.OfferClaim(r.Context(), p, body); ok {
+				return g.peerClaimed(a)
 			}
 		}
-		if g.offerable(body) {
+		if g.rt.Offerable(body) {
 			away = &queuedOffer{ctx: r.Context(), principal: p, body: body}
 		}
 	}

@@ -39,14 +39,15 @@ type clientConn struct {
 	writing bool
 	dead    bool                   // a write failed or the socket closed: write nothing more
 	gap     *brokerframe.StreamGap // the notice to send before anything else
-	closing *closeReq
+	closing *CloseReq
 	flushBy time.Time
 	// heldFor is the instance socket holding frames this client's read
 	// pump sent and has not flushed yet; only the read pump touches it.
 	heldFor *instanceConn
 }
 
-type closeReq struct {
+// CloseReq is how a client connection is closed: code and reason.
+type CloseReq struct {
 	Code   int    `json:"code"`
 	Reason string `json:"reason"`
 }
@@ -56,7 +57,7 @@ type closeReq struct {
 func (c *clientConn) finish(code int, reason string) {
 	c.wmu.Lock()
 	if c.closing == nil {
-		c.closing = &closeReq{code, reason}
+		c.closing = &CloseReq{code, reason}
 		c.flushBy = time.Now().Add(finishFlush)
 	}
 	c.wmu.Unlock()
@@ -234,7 +235,7 @@ func (c *clientConn) closingExpired() bool {
 func (g *Gateway) handleClient(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("lease_id")
 	if owner := g.remoteOwner(id); owner != "" {
-		g.relayClient(w, r, owner, id)
+		g.rt.RelayClient(w, r, owner, id)
 		return
 	}
 	p, credential, ok := g.clientPrincipal(w, r, id)
@@ -424,7 +425,7 @@ func (c *clientConn) readPump() {
 // sendToInstance takes it. A message larger than max_client_frame as the
 // instance would be written it is not delivered: refused is the close its
 // client gets, and the lease carries on for the next connection.
-func (l *lease) fromClient(data []byte, hold bool) (ic *instanceConn, refused *closeReq) {
+func (l *lease) fromClient(data []byte, hold bool) (ic *instanceConn, refused *CloseReq) {
 	out, ok := l.forInstance(data)
 	if !ok {
 		return nil, nil
@@ -434,7 +435,7 @@ func (l *lease) fromClient(data []byte, hold bool) (ic *instanceConn, refused *c
 			"and the lease stays claimed. Raise max_client_frame only if the lease's instance reads larger frames "+
 			"(a stock nexus instance reads at most 32 KiB)",
 			"lease_id", l.id, "frame_bytes", len(out), "max_client_frame", int64(limit))
-		return nil, &closeReq{Code: websocket.CloseMessageTooBig, Reason: frameTooBig(len(out), int64(limit))}
+		return nil, &CloseReq{Code: websocket.CloseMessageTooBig, Reason: frameTooBig(len(out), int64(limit))}
 	}
 	l.clientInput()
 	return l.sendToInstance(out, hold), nil

@@ -5,14 +5,17 @@
 // idle and turn policy, metrics,
 // and the HTTP routes over them. It never spawns or signals a process
 // itself: it asks spawnd through the spawner.Spawner interface, in its own
-// types. The A2A ingress (a2a_*.go) and the cluster router (relay*.go,
-// cluster*.go) still live here; docs/architecture.md draws the layers.
+// types. The A2A ingress (a2a_*.go) still lives here; the cluster router
+// is internal/cluster/router, which the core asks through Router (api.go)
+// and which reaches the core only through its exported methods;
+// docs/architecture.md draws the layers.
 //
 // Layers above it (the A2A door, the cluster router, internal/console,
 // internal/brokerd) use it only through its exported face, all of it in
 // api.go: Claim, Release, a Lease's Send, Follow and Attach, Leases,
-// Subscribe, Mount and the guard. It may not import them, nor pkg/spawnrpc
-// or internal/spawnclient (layers_test.go checks it).
+// Subscribe, Mount and the guard. It may not import them, nor
+// internal/cluster (the router speaks NATS), pkg/spawnrpc or
+// internal/spawnclient (layers_test.go checks it).
 package gateway
 
 import (
@@ -31,7 +34,6 @@ import (
 	"github.com/nexus-broker/nexus-broker/internal/a2a"
 	"github.com/nexus-broker/nexus-broker/internal/auth"
 	"github.com/nexus-broker/nexus-broker/internal/bootlog"
-	"github.com/nexus-broker/nexus-broker/internal/cluster"
 	"github.com/nexus-broker/nexus-broker/internal/config"
 	"github.com/nexus-broker/nexus-broker/internal/gateway/internal/capacity"
 	"github.com/nexus-broker/nexus-broker/internal/gateway/spawner"
@@ -76,7 +78,7 @@ type Gateway struct {
 	// a2a is the A2A ingress; nil on a broker that booted without agents:.
 	a2a *ingress
 	// rt is cluster mode's router; single-broker mode builds none.
-	rt *router
+	rt Router
 	above
 	book
 	life
@@ -107,9 +109,12 @@ type above struct {
 	mounts []func(*http.ServeMux)
 	// mux is Handler's, for requests other brokers carry here.
 	mux atomic.Pointer[http.ServeMux]
+	// join builds the cluster router (JoinCluster); nil in single-broker
+	// mode.
+	join func(brokerID string) (Router, error)
 }
 
-// book is the leases this broker holds; mu also guards the router's maps.
+// book is the leases this broker holds.
 type book struct {
 	mu     sync.Mutex
 	leases map[string]*lease
@@ -123,25 +128,6 @@ type life struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
-}
-
-// router is cluster mode's state: the membership, the brief peer caches,
-// and what other brokers carry through this one. Its maps are guarded by
-// Gateway.mu.
-type router struct {
-	// node is the NATS membership.
-	node *cluster.Node
-	// capCache holds other brokers' lease counts per principal, briefly.
-	capCache *briefCache[int]
-	// ctxCache holds which peer holds an A2A conversation, briefly.
-	ctxCache *briefCache[string]
-	// peerFree carries peers that announced a free slot to reofferQueued.
-	peerFree chan string
-	// relays are the client connections other brokers carry to leases
-	// here, by connection id.
-	relays map[string]*relayConn
-	// streams are the A2A streams other brokers carry from here, by id.
-	streams map[string]*carriedStream
 }
 
 // buildProfilesFailed is upstream's record of agents: profiles that cannot
@@ -216,8 +202,14 @@ func (g *Gateway) Start(ctx context.Context) error {
 	}
 	g.wg.Add(1)
 	go g.watchExits(stream)
-	if g.boot.Cluster != nil {
-		return g.joinCluster(st.BrokerID)
+	if g.join != nil {
+		rt, err := g.join(st.BrokerID)
+		if err != nil {
+			return err
+		}
+		// Set before the first request can arrive: the claims read it.
+		g.rt = rt
+		return rt.Start()
 	}
 	return nil
 }
@@ -403,7 +395,7 @@ func (g *Gateway) Shutdown() {
 		g.a2a.close()
 	}
 	if g.rt != nil {
-		g.rt.node.Close()
+		g.rt.Close()
 	}
 }
 
@@ -422,7 +414,7 @@ func (g *Gateway) liveLeases() []*lease {
 // broker as the owner.
 func (g *Gateway) newLeaseID() (string, error) {
 	if g.rt != nil {
-		return cluster.NewLeaseID(g.rt.node.ID())
+		return g.rt.NewLeaseID()
 	}
 	var b [16]byte
 	if _, err := rand.Read(b[:]); err != nil {
@@ -461,8 +453,8 @@ func (g *Gateway) terminate(l *lease, req spawner.Termination) {
 func (g *Gateway) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /claim", g.handleClaim)
-	mux.HandleFunc("POST /release/{lease_id}", g.guarded(g.ownerRoute(opRelease, g.Release)))
-	mux.HandleFunc("POST /ticket/{lease_id}", g.guarded(g.ownerRoute(opTicket, g.ticket)))
+	mux.HandleFunc("POST /release/{lease_id}", g.guarded(g.ownerRoute(routeRelease, g.Release)))
+	mux.HandleFunc("POST /ticket/{lease_id}", g.guarded(g.ownerRoute(routeTicket, g.ticket)))
 	mux.HandleFunc("GET /leases", g.guarded(g.handleLeases))
 	mux.HandleFunc("GET /binaries", g.guarded(g.handleBinaries))
 	mux.HandleFunc("GET /metrics", g.guard(true, g.handleMetrics))

@@ -168,7 +168,7 @@ func (g *Gateway) admitPrincipal(principal string) bool {
 	}
 	elsewhere := 0
 	if g.rt != nil {
-		elsewhere = g.peerLeaseCount(principal)
+		elsewhere = g.rt.PeerLeaseCount(principal)
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()

@@ -13,14 +13,16 @@ const mod = "github.com/nexus-broker/nexus-broker/"
 // import, so that no arrow runs up.
 var mayNotImport = map[string][]string{
 	// spawnd's generated types stay with spawnd, its RPC and its client.
-	"internal/gateway/":    {"pkg/spawnrpc/", "internal/spawnclient", "internal/console", "internal/brokerd"},
-	"internal/gateway":     {"pkg/spawnrpc/", "internal/spawnclient", "internal/console", "internal/brokerd"},
-	"internal/console":     {"pkg/spawnrpc/", "internal/spawnclient", "internal/brokerd", "internal/a2a", "internal/cluster"},
-	"internal/a2a":         {"internal/gateway", "internal/gateway/", "internal/console", "internal/spawnclient", "internal/brokerd", "pkg/spawnrpc/"},
-	"internal/cluster":     {"internal/gateway", "internal/gateway/", "internal/console", "internal/spawnclient", "internal/brokerd", "pkg/spawnrpc/"},
-	"internal/auth":        {"internal/gateway", "internal/gateway/", "internal/console", "internal/a2a", "internal/cluster", "internal/spawnclient"},
-	"internal/config":      {"internal/gateway", "internal/gateway/", "internal/console", "internal/a2a", "internal/cluster", "internal/auth"},
-	"internal/spawnclient": {"internal/gateway", "internal/console", "internal/a2a", "internal/cluster", "internal/brokerd"},
+	"internal/gateway/": {"pkg/spawnrpc/", "internal/spawnclient", "internal/console", "internal/brokerd", "internal/cluster", "internal/cluster/"},
+	"internal/gateway":  {"pkg/spawnrpc/", "internal/spawnclient", "internal/console", "internal/brokerd", "internal/cluster", "internal/cluster/"},
+	// The cluster router wraps the core's exported face, never its insides.
+	"internal/cluster/router": {"internal/gateway/internal/", "internal/gateway/spawner", "internal/console", "internal/spawnclient", "internal/brokerd", "pkg/spawnrpc/"},
+	"internal/console":        {"pkg/spawnrpc/", "internal/spawnclient", "internal/brokerd", "internal/a2a", "internal/cluster"},
+	"internal/a2a":            {"internal/gateway", "internal/gateway/", "internal/console", "internal/spawnclient", "internal/brokerd", "pkg/spawnrpc/"},
+	"internal/cluster":        {"internal/gateway", "internal/gateway/", "internal/console", "internal/spawnclient", "internal/brokerd", "pkg/spawnrpc/"},
+	"internal/auth":           {"internal/gateway", "internal/gateway/", "internal/console", "internal/a2a", "internal/cluster", "internal/spawnclient"},
+	"internal/config":         {"internal/gateway", "internal/gateway/", "internal/console", "internal/a2a", "internal/cluster", "internal/auth"},
+	"internal/spawnclient":    {"internal/gateway", "internal/console", "internal/a2a", "internal/cluster", "internal/brokerd"},
 }
 
 // leaves import nothing of the project.

@@ -8,8 +8,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/nexus-broker/nexus-broker/internal/cluster"
 )
 
 // Label values of the wire contract's fixed sets. A series exists for every
@@ -114,14 +112,7 @@ type gauges struct {
 	slotsInUse, maxConcurrent, queueDepth, maxQueueDepth, ticketsOutstanding int
 	leases                                                                   map[string]int
 	// cluster is nil in single-broker mode, whose /metrics stays as it was.
-	cluster *clusterGauges
-}
-
-type clusterGauges struct {
-	peersReachable, natsFailures int
-	// refused counts the cluster messages refused, by reason (a counter,
-	// though read at scrape time like the gauges).
-	refused map[string]uint64
+	cluster *ClusterGauges
 }
 
 const ns = "nexus_broker_"
@@ -171,12 +162,12 @@ func (m *metrics) write(w io.Writer, g gauges) {
 	}
 	gauge("tickets_outstanding", "Issued, unredeemed WebSocket tickets the broker still holds.", g.ticketsOutstanding)
 	if c := g.cluster; c != nil {
-		gauge("cluster_peers_reachable", "Other brokers whose heartbeat is current.", c.peersReachable)
-		gauge("cluster_nats_failures", "Consecutive failed NATS connection attempts (3 or more: an ERROR line).", c.natsFailures)
+		gauge("cluster_peers_reachable", "Other brokers whose heartbeat is current.", c.PeersReachable)
+		gauge("cluster_nats_failures", "Consecutive failed NATS connection attempts (3 or more: an ERROR line).", c.NATSFailures)
 		name := "cluster_messages_refused_total"
 		fmt.Fprintf(w, "# HELP %s%s Cluster messages refused: not sealed with the cluster secret (seal), stale, replayed, or arrived after its caller's deadline (late).\n# TYPE %s%s counter\n", ns, name, ns, name)
-		for _, r := range cluster.RefusedReasons {
-			fmt.Fprintf(w, "%s%s{reason=%q} %d\n", ns, name, r, c.refused[r])
+		for _, r := range c.Refused {
+			fmt.Fprintf(w, "%s%s{reason=%q} %d\n", ns, name, r.Reason, r.N)
 		}
 	}
 }

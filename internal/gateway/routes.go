@@ -7,7 +7,6 @@ import (
 	"net/http"
 
 	"github.com/nexus-broker/nexus-broker/internal/auth"
-	"github.com/nexus-broker/nexus-broker/internal/cluster"
 	"github.com/nexus-broker/nexus-broker/internal/gateway/reply"
 )
 
@@ -44,7 +43,7 @@ func (g *Gateway) notReady() error {
 		}
 	}
 	if g.rt != nil {
-		return g.rt.node.Ready()
+		return g.rt.Ready()
 	}
 	return nil
 }
@@ -115,7 +114,7 @@ type leasesJSON struct {
 // only their own leases, the aggregates absent rather than zeroed.
 func (g *Gateway) handleLeases(w http.ResponseWriter, r *http.Request, p auth.Principal) {
 	if g.rt != nil {
-		writeJSON(w, http.StatusOK, g.clusterLeases(r.Context(), p))
+		writeJSON(w, http.StatusOK, g.rt.Leases(r.Context(), p, g.localLeases(p)))
 		return
 	}
 	writeJSON(w, http.StatusOK, g.localLeases(p))
@@ -143,15 +142,8 @@ func (g *Gateway) handleMetrics(w http.ResponseWriter, r *http.Request, _ auth.P
 		gg.leases[l.State]++
 	}
 	if g.rt != nil {
-		gg.cluster = &clusterGauges{natsFailures: g.rt.node.Failures(), refused: map[string]uint64{}}
-		for _, r := range cluster.RefusedReasons {
-			gg.cluster.refused[r] = g.rt.node.Refused(r)
-		}
-		for _, p := range g.rt.node.Peers() {
-			if p.Reachable {
-				gg.cluster.peersReachable++
-			}
-		}
+		c := g.rt.Gauges()
+		gg.cluster = &c
 	}
 	var buf bytes.Buffer
 	g.m.write(&buf, gg)

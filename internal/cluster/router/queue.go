@@ -1,10 +1,11 @@
-package gateway
+package router
 
 import (
 	"context"
 	"net/http"
 
 	"github.com/nexus-broker/nexus-broker/internal/auth"
+	"github.com/nexus-broker/nexus-broker/internal/gateway"
 )
 
 // A claim that finds the whole cluster full waits in this broker's FIFO,
@@ -20,19 +21,8 @@ import (
 // offering goroutine; more are dropped, the next heartbeat repeats them.
 const peerFreeBacklog = 16
 
-// queuedOffer is a queued claim a peer may serve instead: what to offer,
-// and the peer's answer once it served it.
-type queuedOffer struct {
-	// ctx is the claimant's: an offer is abandoned when it hangs up.
-	ctx       context.Context
-	principal auth.Principal
-	body      []byte
-	resp      *claimResponse
-	cerr      *claimError
-}
-
 // peerHasFree hears a peer's heartbeat announcing a free slot.
-func (rt *router) peerHasFree(peer string) {
+func (rt *Router) peerHasFree(peer string) {
 	select {
 	case rt.peerFree <- peer:
 	default:
@@ -41,14 +31,15 @@ func (rt *router) peerHasFree(peer string) {
 
 // reofferQueued offers queued claims to each peer that announces a free
 // slot, for the gateway's lifetime.
-func (g *Gateway) reofferQueued() {
-	defer g.wg.Done()
+func (rt *Router) reofferQueued() {
+	defer rt.wg.Done()
+	done := rt.core.Context().Done()
 	for {
 		select {
-		case <-g.ctx.Done():
+		case <-done:
 			return
-		case peer := <-g.rt.peerFree:
-			for g.offerQueued(peer) {
+		case peer := <-rt.peerFree:
+			for rt.offerQueued(peer) {
 			}
 		}
 	}
@@ -56,22 +47,17 @@ func (g *Gateway) reofferQueued() {
 
 // offerQueued offers the oldest queued claim to peer, and reports whether
 // the peer served it (so the next may follow).
-func (g *Gateway) offerQueued(peer string) bool {
-	w := g.cap.NextOffer()
-	if w == nil {
-		return false
-	}
-	o := w.Offer()
-	resp, cerr, served := g.offerTo(o.ctx, peer, o.principal, o.body)
-	if cerr != nil && cerr.status == http.StatusTooManyRequests {
-		// The peer counted this very claim, booked here, against the
-		// principal's cap: it waits on here, where it was admitted.
-		served = false
-	}
-	if served {
-		o.resp, o.cerr = resp, cerr
-		g.log.Info("queued claim served by a peer that freed a slot", "peer", peer, "principal_id", o.principal.ID)
-	}
-	g.cap.OfferEnded(w, served)
-	return served
+func (rt *Router) offerQueued(peer string) bool {
+	return rt.core.OfferQueued(func(ctx context.Context, p auth.Principal, body []byte) (gateway.PeerClaim, bool) {
+		a, served := rt.offerTo(ctx, peer, p, body)
+		if a.Status == http.StatusTooManyRequests {
+			// The peer counted this very claim, booked here, against the
+			// principal's cap: it waits on here, where it was admitted.
+			served = false
+		}
+		if served {
+			rt.log.Info("queued claim served by a peer that freed a slot", "peer", peer, "principal_id", p.ID)
+		}
+		return a, served
+	})
 }

@@ -1,4 +1,4 @@
-package gateway
+package router
 
 import (
 	"context"
@@ -97,12 +97,12 @@ func (s *carriedStream) wakeLocked() {
 
 // openStream starts a carried stream request through this broker's own
 // routes, as its principal, and names it for the reads.
-func (g *Gateway) openStream(_ context.Context, from string, body json.RawMessage) (any, error) {
-	req, err := g.carriedRequest(g.ctx, from, body)
+func (rt *Router) openStream(_ context.Context, from string, body json.RawMessage) (any, error) {
+	req, err := carriedRequest(rt.core.Context(), from, body)
 	if err != nil {
 		return nil, err
 	}
-	mux := g.mux.Load()
+	mux := rt.core.CarriedHandler()
 	if mux == nil {
 		return nil, errors.New("not serving yet")
 	}
@@ -110,10 +110,10 @@ func (g *Gateway) openStream(_ context.Context, from string, body json.RawMessag
 	_, _ = rand.Read(b[:])
 	ctx, cancel := context.WithCancel(req.Context())
 	s := &carriedStream{id: hex.EncodeToString(b[:]), header: http.Header{}, cancel: cancel, wake: make(chan struct{})}
-	s.idle = time.AfterFunc(relayIdle, func() { g.endStream(s) })
-	g.mu.Lock()
-	g.rt.streams[s.id] = s
-	g.mu.Unlock()
+	s.idle = time.AfterFunc(relayIdle, func() { rt.endStream(s) })
+	rt.mu.Lock()
+	rt.streams[s.id] = s
+	rt.mu.Unlock()
 	go func() {
 		mux.ServeHTTP(s, req.WithContext(ctx))
 		s.finish()
@@ -122,22 +122,22 @@ func (g *Gateway) openStream(_ context.Context, from string, body json.RawMessag
 }
 
 // endStream stops a carried stream's handler and forgets it.
-func (g *Gateway) endStream(s *carriedStream) {
+func (rt *Router) endStream(s *carriedStream) {
 	s.idle.Stop()
 	s.cancel()
-	g.mu.Lock()
-	delete(g.rt.streams, s.id)
-	g.mu.Unlock()
+	rt.mu.Lock()
+	delete(rt.streams, s.id)
+	rt.mu.Unlock()
 }
 
-func (g *Gateway) streamFor(body json.RawMessage) (*carriedStream, error) {
+func (rt *Router) streamFor(body json.RawMessage) (*carriedStream, error) {
 	var c streamCall
 	if err := json.Unmarshal(body, &c); err != nil {
 		return nil, err
 	}
-	g.mu.Lock()
-	s := g.rt.streams[c.Stream]
-	g.mu.Unlock()
+	rt.mu.Lock()
+	s := rt.streams[c.Stream]
+	rt.mu.Unlock()
 	if s == nil {
 		return nil, errors.New("no such stream")
 	}
@@ -146,13 +146,13 @@ func (g *Gateway) streamFor(body json.RawMessage) (*carriedStream, error) {
 
 // readStream answers what the handler wrote since the last read, waiting
 // at most cluster.ReadWait for something.
-func (g *Gateway) readStream(ctx context.Context, _ string, body json.RawMessage) (any, error) {
-	s, err := g.streamFor(body)
+func (rt *Router) readStream(ctx context.Context, _ string, body json.RawMessage) (any, error) {
+	s, err := rt.streamFor(body)
 	if err != nil {
 		return nil, err
 	}
 	s.idle.Reset(relayIdle)
-	budget := g.relayBudget() * 3 / 4 // base64 in the JSON
+	budget := rt.relayBudget() * 3 / 4 // base64 in the JSON
 	wait := time.NewTimer(cluster.ReadWait)
 	defer wait.Stop()
 	for {
@@ -168,7 +168,7 @@ func (g *Gateway) readStream(ctx context.Context, _ string, body json.RawMessage
 		wake := s.wake
 		s.mu.Unlock()
 		if a.Done {
-			g.endStream(s)
+			rt.endStream(s)
 		}
 		if a.Status != 0 || len(a.Data) > 0 || a.Done || !woken(ctx, wait, wake, nil) {
 			return a, nil
@@ -190,9 +190,9 @@ func woken(ctx context.Context, wait *time.Timer, wake, other <-chan struct{}) b
 	return true
 }
 
-func (g *Gateway) closeStream(_ context.Context, _ string, body json.RawMessage) (any, error) {
-	if s, err := g.streamFor(body); err == nil {
-		g.endStream(s)
+func (rt *Router) closeStream(_ context.Context, _ string, body json.RawMessage) (any, error) {
+	if s, err := rt.streamFor(body); err == nil {
+		rt.endStream(s)
 	}
 	return struct{}{}, nil
 }
@@ -201,30 +201,30 @@ func (g *Gateway) closeStream(_ context.Context, _ string, body json.RawMessage)
 // the client as it comes, until it ends, the client leaves, or the owner
 // stops answering (then the client's stream just ends: a client that
 // reads no final event knows it was cut).
-func (g *Gateway) carryStream(w http.ResponseWriter, r *http.Request, owner string, call httpCall, target a2aTarget) {
+func (rt *Router) carryStream(w http.ResponseWriter, r *http.Request, owner string, call httpCall, refuse func(http.ResponseWriter)) {
 	var open streamCall
-	if err := g.rt.node.Call(r.Context(), owner, opStreamOpen, call, &open); err != nil {
-		g.log.Warn("cluster: the conversation's broker did not answer", "owner", owner, "error", err)
-		target.refuse(w, a2aOwnerUnavailable)
+	if err := rt.node.Call(r.Context(), owner, opStreamOpen, call, &open); err != nil {
+		rt.log.Warn("cluster: the conversation's broker did not answer", "owner", owner, "error", err)
+		refuse(w)
 		return
 	}
 	fl, _ := w.(http.Flusher)
 	wrote, done := false, false
 	defer func() {
 		if !done { // tell the owner at once rather than after relayIdle
-			ctx, cancel := context.WithTimeout(g.ctx, cluster.CallTimeout)
-			_ = g.rt.node.Call(ctx, owner, opStreamClose, open, nil)
+			ctx, cancel := context.WithTimeout(rt.core.Context(), cluster.CallTimeout)
+			_ = rt.node.Call(ctx, owner, opStreamClose, open, nil)
 			cancel()
 		}
 	}()
 	for {
 		var a streamAnswer
-		if err := g.rt.node.Call(r.Context(), owner, opStreamRead, open, &a); err != nil {
+		if err := rt.node.Call(r.Context(), owner, opStreamRead, open, &a); err != nil {
 			if r.Context().Err() == nil {
-				g.log.Warn("cluster: a carried A2A stream broke off", "owner", owner, "error", err)
+				rt.log.Warn("cluster: a carried A2A stream broke off", "owner", owner, "error", err)
 			}
 			if !wrote {
-				target.refuse(w, a2aOwnerUnavailable)
+				refuse(w)
 			}
 			return
 		}
