@@ -6,9 +6,9 @@
 // and the HTTP routes over them. It never spawns or signals a process
 // itself: it asks spawnd through the spawner.Spawner interface, in its own
 // types. The A2A ingress (a2a_*.go) still lives here; the cluster router
-// is internal/cluster/router, which the core asks through Router (api.go)
-// and which reaches the core only through its exported methods;
-// docs/architecture.md draws the layers.
+// is internal/cluster/router, which the core asks through Router
+// (api_router.go) and which reaches the core only through its exported
+// methods; docs/architecture.md draws the layers.
 //
 // Layers above it (the A2A door, the cluster router, internal/console,
 // internal/brokerd) use it only through its exported face, all of it in
