@@ -1,12 +1,16 @@
 package gateway
 
 import (
+	"io"
+	"log/slog"
 	"net/http/httptest"
 	"testing"
 	"time"
 
 	"github.com/nexus-broker/nexus-broker/internal/auth"
+	"github.com/nexus-broker/nexus-broker/internal/config"
 	"github.com/nexus-broker/nexus-broker/internal/config/core"
+	"github.com/nexus-broker/nexus-broker/internal/gateway/internal/streamlog"
 	"github.com/nexus-broker/nexus-broker/pkg/brokerframe"
 )
 
@@ -65,5 +69,37 @@ func TestAttachFollowsTheStreamFromItsCursor(t *testing.T) {
 	a.Detach()
 	if l.client == nil {
 		t.Fatal("detaching the displaced attachment detached the newer one")
+	}
+}
+
+// TestAttachmentTellsOnlyAResumedClientOfEvictedFrames: frames evicted
+// before an attached client read them are skipped for every client, and
+// only one that resumed (fromSeq >= 0) gets the gap notice, counted, as WS
+// /lease/{id} tells only a resuming client.
+func TestAttachmentTellsOnlyAResumedClientOfEvictedFrames(t *testing.T) {
+	for _, fromSeq := range []int64{-1, 0} {
+		cfg := config.Default()
+		cfg.ClientReplayBufferBytes = 256
+		g := New(Options{Config: cfg, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		l := g.newLease("L", "alice", core.ReservedEntry, time.Now())
+		g.leases[l.id] = l
+		a := g.Attach(httptest.NewRequest("GET", "/lease/L", nil), "L", auth.Principal{ID: "alice"}, fromSeq, &closes{}, credentialAnonymous)
+		if a == nil {
+			t.Fatal("not attached")
+		}
+		// Past the attached client's send window, which the bound never
+		// evicts.
+		for range streamlog.SendWindow + 20 {
+			if _, err := l.log.Append(brokerframe.Frame{Signal: brokerframe.SignalIO, LeaseID: "L", Payload: []byte(`{"type":"echo"}`)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		_, evicted, through, _ := a.Read(nil, 8)
+		if through == 0 {
+			t.Fatalf("from_seq %d: %d frames through a 256-byte buffer and none evicted", fromSeq, streamlog.SendWindow+20)
+		}
+		if resumed := fromSeq >= 0; (evicted != nil) != resumed || g.m.replayGaps.get(brokerframe.GapEvicted) != map[bool]uint64{true: 1}[resumed] {
+			t.Errorf("from_seq %d: gap notice %q, %d counted; want one only for a resumed client", fromSeq, evicted, g.m.replayGaps.get(brokerframe.GapEvicted))
+		}
 	}
 }
