@@ -39,6 +39,7 @@ func TestConsoleLoopbackOnlyWithoutAuth(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 			r := httptest.NewRequestWithContext(ctx, http.MethodGet, path, nil)
 			r.RemoteAddr = c.peer
+			r.Host = "localhost:8080" // a name of this broker's (hostguard)
 			// X-Forwarded-For is never read: only the TCP peer counts.
 			r.Header.Set("X-Forwarded-For", "127.0.0.1")
 			w := httptest.NewRecorder()

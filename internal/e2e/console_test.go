@@ -24,8 +24,9 @@ import (
 const chromiumPath = "/usr/bin/chromium"
 
 // startChromium starts a headless Chromium with a fresh profile in the
-// test's temp dir and returns a tab; the browser is killed at cleanup.
-func startChromium(t *testing.T) context.Context {
+// test's temp dir, and flags, and returns a tab; the browser is killed at
+// cleanup.
+func startChromium(t *testing.T, flags ...chromedp.ExecAllocatorOption) context.Context {
 	t.Helper()
 	if _, err := os.Stat(chromiumPath); err != nil {
 		if os.Getenv("CI") == "true" {
@@ -34,7 +35,7 @@ func startChromium(t *testing.T) context.Context {
 		t.Skipf("no %s (apt-get install chromium)", chromiumPath)
 	}
 	profile := filepath.Join(t.TempDir(), "chromium-profile")
-	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
+	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(), append([]chromedp.ExecAllocatorOption{
 		chromedp.ExecPath(chromiumPath),
 		chromedp.Headless,
 		chromedp.NoSandbox,
@@ -48,9 +49,9 @@ func startChromium(t *testing.T) context.Context {
 		chromedp.UserDataDir(profile),
 		// Chromium puts its singleton socket under TMPDIR, which may be
 		// too long for a unix socket path.
-		chromedp.Env("TMPDIR="+sockdir.New(t, "nxc")),
+		chromedp.Env("TMPDIR=" + sockdir.New(t, "nxc")),
 		chromedp.WindowSize(1280, 900),
-	)
+	}, flags...)...)
 	tab, cancelTab := chromedp.NewContext(alloc)
 	t.Cleanup(func() {
 		cancelTab()

@@ -37,6 +37,7 @@ import (
 	"github.com/nexus-broker/nexus-broker/internal/config"
 	"github.com/nexus-broker/nexus-broker/internal/gateway/internal/capacity"
 	"github.com/nexus-broker/nexus-broker/internal/gateway/spawner"
+	"github.com/nexus-broker/nexus-broker/internal/hostguard"
 	"github.com/nexus-broker/nexus-broker/internal/safedir"
 )
 
@@ -473,5 +474,13 @@ func (g *Gateway) Handler() http.Handler {
 		m(mux)
 	}
 	g.mux.Store(mux)
-	return mux
+	if g.auth.Enabled() {
+		return mux
+	}
+	// Without credentials, a Host that names no address of this broker is
+	// a DNS-rebinding page's request: 421 (a carried request, g.mux, came
+	// from a peer broker, not a browser).
+	return hostguard.New(g.boot.ListenAddr, g.boot.AdvertiseAddr).Wrap(mux, func(r *http.Request) {
+		g.quiet.Warn(auditKey(r, "", hostguard.Reason), "request refused", append(auditAttrs(r, ""), "status", http.StatusMisdirectedRequest, "reason", hostguard.Reason, "host", r.Host, "peer", r.RemoteAddr)...)
+	})
 }
