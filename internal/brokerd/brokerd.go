@@ -120,6 +120,14 @@ func Run(o Options) error {
 	if err := g.Start(ctx); err != nil {
 		return bootlog.Config(err, path)
 	}
+	// Not fatal: a run directory of spawnd's user that this one cannot
+	// write (spawnd.run_dir of a split-uid install) leaves the broker
+	// serving, without -drain.
+	if ctl, err := serveControl(spawnrpc.RunDir(cfg.Spawnd.RunDir, path), g.SetDraining, log); err != nil {
+		log.Warn("control socket unavailable: nexus-broker -drain and -undrain cannot reach this broker", "error", err)
+	} else {
+		defer ctl.Close()
+	}
 	srv := gateway.Server(g.Handler())
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(gateway.Listener(ln)) }()

@@ -19,35 +19,43 @@ import (
 )
 
 // listenProxy opens auth.proxy_listen: a unix socket of mode 0660 and
-// group gid. It is bound in a private directory beside path, given its
-// mode and group, and only then renamed into place, so no process can
-// connect while it is still open to more than the group. An old socket at
-// path (a gateway that died) is replaced; anything else there is an error.
+// group gid.
 func listenProxy(path string, gid int) (*net.UnixListener, error) {
+	return listenSocket(path, "auth.proxy_listen", gid, 0o660)
+}
+
+// listenSocket opens a unix socket at path of mode and group gid (-1: the
+// process's). It is bound in a private directory beside path, given its
+// mode and group, and only then renamed into place, so no process can
+// connect while it is still open to more than it should be. An old socket
+// at path (a gateway that died) is replaced; anything else there is an
+// error naming key.
+func listenSocket(path, key string, gid int, mode os.FileMode) (*net.UnixListener, error) {
 	if st, err := os.Lstat(path); err == nil {
 		if st.Mode()&os.ModeSocket == 0 {
-			return nil, fmt.Errorf("auth.proxy_listen: %s exists and is not a socket; remove it or choose another path", path)
+			return nil, fmt.Errorf("%s: %s exists and is not a socket; remove it or choose another path", key, path)
 		}
 	}
-	tmp, err := os.MkdirTemp(filepath.Dir(path), ".proxy-listen-")
+	// Short: the bound path must fit the socket path limit too.
+	tmp, err := os.MkdirTemp(filepath.Dir(path), ".s-")
 	if err != nil {
-		return nil, fmt.Errorf("auth.proxy_listen: %w", err)
+		return nil, fmt.Errorf("%s: %w", key, err)
 	}
 	defer os.RemoveAll(tmp)
 	bound := filepath.Join(tmp, "s")
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: bound, Net: "unix"})
 	if err != nil {
-		return nil, fmt.Errorf("auth.proxy_listen: %w", err)
+		return nil, fmt.Errorf("%s: %w", key, err)
 	}
 	ln.SetUnlinkOnClose(false)
 	for _, step := range []func() error{
 		func() error { return os.Chown(bound, -1, gid) },
-		func() error { return os.Chmod(bound, 0o660) },
+		func() error { return os.Chmod(bound, mode) },
 		func() error { return os.Rename(bound, path) },
 	} {
 		if err := step(); err != nil {
 			ln.Close()
-			return nil, fmt.Errorf("auth.proxy_listen: %w", err)
+			return nil, fmt.Errorf("%s: %w", key, err)
 		}
 	}
 	return ln, nil

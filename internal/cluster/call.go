@@ -144,14 +144,14 @@ func (n *Node) answered(msg *nats.Msg) {
 // deliver hands r to the request waiting on reply subject, once; from,
 // unless "", must be the broker it asked.
 func (n *Node) deliver(subject, from string, r result) {
-	n.mu.Lock()
+	n.wmu.Lock()
 	w, ok := n.waiting[subject]
 	if ok && (from == "" || from == w.to) {
 		delete(n.waiting, subject)
 	} else {
 		ok = false
 	}
-	n.mu.Unlock()
+	n.wmu.Unlock()
 	if ok {
 		w.ch <- r
 	}
@@ -187,13 +187,13 @@ func (n *Node) call(nc *nats.Conn, ctx context.Context, timeout time.Duration, t
 	}
 	reply := n.inbox + "." + strconv.FormatUint(n.asked.Add(1), 10)
 	ch := make(chan result, 1)
-	n.mu.Lock()
+	n.wmu.Lock()
 	n.waiting[reply] = waiter{to: to, ch: ch}
-	n.mu.Unlock()
+	n.wmu.Unlock()
 	defer func() {
-		n.mu.Lock()
+		n.wmu.Lock()
 		delete(n.waiting, reply)
-		n.mu.Unlock()
+		n.wmu.Unlock()
 	}()
 	if err := n.publish(nc, forRequest, n.subject(to, op), reply, data); err != nil {
 		if errors.Is(err, nats.ErrConnectionClosed) || errors.Is(err, nats.ErrConnectionReconnecting) || errors.Is(err, nats.ErrReconnectBufExceeded) {

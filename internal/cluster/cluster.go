@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"log/slog"
 	mrand "math/rand/v2"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -84,41 +85,59 @@ type Options struct {
 	// Binaries, when set, are the registry entries this broker spawns,
 	// sent with each heartbeat.
 	Binaries func() []string
+	// Load, when set, is this broker's slots and queue, sent with each
+	// heartbeat for GET /cluster.
+	Load func() Load
+	// StateDir is where the membership list is kept across restarts
+	// (MembersFile); "" keeps none.
+	StateDir string
 }
 
 // Handler answers one request addressed to this broker. from is the
 // sending broker's id; the answer is JSON-encoded into the reply.
 type Handler func(ctx context.Context, from string, body json.RawMessage) (any, error)
 
-// Node is this broker's membership of the cluster.
+// Node is this broker's membership of the cluster, in parts: the link to
+// NATS, the sealed request/reply wire, the membership as heartbeats tell
+// it, and what this broker's own heartbeats say.
 type Node struct {
 	id, prefix, advertise string
-	keys                  *sealer
 	every                 time.Duration
 	log                   *slog.Logger
-	opts                  []nats.Option
-	urls                  string
-	// shownURLs is urls with any password redacted: what logs and errors say.
-	shownURLs string
-	free      func() int
-	binaries  func() []string
-	peerFree  func(string)
-	// beatNow asks for a heartbeat before the next tick.
-	beatNow chan struct{}
 	// instance is random for each start: a heartbeat naming this broker's
 	// id and another instance is a second broker using the id.
 	instance string
+	link
+	wire
+	members
+	report
 
-	nc       atomic.Pointer[nats.Conn]
-	failures atomic.Int32
-	lastErr  atomic.Pointer[string]
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// link is the NATS connection and its health.
+type link struct {
+	opts []nats.Option
+	urls string
+	// shownURLs is urls with any password redacted: what logs and errors say.
+	shownURLs string
+	nc        atomic.Pointer[nats.Conn]
+	failures  atomic.Int32
+	lastErr   atomic.Pointer[string]
 	// linkUp and selfSeen (unix ns) are when the connection last came up
 	// and when this broker last heard its own heartbeat back: readiness.
 	linkUp, selfSeen atomic.Int64
 	// refusedBoot, once set, is why a background connect gave up for good.
 	refusedBoot atomic.Pointer[string]
-	handlers    map[string]handler
+}
 
+// wire is the sealed request/reply: keys, handlers, and the requests of
+// ours waiting for an answer.
+type wire struct {
+	keys     *sealer
+	handlers map[string]handler
 	// inbox is this broker's reply subject prefix: a request's answer
 	// comes to inbox.<n>, fresh for each request.
 	inbox   string
@@ -127,17 +146,24 @@ type Node struct {
 	refused map[string]*atomic.Uint64 // by RefusedReasons
 	// quiet bounds the lines a message can cause (refusals), per subject
 	// and reason (logbound).
-	quiet *logbound.Limiter
-
-	mu      sync.Mutex
-	peers   map[string]*peer
-	twin    twin              // another process heartbeating with this broker's id
-	waiting map[string]waiter // by reply subject
+	quiet   *logbound.Limiter
+	wmu     sync.Mutex
+	waiting map[string]waiter // by reply subject, under wmu
 	parts   assembler
+}
 
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+// report is what this broker's heartbeats say of it.
+type report struct {
+	free     func() int
+	load     func() Load
+	binaries func() []string
+	peerFree func(string)
+	// beatNow asks for a heartbeat before the next tick.
+	beatNow  chan struct{}
+	draining atomic.Bool
+	// protocol is Protocol; a test sets another to play a broker of
+	// another version.
+	protocol int
 }
 
 // New resolves the block's secrets and builds a Node; Start connects it.
@@ -154,7 +180,14 @@ func New(o Options) (*Node, error) {
 	n := newNode(o.BrokerID, []byte(secret), o.Log)
 	n.prefix, n.advertise, n.every = k.SubjectPrefix, o.Advertise, k.HeartbeatInterval.D()
 	n.urls, n.shownURLs = strings.Join(k.URLs, ","), RedactURLs(k.URLs)
-	n.free, n.peerFree, n.binaries = o.Free, o.PeerFree, o.Binaries
+	n.free, n.peerFree, n.binaries, n.load = o.Free, o.PeerFree, o.Binaries, o.Load
+	if k.ForgetAfter > 0 { // else the default: a block not validated (tests)
+		n.forgetAfter = k.ForgetAfter.D()
+	}
+	if o.StateDir != "" {
+		n.recordPath = filepath.Join(o.StateDir, MembersFile)
+		n.loadRecord(time.Now())
+	}
 	if n.opts, err = n.natsOptions(k); err != nil {
 		n.cancel()
 		return nil, err
@@ -169,10 +202,11 @@ func newNode(id string, secret []byte, log *slog.Logger) *Node {
 	var inst [8]byte
 	_, _ = rand.Read(inst[:])
 	n := &Node{
-		id: id, keys: newSealer(secret), log: log, quiet: logbound.New(log, logbound.Window), handlers: map[string]handler{}, peers: map[string]*peer{}, ctx: ctx, cancel: cancel,
-		inbox: inboxPrefix + id + "." + nats.NewInbox()[len(inboxPrefix):], seen: newReplayGuard(time.Now()), waiting: map[string]waiter{},
-		parts: assembler{parts: map[string]*assembly{}}, refused: map[string]*atomic.Uint64{}, beatNow: make(chan struct{}, 1),
-		instance: hex.EncodeToString(inst[:]),
+		id: id, log: log, ctx: ctx, cancel: cancel, instance: hex.EncodeToString(inst[:]),
+		wire: wire{keys: newSealer(secret), handlers: map[string]handler{}, quiet: logbound.New(log, logbound.Window), inbox: inboxPrefix + id + "." + nats.NewInbox()[len(inboxPrefix):],
+			seen: newReplayGuard(time.Now()), waiting: map[string]waiter{}, parts: assembler{parts: map[string]*assembly{}}, refused: map[string]*atomic.Uint64{}},
+		members: members{peers: map[string]*peer{}, record: map[string]*recorded{}, forgetAfter: config.DefaultForgetAfter},
+		report:  report{beatNow: make(chan struct{}, 1), protocol: Protocol},
 	}
 	for _, r := range RefusedReasons {
 		n.refused[r] = new(atomic.Uint64)
@@ -464,13 +498,22 @@ func (n *Node) MaxPayload() int64 {
 	return 0
 }
 
-// Close stops the heartbeat and drops the connection.
+// Close says this broker is leaving (its peers drop it from their lists
+// at once rather than after missed heartbeats), stops the heartbeat, drops
+// the connection and saves the membership list.
 func (n *Node) Close() {
+	if nc := n.nc.Load(); nc != nil && nc.IsConnected() {
+		if data, err := n.stampBody(n.heartbeat(true), time.Time{}); err == nil {
+			_ = n.publish(nc, forHeartbeat, n.prefix+"."+opHeartbeat, "", data)
+			_ = nc.FlushTimeout(CallTimeout)
+		}
+	}
 	n.cancel()
 	if nc := n.nc.Load(); nc != nil {
 		nc.Close()
 	}
 	n.wg.Wait()
+	n.saveRecord(time.Now())
 }
 
 func (n *Node) subject(broker, op string) string { return n.prefix + ".b." + broker + "." + op }

@@ -220,7 +220,7 @@ func TestNoRespondersOnlyFails(t *testing.T) {
 		}
 		got <- s
 	}()
-	waitFor(t, "b's request out", func() bool { b.mu.Lock(); defer b.mu.Unlock(); return len(b.waiting) == 1 })
+	waitFor(t, "b's request out", func() bool { b.wmu.Lock(); defer b.wmu.Unlock(); return len(b.waiting) == 1 })
 	forged, _ := json.Marshal("from c")
 	c.respond(reply, envelope{Body: forged})
 	if err := c.nc.Load().Flush(); err != nil {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -16,15 +17,47 @@ import (
 // it of its own id before it subscribes to its subjects.
 const opLive = "live"
 
+// Protocol is the version of the cluster wire this broker speaks, sent
+// with each heartbeat. A broker routes to peers speaking Protocol-1 up to
+// Protocol (so a rolling upgrade of one version at a time keeps serving)
+// and lists any other without routing to it. A heartbeat that states no
+// version is 0: the sealed wire before the version was stated, which is
+// the one of version 1.
+const Protocol = 1
+
+// Compatible reports whether a peer speaking protocol is routed to.
+func Compatible(protocol int) bool { return protocol >= Protocol-1 && protocol <= Protocol }
+
+// Load is a broker's slots and queue, as its heartbeat says.
+type Load struct {
+	SlotsInUse    int `json:"slots_in_use"`
+	MaxConcurrent int `json:"max_concurrent"`
+	QueueDepth    int `json:"queue_depth"`
+}
+
 // Peer is one broker as the heartbeats show it.
 type Peer struct {
 	ID        string
 	Advertise string
+	// Reachable is a current heartbeat of a compatible protocol: the peer
+	// is routed to.
 	Reachable bool
 	// Free is how many claims it would take without queueing, and
 	// Binaries the registry entries it spawns, as its last heartbeat said.
 	Free     int
 	Binaries []string
+	Load     Load
+	// Draining is a peer taking no new claims or offers (its leases
+	// keep working).
+	Draining bool
+	// Protocol and Version are the cluster wire it speaks and its build;
+	// Compatible is whether that protocol is routed to.
+	Protocol   int
+	Compatible bool
+	Version    string
+	// LastHeartbeat is when its last heartbeat arrived (zero for this
+	// broker's own view).
+	LastHeartbeat time.Time
 }
 
 // Serves reports whether p spawns binary ("" is the default entry, which
@@ -33,11 +66,38 @@ func (p Peer) Serves(binary string) bool {
 	return binary == "" || slices.Contains(p.Binaries, binary)
 }
 
+// Offerable reports whether a claim for binary may be offered to p: it is
+// routed to, not draining, spawns binary and had a free slot.
+func (p Peer) Offerable(binary string) bool {
+	return p.Reachable && !p.Draining && p.Free > 0 && p.Serves(binary)
+}
+
 type peer struct {
-	advertise string
-	lastSeen  time.Time
-	free      int
-	binaries  []string
+	hb       heartbeat
+	lastSeen time.Time
+}
+
+// members is the membership as heartbeats tell it, and as it was kept
+// across restarts (the record, saved in MembersFile).
+type members struct {
+	// mu guards peers, twin and the record.
+	mu sync.Mutex
+	// peers is the list: brokers heard, less those that left or stayed
+	// silent for forgetAfter.
+	peers map[string]*peer
+	twin  twin // another process heartbeating with this broker's id
+	// forgetAfter is cluster.forget_after.
+	forgetAfter time.Duration
+	// record holds every broker heard, here or before a restart, that has
+	// not been silent for forgetAfter: a broker that left stays in it, so
+	// its leases (which outlive its gateway) are 503 while it is away,
+	// never 404.
+	record     map[string]*recorded
+	recordPath string
+	// recordDirty is a record change not yet saved; recordSaved when it
+	// last was.
+	recordDirty bool
+	recordSaved time.Time
 }
 
 // twin is the last heartbeat heard with this broker's id from another
@@ -49,12 +109,19 @@ type twin struct {
 
 type heartbeat struct {
 	Advertise string `json:"advertise"`
-	// Free is how many claims the broker would take now without queueing.
+	// Free is how many claims the broker would take now without queueing:
+	// 0 while it drains.
 	Free int `json:"free,omitempty"`
 	// Instance is random for each start of a broker.
 	Instance string `json:"instance"`
 	// Binaries are the registry entries the broker spawns.
 	Binaries []string `json:"binaries,omitempty"`
+	Load     Load     `json:"load"`
+	Draining bool     `json:"draining,omitempty"`
+	// Leaving is the last heartbeat of a broker that stops cleanly.
+	Leaving  bool   `json:"leaving,omitempty"`
+	Protocol int    `json:"protocol"`
+	Version  string `json:"version,omitempty"`
 }
 
 // liveAnswer is a broker answering for its id.
@@ -106,19 +173,35 @@ func (n *Node) BeatNow() {
 	}
 }
 
+// SetDraining starts (true) or ends a drain: the heartbeats say so, and
+// report no free slot while it lasts.
+func (n *Node) SetDraining(on bool) {
+	n.draining.Store(on)
+	n.BeatNow()
+}
+
+// heartbeat is what this broker's heartbeat says now; leaving for its
+// last one.
+func (n *Node) heartbeat(leaving bool) heartbeat {
+	hb := heartbeat{Advertise: n.advertise, Instance: n.instance, Draining: n.draining.Load(), Leaving: leaving, Protocol: n.protocol, Version: Version}
+	if n.free != nil && !hb.Draining {
+		hb.Free = n.free()
+	}
+	if n.binaries != nil {
+		hb.Binaries = n.binaries()
+	}
+	if n.load != nil {
+		hb.Load = n.load()
+	}
+	return hb
+}
+
 func (n *Node) beat(nc *nats.Conn) {
 	defer n.wg.Done()
 	t := time.NewTicker(n.every)
 	defer t.Stop()
 	for {
-		hb := heartbeat{Advertise: n.advertise, Instance: n.instance}
-		if n.free != nil {
-			hb.Free = n.free()
-		}
-		if n.binaries != nil {
-			hb.Binaries = n.binaries()
-		}
-		if data, err := n.stampBody(hb, time.Time{}); err == nil {
+		if data, err := n.stampBody(n.heartbeat(false), time.Time{}); err == nil {
 			_ = n.publish(nc, forHeartbeat, n.prefix+"."+opHeartbeat, "", data) // fails while disconnected; failures count in ReconnectErrHandler
 		}
 		select {
@@ -130,6 +213,7 @@ func (n *Node) beat(nc *nats.Conn) {
 		if nc.IsClosed() {
 			return
 		}
+		n.sweep(time.Now())
 	}
 }
 
@@ -150,17 +234,62 @@ func (n *Node) heard(msg *nats.Msg) {
 		n.heardSelf(hb)
 		return
 	}
+	if hb.Leaving {
+		n.left(e.From, hb)
+		return
+	}
+	now := time.Now()
 	n.mu.Lock()
 	p := n.peers[e.From]
 	if p == nil {
 		p = &peer{}
 		n.peers[e.From] = p
-		n.log.Info("cluster: peer joined", "peer", e.From, "advertise", hb.Advertise)
+		n.log.Info("cluster: peer joined", "peer", e.From, "advertise", hb.Advertise, "protocol", hb.Protocol, "version", hb.Version)
+		if !Compatible(hb.Protocol) {
+			n.log.Warn("cluster: a peer speaks a protocol this broker does not route to; upgrade the brokers one version at a time", "peer", e.From,
+				"its_protocol", hb.Protocol, "routed_protocols", fmt.Sprintf("%d..%d", Protocol-1, Protocol))
+		}
 	}
-	p.advertise, p.lastSeen, p.free, p.binaries = hb.Advertise, time.Now(), hb.Free, hb.Binaries
+	p.hb, p.lastSeen = hb, now
+	n.remember(e.From, hb.Advertise, now)
 	n.mu.Unlock()
-	if hb.Free > 0 && n.peerFree != nil {
+	if hb.Free > 0 && !hb.Draining && Compatible(hb.Protocol) && n.peerFree != nil {
 		n.peerFree(e.From)
+	}
+}
+
+// left takes a peer's last heartbeat: it leaves the list at once. It
+// stays in the record: its leases outlive its gateway.
+func (n *Node) left(id string, hb heartbeat) {
+	n.mu.Lock()
+	p := n.peers[id]
+	gone := p != nil && p.hb.Instance == hb.Instance // not a new start's list entry
+	if gone {
+		delete(n.peers, id)
+	}
+	n.mu.Unlock()
+	if gone {
+		n.log.Info("cluster: peer left", "peer", id, "advertise", hb.Advertise)
+	}
+}
+
+// sweep drops the peers silent for forgetAfter from the list and the
+// record, and saves the record when it changed (or, so that the time each
+// broker was last seen survives a crash, once every recordRefresh).
+func (n *Node) sweep(now time.Time) {
+	n.mu.Lock()
+	for id, p := range n.peers {
+		if now.Sub(p.lastSeen) >= n.forgetAfter {
+			delete(n.peers, id)
+			n.log.Info("cluster: peer forgotten: silent for cluster.forget_after", "peer", id, "advertise", p.hb.Advertise,
+				"last_heartbeat", p.lastSeen.UTC().Format(time.RFC3339), "forget_after", n.forgetAfter)
+		}
+	}
+	n.forget(now)
+	save := n.recordDirty || now.Sub(n.recordSaved) >= recordRefresh
+	n.mu.Unlock()
+	if save {
+		n.saveRecord(now)
 	}
 }
 
@@ -180,7 +309,7 @@ func (n *Node) heardSelf(hb heartbeat) {
 	}
 }
 
-// Known reports whether id is this broker or a broker that has been heard.
+// Known reports whether id is this broker or a broker on the list.
 func (n *Node) Known(id string) bool {
 	if id == n.id {
 		return true
@@ -190,24 +319,56 @@ func (n *Node) Known(id string) bool {
 	return n.peers[id] != nil
 }
 
-// Reachable reports whether peer id's heartbeat is current.
+// Remembered reports whether id is this broker, or a broker heard since
+// this one started or before (the record kept in MembersFile) and not
+// silent since for cluster.forget_after: NATS saying nobody subscribes
+// to its subjects is then an outage, not an unknown broker.
+func (n *Node) Remembered(id string) bool {
+	if id == n.id {
+		return true
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.peers[id] != nil || n.record[id] != nil
+}
+
+// Reachable reports whether peer id's heartbeat is current and its
+// protocol one this broker routes to.
 func (n *Node) Reachable(id string) bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	p := n.peers[id]
-	return p != nil && n.current(p)
+	return p != nil && n.current(p) && Compatible(p.hb.Protocol)
 }
 
 func (n *Node) current(p *peer) bool {
 	return time.Since(p.lastSeen) < missedBeats*n.every && n.nc.Load() != nil && n.nc.Load().IsConnected()
 }
 
+func view(id string, hb heartbeat) Peer {
+	return Peer{ID: id, Advertise: hb.Advertise, Free: hb.Free, Binaries: hb.Binaries, Load: hb.Load, Draining: hb.Draining,
+		Protocol: hb.Protocol, Compatible: Compatible(hb.Protocol), Version: hb.Version}
+}
+
 func (n *Node) view(id string, p *peer) Peer {
-	return Peer{ID: id, Advertise: p.advertise, Reachable: n.current(p), Free: p.free, Binaries: p.binaries}
+	v := view(id, p.hb)
+	v.Reachable, v.LastHeartbeat = v.Compatible && n.current(p), p.lastSeen
+	return v
+}
+
+// Self is this broker as its next heartbeat will show it; LastHeartbeat
+// is when its own last came back through NATS.
+func (n *Node) Self() Peer {
+	v := view(n.id, n.heartbeat(false))
+	v.Reachable = n.Ready() == nil
+	if at := n.selfSeen.Load(); at != 0 {
+		v.LastHeartbeat = time.Unix(0, at)
+	}
+	return v
 }
 
 // Peer is broker id as its heartbeats show it; ok is false for a broker
-// never heard.
+// not on the list.
 func (n *Node) Peer(id string) (_ Peer, ok bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -218,7 +379,7 @@ func (n *Node) Peer(id string) (_ Peer, ok bool) {
 	return n.view(id, p), true
 }
 
-// Peers lists every broker heard from but this one, sorted by id.
+// Peers lists every broker on the list but this one, sorted by id.
 func (n *Node) Peers() []Peer {
 	n.mu.Lock()
 	defer n.mu.Unlock()

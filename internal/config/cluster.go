@@ -38,12 +38,21 @@ type Cluster struct {
 	// HeartbeatInterval is how often a broker says it is alive; a peer
 	// silent for three intervals is unreachable.
 	HeartbeatInterval core.Duration `yaml:"heartbeat_interval"`
+	// ForgetAfter is how long a broker may stay unreachable before it
+	// leaves the membership list (and unreachable_brokers).
+	ForgetAfter core.Duration `yaml:"forget_after"`
+	// OfferTimeout is how long a full broker waits for a peer to accept a
+	// claim it offers (the spawn comes after the accept) before it offers
+	// the claim to the next one.
+	OfferTimeout core.Duration `yaml:"offer_timeout"`
 }
 
 // Cluster defaults and limits.
 const (
 	DefaultSubjectPrefix     = "nexus.broker"
 	DefaultHeartbeatInterval = time.Second
+	DefaultForgetAfter       = 24 * time.Hour
+	DefaultOfferTimeout      = 250 * time.Millisecond
 	// MinClusterSecret is the shortest cluster secret accepted, in bytes.
 	MinClusterSecret = 32
 )
@@ -104,6 +113,20 @@ func (c *Config) validateCluster() error {
 	}
 	if k.HeartbeatInterval < core.Duration(10*time.Millisecond) {
 		return fmt.Errorf("broker config: cluster.heartbeat_interval: %s is below 10ms; remove the key for the default %s", k.HeartbeatInterval.D(), DefaultHeartbeatInterval)
+	}
+	if k.ForgetAfter == 0 {
+		k.ForgetAfter = core.Duration(DefaultForgetAfter)
+	}
+	// Forgetting a broker sooner than it is found unreachable would drop
+	// one that merely missed a heartbeat.
+	if k.ForgetAfter < 3*k.HeartbeatInterval {
+		return fmt.Errorf("broker config: cluster.forget_after: %s is shorter than three heartbeat intervals (%s), after which a silent broker is only unreachable; use a longer one, or remove the key for the default %s", k.ForgetAfter.D(), 3*k.HeartbeatInterval.D(), DefaultForgetAfter)
+	}
+	if k.OfferTimeout == 0 {
+		k.OfferTimeout = core.Duration(DefaultOfferTimeout)
+	}
+	if k.OfferTimeout < core.Duration(time.Millisecond) {
+		return fmt.Errorf("broker config: cluster.offer_timeout: %s is below 1ms; remove the key for the default %s", k.OfferTimeout.D(), DefaultOfferTimeout)
 	}
 	// A broker's leases are addressed by its id for their whole life: an id
 	// that changed at a restart would strand every one of them.

@@ -25,7 +25,10 @@ func TestClusterErrors(t *testing.T) {
 		{"bad broker_id", "state_dir: /s\nbroker_id: a.b\nadvertise_addr: \"h:1\"\ncluster:\n  urls: nats://x:1\n  secret_env: S\n", "broker_id", "cannot name a broker in cluster mode"},
 		{"bad prefix", "state_dir: /s\nadvertise_addr: \"h:1\"\ncluster:\n  urls: nats://x:1\n  secret_env: S\n  subject_prefix: a.*\n", "cluster.subject_prefix", "is not a NATS subject"},
 		{"tiny heartbeat", "state_dir: /s\nadvertise_addr: \"h:1\"\ncluster:\n  urls: nats://x:1\n  secret_env: S\n  heartbeat_interval: 1ms\n", "cluster.heartbeat_interval", "below 10ms"},
-		{"unknown key", "state_dir: /s\nadvertise_addr: \"h:1\"\ncluster:\n  url: nats://x:1\n", "cluster.url", "unknown key; the keys allowed here are creds_file, heartbeat_interval, nkey_seed, nkey_seed_env, password_env, secret, secret_env, subject_prefix, tls_ca, urls, user"},
+		{"short forget_after", "state_dir: /s\nadvertise_addr: \"h:1\"\ncluster:\n  urls: nats://x:1\n  secret_env: S\n  forget_after: 2s\n", "cluster.forget_after", "shorter than three heartbeat intervals (3s)"},
+		{"negative forget_after", "state_dir: /s\nadvertise_addr: \"h:1\"\ncluster:\n  urls: nats://x:1\n  secret_env: S\n  forget_after: -1h\n", "cluster.forget_after", "shorter than three heartbeat intervals"},
+		{"tiny offer_timeout", "state_dir: /s\nadvertise_addr: \"h:1\"\ncluster:\n  urls: nats://x:1\n  secret_env: S\n  offer_timeout: 10us\n", "cluster.offer_timeout", "below 1ms"},
+		{"unknown key", "state_dir: /s\nadvertise_addr: \"h:1\"\ncluster:\n  url: nats://x:1\n", "cluster.url", "unknown key; the keys allowed here are creds_file, forget_after, heartbeat_interval, nkey_seed, nkey_seed_env, offer_timeout, password_env, secret, secret_env, subject_prefix, tls_ca, urls, user"},
 		{"user without password", "state_dir: /s\nadvertise_addr: \"h:1\"\ncluster:\n  urls: nats://x:1\n  secret_env: S\n  user: b1\n", "cluster.user", "go together"},
 		{"user and creds", "state_dir: /s\nadvertise_addr: \"h:1\"\ncluster:\n  urls: nats://x:1\n  secret_env: S\n  user: b1\n  password_env: P\n  creds_file: /c\n", "cluster.user", "neither wins"},
 		{"user twice", "state_dir: /s\nadvertise_addr: \"h:1\"\ncluster:\n  urls: nats://u:pw@x:1\n  secret_env: S\n  user: b1\n  password_env: P\n", "cluster.urls[0]", "carries a user"},
@@ -54,8 +57,8 @@ func TestClusterDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Cluster.SubjectPrefix != DefaultSubjectPrefix || c.Cluster.HeartbeatInterval.D() != time.Second {
-		t.Errorf("defaults: prefix %q heartbeat %s", c.Cluster.SubjectPrefix, c.Cluster.HeartbeatInterval.D())
+	if k := c.Cluster; k.SubjectPrefix != DefaultSubjectPrefix || k.HeartbeatInterval.D() != time.Second || k.ForgetAfter.D() != 24*time.Hour || k.OfferTimeout.D() != 250*time.Millisecond {
+		t.Errorf("defaults: prefix %q heartbeat %s forget_after %s offer_timeout %s", k.SubjectPrefix, k.HeartbeatInterval.D(), k.ForgetAfter.D(), k.OfferTimeout.D())
 	}
 }
 

@@ -30,7 +30,7 @@ func TestMetricsExposition(t *testing.T) {
 		values []string
 	}{
 		"claims_total": {dto.MetricType_COUNTER, "outcome", []string{"accepted", "rejected", "no_capacity", "queue_timeout", "queue_full",
-			"principal_lease_limit", "principal_queue_limit", "cancelled", "spawn_failed", "ready_timeout", "journal_unavailable", "internal"}},
+			"principal_lease_limit", "principal_queue_limit", "cancelled", "spawn_failed", "ready_timeout", "journal_unavailable", "internal", "broker_draining"}},
 		"claim_duration_seconds": {dto.MetricType_HISTOGRAM, "", nil},
 		"spawn_failures_total":   {dto.MetricType_COUNTER, "reason", []string{"exec", "exited_before_ready", "ready_timeout"}},
 		"frames_dropped_total": {dto.MetricType_COUNTER, "reason", []string{"undecodable", "lease_mismatch", "no_instance",

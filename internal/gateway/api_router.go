@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/url"
 	"sort"
+	"time"
 
 	"github.com/gorilla/websocket"
 
@@ -67,6 +68,32 @@ type Router interface {
 	// each answer to got one at a time, and returns the peers that did not
 	// answer, sorted.
 	GatherTasks(ctx context.Context, q TaskQuery, got func(tasks []a2a.Task, total int)) []string
+	// SetDraining has the heartbeats say this broker drains (and offer
+	// no free slot), or no longer.
+	SetDraining(on bool)
+	// Brokers is GET /cluster: this broker, then every one on its
+	// membership list.
+	Brokers() []BrokerInfo
+}
+
+// BrokerInfo is one broker of GET /cluster, as its last heartbeat said
+// (this broker: as its next one will).
+type BrokerInfo struct {
+	BrokerID      string     `json:"broker_id"`
+	Self          bool       `json:"self,omitempty"`
+	AdvertiseAddr string     `json:"advertise_addr"`
+	LastHeartbeat *time.Time `json:"last_heartbeat"`
+	// Reachable is a current heartbeat of a protocol this broker routes
+	// to; Routed says whether the protocol is one.
+	Reachable     bool     `json:"reachable"`
+	SlotsInUse    int      `json:"slots_in_use"`
+	MaxConcurrent int      `json:"max_concurrent"`
+	QueueDepth    int      `json:"queue_depth"`
+	Binaries      []string `json:"binaries"`
+	Version       string   `json:"version"`
+	Protocol      int      `json:"protocol"`
+	Routed        bool     `json:"routed"`
+	Draining      bool     `json:"draining"`
 }
 
 // JoinCluster has Start build the cluster router, with the broker id
@@ -105,6 +132,12 @@ var LeaseGone = CloseReq{Code: websocket.CloseGoingAway, Reason: wire.CloseLease
 // Forwarded stands for a request another broker carried, for the audit
 // line: the route, and the broker it came through as the peer.
 func Forwarded(method, path, from string) *http.Request { return forwarded(method, path, from) }
+
+// Load is this broker's slots in use of max_concurrent, and its queue.
+func (g *Gateway) Load() (slotsInUse, maxConcurrent, queueDepth int) {
+	maxConcurrent, slotsInUse, queueDepth, _ = g.cap.Snapshot()
+	return slotsInUse, maxConcurrent, queueDepth
+}
 
 // FreeSlots is how many capacity slots are free now.
 func (g *Gateway) FreeSlots() int { return g.cap.Free() }

@@ -73,6 +73,13 @@ const (
 	journalRetryAfter     = 2
 )
 
+// errBrokerDraining is the 503 body of a claim refused by a draining
+// broker (nexus-broker -drain), outcomeBrokerDraining its outcome.
+const (
+	errBrokerDraining     = "this broker is draining (nexus-broker -drain): it takes no new claims; claim through another broker"
+	outcomeBrokerDraining = "broker_draining"
+)
+
 // spawnerUnavailable refuses a claim at once while spawnd does not answer,
 // rather than have it wait for a spawnd that may never come back.
 func (g *Gateway) spawnerUnavailable() *claimError {
@@ -204,6 +211,12 @@ func (g *Gateway) claimBody(r *http.Request, p auth.Principal, body []byte, slot
 	}
 	if cerr := g.spawnerUnavailable(); cerr != nil {
 		return nil, cerr
+	}
+	if g.draining.Load() {
+		if slot == slotOffered {
+			return nil, refuse(http.StatusServiceUnavailable, outcomeDeclined, "draining")
+		}
+		return nil, refuse(http.StatusServiceUnavailable, outcomeBrokerDraining, errBrokerDraining)
 	}
 	offerAway := slot == slotAcquire && g.rt != nil
 	if offerAway && session != "" {

@@ -80,6 +80,9 @@ type Gateway struct {
 	a2a *ingress
 	// rt is cluster mode's router; single-broker mode builds none.
 	rt Router
+	// draining is an operator's drain (nexus-broker -drain): no new claim
+	// or offer is taken, the leases keep working.
+	draining atomic.Bool
 	above
 	book
 	life
@@ -459,6 +462,7 @@ func (g *Gateway) Handler() http.Handler {
 	mux.HandleFunc("GET /leases", g.guarded(g.handleLeases))
 	mux.HandleFunc("GET /binaries", g.guarded(g.handleBinaries))
 	mux.HandleFunc("GET /metrics", g.guard(true, g.handleMetrics))
+	mux.HandleFunc("GET /cluster", g.guard(true, g.handleCluster))
 	mux.HandleFunc("GET /openapi.json", g.guarded(g.handleOpenAPI))
 	// Never under auth: health for probes; the instance dial-back proves
 	// itself with its spawn secret.

@@ -15,7 +15,7 @@ import (
 // it watches for has ever happened.
 var (
 	claimOutcomes = []string{"accepted", "rejected", "no_capacity", "queue_timeout", "queue_full",
-		"principal_lease_limit", "principal_queue_limit", "cancelled", "spawn_failed", "ready_timeout", "internal", "journal_unavailable"}
+		"principal_lease_limit", "principal_queue_limit", "cancelled", "spawn_failed", "ready_timeout", "internal", "journal_unavailable", outcomeBrokerDraining}
 	spawnFailureReasons = []string{"exec", "exited_before_ready", "ready_timeout"}
 	// client_control is ours: a client-sent control signal (shutdown,
 	// register, …) is dropped rather than forwarded to the instance.

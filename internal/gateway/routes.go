@@ -30,10 +30,28 @@ func (g *Gateway) spawnerDown() error {
 	return g.ready()
 }
 
+// errDraining is /readyz's word on a draining broker.
+var errDraining = errors.New("draining: nexus-broker -drain; it takes no new claims (nexus-broker -undrain ends it)")
+
+// SetDraining starts (true) or ends an operator's drain: new claims and
+// offers are refused while the leases here keep working, /readyz is 503,
+// and (cluster mode) the heartbeats say so, so peers offer nothing here.
+func (g *Gateway) SetDraining(on bool) {
+	if g.draining.Swap(on) != on {
+		g.log.Info("drain", "draining", on)
+	}
+	if g.rt != nil {
+		g.rt.SetDraining(on)
+	}
+}
+
 // notReady is why a load balancer should steer traffic elsewhere: spawnd
 // down, its lease journal failed (claims are refused until it is
-// rewritten), or (cluster mode) NATS lost for three attempts in a row.
+// rewritten), a drain, or (cluster mode) this broker's link to NATS down.
 func (g *Gateway) notReady() error {
+	if g.draining.Load() {
+		return errDraining
+	}
 	if err := g.spawnerDown(); err != nil {
 		return err
 	}
@@ -54,7 +72,11 @@ func (g *Gateway) notReady() error {
 // answer: the gateway itself is up.
 func (g *Gateway) handleReadyz(w http.ResponseWriter, _ *http.Request) {
 	if err := g.notReady(); err != nil {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "error": err.Error()})
+		status := "unavailable"
+		if errors.Is(err, errDraining) {
+			status = "draining"
+		}
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": status, "error": err.Error()})
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
@@ -130,6 +152,16 @@ func (g *Gateway) localLeases(p auth.Principal) leasesJSON {
 		MaxConcurrent: &max, SlotsInUse: &inUse, QueueDepth: &depth, MaxQueueDepth: &maxDepth,
 		Leases: g.Leases("", true),
 	}
+}
+
+// handleCluster is GET /cluster (auth.admin_scope): every broker on this
+// one's membership list, this one first.
+func (g *Gateway) handleCluster(w http.ResponseWriter, _ *http.Request, _ auth.Principal) {
+	if g.rt == nil {
+		writeError(w, http.StatusNotFound, "cluster mode is off: this broker has no cluster: block")
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"brokers": g.rt.Brokers()})
 }
 
 // handleMetrics is GET /metrics in the Prometheus text format. Every

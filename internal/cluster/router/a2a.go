@@ -98,7 +98,7 @@ func (rt *Router) A2AOwner(ctx context.Context, q gateway.A2AQuery) (string, boo
 		return "", false
 	case o != "" && n.Reachable(o):
 		return o, false
-	case o != "" && q.Task != "" && !n.Known(o):
+	case o != "" && q.Task != "" && !n.Remembered(o):
 		return "", false
 	case o != "":
 		return "", true

@@ -65,7 +65,7 @@ func (rt *Router) OfferClaim(ctx context.Context, p auth.Principal, body []byte)
 		return gateway.PeerClaim{}, false
 	}
 	binary := claimedBinary(body)
-	peers := slices.DeleteFunc(rt.node.Peers(), func(p cluster.Peer) bool { return !p.Reachable || p.Free <= 0 || !p.Serves(binary) })
+	peers := slices.DeleteFunc(rt.node.Peers(), func(p cluster.Peer) bool { return !p.Offerable(binary) })
 	rand.Shuffle(len(peers), func(i, j int) { peers[i], peers[j] = peers[j], peers[i] })
 	for _, peer := range peers {
 		if a, ok := rt.offerTo(ctx, peer.ID, p, body); ok {
@@ -95,7 +95,7 @@ func claimedBinary(body []byte) string {
 // the claim's binary (it would answer 400 for an entry another broker
 // has).
 func (rt *Router) offerTo(ctx context.Context, peer string, p auth.Principal, body []byte) (gateway.PeerClaim, bool) {
-	if view, ok := rt.node.Peer(peer); ok && !view.Serves(claimedBinary(body)) {
+	if view, ok := rt.node.Peer(peer); ok && (view.Draining || !view.Serves(claimedBinary(body))) {
 		return gateway.PeerClaim{}, false
 	}
 	var a gateway.PeerClaim

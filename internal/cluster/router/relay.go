@@ -89,10 +89,11 @@ func (rt *Router) ownerDown(w http.ResponseWriter, owner string) bool {
 }
 
 // ownerFailed answers for a request the lease's owner did not answer: NATS
-// saying nobody subscribes to the subjects of a broker never heard from is
-// an ordinary unknown lease; anything else is 503.
+// saying nobody subscribes to the subjects of a broker neither heard since
+// boot nor in the membership record is an ordinary unknown lease; anything
+// else is 503.
 func (rt *Router) ownerFailed(w http.ResponseWriter, id, owner, op string, err error) {
-	if errors.Is(err, cluster.ErrNoResponders) && !rt.node.Known(owner) {
+	if errors.Is(err, cluster.ErrNoResponders) && !rt.node.Remembered(owner) {
 		reply.Error(w, http.StatusNotFound, gateway.TextUnknownLease)
 		return
 	}

@@ -40,6 +40,7 @@ type Core interface {
 	AuthEnabled() bool
 	Authenticate(w http.ResponseWriter, r *http.Request) (auth.Principal, bool)
 	FreeSlots() int
+	Load() (slotsInUse, maxConcurrent, queueDepth int)
 	OnSlotFreed(f func())
 	BinaryNames() []string
 	TakeClaim(ctx context.Context, from string, p auth.Principal, body []byte, routed bool) (gateway.PeerClaim, error)
@@ -96,7 +97,7 @@ func New(core Core, boot *config.Config, brokerID string, log *slog.Logger) (*Ro
 		streams:  map[string]*carriedStream{},
 	}
 	n, err := cluster.New(cluster.Options{Config: boot.Cluster, BrokerID: brokerID, Advertise: boot.AdvertiseAddr, Log: log,
-		Free: core.FreeSlots, PeerFree: rt.peerHasFree, Binaries: core.BinaryNames})
+		Free: core.FreeSlots, PeerFree: rt.peerHasFree, Binaries: core.BinaryNames, Load: rt.load, StateDir: boot.StateDir})
 	if err != nil {
 		return nil, err
 	}
@@ -129,6 +130,39 @@ func (rt *Router) RemoteOwner(id string) string {
 		return o
 	}
 	return ""
+}
+
+// load is this broker's slots and queue, for its heartbeats.
+func (rt *Router) load() cluster.Load {
+	inUse, max, depth := rt.core.Load()
+	return cluster.Load{SlotsInUse: inUse, MaxConcurrent: max, QueueDepth: depth}
+}
+
+// SetDraining has the heartbeats say this broker drains, or no longer.
+func (rt *Router) SetDraining(on bool) { rt.node.SetDraining(on) }
+
+// Brokers is GET /cluster: this broker, then every one on its list.
+func (rt *Router) Brokers() []gateway.BrokerInfo {
+	out := []gateway.BrokerInfo{brokerInfo(rt.node.Self())}
+	out[0].Self = true
+	for _, p := range rt.node.Peers() {
+		out = append(out, brokerInfo(p))
+	}
+	return out
+}
+
+func brokerInfo(p cluster.Peer) gateway.BrokerInfo {
+	b := gateway.BrokerInfo{BrokerID: p.ID, AdvertiseAddr: p.Advertise, Reachable: p.Reachable, SlotsInUse: p.Load.SlotsInUse,
+		MaxConcurrent: p.Load.MaxConcurrent, QueueDepth: p.Load.QueueDepth, Binaries: p.Binaries, Version: p.Version,
+		Protocol: p.Protocol, Routed: p.Compatible, Draining: p.Draining}
+	if !p.LastHeartbeat.IsZero() {
+		at := p.LastHeartbeat.UTC()
+		b.LastHeartbeat = &at
+	}
+	if b.Binaries == nil {
+		b.Binaries = []string{}
+	}
+	return b
 }
 
 // Ready is nil while NATS has not failed three times in a row.

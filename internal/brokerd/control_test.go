@@ -1,0 +1,110 @@
+package brokerd
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+)
+
+// controlHelperEnv makes the test binary a control socket client (the
+// attacker, run as another uid): it sends a drain to the socket named and
+// prints what came back.
+const controlHelperEnv = "NEXUS_CONTROL_HELPER_SOCKET"
+
+func TestMain(m *testing.M) {
+	if sock := os.Getenv(controlHelperEnv); sock != "" {
+		c, err := net.Dial("unix", sock)
+		if err != nil {
+			fmt.Println("dial:", err)
+			os.Exit(0)
+		}
+		fmt.Fprintf(c, "%s\n", VerbDrain)
+		answer, _ := io.ReadAll(c)
+		fmt.Printf("answer: %s", answer)
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+func ask(t *testing.T, sock, verb string) string {
+	t.Helper()
+	c, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "%s\n", verb)
+	answer, _ := bufio.NewReader(c).ReadString('\n')
+	return answer
+}
+
+// TestControlSocket: the control socket is 0600; its owner drains and
+// undrains; another uid is refused by the mode and, were the mode wider,
+// by SO_PEERCRED, and nothing is drained.
+func TestControlSocket(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to act as uid 65534")
+	}
+	if _, err := exec.LookPath("setpriv"); err != nil {
+		t.Skip("needs setpriv")
+	}
+	// Not under TMPDIR: uid 65534 must reach the socket, and its path
+	// must fit the socket limit whatever TMPDIR is.
+	dir, err := os.MkdirTemp("/tmp", "ctl-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var draining atomic.Bool
+	var calls atomic.Int32
+	ctl, err := serveControl(dir, func(on bool) { calls.Add(1); draining.Store(on) }, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ctl.Close()
+	sock := filepath.Join(dir, ControlSocket)
+	if st, err := os.Stat(sock); err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("control socket: %v, %v; want mode 0600", st, err)
+	}
+	if a := ask(t, sock, VerbDrain); !strings.HasPrefix(a, answerOK+"draining") || !draining.Load() {
+		t.Fatalf("drain answered %q, draining %v", a, draining.Load())
+	}
+	if a := ask(t, sock, VerbUndrain); !strings.HasPrefix(a, answerOK+"serving") || draining.Load() {
+		t.Fatalf("undrain answered %q, draining %v", a, draining.Load())
+	}
+	if a := ask(t, sock, "reboot"); !strings.HasPrefix(a, answerError+"unknown verb") {
+		t.Fatalf("an unknown verb answered %q", a)
+	}
+	attack := func() string {
+		cmd := exec.Command("setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", os.Args[0])
+		cmd.Env = append(os.Environ(), controlHelperEnv+"="+sock)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("the helper as uid 65534: %v\n%s", err, out)
+		}
+		return string(out)
+	}
+	if out := attack(); !strings.Contains(out, "permission denied") {
+		t.Fatalf("uid 65534 on the 0600 socket: %q, want permission denied", out)
+	}
+	if err := os.Chmod(sock, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	if out := attack(); !strings.Contains(out, "uid 65534 may not control this broker") {
+		t.Fatalf("uid 65534 on a 0666 socket: %q, want refused by its peer credentials", out)
+	}
+	if calls.Load() != 2 || draining.Load() {
+		t.Fatalf("after the attacks: %d verbs done, draining %v; want the owner's 2, not draining", calls.Load(), draining.Load())
+	}
+}
