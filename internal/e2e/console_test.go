@@ -80,7 +80,8 @@ func processesWith(arg string) []int {
 
 // TestConsoleInABrowser: an operator's console in headless Chromium shows
 // two leases claimed after it loaded, without a reload; the Release button
-// (pressed from the keyboard) ends one, and its row goes. Another
+// and its confirmation (pressed from the keyboard) end one, and its row
+// goes. Another
 // principal's lease is listed without a Release button, and the page never
 // holds a session id, a ticket or a token.
 func TestConsoleInABrowser(t *testing.T) {
@@ -155,9 +156,12 @@ func TestConsoleInABrowser(t *testing.T) {
 		t.Fatalf("the eviction and the attached client never showed: %v", err)
 	}
 
-	// Release the first from the keyboard: focus its button, press Enter.
+	// Release the first from the keyboard: focus its button, press Enter,
+	// and Enter again on the confirmation, which has the focus.
 	if err := chromedp.Do(ctx,
 		chromedp.Focus(css(`button[data-release="`+mine1.LeaseID+`"]`)),
+		chromedp.KeyEvent(kb.Enter),
+		chromedp.WaitVisible(css(`button[data-confirm="`+mine1.LeaseID+`"]:focus`)),
 		chromedp.KeyEvent(kb.Enter),
 		chromedp.WaitNotPresent(css(row(mine1.LeaseID))),
 	); err != nil {
@@ -222,5 +226,107 @@ func TestConsoleInABrowser(t *testing.T) {
 	})`, &a11y)
 	if a11y.Caption != 1 || a11y.ColHeaders != 9 || a11y.RowHeaders != 2 || a11y.NamedButtons != 1 {
 		t.Errorf("table markup: %+v, want 1 caption, 9 column headers, 2 row headers, 1 named button", a11y)
+	}
+}
+
+// TestConsoleReleaseNeedsConfirmationAndRowsHold: in headless Chromium,
+// two clicks 700 ms apart where a Release button is never release two
+// leases. The first asks for confirmation on that row and the second,
+// landing on Cancel, cancels it: nothing is sent. A confirmed release
+// sends one request, and the ended lease keeps its row while the pointer
+// is over the table, so a click after it lands on nothing and the other
+// rows stay where they were; once the pointer leaves, the row goes.
+func TestConsoleReleaseNeedsConfirmationAndRowsHold(t *testing.T) {
+	b := startBroker(t, Options{})
+	l1, l2, l3 := b.claim(brokerclient.ClaimRequest{}), b.claim(brokerclient.ClaimRequest{}), b.claim(brokerclient.ClaimRequest{})
+	tab := startChromium(t)
+	ctx, cancel := context.WithTimeout(tab, 2*time.Minute)
+	defer cancel()
+	row := func(id string) chromedp.CSS { return chromedp.CSS(`tr[data-lease="` + id + `"]`) }
+	if err := chromedp.Do(ctx, chromedp.Navigate(b.Base+"/console"), chromedp.WaitVisible(chromedp.CSS(`#conn[data-state="live"]`)),
+		chromedp.WaitVisible(row(l1.LeaseID)), chromedp.WaitVisible(row(l2.LeaseID)), chromedp.WaitVisible(row(l3.LeaseID))); err != nil {
+		t.Fatalf("opening the console: %v", err)
+	}
+	eval := func(expr string) float64 {
+		t.Helper()
+		v, err := chromedp.Run(ctx, chromedp.Evaluate[float64](expr))
+		if err != nil {
+			t.Fatalf("evaluating %s: %v", expr, err)
+		}
+		return v
+	}
+	// Every POST the page sends is counted.
+	eval(`window.posts = 0; const f = window.fetch; window.fetch = (u, o) => { if (o && o.method === "POST") window.posts++; return f(u, o); }; 0`)
+	center := func(sel string) (float64, float64) {
+		t.Helper()
+		x := eval(`(() => { const r = document.querySelector('` + sel + `').getBoundingClientRect(); return r.x + r.width / 2; })()`)
+		y := eval(`(() => { const r = document.querySelector('` + sel + `').getBoundingClientRect(); return r.y + r.height / 2; })()`)
+		return x, y
+	}
+	top := func(id string) float64 {
+		return eval(`document.querySelector('tr[data-lease="` + id + `"]').getBoundingClientRect().y`)
+	}
+	click := func(x, y float64) {
+		t.Helper()
+		if err := chromedp.Do(ctx, chromedp.MouseEvent(chromedp.MouseMoved, x, y), chromedp.MouseClickXY(x, y)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wait := func(what string, sel chromedp.CSS) {
+		t.Helper()
+		wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+		defer wcancel()
+		if err := chromedp.Do(wctx, chromedp.WaitVisible(sel)); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	// apart waits out the 700 ms between a user's two clicks: the scenario's
+	// own interval, not a synchronisation.
+	apart := func(since time.Time) { time.Sleep(time.Until(since.Add(700 * time.Millisecond))) }
+	y2, y3 := top(l2.LeaseID), top(l3.LeaseID)
+
+	rx, ry := center(`button[data-release="` + l1.LeaseID + `"]`)
+	first := time.Now()
+	click(rx, ry)
+	wait("the first click asked for no confirmation on its row", chromedp.CSS(`tr[data-lease="`+l1.LeaseID+`"] button[data-confirm="`+l1.LeaseID+`"]`))
+	apart(first)
+	click(rx, ry)
+	wait("the second click did not cancel the confirmation", chromedp.CSS(`button[data-release="`+l1.LeaseID+`"]`))
+	if n := eval(`window.posts`); n != 0 {
+		t.Errorf("two clicks where Release was sent %v POSTs, want none", n)
+	}
+	if n := len(b.leases().Leases); n != 3 {
+		t.Fatalf("%d leases live after two clicks on Release, want 3", n)
+	}
+
+	// Confirmed, then a stray click on the same place and on Release's.
+	click(rx, ry)
+	wait("no confirmation", chromedp.CSS(`button[data-confirm="`+l1.LeaseID+`"]`))
+	cx, cy := center(`button[data-confirm="` + l1.LeaseID + `"]`)
+	confirmed := time.Now()
+	click(cx, cy)
+	wait("the released lease did not keep its row, marked ended, under the pointer", chromedp.CSS(`tr[data-lease="`+l1.LeaseID+`"][data-ended="yes"]`))
+	apart(confirmed)
+	click(cx, cy)
+	click(rx, ry)
+	if n := eval(`window.posts`); n != 1 {
+		t.Errorf("a confirmed release and two stray clicks sent %v POSTs, want 1", n)
+	}
+	for _, l := range []*brokerclient.Claim{l2, l3} {
+		if v, ok := b.lease(l.LeaseID); !ok || v.State != "active" {
+			t.Errorf("lease %s after the stray clicks: %+v (listed %v), want active", l.LeaseID, v, ok)
+		}
+	}
+	if got2, got3 := top(l2.LeaseID), top(l3.LeaseID); got2 != y2 || got3 != y3 {
+		t.Errorf("rows moved under the pointer: %v, %v, were %v, %v", got2, got3, y2, y3)
+	}
+	if _, ok := b.lease(l1.LeaseID); ok {
+		t.Errorf("the confirmed release left %s listed", l1.LeaseID)
+	}
+	// The pointer leaves the table: the ended row goes.
+	wctx, wcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer wcancel()
+	if err := chromedp.Do(wctx, chromedp.MouseEvent(chromedp.MouseMoved, 2, 2), chromedp.WaitNotPresent(row(l1.LeaseID))); err != nil {
+		t.Errorf("the ended row stayed after the pointer left the table: %v", err)
 	}
 }
