@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"os/exec"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -162,4 +163,29 @@ func TestClusterRememberedOwnerIs503AfterARestart(t *testing.T) {
 	if status, body := b.do("POST", "/ticket/0123456789abcdef0123456789abcdef-zzz", ""); status != 404 {
 		t.Fatalf("a lease of a broker never heard: %d %s, want 404", status, body)
 	}
+}
+
+// TestClusterSlowPeerIsSkippedAfterOfferTimeout: a full A offers a claim to
+// B, which looks free (its heartbeats are current) but whose gateway is
+// stopped. B does not accept within cluster.offer_timeout, so A moves on
+// (here: to its own queue, which times out after queue_wait_timeout) and
+// answers at once instead of waiting out the spawn's bounds on B.
+func TestClusterSlowPeerIsSkippedAfterOfferTimeout(t *testing.T) {
+	ns := startNATS(t, 0, nil)
+	slowBeat := func(id string) (string, []string) { return clusterYAMLEvery(id, ns.ClientURL(), "1s"), nil }
+	bs := startMembers(t, slowBeat, Options{YAML: "max_concurrent: 1\nqueue_wait_timeout: 1s\n"}, "a", "b")
+	a, b := bs["a"], bs["b"]
+	a.claim(brokerclient.ClaimRequest{})
+	if err := b.gateway.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.gateway.cmd.Process.Signal(syscall.SIGCONT) })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, err := a.Client.Claim(ctx, brokerclient.ClaimRequest{Config: "engine:\n  name: example\n"})
+	var api *brokerclient.APIError
+	if !errors.As(err, &api) || api.Status != 503 || api.Message != "capacity wait timed out" {
+		t.Fatalf("a claim on a full A whose only peer is stopped: %v, want 503 capacity wait timed out", err)
+	}
+	a.GatewayLog.wait(t, regexp.MustCompile(`did not accept an offered claim within cluster.offer_timeout.*peer=b`), 5*time.Second)
 }

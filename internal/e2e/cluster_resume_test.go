@@ -88,3 +88,29 @@ func TestClusterResumeOfALocalSessionWaitsForALocalSlot(t *testing.T) {
 		t.Fatalf("the resumed session answered %q, want its transcript continued", got)
 	}
 }
+
+// TestClusterResumeOwnershipIsCheckedOnTheSessionsBroker: Alice's session
+// lives on B. Bob resuming it through A is routed to B, where the
+// ownership check runs with the principal A relayed (Bob's): refused as
+// an unknown session, nothing spawned anywhere, and the refusal logged on
+// B naming Bob. Alice's own resume through A works.
+func TestClusterResumeOwnershipIsCheckedOnTheSessionsBroker(t *testing.T) {
+	_, bs := startCluster(t, clusterAuthYAML, "alice-token", "a", "b")
+	a, b := bs["a"], bs["b"]
+	first := b.claim(brokerclient.ClaimRequest{})
+	if st, body := b.do("POST", "/release/"+first.LeaseID, ""); st != 200 {
+		t.Fatalf("release = %d %s", st, body)
+	}
+	eventually(t, 10*time.Second, func() string { return "B's instance gone" }, func() bool { return len(b.Instances()) == 0 })
+	st, body := a.doAs("bob-token", "POST", "/claim", `{"config":"engine:\n  name: example\n","session_id":"`+first.SessionID+`"}`)
+	if st != 404 || !strings.Contains(body, "unknown session") {
+		t.Fatalf("Bob resuming Alice's session through A: %d %s, want 404 unknown session", st, body)
+	}
+	b.GatewayLog.wait(t, regexp.MustCompile(`msg="resume refused: the session belongs to another principal" principal=bob session_id=`+first.SessionID), 5*time.Second)
+	if na, nb := len(a.Instances()), len(b.Instances()); na+nb != 0 {
+		t.Fatalf("after Bob's refused resume A runs %d and B %d instances, want none", na, nb)
+	}
+	if resumed := a.claim(brokerclient.ClaimRequest{SessionID: first.SessionID}); !strings.HasSuffix(resumed.LeaseID, "-b") {
+		t.Fatalf("Alice's resume through A got lease %q, want one of b", resumed.LeaseID)
+	}
+}

@@ -196,9 +196,26 @@ func (a PeerClaim) LeaseID() string {
 	return c.LeaseID
 }
 
+// acceptKey carries an offer's accept hook in a claim's context.
+type acceptKey struct{}
+
+// WithAccept has an offered claim run with ctx call accepted once it holds
+// its slot, before the spawn: the offering broker is answered then.
+func WithAccept(ctx context.Context, accepted func()) context.Context {
+	return context.WithValue(ctx, acceptKey{}, accepted)
+}
+
+// accepted calls ctx's accept hook, if any.
+func accepted(ctx context.Context) {
+	if f, ok := ctx.Value(acceptKey{}).(func()); ok {
+		f()
+	}
+}
+
 // TakeClaim serves a claim another broker sent here: an offer from a full
-// broker (a free slot now, or declined), or a resume routed here, where
-// its session is (queued as any claim, never sent on).
+// broker (a free slot now, or declined; WithAccept hears of the slot), or
+// a resume routed here, where its session is (queued as any claim, never
+// sent on).
 func (g *Gateway) TakeClaim(ctx context.Context, from string, p auth.Principal, body []byte, routed bool) (PeerClaim, error) {
 	slot := slotOffered
 	if routed {

@@ -293,7 +293,11 @@ func (g *Gateway) spawnLease(ctx context.Context, principal, entry string, cfgDa
 	}
 	quota := g.queueQuota(principal)
 	quota.Offer = away
-	if err := acquire(ctx, quota); err != nil {
+	err := acquire(ctx, quota)
+	if err == nil && slot == slotOffered {
+		accepted(ctx)
+	}
+	if err != nil {
 		switch {
 		case errors.Is(err, capacity.ErrServedAway):
 			return nil, errServedAwayClaim

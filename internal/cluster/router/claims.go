@@ -98,12 +98,15 @@ func (rt *Router) offerTo(ctx context.Context, peer string, p auth.Principal, bo
 	if view, ok := rt.node.Peer(peer); ok && (view.Draining || !view.Serves(claimedBinary(body))) {
 		return gateway.PeerClaim{}, false
 	}
-	var a gateway.PeerClaim
-	if err := rt.node.CallFor(ctx, rt.offerTimeout(), peer, opClaim, offerCall{Principal: p, Claim: body}, &a); err != nil {
-		rt.log.Warn("cluster: offering a claim to a peer failed", "peer", peer, "error", err)
+	var o offerAnswer
+	if err := rt.node.CallFor(ctx, rt.acceptWait(), peer, opClaim, offerCall{Principal: p, Claim: body}, &o); err != nil {
+		rt.log.Warn("cluster: a peer did not accept an offered claim within cluster.offer_timeout; offering it to the next", "peer", peer, "offer_timeout", rt.acceptWait(), "error", err)
 		return gateway.PeerClaim{}, false
 	}
-	if a.Declined || a.Status == http.StatusServiceUnavailable {
+	a := o.PeerClaim
+	if o.Offer != "" {
+		a = rt.collect(ctx, peer, o.Offer)
+	} else if a.Declined || a.Status == http.StatusServiceUnavailable {
 		return gateway.PeerClaim{}, false
 	}
 	a.Peer = peer
@@ -117,11 +120,6 @@ func (rt *Router) offerTo(ctx context.Context, peer string, p auth.Principal, bo
 // transport carries (in chunks).
 func (rt *Router) Offerable(body []byte) bool {
 	return len(body)+payloadOverhead <= cluster.MaxMessage
-}
-
-// takeOffer is the peer's side of OfferClaim.
-func (rt *Router) takeOffer(ctx context.Context, from string, body json.RawMessage) (any, error) {
-	return rt.takeClaim(ctx, from, body, false)
 }
 
 // takeClaim serves a claim another broker sent here: an offer, or a

@@ -138,7 +138,8 @@ func (rt *Router) registerOps() {
 	})
 	// Each deadline is read per request, so a SIGHUP's ready_timeout,
 	// session_report_grace, queue_wait_timeout or max_turn_duration applies.
-	n.HandleFor(opClaim, rt.offerTimeout, rt.takeOffer)
+	n.HandleFor(opClaim, rt.acceptWait, rt.takeOffer)
+	n.HandleFor(opClaimed, rt.offerTimeout, rt.answerClaimed)
 	n.HandleFor(opResume, rt.resumeTimeout, rt.takeResume)
 	n.Handle(opSession, rt.answerSession)
 	n.Handle(opCount, func(_ context.Context, _ string, body json.RawMessage) (any, error) {

@@ -71,7 +71,11 @@ type Router struct {
 	ctxCache *briefCache[string]
 	// peerFree carries peers that announced a free slot to reofferQueued.
 	peerFree chan string
-	wg       sync.WaitGroup
+	// offerAccept is cluster.offer_timeout; offers the claims accepted
+	// for peers, spawning.
+	offerAccept time.Duration
+	offers      offers
+	wg          sync.WaitGroup
 
 	mu sync.Mutex
 	// relays are the client connections other brokers carry to leases
@@ -95,6 +99,11 @@ func New(core Core, boot *config.Config, brokerID string, log *slog.Logger) (*Ro
 		peerFree: make(chan string, peerFreeBacklog),
 		relays:   map[string]*relayConn{},
 		streams:  map[string]*carriedStream{},
+		offers:   offers{m: map[string]*accepted{}},
+	}
+	rt.offerAccept = boot.Cluster.OfferTimeout.D()
+	if rt.offerAccept <= 0 { // a block not validated
+		rt.offerAccept = config.DefaultOfferTimeout
 	}
 	n, err := cluster.New(cluster.Options{Config: boot.Cluster, BrokerID: brokerID, Advertise: boot.AdvertiseAddr, Log: log,
 		Free: core.FreeSlots, PeerFree: rt.peerHasFree, Binaries: core.BinaryNames, Load: rt.load, StateDir: boot.StateDir})
