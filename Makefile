@@ -9,7 +9,7 @@ PKGS    := ./...
 # docs/performance.md). internal/e2e builds the binaries it tests the same way.
 TAGS    := netgo,osusergo
 
-.PHONY: build run stop cluster test lint bench fuzz chaos proto clean
+.PHONY: build run buildnote stop cluster test lint bench fuzz chaos proto clean
 
 build:
 	$(GO) build -tags $(TAGS) -o $(BIN)/ ./cmd/...
@@ -17,9 +17,14 @@ build:
 # Starts nexus-broker with its embedded development defaults (nexus-spawnd is
 # launched for you, nexus-echo is the nexus entry) unless ./broker.yaml exists.
 run:
-	@test -x $(BIN)/nexus-broker || echo "make run: building nexus-broker, nexus-spawnd and nexus-echo first; on a cold Go build cache this takes about two minutes, later builds seconds"
+	@$(MAKE) --no-print-directory buildnote
 	@$(MAKE) --no-print-directory build
 	$(BIN)/nexus-broker
+
+# What make run says before it builds: that the first build on a cold Go
+# build cache takes about two minutes, or that only what changed is rebuilt.
+buildnote:
+	@sh tools/buildnote.sh "$(GO)" $(TAGS) ./cmd/nexus-broker ./cmd/nexus-spawnd ./cmd/nexus-echo
 
 # Releases every lease of the nexus-spawnd `make run` uses (./broker.yaml's
 # when there is one, else the development defaults'): what Ctrl-C of
