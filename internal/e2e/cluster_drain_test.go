@@ -111,6 +111,16 @@ func TestClusterDrain(t *testing.T) {
 			return draining
 		})
 	}
+	v := a.clusterView()
+	if len(v.Brokers) != 3 || v.Brokers[0].BrokerID != "a" || !v.Brokers[0].Self || v.Brokers[0].SlotsInUse != 1 {
+		t.Fatalf("GET /cluster on A: %+v; want A first (self, 1 slot used), then B and C", v.Brokers)
+	}
+	for _, x := range v.Brokers[1:] {
+		if x.AdvertiseAddr != bs[x.BrokerID].Addr || x.LastHeartbeat == nil || !x.Reachable || !x.Routed || x.MaxConcurrent != 2 ||
+			x.Version == "" || len(x.Binaries) != 1 || x.Binaries[0] != "nexus" || x.Draining {
+			t.Errorf("GET /cluster on A lists %+v; want %s's advertise_addr, a heartbeat, reachable, routed, 2 slots, a version, binaries [nexus], not draining", x, bs[x.BrokerID].Addr)
+		}
+	}
 	if code, _ := b.doAs("bob-token", "GET", "/cluster", ""); code != 403 {
 		t.Fatalf("GET /cluster with a token lacking the admin scope: %d, want 403", code)
 	}
