@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nexus-broker/nexus-broker/internal/a2a/ingress"
 	"github.com/nexus-broker/nexus-broker/internal/atomicfile"
 	"github.com/nexus-broker/nexus-broker/internal/auth"
 	"github.com/nexus-broker/nexus-broker/internal/bootlog"
@@ -114,6 +115,7 @@ func Run(o Options) error {
 
 	g := gateway.New(gateway.Options{Config: cfg, Spawner: client, Ready: client.Ready, Journal: client.Journal, Logger: log, ListenPort: ln.Addr().(*net.TCPAddr).Port, Auth: authn})
 	console.Attach(g)
+	ingress.Attach(g, cfg, log)
 	if cfg.Cluster != nil {
 		g.JoinCluster(func(brokerID string) (gateway.Router, error) { return router.New(g, cfg, brokerID, log) })
 	}

@@ -437,6 +437,24 @@ type Event struct {
 // Start.
 func (g *Gateway) Subscribe(f func(Event)) { g.subs = append(g.subs, f) }
 
+// --- layers ------------------------------------------------------------------
+
+// Layer is a layer above the core that starts, reloads and stops with it
+// (the A2A door).
+type Layer interface {
+	// Start runs in Start once spawnd answered, before the leases spawnd
+	// holds are restored; an error fails the start.
+	Start() error
+	// Reload checks next, before spawnd is asked to reload; an error
+	// rejects the reload. apply puts next in force once the reload applies.
+	Reload(next *config.Config) (apply func(), err error)
+	// Stop runs in Shutdown once the core stopped.
+	Stop()
+}
+
+// Extend has l start, reload and stop with the core. Extend before Start.
+func (g *Gateway) Extend(l Layer) { g.layers = append(g.layers, l) }
+
 // --- routes and the guard ---------------------------------------------------
 
 // Mount adds routes of a layer above the core to Handler's mux. Mount

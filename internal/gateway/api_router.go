@@ -327,16 +327,39 @@ type TaskQuery struct {
 	Limit     int             `json:"limit"`
 }
 
+// ServeA2A has the A2A door answer the router's questions of this broker:
+// holds (does it hold what q names) and tasks (its share of a ListTasks).
+// Call it before Start.
+func (g *Gateway) ServeA2A(holds func(A2AQuery) bool, tasks func(TaskQuery) ([]a2a.Task, int)) {
+	g.a2aHolds, g.a2aTasks = holds, tasks
+}
+
 // HoldsA2A reports whether this broker holds what q names.
-func (g *Gateway) HoldsA2A(q A2AQuery) bool { return g.a2a != nil && g.a2a.holdsCall(q) }
+func (g *Gateway) HoldsA2A(q A2AQuery) bool { return g.a2aHolds != nil && g.a2aHolds(q) }
 
 // A2ATasks is this broker's share of a ListTasks: the first q.Limit of the
 // matching tasks, and how many match.
 func (g *Gateway) A2ATasks(q TaskQuery) ([]a2a.Task, int) {
-	if g.a2a == nil {
+	if g.a2aTasks == nil {
 		return []a2a.Task{}, 0
 	}
-	return g.a2a.matching(q.Principal, q.Profile, &q.Req, q.Limit)
+	return g.a2aTasks(q)
+}
+
+// Cluster is the cluster router once Start built it, nil in single-broker
+// mode (and before Start).
+func (g *Gateway) Cluster() Router { return g.rt }
+
+// IsCarried says whether r is a request another broker carried here.
+func IsCarried(r *http.Request) bool {
+	_, ok := forwardedPrincipal(r.Context())
+	return ok
+}
+
+// Identify verifies r's credential without answering r: the caller's
+// principal, or the refusal Authenticate would answer and audit.
+func (g *Gateway) Identify(r *http.Request) (auth.Principal, *auth.Refusal) {
+	return g.auth.Authenticate(r)
 }
 
 // The core's side of cluster mode: where a lease route, a claim or a

@@ -33,12 +33,10 @@ import (
 
 	"github.com/nexus-broker/nexus-broker/internal/a2a"
 	"github.com/nexus-broker/nexus-broker/internal/auth"
-	"github.com/nexus-broker/nexus-broker/internal/bootlog"
 	"github.com/nexus-broker/nexus-broker/internal/config"
 	"github.com/nexus-broker/nexus-broker/internal/gateway/internal/capacity"
 	"github.com/nexus-broker/nexus-broker/internal/gateway/spawner"
 	"github.com/nexus-broker/nexus-broker/internal/hostguard"
-	"github.com/nexus-broker/nexus-broker/internal/safedir"
 )
 
 // Options wires a Gateway.
@@ -76,8 +74,6 @@ type Gateway struct {
 	// auth is nil without an auth: block; tickets are minted only with one.
 	auth    *auth.Authenticator
 	tickets *auth.Tickets
-	// a2a is the A2A ingress; nil on a broker that booted without agents:.
-	a2a *ingress
 	// rt is cluster mode's router; single-broker mode builds none.
 	rt Router
 	// draining is an operator's drain (nexus-broker -drain): no new claim
@@ -116,6 +112,12 @@ type above struct {
 	// join builds the cluster router (JoinCluster); nil in single-broker
 	// mode.
 	join func(brokerID string) (Router, error)
+	// layers start, reload and stop with the core (Extend).
+	layers []Layer
+	// a2aHolds and a2aTasks answer other brokers' questions with the A2A
+	// door's (ServeA2A); nil without one.
+	a2aHolds func(A2AQuery) bool
+	a2aTasks func(TaskQuery) ([]a2a.Task, int)
 }
 
 // book is the leases this broker holds.
@@ -134,10 +136,6 @@ type life struct {
 	wg     sync.WaitGroup
 }
 
-// buildProfilesFailed is upstream's record of agents: profiles that cannot
-// be served.
-const buildProfilesFailed = "failed to build the a2a agent profiles"
-
 // New builds a gateway; nothing runs until Start.
 func New(o Options) *Gateway {
 	ctx, cancel := context.WithCancel(context.Background())
@@ -154,9 +152,6 @@ func New(o Options) *Gateway {
 		life:       life{ctx: ctx, cancel: cancel},
 	}
 	g.cfg.Store(o.Config)
-	if len(o.Config.Agents) > 0 {
-		g.a2a = &ingress{g: g}
-	}
 	empty := []spawner.Binary{}
 	g.binaries.Store(&empty)
 	return g
@@ -177,23 +172,10 @@ func (g *Gateway) Start(ctx context.Context) error {
 	} else {
 		g.log.Info("lease durability enabled", "state_dir", g.boot.StateDir, "broker_id", st.BrokerID)
 	}
-	if g.a2a != nil {
-		ps, err := a2a.BuildProfiles(g.boot, g.boot, g.a2aBase())
-		if err != nil {
-			return bootlog.Wrap(buildProfilesFailed, fmt.Errorf("broker config: %w", err))
-		}
-		if d := g.boot.A2A.StateDir; d != "" {
-			if err := safedir.PrivateKey(d, "a2a.state_dir", "the gateway's user", "A2A tasks and answers", g.log); err != nil {
-				return err
-			}
-		}
-		dir, err := g.boot.A2AStateDir()
-		if err != nil {
+	for _, l := range g.layers {
+		if err := l.Start(); err != nil {
 			return err
 		}
-		g.a2a = newIngress(g, g.boot, dir, g.log)
-		g.a2a.profiles.Store(ps)
-		g.logA2ABoot(ps, dir)
 	}
 	if err := g.restore(ctx); err != nil {
 		return err
@@ -395,8 +377,8 @@ func (g *Gateway) Shutdown() {
 		l.detachAll()
 	}
 	g.wg.Wait()
-	if g.a2a != nil {
-		g.a2a.close()
+	for _, l := range g.layers {
+		l.Stop()
 	}
 	if g.rt != nil {
 		g.rt.Close()
@@ -471,9 +453,6 @@ func (g *Gateway) Handler() http.Handler {
 	mux.HandleFunc("GET /instance", g.handleInstance)
 	// Authenticates itself: it also takes ?ticket=.
 	mux.HandleFunc("GET /lease/{lease_id}", g.handleClient)
-	if g.a2a != nil {
-		g.a2a.routes(mux)
-	}
 	for _, m := range g.mounts {
 		m(mux)
 	}

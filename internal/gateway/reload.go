@@ -8,7 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nexus-broker/nexus-broker/internal/a2a"
 	"github.com/nexus-broker/nexus-broker/internal/config"
 	"github.com/nexus-broker/nexus-broker/internal/config/core"
 	"github.com/nexus-broker/nexus-broker/internal/gateway/spawner"
@@ -29,10 +28,9 @@ func (g *Gateway) Reload(ctx context.Context, path string) error {
 		return g.reloadRejected(path, err)
 	}
 	cur := g.cfg.Load()
-	var profiles *a2a.Profiles
 	// No A2A routes were registered at boot without agents:, so a reload
 	// cannot switch the ingress on: reported and ignored like a boot-only key.
-	switchOn := g.a2a == nil && len(next.Agents) > 0
+	switchOn := len(g.boot.Agents) == 0 && len(next.Agents) > 0
 	if switchOn {
 		next.Agents = nil
 	}
@@ -51,10 +49,13 @@ func (g *Gateway) Reload(ctx context.Context, path string) error {
 	if switchOn {
 		bootOnly = append(bootOnly, "agents")
 	}
-	if g.a2a != nil {
-		if profiles, err = a2a.BuildProfiles(next, g.boot, g.a2aBase()); err != nil {
-			return g.reloadRejected(path, fmt.Errorf("broker config: %w", err))
+	applies := make([]func(), 0, len(g.layers))
+	for _, l := range g.layers {
+		apply, err := l.Reload(next)
+		if err != nil {
+			return g.reloadRejected(path, err)
 		}
+		applies = append(applies, apply)
 	}
 	ctx, cancel := context.WithTimeout(ctx, reloadTimeout)
 	defer cancel()
@@ -70,8 +71,8 @@ func (g *Gateway) Reload(ctx context.Context, path string) error {
 	applied := core.Reloaded(g.boot, next) // boot-only keys keep the values in force
 	g.cfg.Store(applied)
 	g.setBinaries(res.Binaries)
-	if profiles != nil {
-		g.a2a.profiles.Store(profiles)
+	for _, apply := range applies {
+		apply()
 	}
 	g.cap.SetMax(applied.MaxConcurrent)
 	g.cap.SetWait(applied.QueueWaitTimeout.D())

@@ -1,4 +1,4 @@
-package gateway
+package ingress
 
 import (
 	"bufio"
@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nexus-broker/nexus-broker/internal/a2a"
+	"github.com/nexus-broker/nexus-broker/internal/gateway"
 )
 
 // statusEvent is an event that names n, and is final when final is set.
@@ -54,8 +55,8 @@ func serveStream(t *testing.T, s *a2a.Stream, small bool) (*bufio.Reader, net.Co
 	if small {
 		inner = smallBuffers{ln}
 	}
-	srv := Server(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { streamTo(w, r, s, eventFrame) }))
-	go func() { _ = srv.Serve(Listener(inner)) }()
+	srv := gateway.Server(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { streamTo(w, r, s, eventFrame) }))
+	go func() { _ = srv.Serve(gateway.Listener(inner)) }()
 	t.Cleanup(func() { _ = srv.Close() })
 	c, err := net.Dial("tcp", ln.Addr().String())
 	if err != nil {

@@ -1,4 +1,4 @@
-package gateway
+package ingress
 
 import (
 	"context"
@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/nexus-broker/nexus-broker/internal/a2a"
+	"github.com/nexus-broker/nexus-broker/internal/gateway"
+	"github.com/nexus-broker/nexus-broker/internal/gateway/reply"
 	"github.com/nexus-broker/nexus-broker/pkg/brokerframe"
 )
 
@@ -19,22 +21,20 @@ const (
 
 const errUnknownProfile = "unknown agent profile"
 
-// a2aBase is the origin cards advertise (agents: needs advertise_addr or
-// an explicit listen host, so it is never empty).
-func (g *Gateway) a2aBase() string { return g.BaseURL() }
-
-// logA2ABoot states the ingress at boot in upstream's lines: the ingress,
+// logBoot states the ingress at boot in upstream's lines: the ingress,
 // the task retention in force (the store is durable with a dir), and one
 // line per profile naming its binary, its config and the URLs it publishes.
-func (g *Gateway) logA2ABoot(ps *a2a.Profiles, dir string) {
-	base := g.a2aBase()
-	g.log.Info("a2a ingress enabled", "profiles", len(ps.ByName), "base_url", base)
-	t := g.boot.A2A.Tasks
-	g.log.Info("a2a task retention", "state_dir", dir, "durable", dir != "", "ttl", t.TTL.D(), "max_per_context", t.MaxPerContext,
+// The base URL is never empty: agents: needs advertise_addr or an
+// explicit listen host.
+func (in *ingress) logBoot(ps *a2a.Profiles, dir string) {
+	base := in.core.BaseURL()
+	in.log.Info("a2a ingress enabled", "profiles", len(ps.ByName), "base_url", base)
+	t := in.boot.A2A.Tasks
+	in.log.Info("a2a task retention", "state_dir", dir, "durable", dir != "", "ttl", t.TTL.D(), "max_per_context", t.MaxPerContext,
 		"max_tasks", a2a.MaxTasks, "input_timeout", t.InputTimeout.D(), "max_store_bytes", t.MaxStoreBytes)
 	for _, n := range ps.Names() {
 		p, root := ps.ByName[n], a2a.AgentRoot(base, n)
-		g.log.Info("a2a agent profile", "name", n, "binary", p.Entry, "config", p.Path,
+		in.log.Info("a2a agent profile", "name", n, "binary", p.Entry, "config", p.Path,
 			"agent_card", root+"/.well-known/agent-card.json", "jsonrpc", root+"/a2a", "rest", root+"/a2a/v1")
 	}
 }
@@ -45,6 +45,7 @@ func (g *Gateway) logA2ABoot(ps *a2a.Profiles, dir string) {
 const restRoot = "/agents/{name}/a2a/v1/{rest...}"
 
 func (in *ingress) routes(mux *http.ServeMux) {
+	in.mux = mux
 	mux.HandleFunc(restRoot, in.restUnmatched)
 	mux.HandleFunc("GET /agents/{name}/.well-known/agent-card.json", in.handleCard)
 	mux.HandleFunc("GET /agents/{name}", in.redirectCard)
@@ -79,7 +80,7 @@ const (
 // A2A client can parse it) and a WARN naming the name asked for, as
 // upstream answers and logs it.
 func (in *ingress) caller(w http.ResponseWriter, r *http.Request, b binding) (string, *a2a.Profile, bool) {
-	who, ok := in.g.Authenticate(w, r)
+	who, ok := in.core.Authenticate(w, r)
 	if !ok {
 		return "", nil, false
 	}
@@ -93,11 +94,11 @@ func (in *ingress) caller(w http.ResponseWriter, r *http.Request, b binding) (st
 		e := a2a.ErrMethodNotFound.With("%s: no A2A agent is mounted at %s", errUnknownProfile, r.URL.Path)
 		switch b {
 		case rpcRoute:
-			writeJSON(w, http.StatusNotFound, a2a.RPCFail(nil, e))
+			reply.JSON(w, http.StatusNotFound, a2a.RPCFail(nil, e))
 		case restRoute:
 			writeRESTError(w, e)
 		default:
-			writeError(w, http.StatusNotFound, errUnknownProfile)
+			reply.Error(w, http.StatusNotFound, errUnknownProfile)
 		}
 		return "", nil, false
 	}
@@ -139,8 +140,8 @@ func (in *ingress) redirectCard(w http.ResponseWriter, r *http.Request) {
 func (in *ingress) handleSoleCard(w http.ResponseWriter, r *http.Request) {
 	names := in.profiles.Load().Names()
 	if len(names) != 1 {
-		if _, ok := in.g.Authenticate(w, r); ok {
-			writeError(w, http.StatusNotFound, fmt.Sprintf("%s: this broker mounts %d agent profiles (%s); resolve the card against a profile URL with its trailing slash, /agents/<name>/",
+		if _, ok := in.core.Authenticate(w, r); ok {
+			reply.Error(w, http.StatusNotFound, fmt.Sprintf("%s: this broker mounts %d agent profiles (%s); resolve the card against a profile URL with its trailing slash, /agents/<name>/",
 				errUnknownProfile, len(names), strings.Join(names, ", ")))
 		}
 		return
@@ -201,10 +202,7 @@ func (in *ingress) list(ctx context.Context, principal string, p *a2a.Profile, r
 		off = n
 	}
 	ts, total := in.matching(principal, p.Name, req, off+size)
-	var missing []string
-	if in.g.rt != nil {
-		ts, total, missing = in.gatherTasks(ctx, TaskQuery{Principal: principal, Profile: p.Name, Req: *req, Limit: off + size}, ts, total)
-	}
+	ts, total, missing := in.gatherTasks(ctx, gateway.TaskQuery{Principal: principal, Profile: p.Name, Req: *req, Limit: off + size}, ts, total)
 	out := &a2a.ListResponse{Tasks: []a2a.Task{}, TotalSize: total, PageSize: size}
 	for i := off; i < len(ts) && i < off+size; i++ {
 		out.Tasks = append(out.Tasks, ts[i])
@@ -234,6 +232,11 @@ func (in *ingress) matching(principal, profile string, req *a2a.ListRequest, lim
 	return out, len(rs)
 }
 
+// matchingQuery is matching for another broker's ListTasks.
+func (in *ingress) matchingQuery(q gateway.TaskQuery) ([]a2a.Task, int) {
+	return in.matching(q.Principal, q.Profile, &q.Req, q.Limit)
+}
+
 // get is GetTask, from the record.
 func (in *ingress) get(principal string, p *a2a.Profile, req *a2a.TaskRequest) (*a2a.Task, *a2a.Error) {
 	if bad := a2a.NonNegative(req.HistoryLength, "historyLength"); bad != nil {
@@ -259,6 +262,6 @@ func sse(w http.ResponseWriter, r *http.Request, s *a2a.Stream, stop func(), fra
 // streamTo serves s over the connection r came on, measuring its send
 // room as the core's sockets do.
 func streamTo(w http.ResponseWriter, r *http.Request, s *a2a.Stream, frame func(a2a.Event) []byte) {
-	conn, room := StreamConn(r)
+	conn, room := gateway.StreamConn(r)
 	s.Serve(w, r, frame, conn, room)
 }

@@ -1,4 +1,4 @@
-package gateway
+package ingress
 
 import (
 	"bytes"
@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nexus-broker/nexus-broker/internal/a2a"
+	"github.com/nexus-broker/nexus-broker/internal/gateway"
 	"github.com/nexus-broker/nexus-broker/pkg/brokerframe"
 )
 
@@ -78,7 +79,7 @@ func (in *ingress) start(c *conv) {
 // prepareLocked restarts l's idle clock with p (every message counts as
 // client input); the returned func sends it, never under in.mu, since a
 // slow instance blocks it.
-func (in *ingress) prepareLocked(l *Lease, p brokerframe.IO) func() {
+func (in *ingress) prepareLocked(l *gateway.Lease, p brokerframe.IO) func() {
 	payload, _ := json.Marshal(p) // a struct of strings cannot fail
 	return l.Send(payload)
 }
@@ -86,9 +87,9 @@ func (in *ingress) prepareLocked(l *Lease, p brokerframe.IO) func() {
 // refuseOversize is InvalidParams when p would not fit max_client_frame as
 // the io frame of l's instance (nil: of the lease a new conversation gets),
 // which a client socket's frame may not exceed either; nil when it fits.
-func (in *ingress) refuseOversize(l *Lease, p brokerframe.IO) *a2a.Error {
+func (in *ingress) refuseOversize(l *gateway.Lease, p brokerframe.IO) *a2a.Error {
 	payload, _ := json.Marshal(p) // a struct of strings cannot fail
-	if size, limit, fits := in.g.InputFits(l, payload); !fits {
+	if size, limit, fits := in.core.InputFits(l, payload); !fits {
 		return a2a.ErrInvalidParams.With("the message would reach the agent instance as a frame of %d bytes, over this broker's "+
 			"max_client_frame limit of %d bytes; send a shorter message", size, limit)
 	}
@@ -96,7 +97,7 @@ func (in *ingress) refuseOversize(l *Lease, p brokerframe.IO) *a2a.Error {
 }
 
 // sendLocked writes one io payload to the lease's instance.
-func (in *ingress) sendLocked(l *Lease, p brokerframe.IO) {
+func (in *ingress) sendLocked(l *gateway.Lease, p brokerframe.IO) {
 	go in.prepareLocked(l, p)()
 }
 
@@ -118,7 +119,7 @@ type spawnFailure struct{ state, text string }
 // something changes) REJECTED, and a spawn that was attempted and did not
 // come up (capacity, a boot that died or timed out) FAILED: a retry may
 // succeed.
-func spawnFailed(profile string, cerr *ClaimError) *spawnFailure {
+func spawnFailed(profile string, cerr *gateway.ClaimError) *spawnFailure {
 	switch cerr.Status {
 	case http.StatusBadRequest, http.StatusConflict, http.StatusTooManyRequests:
 		return &spawnFailure{a2a.StateRejected, fmt.Sprintf(textSpawnRefused, profile, cerr.Text)}
@@ -129,7 +130,7 @@ func spawnFailed(profile string, cerr *ClaimError) *spawnFailure {
 // leaseFor gets the conversation a live lease: one of its session that is
 // already running (adopted), else a fresh spawn resuming its session with
 // -recall. It returns why not otherwise.
-func (in *ingress) leaseFor(c *conv) (*Lease, *spawnFailure) {
+func (in *ingress) leaseFor(c *conv) (*gateway.Lease, *spawnFailure) {
 	p := in.profiles.Load().ByName[c.key.profile]
 	if p == nil {
 		return nil, &spawnFailure{a2a.StateRejected, fmt.Sprintf(textSpawnRefused, c.key.profile, "the profile is no longer configured")}
@@ -142,11 +143,11 @@ func (in *ingress) leaseFor(c *conv) (*Lease, *spawnFailure) {
 			session = b.SessionID
 		}
 	}
-	if l := in.g.SessionLease(c.key.principal, session); l != nil {
+	if l := in.core.SessionLease(c.key.principal, session); l != nil {
 		in.adopt(c, l, session)
 		return l, nil
 	}
-	l, cerr := in.g.Claim(ClaimSpec{Principal: c.key.principal, Binary: p.Entry, Config: p.Config, Session: session})
+	l, cerr := in.core.Claim(gateway.ClaimSpec{Principal: c.key.principal, Binary: p.Entry, Config: p.Config, Session: session})
 	if cerr != nil {
 		in.log.Warn("a2a turn could not start an agent instance", "profile", c.key.profile, "context_id", c.key.context,
 			"session_id", session, "status", cerr.Status, "error", cerr.Text)
@@ -176,7 +177,7 @@ const msgAdopted = "a2a turn adopted a live instance already running its session
 // had a task in flight when the broker stopped. Then it is told to cancel
 // and the next input is held until it reports idle. Otherwise it is idle,
 // and the next input goes at once.
-func (in *ingress) adopt(c *conv, l *Lease, session string) {
+func (in *ingress) adopt(c *conv, l *gateway.Lease, session string) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	// One step: a status the instance reports from here on reaches this
@@ -225,7 +226,7 @@ func (in *ingress) unholdLocked(c *conv) {
 }
 
 // bindLocked makes l (nil: none) the lease c runs on.
-func (in *ingress) bindLocked(c *conv, l *Lease) {
+func (in *ingress) bindLocked(c *conv, l *gateway.Lease) {
 	if c.lease != nil {
 		delete(in.byLease, c.lease)
 	}
@@ -238,7 +239,7 @@ func (in *ingress) bindLocked(c *conv, l *Lease) {
 // SessionRecorded binds the conversation on l to the session its instance
 // reported after the claim was answered (an engine that names its session
 // lazily), so that the context resumes it once the instance is gone.
-func (in *ingress) SessionRecorded(l *Lease, id string) {
+func (in *ingress) SessionRecorded(l *gateway.Lease, id string) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	if c := in.byLease[l]; c != nil {
@@ -261,7 +262,7 @@ const directStreams = 4
 
 // Payload is the instance's read pump handing over one io payload. The
 // events it publishes are written from here, after in.mu is released.
-func (in *ingress) Payload(l *Lease, p json.RawMessage) {
+func (in *ingress) Payload(l *gateway.Lease, p json.RawMessage) {
 	var direct [directStreams]*a2a.Stream
 	in.mu.Lock()
 	in.direct = true
@@ -278,7 +279,7 @@ func (in *ingress) Payload(l *Lease, p json.RawMessage) {
 	}
 }
 
-func (in *ingress) payloadLocked(l *Lease, p json.RawMessage) {
+func (in *ingress) payloadLocked(l *gateway.Lease, p json.RawMessage) {
 	c := in.byLease[l]
 	if c == nil {
 		return
@@ -357,7 +358,7 @@ func (in *ingress) askLocked(t *liveTask) {
 	close(t.parked)
 	t.parked = make(chan struct{})
 	in.publishLocked(t, a2a.Event{StatusUpdate: &a2a.StatusUpdate{TaskID: t.rec.Task.ID, ContextID: t.rec.Task.ContextID, Status: t.rec.Task.Status}})
-	if d := in.policy.InputTimeout.D(); d > 0 {
+	if d := in.boot.A2A.Tasks.InputTimeout.D(); d > 0 {
 		if t.askTimer != nil {
 			t.askTimer.Stop()
 		}
@@ -371,7 +372,7 @@ func (in *ingress) inputTimedOut(t *liveTask) {
 	if isSettled(t) || t.rec.Task.Status.State != a2a.StateInputRequired {
 		return
 	}
-	d := in.policy.InputTimeout.D()
+	d := in.boot.A2A.Tasks.InputTimeout.D()
 	in.abandonTurnLocked(t.conv, t)
 	in.setStateLocked(t, a2a.StateFailed, fmt.Sprintf(textInputTimeout, d))
 	in.log.Warn("a2a task abandoned: the agent's question went unanswered", "profile", t.rec.Profile, "task_id", t.rec.Task.ID,
@@ -390,7 +391,7 @@ func (in *ingress) completeLocked(t *liveTask) {
 // Closed settles the active task of a lease that ended (crash, idle,
 // release): its socket drained first, so an answer it sent has already
 // completed the task.
-func (in *ingress) Closed(l *Lease) {
+func (in *ingress) Closed(l *gateway.Lease) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	c := in.byLease[l]
@@ -408,7 +409,7 @@ func (in *ingress) Closed(l *Lease) {
 }
 
 // instanceGoneLocked fails a task whose instance (l's) went away, saying how.
-func (in *ingress) instanceGoneLocked(t *liveTask, l *Lease) {
+func (in *ingress) instanceGoneLocked(t *liveTask, l *gateway.Lease) {
 	how := l.EndedHow() + " before the turn finished"
 	in.log.Warn("a2a task failed because its agent instance went away", "profile", t.rec.Profile, "task_id", t.rec.Task.ID, "reason", how)
 	in.setStateLocked(t, a2a.StateFailed, how)

@@ -1,4 +1,4 @@
-package gateway
+package ingress
 
 import (
 	"bytes"
@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nexus-broker/nexus-broker/internal/a2a"
+	"github.com/nexus-broker/nexus-broker/internal/gateway/reply"
 )
 
 // The two A2A bindings over one ingress: JSON-RPC 2.0 at /agents/{name}/a2a
@@ -25,7 +26,7 @@ func writeRPCFail(w http.ResponseWriter, id json.RawMessage, stream bool, e *a2a
 		writeSSEOnce(w, data)
 		return
 	}
-	writeJSON(w, http.StatusOK, resp)
+	reply.JSON(w, http.StatusOK, resp)
 }
 
 var pushMethods = map[string]bool{
@@ -41,7 +42,7 @@ func (in *ingress) handleJSONRPC(w http.ResponseWriter, r *http.Request) {
 	}
 	body, aerr, _ := a2a.ReadBody(r)
 	if aerr != nil {
-		writeJSON(w, http.StatusOK, a2a.RPCFail(nil, aerr))
+		reply.JSON(w, http.StatusOK, a2a.RPCFail(nil, aerr))
 		return
 	}
 	// The envelope's refusals are upstream's, in its order: not JSON, not
@@ -65,7 +66,7 @@ func (in *ingress) handleJSONRPC(w http.ResponseWriter, r *http.Request) {
 		if err != nil || !a2a.ValidRPCID(req.ID) {
 			req.ID = nil
 		}
-		writeJSON(w, http.StatusOK, a2a.RPCFail(req.ID, bad))
+		reply.JSON(w, http.StatusOK, a2a.RPCFail(req.ID, bad))
 		return
 	}
 	stream := req.Method == "SendStreamingMessage" || req.Method == "SubscribeToTask"
@@ -120,7 +121,7 @@ func (in *ingress) handleJSONRPC(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		task := in.result(r, t, sr.Configuration)
-		writeJSON(w, http.StatusOK, a2a.RPCOK(req.ID, a2a.Event{Task: &task}))
+		reply.JSON(w, http.StatusOK, a2a.RPCOK(req.ID, a2a.Event{Task: &task}))
 	case "GetTask":
 		var tr a2a.TaskRequest
 		if !taskParams(&tr) {
@@ -131,7 +132,7 @@ func (in *ingress) handleJSONRPC(w http.ResponseWriter, r *http.Request) {
 			fail(aerr)
 			return
 		}
-		writeJSON(w, http.StatusOK, a2a.RPCOK(req.ID, task))
+		reply.JSON(w, http.StatusOK, a2a.RPCOK(req.ID, task))
 	case "ListTasks":
 		var lr a2a.ListRequest
 		if !params(&lr) {
@@ -143,7 +144,7 @@ func (in *ingress) handleJSONRPC(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		unanswered(w, missing)
-		writeJSON(w, http.StatusOK, a2a.RPCOK(req.ID, out))
+		reply.JSON(w, http.StatusOK, a2a.RPCOK(req.ID, out))
 	case "CancelTask":
 		var tr a2a.TaskRequest
 		if !taskParams(&tr) {
@@ -154,7 +155,7 @@ func (in *ingress) handleJSONRPC(w http.ResponseWriter, r *http.Request) {
 			fail(aerr)
 			return
 		}
-		writeJSON(w, http.StatusOK, a2a.RPCOK(req.ID, task))
+		reply.JSON(w, http.StatusOK, a2a.RPCOK(req.ID, task))
 	case "SubscribeToTask":
 		var tr a2a.TaskRequest
 		if !taskParams(&tr) {
@@ -206,7 +207,7 @@ func (in *ingress) result(r *http.Request, t *liveTask, cfg *a2a.SendConfig) a2a
 // --- HTTP+JSON --------------------------------------------------------------
 
 func writeRESTError(w http.ResponseWriter, e *a2a.Error) {
-	writeJSON(w, e.HTTPStatus, map[string]any{"error": map[string]any{
+	reply.JSON(w, e.HTTPStatus, map[string]any{"error": map[string]any{
 		"code": e.HTTPStatus, "status": e.Status, "message": e.Message, "details": a2a.ErrorDetails(e),
 	}})
 }
@@ -227,7 +228,7 @@ func (in *ingress) restBegin(w http.ResponseWriter, r *http.Request) (string, *a
 func (in *ingress) restSendRequest(w http.ResponseWriter, r *http.Request) (*a2a.SendRequest, bool) {
 	body, aerr, tooBig := a2a.ReadBody(r)
 	if tooBig {
-		writeError(w, http.StatusRequestEntityTooLarge, aerr.Message)
+		reply.Error(w, http.StatusRequestEntityTooLarge, aerr.Message)
 		return nil, false
 	}
 	if aerr != nil {
@@ -264,7 +265,7 @@ func (in *ingress) restSend(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	task := in.result(r, t, sr.Configuration)
-	writeJSON(w, http.StatusOK, a2a.Event{Task: &task})
+	reply.JSON(w, http.StatusOK, a2a.Event{Task: &task})
 }
 
 func (in *ingress) restStream(w http.ResponseWriter, r *http.Request) {
@@ -317,7 +318,7 @@ func (in *ingress) restList(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	unanswered(w, missing)
-	writeJSON(w, http.StatusOK, out)
+	reply.JSON(w, http.StatusOK, out)
 }
 
 // restTask is tasks/{id} (GET), tasks/{id}:cancel (POST) and
@@ -345,14 +346,14 @@ func (in *ingress) restTask(w http.ResponseWriter, r *http.Request) {
 			writeRESTError(w, aerr)
 			return
 		}
-		writeJSON(w, http.StatusOK, task)
+		reply.JSON(w, http.StatusOK, task)
 	case verb == "cancel" && r.Method == http.MethodPost:
 		task, aerr := in.cancel(principal, p.Name, id)
 		if aerr != nil {
 			writeRESTError(w, aerr)
 			return
 		}
-		writeJSON(w, http.StatusOK, task)
+		reply.JSON(w, http.StatusOK, task)
 	case verb == "subscribe":
 		s, stop, aerr := in.subscribe(principal, p.Name, id)
 		if aerr != nil {
@@ -376,7 +377,7 @@ func (in *ingress) restUnmatched(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var allow []string
-	mux := in.g.mux.Load()
+	mux := in.mux
 	for _, m := range []string{http.MethodGet, http.MethodPost, http.MethodDelete} {
 		probe := r.Clone(r.Context())
 		probe.Method = m
@@ -396,7 +397,7 @@ func restMiss(w http.ResponseWriter, r *http.Request, allow string) {
 		return
 	}
 	w.Header().Set("Allow", allow+", OPTIONS")
-	writeJSON(w, http.StatusMethodNotAllowed, map[string]any{"error": map[string]any{
+	reply.JSON(w, http.StatusMethodNotAllowed, map[string]any{"error": map[string]any{
 		"code": http.StatusMethodNotAllowed, "status": "METHOD_NOT_ALLOWED", "message": fmt.Sprintf("%s is not allowed on %s", r.Method, r.URL.Path),
 	}})
 }

@@ -1,4 +1,4 @@
-package gateway
+package ingress
 
 import (
 	"encoding/json"

@@ -1,8 +1,9 @@
-package gateway
+package ingress
 
 import (
 	"context"
 	"log/slog"
+	"net/http"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -11,13 +12,13 @@ import (
 	"github.com/nexus-broker/nexus-broker/internal/a2a"
 	"github.com/nexus-broker/nexus-broker/internal/bindindex"
 	"github.com/nexus-broker/nexus-broker/internal/config"
+	"github.com/nexus-broker/nexus-broker/internal/gateway"
 	"github.com/nexus-broker/nexus-broker/pkg/brokerframe"
 )
 
-// The A2A ingress: a conversation (principal, profile, contextId) is bound
-// to an engine session, runs one task at a time on an ordinary lease, and
-// queues the rest. Every task change is put in the store before any stream
-// sees it.
+// A conversation (principal, profile, contextId) is bound to an engine
+// session, runs one task at a time on an ordinary lease, and queues the
+// rest. Every task change is put in the store before any stream sees it.
 
 const (
 	contextsFile = "a2a-contexts.jsonl"
@@ -65,12 +66,14 @@ func (k convKey) String() string { return k.principal + "\x00" + k.profile + "\x
 
 // ingress is the A2A front door's state. Everything under mu.
 type ingress struct {
-	g        *Gateway
-	log      *slog.Logger
-	done     <-chan struct{} // closed at the gateway's shutdown
+	core Core
+	log  *slog.Logger
+	// boot is the configuration the gateway booted with.
+	boot *config.Config
+	// mux is the one the door's routes are on.
+	mux      *http.ServeMux
 	store    *a2a.Store
 	contexts *bindindex.Index[contextBinding] // in memory without state_dir, or when the file is off
-	policy   config.A2ATasks
 	profiles atomic.Pointer[a2a.Profiles]
 
 	mu sync.Mutex
@@ -78,8 +81,8 @@ type ingress struct {
 	// lease, a spawn or a hold. A quiet one is forgotten (its session is in
 	// contexts) so that conversations cost memory only while they live.
 	convs   map[convKey]*conv
-	byLease map[*Lease]*conv     // the conversation each A2A lease serves
-	live    map[string]*liveTask // tasks not yet terminal, by id
+	byLease map[*gateway.Lease]*conv // the conversation each A2A lease serves
+	live    map[string]*liveTask     // tasks not yet terminal, by id
 	// direct is set while the read pump publishes (payload): the streams
 	// it queues events on go to written, for it to write.
 	direct  bool
@@ -92,7 +95,7 @@ type ingress struct {
 type conv struct {
 	key     convKey
 	session string
-	lease   *Lease
+	lease   *gateway.Lease
 	queue   []*liveTask // waiting, oldest first
 	active  *liveTask   // the task the conversation is on; nil between tasks
 	// sent is set once active's input went to the instance: only then are
@@ -122,9 +125,10 @@ type liveTask struct {
 	cancelReq bool
 }
 
-func newIngress(g *Gateway, cfg *config.Config, dir string, log *slog.Logger) *ingress {
-	in := &ingress{g: g, log: log, done: g.Done(), policy: cfg.A2A.Tasks, convs: map[convKey]*conv{}, byLease: map[*Lease]*conv{}, live: map[string]*liveTask{}}
-	t := cfg.A2A.Tasks
+// open opens the task store and the context index in dir ("": in memory).
+func (in *ingress) open(dir string) {
+	in.convs, in.byLease, in.live = map[convKey]*conv{}, map[*gateway.Lease]*conv{}, map[string]*liveTask{}
+	t, log := in.boot.A2A.Tasks, in.log
 	in.store = a2a.OpenStore(dir, a2a.Policy{TTL: t.TTL.D(), MaxPerContext: t.MaxPerContext, MaxBytes: int64(t.MaxStoreBytes)}, log)
 	spec := bindindex.Spec[contextBinding]{
 		Limit: maxContexts,
@@ -150,22 +154,16 @@ func newIngress(g *Gateway, cfg *config.Config, dir string, log *slog.Logger) *i
 		spec.Path = ""
 		in.contexts = bindindex.Open(spec, log)
 	}
-	return in
 }
 
 // stopped says whether the gateway is shutting down.
 func (in *ingress) stopped() bool {
 	select {
-	case <-in.done:
+	case <-in.core.Done():
 		return true
 	default:
 		return false
 	}
-}
-
-func (in *ingress) close() {
-	in.store.Close()
-	in.contexts.Close()
 }
 
 // --- submitting ---------------------------------------------------------

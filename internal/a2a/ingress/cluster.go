@@ -1,4 +1,4 @@
-package gateway
+package ingress
 
 import (
 	"bytes"
@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nexus-broker/nexus-broker/internal/a2a"
+	"github.com/nexus-broker/nexus-broker/internal/gateway"
 )
 
 // An A2A conversation lives on the broker whose context index holds it:
@@ -33,17 +34,25 @@ import (
 // (-32000, which a stock client reads as a server error) and, over
 // HTTP+JSON, 503 UNAVAILABLE with the same SERVER_ERROR reason.
 var a2aOwnerUnavailable = &a2a.Error{Code: -32000, HTTPStatus: http.StatusServiceUnavailable, Status: "UNAVAILABLE",
-	Reason: "SERVER_ERROR", Message: TextOwnerUnavailable}
+	Reason: "SERVER_ERROR", Message: gateway.TextOwnerUnavailable}
 
 // newID mints a task id, or a context id for a message without one: in
 // cluster mode it names this broker as a lease id does (crypto/rand does
 // not fail), else it is an A2A UUID as in single-broker mode.
 func (in *ingress) newID() string {
-	if rt := in.g.rt; rt != nil {
+	if rt := in.peers(); rt != nil {
 		id, _ := rt.NewLeaseID()
 		return id
 	}
 	return a2a.NewID()
+}
+
+// peers is the cluster router, nil in single-broker mode.
+func (in *ingress) peers() Peers {
+	if rt := in.core.Cluster(); rt != nil {
+		return rt
+	}
+	return nil
 }
 
 // holds reports whether this broker's conversations include the context.
@@ -60,7 +69,7 @@ func (in *ingress) holds(principal, profile, context string) bool {
 }
 
 // holdsCall reports whether this broker holds what c asks about.
-func (in *ingress) holdsCall(c A2AQuery) bool {
+func (in *ingress) holdsCall(c gateway.A2AQuery) bool {
 	if c.Task != "" {
 		_, ok := in.store.Get(c.Principal, c.Profile, c.Task)
 		return ok
@@ -137,8 +146,8 @@ func sendTarget(t a2aTarget, params json.RawMessage, stream bool) a2aTarget {
 // it, as the caller's principal.
 func (in *ingress) clustered(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		g := in.g
-		if _, carried := forwardedPrincipal(r.Context()); g.rt == nil || carried {
+		rt := in.peers()
+		if rt == nil || gateway.IsCarried(r) {
 			h(w, r)
 			return
 		}
@@ -149,13 +158,13 @@ func (in *ingress) clustered(h http.HandlerFunc) http.HandlerFunc {
 			h(w, r)
 			return
 		}
-		who, ref := g.auth.Authenticate(r)
-		c := A2AQuery{Principal: who.ID, Profile: r.PathValue("name"), Context: target.context, Task: target.task}
+		who, ref := in.core.Identify(r)
+		c := gateway.A2AQuery{Principal: who.ID, Profile: r.PathValue("name"), Context: target.context, Task: target.task}
 		if ref != nil || in.profiles.Load().ByName[c.Profile] == nil || in.holdsCall(c) {
 			h(w, r) // a refusal is answered (and audited) by the handler
 			return
 		}
-		owner, unsure := g.rt.A2AOwner(r.Context(), c)
+		owner, unsure := rt.A2AOwner(r.Context(), c)
 		if unsure {
 			target.refuse(w, a2aOwnerUnavailable)
 			return
@@ -164,7 +173,7 @@ func (in *ingress) clustered(h http.HandlerFunc) http.HandlerFunc {
 			h(w, r)
 			return
 		}
-		g.rt.CarryA2A(w, r, owner, who, body, target.stream, func(w http.ResponseWriter) { target.refuse(w, a2aOwnerUnavailable) })
+		rt.CarryA2A(w, r, owner, who, body, target.stream, func(w http.ResponseWriter) { target.refuse(w, a2aOwnerUnavailable) })
 	}
 }
 
@@ -178,9 +187,13 @@ const headerUnanswered = "Nexus-Unreachable-Brokers"
 // (mine, of total), newest change first, and names the peers that did not
 // answer. A page of off..off+size needs no more than each broker's first
 // off+size (c.Limit).
-func (in *ingress) gatherTasks(ctx context.Context, c TaskQuery, mine []a2a.Task, total int) ([]a2a.Task, int, []string) {
+func (in *ingress) gatherTasks(ctx context.Context, c gateway.TaskQuery, mine []a2a.Task, total int) ([]a2a.Task, int, []string) {
+	rt := in.peers()
+	if rt == nil {
+		return mine, total, nil
+	}
 	local := len(mine)
-	missing := in.g.rt.GatherTasks(ctx, c, func(ts []a2a.Task, n int) {
+	missing := rt.GatherTasks(ctx, c, func(ts []a2a.Task, n int) {
 		mine, total = append(mine, ts...), total+n
 	})
 	if len(mine) > local {
@@ -189,7 +202,7 @@ func (in *ingress) gatherTasks(ctx context.Context, c TaskQuery, mine []a2a.Task
 		})
 	}
 	if len(missing) > 0 {
-		in.g.log.Warn("ListTasks answered without the brokers that did not answer", "unreachable_brokers", strings.Join(missing, ","))
+		in.log.Warn("ListTasks answered without the brokers that did not answer", "unreachable_brokers", strings.Join(missing, ","))
 	}
 	return mine, total, missing
 }
