@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"os"
 	"os/exec"
 	"regexp"
 	"strings"
@@ -198,4 +199,33 @@ func TestClusterSlowPeerIsSkippedAfterOfferTimeout(t *testing.T) {
 		t.Fatalf("a claim on a full A whose only peer is stopped: %v, want 503 capacity wait timed out", err)
 	}
 	a.GatewayLog.wait(t, regexp.MustCompile(`did not accept an offered claim within cluster.offer_timeout.*peer=b`), 5*time.Second)
+}
+
+// TestClusterForgetAfterErrorsNameTheKey: a cluster.forget_after shorter
+// than three heartbeat intervals is a rejected SIGHUP naming the key, the
+// broker serving on; at boot it is a refused boot naming it.
+func TestClusterForgetAfterErrorsNameTheKey(t *testing.T) {
+	_, bs := startCluster(t, "", "", "a")
+	a := bs["a"]
+	text, err := os.ReadFile(a.ConfigPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := strings.Replace(string(text), "  heartbeat_interval: 100ms\n", "  heartbeat_interval: 100ms\n  forget_after: 200ms\n", 1)
+	if err := os.WriteFile(a.ConfigPath, []byte(bad), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got := a.reload(t); !strings.HasPrefix(got, "rejected") {
+		t.Fatalf("a SIGHUP with forget_after 200ms: %s", got)
+	}
+	const want = "cluster.forget_after: 200ms is shorter than three heartbeat intervals (300ms)"
+	if !strings.Contains(unquoted(a.GatewayLog.String()), want) {
+		t.Fatalf("the rejected reload does not say %q:\n%s", want, a.GatewayLog)
+	}
+	if status, _ := a.get("/readyz"); status != 200 {
+		t.Fatalf("after the rejected reload /readyz is %d", status)
+	}
+	a.KillGateway(syscall.SIGTERM)
+	code, out := runToExit(t, append(append([]string{}, a.env...), clusterSecretEnv+"="+clusterSecret), "nexus-broker", "-config", a.ConfigPath, "-launch-spawnd=false")
+	refused(t, "a boot with forget_after 200ms", code, out, want)
 }
