@@ -289,3 +289,24 @@ func TestClusterA2AOwnerLossIsExplicit(t *testing.T) {
 		}
 	}
 }
+
+// TestClusterA2ARememberedOwnerIsUnavailable: B stops cleanly (it leaves
+// A's list; its task stays in its state_dir) and A restarts, so A has not
+// heard B since its boot. B is in A's membership record: B's task through
+// A is "lease owner unavailable", never TASK_NOT_FOUND; a task id naming a
+// broker in neither is still TASK_NOT_FOUND.
+func TestClusterA2ARememberedOwnerIsUnavailable(t *testing.T) {
+	bs := a2aCluster(t, "", "", "a", "b")
+	a, b := bs["a"], bs["b"]
+	task := sendTask(t, a2aClient(t, b, "support", a2a.TransportProtocolJSONRPC), userMsg("", "hello"))
+	b.KillGateway(syscall.SIGTERM)
+	a.KillGateway(syscall.SIGTERM)
+	a.StartGateway(clusterSecretEnv + "=" + clusterSecret)
+	st, body := a.get("/agents/support/a2a/v1/tasks/" + string(task.ID))
+	if st != 503 || !strings.Contains(body, "lease owner unavailable") {
+		t.Fatalf("B's task through a restarted A that remembers B: %d %s, want 503 lease owner unavailable", st, body)
+	}
+	if st, body := a.get("/agents/support/a2a/v1/tasks/0123456789abcdef0123456789abcdef-zz"); st != 404 {
+		t.Fatalf("a task naming a broker never heard: %d %s, want 404", st, body)
+	}
+}
