@@ -575,34 +575,3 @@ func (g *Gateway) record(id, session string) (keep bool, refused string) {
 	g.log.Warn("recording a lease's session id with nexus-spawnd failed", "lease_id", id, "error", err)
 	return true, ""
 }
-
-// handleRelease is POST /release/{lease_id}. Ownership is checked before
-// anything happens: a refused release sends no shutdown frame.
-// release is POST /release/{id} on the lease's owner, for a caller here or
-// one another broker carried.
-func (g *Gateway) release(r *http.Request, id string, p auth.Principal) (int, any) {
-	l := g.lookup(id)
-	if l == nil || l.principal != p.ID {
-		g.leaseDenied(r, p, id)
-		return http.StatusNotFound, map[string]string{"error": errUnknownLease}
-	}
-	if g.spawnerDown() != nil {
-		// spawnd cannot confirm the exit now: answer at once, and leave the
-		// lease draining, holding its slot, until it does. Draining before
-		// the answer, so GET /leases never shows the released lease active.
-		l.mu.Lock()
-		if l.state != stateDraining {
-			l.state, l.reason = stateDraining, reasonRelease
-		}
-		l.mu.Unlock()
-		// Answered, the release must be done even if this gateway stops
-		// before spawnd answers again.
-		if err := g.sp.HandOver(l.id); err != nil {
-			g.log.Warn("handing the release to nexus-spawnd failed; it is carried out only if this gateway runs until spawnd answers", "lease_id", l.id, "error", err)
-		}
-		go l.teardown(reasonRelease, teardownGraceful)
-	} else {
-		l.teardown(reasonRelease, teardownGraceful)
-	}
-	return http.StatusOK, map[string]string{"status": "released", "lease_id": l.id}
-}

@@ -5,17 +5,20 @@
 // idle and turn policy, metrics,
 // and the HTTP routes over them. It never spawns or signals a process
 // itself: it asks spawnd through the spawner.Spawner interface, in its own
-// types. The A2A ingress (a2a_*.go) still lives here; the cluster router
-// is internal/cluster/router, which the core asks through Router
-// (api_router.go) and which reaches the core only through its exported
-// methods; docs/architecture.md draws the layers.
+// types. The A2A door is internal/a2a/ingress and the cluster router
+// internal/cluster/router, each a layer over this package's exported face;
+// the core asks the router through Router (api_router.go), and starts,
+// reloads and stops the door as a Layer. docs/architecture.md draws the
+// layers.
 //
 // Layers above it (the A2A door, the cluster router, internal/console,
-// internal/brokerd) use it only through its exported face, all of it in
-// api.go: Claim, Release, a Lease's Send, Follow and Attach, Leases,
-// Subscribe, Mount and the guard. It may not import them, nor
-// internal/cluster (the router speaks NATS), pkg/spawnrpc or
-// internal/spawnclient (layers_test.go checks it).
+// internal/brokerd) use it only through its exported face, in api.go (and
+// api_router.go for the router's part): Claim, Release, a Lease's Send,
+// Follow and Attach, Leases, Subscribe, Extend, Mount and the guard. It may
+// not import them, nor internal/cluster (the router speaks NATS),
+// pkg/spawnrpc or internal/spawnclient (layers_test.go checks it, and that
+// no package holds more than 4 500 non-test lines nor any file outside
+// spawnd more than 600).
 package gateway
 
 import (

@@ -1,7 +1,11 @@
 package gateway
 
 import (
+	"bytes"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -21,7 +25,7 @@ var mayNotImport = map[string][]string{
 	"internal/a2a":            {"internal/gateway", "internal/gateway/", "internal/console", "internal/spawnclient", "internal/brokerd", "pkg/spawnrpc/"},
 	// The A2A door reaches the core only through its API: none of its
 	// internals, nor the layers beside or above it.
-	"internal/a2a/ingress": {"internal/gateway/internal/", "internal/cluster", "internal/cluster/", "internal/console", "internal/spawnclient", "internal/brokerd", "pkg/spawnrpc/"},
+	"internal/a2a/ingress": {"internal/gateway/internal/", "internal/gateway/spawner", "internal/cluster", "internal/cluster/", "internal/console", "internal/spawnclient", "internal/brokerd", "pkg/spawnrpc/"},
 	"internal/cluster":     {"internal/gateway", "internal/gateway/", "internal/console", "internal/spawnclient", "internal/brokerd", "pkg/spawnrpc/"},
 	"internal/auth":        {"internal/gateway", "internal/gateway/", "internal/console", "internal/a2a", "internal/cluster", "internal/spawnclient"},
 	"internal/config":      {"internal/gateway", "internal/gateway/", "internal/console", "internal/a2a", "internal/cluster", "internal/auth"},
@@ -83,5 +87,52 @@ func TestNoImportArrowRunsUp(t *testing.T) {
 	}
 	if spawnpbUsers == 0 {
 		t.Fatal("no package imports spawnpb: the check reads nothing")
+	}
+}
+
+// Size bounds of issue 26: no package above maxPackageLines non-test lines,
+// no file above maxFileLines outside the privileged half (spawnd, whose verb
+// table stays one file). Generated files count for neither.
+const (
+	maxPackageLines = 4500
+	maxFileLines    = 600
+)
+
+// generated is Go's mark of a generated file, before its package clause.
+var generated = regexp.MustCompile(`(?m)^// Code generated .* DO NOT EDIT\.$`)
+
+// TestNoPackageOrFileTooLarge counts the lines of every package's non-test
+// Go files (go list's GoFiles) and holds them to the bounds.
+func TestNoPackageOrFileTooLarge(t *testing.T) {
+	out, err := exec.Command("go", "list", "-f", "{{.ImportPath}} {{.Dir}}{{range .GoFiles}} {{.}}{{end}}", mod+"...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	counted := 0
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(line)
+		pkg, dir := strings.TrimPrefix(f[0], mod), f[1]
+		total := 0
+		for _, name := range f[2:] {
+			data, err := os.ReadFile(filepath.Join(dir, name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if generated.Match(bytes.SplitN(data, []byte("\npackage "), 2)[0]) {
+				continue
+			}
+			n := bytes.Count(data, []byte("\n"))
+			total += n
+			counted++
+			if n > maxFileLines && !strings.HasPrefix(pkg, "internal/spawnd") {
+				t.Errorf("%s/%s has %d lines, more than %d: split it", pkg, name, n, maxFileLines)
+			}
+		}
+		if total > maxPackageLines {
+			t.Errorf("%s holds %d non-test lines, more than %d: it is more than one layer", pkg, total, maxPackageLines)
+		}
+	}
+	if counted < 100 {
+		t.Fatalf("counted only %d files: the check reads nothing", counted)
 	}
 }
