@@ -86,8 +86,17 @@ func TestControlSocket(t *testing.T) {
 	if a := ask(t, sock, "reboot"); !strings.HasPrefix(a, answerError+"unknown verb") {
 		t.Fatalf("an unknown verb answered %q", a)
 	}
+	// A copy of this test binary uid 65534 can run, whatever TMPDIR's mode.
+	helper := filepath.Join(dir, "helper")
+	exe, err := os.ReadFile(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(helper, exe, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	attack := func() string {
-		cmd := exec.Command("setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", os.Args[0])
+		cmd := exec.Command("setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", helper)
 		cmd.Env = append(os.Environ(), controlHelperEnv+"="+sock)
 		out, err := cmd.CombinedOutput()
 		if err != nil {
