@@ -551,7 +551,8 @@ func TestClusterA2AContextContinuesOnAnotherBroker(t *testing.T) {
 // order, none lost.
 func TestClusterChunksWhatExceedsMaxPayload(t *testing.T) {
 	ns := startNATS(t, 0, func(o *natsserver.Options) { o.MaxPayload = 4 << 10 })
-	bs := startClusterOn(t, ns, "max_concurrent: 1\nqueue_wait_timeout: 1s\n", "", "a", "b")
+	// 64 KiB inputs: nexus-echo reads frames larger than max_client_frame's default.
+	bs := startClusterOn(t, ns, "max_concurrent: 1\nqueue_wait_timeout: 1s\nmax_client_frame: 131072\n", "", "a", "b")
 	a, b := bs["a"], bs["b"]
 	a.GatewayLog.wait(t, regexp.MustCompile(`max_payload=4096`), 5*time.Second)
 	first := a.claim(brokerclient.ClaimRequest{})
