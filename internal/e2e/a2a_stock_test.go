@@ -92,3 +92,58 @@ func TestA2AStockStatusWorking(t *testing.T) {
 	}
 	b.GatewayLog.wait(t, regexp.MustCompile(`level=INFO msg="a2a task canceled" profile=stockslow`), time.Second)
 }
+
+// TestA2AStockCancelTailIsNotTheNextTask: the stock agent ends a cancelled
+// turn with its status idle and only then says so (a system output and a
+// cancel.complete naming the turn). A task cancelled before any delta holds
+// the conversation until that idle; the output and cancel.complete after it
+// are the cancelled turn's, so the message queued behind it is neither
+// cancelled by them nor answered with them: it completes with its own
+// answer.
+func TestA2AStockCancelTailIsNotTheNextTask(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "stock.yaml")
+	if err := os.WriteFile(cfg, []byte("engine:\n  name: stock\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b := startBroker(t, Options{YAML: fmt.Sprintf(`  stockslow:
+    path: %q
+    env: {NEXUS_ECHO_STOCK_STATUS: "1", NEXUS_ECHO_SLOW_TURN: 5s}
+agents:
+  stockslow: {binary: stockslow, config: %q, card: {name: W, description: D, version: "1"}}
+`, bin("nexus-echo"), cfg)})
+	for _, binding := range bindings {
+		t.Run(string(binding), func(t *testing.T) {
+			c := a2aClient(t, b, "stockslow", binding)
+			ctx := ctxT(t)
+			conv := "tail-" + string(binding)
+			var task a2a.TaskID
+			for ev, err := range c.SendStreamingMessage(ctx, userMsg(conv, "cancel me")) {
+				if err != nil {
+					t.Fatalf("stream failed: %v", err)
+				}
+				if tk, ok := ev.(*a2a.Task); ok {
+					task = tk.ID
+				}
+				if up, ok := ev.(*a2a.TaskStatusUpdateEvent); ok && up.Status.State == a2a.TaskStateWorking {
+					break
+				}
+			}
+			// Queued behind it, so it goes as soon as the hold ends.
+			queued := sendNow(t, c, conv, "after")
+			if canceled, err := c.CancelTask(ctx, &a2a.CancelTaskRequest{ID: task}); err != nil || canceled.Status.State != a2a.TaskStateCanceled {
+				t.Fatalf("CancelTask = %+v, %v", canceled, err)
+			}
+			events(t, c.SubscribeToTask(ctx, &a2a.SubscribeToTaskRequest{ID: queued.ID})) // until it settles
+			next, err := c.GetTask(ctx, &a2a.GetTaskRequest{ID: queued.ID})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if next.Status.State != a2a.TaskStateCompleted {
+				t.Fatalf("the message after the cancel settled %s (%+v), want COMPLETED: the cancelled turn's tail reached it", next.Status.State, next.Status.Message)
+			}
+			if got := answerOf(t, next); got != "echo #1: after" {
+				t.Fatalf("the message after the cancel answered %q, want its own answer", got)
+			}
+		})
+	}
+}

@@ -169,9 +169,7 @@ func (a *agent) runTurn(ctx context.Context, input string) {
 		if ctx.Err() != nil {
 			return // the instance is stopping; nobody is waiting for this turn
 		}
-		a.send.io(brokerframe.IO{Type: brokerframe.IOCancelComplete, TurnID: t.id, Resumable: new(bool)})
-		a.status(brokerframe.StateIdle, t.id)
-		a.log.Info("turn cancelled", "turn_id", t.id)
+		a.cancelled(t.id)
 		return
 	}
 	a.send.io(brokerframe.IO{Type: brokerframe.IOStreamEnd, TurnID: t.id, FinishReason: "stop"})
@@ -183,6 +181,24 @@ func (a *agent) runTurn(ctx context.Context, input string) {
 	if a.knobs.Crash == CrashAfterAnswer {
 		a.crash(ExitCrashAfterAnswer)
 	}
+}
+
+// cancelled ends a cancelled turn: cancel.complete, then status idle; with
+// StockStatus in the stock agent's order instead (its cancel plugin's
+// cancelling status, the idle, a system output saying so, and then the
+// cancel.complete), so the turn's last words come after its idle.
+func (a *agent) cancelled(turnID string) {
+	done := brokerframe.IO{Type: brokerframe.IOCancelComplete, TurnID: turnID, Resumable: new(bool)}
+	if a.knobs.StockStatus {
+		a.status("cancelling", turnID)
+		a.status(brokerframe.StateIdle, turnID)
+		a.send.io(brokerframe.IO{Type: brokerframe.IOOutput, TurnID: turnID, Role: "system", Content: "_Operation cancelled._"})
+		a.send.io(done)
+	} else {
+		a.send.io(done)
+		a.status(brokerframe.StateIdle, turnID)
+	}
+	a.log.Info("turn cancelled", "turn_id", turnID)
 }
 
 func (a *agent) setCurrent(t *turn) {

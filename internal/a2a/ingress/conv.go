@@ -110,6 +110,12 @@ type conv struct {
 	busyTurn  string
 	busyGen   int
 	busyTimer *time.Timer
+	// cancelSent: the held turn was told to cancel. cancelTail: its status
+	// idle ended the hold, and what an instance says about a cancel after
+	// that idle (the stock agent's system output and cancel.complete) is
+	// still that turn's, not the next task's; the next task's own first
+	// payload, or the cancel.complete, ends it.
+	cancelSent, cancelTail bool
 }
 
 // liveTask is a task not yet terminal.

@@ -192,6 +192,7 @@ func (in *ingress) adopt(c *conv, l *gateway.Lease, session string) {
 		return
 	}
 	in.holdLocked(c, "")
+	c.cancelSent = true
 	in.sendLocked(l, brokerframe.IO{Type: brokerframe.IOCancel, Source: sourceA2A})
 	in.log.Info(msgAdopted, "profile", c.key.profile, "context_id", c.key.context, "session_id", session, "lease_id", l.ID(),
 		"held_until_idle", true, "reported", reported)
@@ -218,7 +219,7 @@ func (in *ingress) holdLocked(c *conv, turn string) {
 }
 
 func (in *ingress) unholdLocked(c *conv) {
-	c.busy, c.busyTurn = false, ""
+	c.busy, c.busyTurn, c.cancelSent, c.cancelTail = false, "", false, false
 	if c.busyTimer != nil {
 		c.busyTimer.Stop()
 		c.busyTimer = nil
@@ -288,6 +289,9 @@ func (in *ingress) payloadLocked(l *gateway.Lease, p json.RawMessage) {
 		in.watchIdleLocked(c, p)
 		return
 	}
+	if c.cancelTail && in.cancelTailLocked(c, p) {
+		return
+	}
 	t := c.active
 	if t == nil || !c.sent {
 		return // not this task's: its input has not gone yet
@@ -333,8 +337,27 @@ func (in *ingress) watchIdleLocked(c *conv, p json.RawMessage) {
 	if c.busyTurn != "" && io.TurnID != "" && io.TurnID != c.busyTurn {
 		return
 	}
+	tail := c.cancelSent
 	in.unholdLocked(c)
+	c.cancelTail = tail
 	in.kickLocked(c)
+}
+
+// cancelTailLocked reports whether p belongs to the tail of a turn that
+// was told to cancel and reported idle: an output or a cancel.complete
+// (which ends the tail). Anything else is the next turn's, and ends it too.
+func (in *ingress) cancelTailLocked(c *conv, p json.RawMessage) bool {
+	var io brokerframe.IO
+	_ = json.Unmarshal(p, &io)
+	switch io.Type {
+	case brokerframe.IOOutput:
+		return true
+	case brokerframe.IOCancelComplete:
+		c.cancelTail = false
+		return true
+	}
+	c.cancelTail = false
+	return false
 }
 
 // abandonTurnLocked tells the instance to cancel t's turn and holds the
@@ -345,6 +368,7 @@ func (in *ingress) abandonTurnLocked(c *conv, t *liveTask) {
 		return
 	}
 	in.holdLocked(c, t.turn.TurnID())
+	c.cancelSent = true
 	in.sendLocked(c.lease, brokerframe.IO{Type: brokerframe.IOCancel, TurnID: t.turn.TurnID(), Source: sourceA2A})
 }
 
