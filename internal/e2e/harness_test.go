@@ -24,6 +24,7 @@ import (
 
 	"github.com/nexus-broker/nexus-broker/internal/config/core"
 	"github.com/nexus-broker/nexus-broker/internal/sockdir"
+	"github.com/nexus-broker/nexus-broker/internal/spawnd"
 	"github.com/nexus-broker/nexus-broker/pkg/brokerclient"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc"
 )
@@ -330,7 +331,10 @@ func newBroker(t testing.TB, o Options) *Broker {
 		t.Fatal(err)
 	}
 	b.Tmp = privateTmp(t)
-	b.env = append([]string{"HOME=" + b.Home, "PATH=" + os.Getenv("PATH"), "LANG=C.UTF-8", "TZ=UTC", "TMPDIR=" + b.Tmp}, o.Env...)
+	// The uid range lock of tenancy: is this run's, removed with binDir,
+	// and shared by every spawnd of the run as on a host.
+	b.env = append([]string{"HOME=" + b.Home, "PATH=" + os.Getenv("PATH"), "LANG=C.UTF-8", "TZ=UTC", "TMPDIR=" + b.Tmp,
+		spawnd.LockDirEnv + "=" + binDir}, o.Env...)
 	if o.XDGRuntimeDir != "" {
 		b.env = append(b.env, "XDG_RUNTIME_DIR="+o.XDGRuntimeDir)
 		t.Setenv("XDG_RUNTIME_DIR", o.XDGRuntimeDir)

@@ -57,6 +57,9 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "setting up the fake instance:", err)
 		os.Exit(1)
 	}
+	// The host-wide uid range lock of tenancy's tests is this run's own,
+	// removed with it (the host's /run is left alone).
+	os.Setenv(LockDirEnv, dir)
 	code := m.Run()
 	_ = os.RemoveAll(dir)
 	os.Exit(code)

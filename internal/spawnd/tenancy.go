@@ -3,6 +3,7 @@ package spawnd
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -34,10 +35,15 @@ import (
 
 const (
 	uidsFile = "principal-uids.jsonl"
-	// rangeLockPath is host-wide: each spawnd holds a write lock on the
-	// bytes of this file numbered by its uids, so two spawnds of one host
-	// can never share a uid, whatever their state_dirs.
-	rangeLockPath = "/run/nexus-spawnd.uid-ranges.lock"
+	// rangeLockName, in /run, is host-wide: each spawnd holds a write lock
+	// on the bytes of this file numbered by its uids, so two spawnds of one
+	// host can never share a uid, whatever their state_dirs.
+	rangeLockName = "nexus-spawnd.uid-ranges.lock"
+	// LockDirEnv names another directory than /run for that file, so that
+	// tests leave nothing in the host's /run; the spawnds of one host must
+	// all see the same directory, or their ranges are not checked against
+	// each other.
+	LockDirEnv = "NEXUS_SPAWND_LOCK_DIR"
 	// systemd's dynamic users (DynamicUser=) take uids from this range.
 	systemdDynamicLo, systemdDynamicHi = 61184, 65519
 )
@@ -225,9 +231,15 @@ func openHomes(dir string) (int, error) {
 	return fd, nil
 }
 
-// lockRange takes the host-wide lock on the bytes lo..hi of rangeLockPath
-// (an open file description lock: held until spawnd exits).
+// lockRange takes the host-wide lock on the bytes lo..hi of the range lock
+// file (an open file description lock: held until spawnd exits). The file
+// is never removed: another spawnd may hold a lock in it.
 func lockRange(lo, hi uint32) (*os.File, error) {
+	dir := cmp.Or(os.Getenv(LockDirEnv), "/run")
+	if !filepath.IsAbs(dir) {
+		return nil, fmt.Errorf("%s=%q is not an absolute directory; unset it for /run", LockDirEnv, dir)
+	}
+	rangeLockPath := filepath.Join(dir, rangeLockName)
 	f, err := os.OpenFile(rangeLockPath, os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("opening the host-wide uid range lock %s: %w", rangeLockPath, err)
