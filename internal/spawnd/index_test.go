@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -419,5 +420,76 @@ func TestOwnersInMemoryWithoutStateDir(t *testing.T) {
 	res, err := h.client.Binding(h.ctx(), &spawnpb.BindingRequest{SessionId: "sess-a", Principal: "alice"})
 	if err != nil || res.Ownership != spawnpb.Ownership_OWNERSHIP_OWN || res.Entry != "" {
 		t.Errorf("Binding = %v (%v), want alice's, with no binary opinion", res, err)
+	}
+}
+
+// TestIndexCompactsEveryIndexCompactEveryAppends: the file grows by one line
+// per append until the indexCompactEvery-th, which rewrites it as the
+// bindings in memory (the newest limit of them), and appends go on after;
+// a reopened index agrees with memory.
+func TestIndexCompactsEveryIndexCompactEveryAppends(t *testing.T) {
+	dir := shmDir(t) // 65 536 fsyncs
+	const limit = 10
+	x, _ := openTestIndex(t, dir, limit)
+	path := filepath.Join(dir, indexFile)
+	put := func(i int) {
+		if err := x.Put(binding{fmt.Sprint("sess-", i), "nexus", "alice"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 1; i < indexCompactEvery; i++ {
+		put(i)
+	}
+	if n := len(indexLines(t, path)); n != indexCompactEvery-1 {
+		t.Fatalf("after %d appends the file holds %d lines: compacted before the %dth append", indexCompactEvery-1, n, indexCompactEvery)
+	}
+	put(indexCompactEvery)
+	lines := indexLines(t, path)
+	if len(lines) != limit || !strings.Contains(lines[0], fmt.Sprintf(`"sess-%d"`, indexCompactEvery-limit+1)) ||
+		!strings.Contains(lines[limit-1], fmt.Sprintf(`"sess-%d"`, indexCompactEvery)) {
+		t.Fatalf("after the %dth append the file holds %d lines (%.60s … %.60s); want the newest %d bindings", indexCompactEvery, len(lines), lines[0], lines[len(lines)-1], limit)
+	}
+	put(indexCompactEvery + 1)
+	if n := len(indexLines(t, path)); n != limit+1 {
+		t.Fatalf("the append after the compaction left %d lines, want %d", n, limit+1)
+	}
+	x.Close()
+	y, _ := openTestIndex(t, dir, limit)
+	for i := indexCompactEvery + 1 - limit; i <= indexCompactEvery+1; i++ {
+		want := "nexus"
+		if i == indexCompactEvery+1-limit {
+			want = "" // the 11th newest, dropped by the cap on replay
+		}
+		if got := lookup(y, fmt.Sprint("sess-", i)); got != want {
+			t.Errorf("after reopening, sess-%d binds %q, want %q", i, got, want)
+		}
+	}
+}
+
+// BenchmarkSessionIndexHeap: the heap the session index holds at its cap,
+// maxBindings bindings of a stock nexus's session id (32 hex characters),
+// entry "nexus" and a 32-byte principal, as that many claims leave it.
+// index-B is the index's heap; B/binding the same per binding (README
+// states it).
+func BenchmarkSessionIndexHeap(b *testing.B) {
+	heap := func() uint64 {
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	for b.Loop() {
+		before := heap()
+		x := openSessionIndex("", maxBindings, quiet)
+		for i := range maxBindings {
+			x.Put(binding{fmt.Sprintf("%032x", i), "nexus", fmt.Sprintf("oidc:user-%022d", i)})
+		}
+		held := heap() - before
+		if n, _ := x.Opened(); n != maxBindings {
+			b.Fatalf("the index holds %d bindings, want %d", n, maxBindings)
+		}
+		b.ReportMetric(float64(held), "index-B")
+		b.ReportMetric(float64(held)/maxBindings, "B/binding")
+		runtime.KeepAlive(x)
 	}
 }
