@@ -6,6 +6,8 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -39,6 +41,13 @@ type tenantHost struct {
 
 func startTenantHost(t testing.TB, sandbox, uidRange string) *tenantHost {
 	t.Helper()
+	return startTenantHostWith(t, sandbox, uidRange, func(string) string { return staticAuthYAML })
+}
+
+// startTenantHostWith is startTenantHost with the auth: block auth gives
+// for the host's root directory.
+func startTenantHostWith(t testing.TB, sandbox, uidRange string, auth func(root string) string) *tenantHost {
+	t.Helper()
 	if os.Getuid() != 0 {
 		t.Skip("tenancy needs a root nexus-spawnd; CI runs as root")
 	}
@@ -63,7 +72,7 @@ func startTenantHost(t testing.TB, sandbox, uidRange string) *tenantHost {
 		StateDir:     true,
 		NoNexusEntry: true,
 		Token:        tokOps,
-		YAML: staticAuthYAML + fmt.Sprintf("binaries:\n  nexus:\n    path: %q\n    env: {%s: \"1\"}\ntenancy: {uid_range: %q, homes_dir: %q, sandbox: %s}\n",
+		YAML: auth(root) + fmt.Sprintf("binaries:\n  nexus:\n    path: %q\n    env: {%s: \"1\"}\ntenancy: {uid_range: %q, homes_dir: %q, sandbox: %s}\n",
 			h.echo, echo.EnvAllowRun, uidRange, h.homes, sandbox),
 	})
 	return h
@@ -270,6 +279,65 @@ func TestTenantCannotReachAnother(t *testing.T) {
 	// Her fifth turn: the resumed session holds her four before.
 	if got := say(t, again.conn, "what did I say?"); !strings.HasPrefix(got, "echo #5: ") {
 		t.Errorf("alice's resume answered %q, want her own session's fifth turn", got)
+	}
+}
+
+// TestTenantCannotSpoofTheProxy: with proxy_headers honoured on
+// proxy_listen, bob's sandboxed instance binds 127.0.0.2 (or not) and sends
+// the proxy's headers to the gateway's TCP listener, naming an admin (the
+// admin view, a ticket for alice's lease), and tries the proxy's socket
+// itself: every request is refused, and as root the gateway served and
+// minted nothing for it. The control: the same headers through the socket
+// are the admin view.
+func TestTenantCannotSpoofTheProxy(t *testing.T) {
+	var sock string
+	h := startTenantHostWith(t, "strict", uidRange(30, 39), func(root string) string {
+		sock = filepath.Join(root, "proxy.sock")
+		// Distinct prefixes, as tenancy: requires of two validators.
+		return fmt.Sprintf("auth:\n  proxy_listen: %q\n  proxy_listen_group: adm\n  validators:\n"+
+			"    - {type: proxy_headers, principal_prefix: \"proxy:\", principal_header: X-Forwarded-User, scopes_header: X-Forwarded-Scopes}\n", sock) +
+			strings.Replace(strings.TrimPrefix(staticAuthYAML, "auth:\n  validators:\n"), "    - type: static\n", "    - type: static\n      principal_prefix: \"tok:\"\n", 1)
+	})
+	alice := h.claimAs(t, tokAlice, "")
+	bob := h.claimAs(t, tokBob, "")
+	asAdmin := [][2]string{{"X-Forwarded-User", "ops"}, {"X-Forwarded-Scopes", "nexus.broker.admin"}}
+	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+	}}
+	defer tr.CloseIdleConnections()
+	if status, body := sendWith(t, tr, "http://proxy/leases", asAdmin...); status != http.StatusOK || !strings.Contains(body, alice.claim.LeaseID) {
+		t.Fatalf("the control: the admin through the proxy's socket = %d %s, want the admin view with alice's lease", status, body)
+	}
+
+	served := regexp.MustCompile(`msg="auth allowed" [^\n]*principal_id=proxy:`)
+	minted := regexp.MustCompile(`msg="issued lease ticket"`)
+	wasServed, wasMinted := h.GatewayLog.count(served), h.GatewayLog.count(minted)
+	headers := "-H 'X-Forwarded-User: ops' -H 'X-Forwarded-Scopes: nexus.broker.admin' -H 'X-Forwarded-For: 127.0.0.2'"
+	for what, cmd := range map[string]string{
+		"the admin view from 127.0.0.2":        "curl -sS --interface 127.0.0.2 -w ' %{http_code}' " + headers + " " + h.Base + "/leases",
+		"the admin view from 127.0.0.1":        "curl -sS -w ' %{http_code}' " + headers + " " + h.Base + "/leases",
+		"a ticket for alice's lease":           "curl -sS --interface 127.0.0.2 -w ' %{http_code}' -X POST " + headers + " " + h.Base + "/ticket/" + alice.claim.LeaseID,
+		"a ticket for alice's lease, as alice": "curl -sS --interface 127.0.0.2 -w ' %{http_code}' -X POST -H 'X-Forwarded-User: tok:alice' " + h.Base + "/ticket/" + alice.claim.LeaseID,
+	} {
+		if got, want := say(t, bob.conn, "/run "+cmd), bodyRejected+" 401"; got != want {
+			t.Errorf("%s from bob's instance (%s) answered %q, want %q", what, cmd, got, want)
+		}
+	}
+	if got := say(t, bob.conn, "/run curl -sS --unix-socket "+sock+" "+headers+" http://proxy/leases"); !strings.HasPrefix(got, "run failed") {
+		t.Errorf("the proxy's socket from bob's instance answered %q, want a failure", got)
+	} else {
+		t.Logf("the proxy's socket from bob's instance: %s", got)
+	}
+
+	// As root: nothing was served to a proxy principal, nothing minted.
+	if n := h.GatewayLog.count(served); n != wasServed {
+		t.Errorf("the gateway served %d requests as a proxy principal during bob's attacks:\n%s", n-wasServed, h.GatewayLog)
+	}
+	if n := h.GatewayLog.count(minted); n != wasMinted {
+		t.Errorf("the gateway minted %d tickets during bob's attacks", n-wasMinted)
+	}
+	if got := say(t, alice.conn, "still mine?"); !strings.Contains(got, "still mine?") {
+		t.Errorf("alice's instance answered %q after bob's attacks", got)
 	}
 }
 
