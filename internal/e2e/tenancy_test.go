@@ -309,9 +309,13 @@ func TestTenantCannotSpoofTheProxy(t *testing.T) {
 		t.Fatalf("the control: the admin through the proxy's socket = %d %s, want the admin view with alice's lease", status, body)
 	}
 
+	// The gateway's log is read through a pipe: wait for the control's
+	// line before counting, and for the attacks' refusals after them.
 	served := regexp.MustCompile(`msg="auth allowed" [^\n]*principal_id=proxy:`)
+	h.GatewayLog.wait(t, served, 10*time.Second)
+	const denied = `msg="auth denied" [^\n]*denial="proxy_headers: identity header from a peer outside trusted_proxy_cidrs"`
 	minted := regexp.MustCompile(`msg="issued lease ticket"`)
-	wasServed, wasMinted := h.GatewayLog.count(served), h.GatewayLog.count(minted)
+	wasServed, wasMinted, wasDenied := h.GatewayLog.count(served), h.GatewayLog.count(minted), h.GatewayLog.count(regexp.MustCompile(denied))
 	headers := "-H 'X-Forwarded-User: ops' -H 'X-Forwarded-Scopes: nexus.broker.admin' -H 'X-Forwarded-For: 127.0.0.2'"
 	for what, cmd := range map[string]string{
 		"the admin view from 127.0.0.2":        "curl -sS --interface 127.0.0.2 -w ' %{http_code}' " + headers + " " + h.Base + "/leases",
@@ -330,6 +334,7 @@ func TestTenantCannotSpoofTheProxy(t *testing.T) {
 	}
 
 	// As root: nothing was served to a proxy principal, nothing minted.
+	h.GatewayLog.wait(t, regexp.MustCompile(fmt.Sprintf(`(?s)(%s.*){%d}`, denied, wasDenied+4)), 10*time.Second)
 	if n := h.GatewayLog.count(served); n != wasServed {
 		t.Errorf("the gateway served %d requests as a proxy principal during bob's attacks:\n%s", n-wasServed, h.GatewayLog)
 	}
