@@ -64,30 +64,35 @@ chaos:
 # Short fuzzing of every decoder and the config loader, spawnd's verb
 # handlers (a real Daemon, state_dir on /dev/shm) and its state files.
 FUZZTIME ?= 30s
+# An input that finds new coverage is minimized for at most this long (go
+# test's default is 60 s, longer than a run: a worker minimizing a few
+# hundred bytes of JSON would spend the rest of the run there, its
+# executions never counted).
+FUZZMINIMIZETIME ?= 5s
 fuzz:
-	$(GO) test -run '^$$' -fuzz 'FuzzDecode$$' -fuzztime $(FUZZTIME) ./pkg/brokerframe
-	$(GO) test -run '^$$' -fuzz 'FuzzDecodeFastAgrees$$' -fuzztime $(FUZZTIME) ./pkg/brokerframe
-	$(GO) test -run '^$$' -fuzz 'FuzzParse$$' -fuzztime $(FUZZTIME) ./internal/config
-	$(GO) test -run '^$$' -fuzz 'FuzzExtract$$' -fuzztime $(FUZZTIME) ./internal/auth
-	$(GO) test -run '^$$' -fuzz 'FuzzParseTranscript$$' -fuzztime $(FUZZTIME) ./internal/echo
-	$(GO) test -run '^$$' -fuzz 'FuzzPayloadType$$' -fuzztime $(FUZZTIME) ./internal/echo
-	$(GO) test -run '^$$' -fuzz 'FuzzValidate$$' -fuzztime $(FUZZTIME) ./pkg/sessionid
-	$(GO) test -run '^$$' -fuzz 'FuzzDecodeRecord$$' -fuzztime $(FUZZTIME) ./internal/a2a
-	$(GO) test -run '^$$' -fuzz 'FuzzOwner$$' -fuzztime $(FUZZTIME) ./internal/cluster
-	$(GO) test -run '^$$' -fuzz 'FuzzReceive$$' -fuzztime $(FUZZTIME) ./internal/cluster
-	$(GO) test -run '^$$' -fuzz 'FuzzOpenSealed$$' -fuzztime $(FUZZTIME) ./internal/cluster
-	$(GO) test -run '^$$' -fuzz 'FuzzMembersRecord$$' -fuzztime $(FUZZTIME) ./internal/cluster
-	$(GO) test -run '^$$' -fuzz 'FuzzReadOnlyImage$$' -fuzztime $(FUZZTIME) ./internal/footprint
-	$(GO) test -run '^$$' -fuzz 'FuzzTargetOf$$' -fuzztime $(FUZZTIME) ./internal/a2a/ingress
-	$(GO) test -run '^$$' -fuzz 'FuzzDecodeRPCAgrees$$' -fuzztime $(FUZZTIME) ./internal/a2a
-	$(GO) test -run '^$$' -fuzz 'FuzzRegister$$' -fuzztime $(FUZZTIME) ./internal/gateway
-	$(GO) test -run '^$$' -fuzz 'FuzzParseTextRecord$$' -fuzztime $(FUZZTIME) ./internal/spawnclient
-	$(GO) test -run '^$$' -fuzz 'FuzzCodecAgrees$$' -fuzztime $(FUZZTIME) ./pkg/spawnrpc/spawnpb
-	$(GO) test -run '^$$' -fuzz 'FuzzHealthCodecAgrees$$' -fuzztime $(FUZZTIME) ./pkg/spawnrpc
-	$(GO) test -run '^$$' -fuzz 'FuzzReadEndpoint$$' -fuzztime $(FUZZTIME) ./pkg/spawnrpc
-	$(GO) test -run '^$$' -fuzz 'FuzzJournalReplay$$' -fuzztime $(FUZZTIME) ./internal/spawnd
-	$(GO) test -run '^$$' -fuzz 'FuzzSessionIndex$$' -fuzztime $(FUZZTIME) ./internal/spawnd
-	$(GO) test -run '^$$' -fuzz 'FuzzVerbs$$' -fuzztime $(FUZZTIME) ./internal/spawnd
+	$(GO) test -run '^$$' -fuzz 'FuzzDecode$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./pkg/brokerframe
+	$(GO) test -run '^$$' -fuzz 'FuzzDecodeFastAgrees$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./pkg/brokerframe
+	$(GO) test -run '^$$' -fuzz 'FuzzParse$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./internal/config
+	$(GO) test -run '^$$' -fuzz 'FuzzExtract$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./internal/auth
+	$(GO) test -run '^$$' -fuzz 'FuzzParseTranscript$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./internal/echo
+	$(GO) test -run '^$$' -fuzz 'FuzzPayloadType$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./internal/echo
+	$(GO) test -run '^$$' -fuzz 'FuzzValidate$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./pkg/sessionid
+	$(GO) test -run '^$$' -fuzz 'FuzzDecodeRecord$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./internal/a2a
+	$(GO) test -run '^$$' -fuzz 'FuzzOwner$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./internal/cluster
+	$(GO) test -run '^$$' -fuzz 'FuzzReceive$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./internal/cluster
+	$(GO) test -run '^$$' -fuzz 'FuzzOpenSealed$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./internal/cluster
+	$(GO) test -run '^$$' -fuzz 'FuzzMembersRecord$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./internal/cluster
+	$(GO) test -run '^$$' -fuzz 'FuzzReadOnlyImage$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./internal/footprint
+	$(GO) test -run '^$$' -fuzz 'FuzzTargetOf$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./internal/a2a/ingress
+	$(GO) test -run '^$$' -fuzz 'FuzzDecodeRPCAgrees$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./internal/a2a
+	$(GO) test -run '^$$' -fuzz 'FuzzRegister$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./internal/gateway
+	$(GO) test -run '^$$' -fuzz 'FuzzParseTextRecord$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./internal/spawnclient
+	$(GO) test -run '^$$' -fuzz 'FuzzCodecAgrees$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./pkg/spawnrpc/spawnpb
+	$(GO) test -run '^$$' -fuzz 'FuzzHealthCodecAgrees$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./pkg/spawnrpc
+	$(GO) test -run '^$$' -fuzz 'FuzzReadEndpoint$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./pkg/spawnrpc
+	$(GO) test -run '^$$' -fuzz 'FuzzJournalReplay$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./internal/spawnd
+	$(GO) test -run '^$$' -fuzz 'FuzzSessionIndex$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./internal/spawnd
+	$(GO) test -run '^$$' -fuzz 'FuzzVerbs$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./internal/spawnd
 
 # Regenerates pkg/spawnrpc/spawnpb from spawn.proto with Debian's
 # protobuf-compiler (apt-get install protobuf-compiler) and the plugin
