@@ -1,13 +1,17 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -146,4 +150,93 @@ func TestStockNexusInputOverMaxClientFrameIs1009(t *testing.T) {
 func answerWithin(conn *brokerclient.Conn) (string, error) {
 	_ = conn.Underlying().SetReadDeadline(time.Now().Add(30 * time.Second))
 	return conn.Answer()
+}
+
+// TestStockNexusUnderSandboxStrict: the stock engine, unchanged, under
+// tenancy: with sandbox: strict and auth: claims, streams a turn through
+// the stub, is released (the shutdown frame, then SIGTERM reaching the
+// engine inside bubblewrap: its session is flushed to the principal's
+// home, and it exits without the SIGKILL a missed SIGTERM would bring), and
+// resumes with memory, twice.
+func TestStockNexusUnderSandboxStrict(t *testing.T) {
+	engine := os.Getenv(stockNexusEnv)
+	if engine == "" {
+		t.Skipf("%s is not set: it names a stock nexus engine built from upstream's source, which CI cannot build", stockNexusEnv)
+	}
+	stub := llmStub(t)
+	h := startTenantHostWith(t, "strict", uidRange(60, 69), func(h *tenantHost) string {
+		// A copy beside the host's, wherever the engine was built: the
+		// sandbox replaces /tmp.
+		h.echo = filepath.Join(h.root, "bin", "nexus")
+		copyFile(t, engine, h.echo, 0o755)
+		return staticAuthYAML + fmt.Sprintf("binaries:\n  nexus:\n    path: %q\n    env: {OPENAI_API_KEY: dummy}\n", h.echo)
+	})
+	cfg := fmt.Sprintf(`core:
+  log_level: warn
+  models:
+    default: quick
+    quick: {provider: nexus.llm.openai, model: gpt-4o-mini, max_tokens: 512}
+  sessions: {root: ~/.nexus/sessions, retention: 1d}
+plugins:
+  active: [nexus.io.broker, nexus.llm.openai, nexus.agent.react, nexus.memory.capped]
+  nexus.llm.openai: {api_key: dummy, base_url: %q}
+`, stub)
+	claim := func(session string) (*brokerclient.Claim, *brokerclient.Conn) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		c, err := h.as(tokAlice).Claim(ctx, brokerclient.ClaimRequest{Config: cfg, SessionID: session})
+		if err != nil {
+			t.Fatalf("claim (resuming %q): %v", session, err)
+		}
+		return c, h.dial(c, brokerclient.DialOptions{Token: tokAlice})
+	}
+	release := func(c *brokerclient.Claim) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		if err := h.as(tokAlice).Release(ctx, c.LeaseID); err != nil {
+			t.Fatalf("release %s: %v", c.LeaseID, err)
+		}
+		m := h.SpawndLog.wait(t, regexp.MustCompile(`msg="instance exited" lease_id=`+c.LeaseID+` [^\n]*`), time.Minute)
+		t.Logf("released: %s", m[0])
+		if strings.Contains(m[0], "signal=SIGKILL") {
+			t.Errorf("the engine was killed, not stopped by the shutdown frame or SIGTERM: %s", m[0])
+		}
+		if left := h.instances(); len(left) != 0 {
+			t.Errorf("engine processes %v outlived their lease's exit", left)
+		}
+	}
+
+	first, conn := claim("")
+	if got := say(t, conn, "my secret is PINEAPPLE"); got != "stub heard 1: my secret is PINEAPPLE" {
+		t.Fatalf("the stock engine's first turn in the sandbox: %q", got)
+	}
+	release(first)
+	homes, err := os.ReadDir(h.homes)
+	if err != nil || len(homes) != 1 {
+		t.Fatalf("homes_dir holds %v (%v), want alice's home alone", homes, err)
+	}
+	uid, _ := strconv.Atoi(homes[0].Name())
+	session := filepath.Join(h.homes, homes[0].Name(), ".nexus", "sessions", first.SessionID)
+	var st syscall.Stat_t
+	if err := syscall.Stat(session, &st); err != nil || int(st.Uid) != uid {
+		t.Fatalf("alice's session %s after the release: %v, uid %d; want it flushed, of uid %d", session, err, st.Uid, uid)
+	}
+	t.Logf("alice's session, flushed under her uid %d: %s", uid, session)
+
+	again, conn := claim(first.SessionID)
+	got := say(t, conn, "what did I say?")
+	if got != "stub heard 2: my secret is PINEAPPLE | what did I say?" {
+		t.Errorf("the resumed engine answered %q, want the stub to have heard the first turn too", got)
+	}
+	t.Logf("resumed: %s", got)
+	release(again)
+	// Flushed at this release too (whether the shutdown frame or the
+	// SIGTERM ended it): a third claim remembers both turns.
+	third, conn := claim(first.SessionID)
+	if got := say(t, conn, "and now?"); got != "stub heard 3: my secret is PINEAPPLE | what did I say? | and now?" {
+		t.Errorf("the second resume answered %q, want the stub to have heard both earlier turns", got)
+	}
+	release(third)
 }

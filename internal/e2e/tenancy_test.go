@@ -41,12 +41,17 @@ type tenantHost struct {
 
 func startTenantHost(t testing.TB, sandbox, uidRange string) *tenantHost {
 	t.Helper()
-	return startTenantHostWith(t, sandbox, uidRange, func(string) string { return staticAuthYAML })
+	return startTenantHostWith(t, sandbox, uidRange, func(h *tenantHost) string { return staticAuthYAML + h.echoEntry() })
 }
 
-// startTenantHostWith is startTenantHost with the auth: block auth gives
-// for the host's root directory.
-func startTenantHostWith(t testing.TB, sandbox, uidRange string, auth func(root string) string) *tenantHost {
+// echoEntry is the nexus entry of the host's nexus-echo, its /run on.
+func (h *tenantHost) echoEntry() string {
+	return fmt.Sprintf("binaries:\n  nexus:\n    path: %q\n    env: {%s: \"1\"}\n", h.echo, echo.EnvAllowRun)
+}
+
+// startTenantHostWith is startTenantHost with the auth: and binaries:
+// blocks yaml gives for the host (its directories made).
+func startTenantHostWith(t testing.TB, sandbox, uidRange string, yaml func(h *tenantHost) string) *tenantHost {
 	t.Helper()
 	if os.Getuid() != 0 {
 		t.Skip("tenancy needs a root nexus-spawnd; CI runs as root")
@@ -72,8 +77,7 @@ func startTenantHostWith(t testing.TB, sandbox, uidRange string, auth func(root 
 		StateDir:     true,
 		NoNexusEntry: true,
 		Token:        tokOps,
-		YAML: auth(root) + fmt.Sprintf("binaries:\n  nexus:\n    path: %q\n    env: {%s: \"1\"}\ntenancy: {uid_range: %q, homes_dir: %q, sandbox: %s}\n",
-			h.echo, echo.EnvAllowRun, uidRange, h.homes, sandbox),
+		YAML:         yaml(h) + fmt.Sprintf("tenancy: {uid_range: %q, homes_dir: %q, sandbox: %s}\n", uidRange, h.homes, sandbox),
 	})
 	return h
 }
@@ -291,12 +295,13 @@ func TestTenantCannotReachAnother(t *testing.T) {
 // are the admin view.
 func TestTenantCannotSpoofTheProxy(t *testing.T) {
 	var sock string
-	h := startTenantHostWith(t, "strict", uidRange(30, 39), func(root string) string {
-		sock = filepath.Join(root, "proxy.sock")
+	h := startTenantHostWith(t, "strict", uidRange(30, 39), func(h *tenantHost) string {
+		sock = filepath.Join(h.root, "proxy.sock")
 		// Distinct prefixes, as tenancy: requires of two validators.
 		return fmt.Sprintf("auth:\n  proxy_listen: %q\n  proxy_listen_group: adm\n  validators:\n"+
 			"    - {type: proxy_headers, principal_prefix: \"proxy:\", principal_header: X-Forwarded-User, scopes_header: X-Forwarded-Scopes}\n", sock) +
-			strings.Replace(strings.TrimPrefix(staticAuthYAML, "auth:\n  validators:\n"), "    - type: static\n", "    - type: static\n      principal_prefix: \"tok:\"\n", 1)
+			strings.Replace(strings.TrimPrefix(staticAuthYAML, "auth:\n  validators:\n"), "    - type: static\n", "    - type: static\n      principal_prefix: \"tok:\"\n", 1) +
+			h.echoEntry()
 	})
 	alice := h.claimAs(t, tokAlice, "")
 	bob := h.claimAs(t, tokBob, "")
