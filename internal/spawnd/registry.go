@@ -272,7 +272,7 @@ func (d *Daemon) describe(s *settings) {
 			if shared && int(e.runAs.uid) == os.Getuid() {
 				runAsGateway = append(runAsGateway, name)
 			}
-		} else if os.Geteuid() == 0 {
+		} else if os.Geteuid() == 0 && d.tenancy == nil { // tenancy: gives each principal its uid
 			asRoot = append(asRoot, name)
 		}
 		d.log.Info("binary registry entry", attrs...)

@@ -83,6 +83,9 @@ func TestTenancyGivesEachPrincipalItsOwnUID(t *testing.T) {
 	if alice.report.UID == bob.report.UID {
 		t.Fatalf("alice and bob share uid %d", alice.report.UID)
 	}
+	if strings.Contains(h.logs.text(), "so their instances run as root") {
+		t.Error("with tenancy: the boot warns that instances without run_as run as root")
+	}
 	var st syscall.Stat_t
 	if err := syscall.Lstat(homes, &st); err != nil || st.Uid != 0 || st.Mode&0o7777 != 0o711 {
 		t.Errorf("homes_dir: %v, uid %d mode %04o; want root, 0711", err, st.Uid, st.Mode&0o7777)
