@@ -458,14 +458,15 @@ func (b *Broker) KillSpawnd(sig syscall.Signal) { b.spawnd.signal(sig) }
 // Instances lists the pids of live nexus-echo processes spawned for this
 // broker (found by the dial-back address in their environment).
 func (b *Broker) Instances() []int {
-	return instancesOf(b.RunDir, b.Home)
+	return processesOf(bin("nexus-echo"), b.Home)
 }
 
-// instancesOf scans /proc for nexus-echo processes whose HOME is home.
-func instancesOf(_ string, home string) []int {
+// processesOf scans /proc for processes of the executable exe whose HOME
+// is home.
+func processesOf(exe string, home string) []int {
 	return pidsWhere(func(pid int) bool {
-		exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
-		if err != nil || exe != bin("nexus-echo") {
+		got, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+		if err != nil || got != exe {
 			return false
 		}
 		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))

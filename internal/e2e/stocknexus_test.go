@@ -99,6 +99,21 @@ func stockNexus(t *testing.T) (*Broker, string) {
     path: %q
     env: {OPENAI_API_KEY: dummy, HOME: %q}
 `, engine, home)})
+	// The harness ends the nexus-echo instances a test leaves; the stock
+	// engine's it ends here, before the broker's cleanup kills spawnd.
+	exe, err := filepath.EvalSymlinks(engine)
+	if err != nil {
+		t.Fatalf("%s=%q: %v", stockNexusEnv, engine, err)
+	}
+	if exe, err = filepath.Abs(exe); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, pid := range processesOf(exe, home) {
+			_ = syscall.Kill(-pid, syscall.SIGKILL)
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
 	cfg := fmt.Sprintf(`core:
   log_level: warn
   models:
