@@ -185,10 +185,16 @@ func TestUnits(t *testing.T) {
 	}
 	// systemd would chown a shared one to the gateway's user, and spawnd
 	// refuses a run directory or state_dir it does not own. The gateway's
-	// one directory is a2a.state_dir, a StateDirectory= of its own.
-	if v := gw.values("Service", "RuntimeDirectory"); len(v) > 0 {
-		t.Errorf("%s: RuntimeDirectory=%v belongs to %s only", gatewayUnit, v, spawndUnit)
+	// directories are its own: a2a.state_dir, a StateDirectory=, and the
+	// directory of control_socket, a RuntimeDirectory= (the gateway cannot
+	// write spawnd's, so without it there would be no -drain).
+	run := gw.values("Service", "RuntimeDirectory")
+	if len(run) != 1 || slices.Contains(spawnd.values("Service", "RuntimeDirectory"), run[0]) {
+		t.Errorf("%s: RuntimeDirectory=%v, want one directory of the gateway's own, not %s's", gatewayUnit, run, spawndUnit)
+	} else if want := "/run/" + run[0]; filepath.Dir(cfg.ControlSocket) != want {
+		t.Errorf("control_socket is %q, but %s creates %s (RuntimeDirectory=): the gateway cannot write %s", cfg.ControlSocket, gatewayUnit, want, cfg.Spawnd.RunDir)
 	}
+	gw.want(t, "Service", "RuntimeDirectoryMode", "0700")
 	own := gw.values("Service", "StateDirectory")
 	if len(own) != 1 || slices.Contains(spawnd.values("Service", "StateDirectory"), own[0]) {
 		t.Errorf("%s: StateDirectory=%v, want one directory of the gateway's own, not %s's", gatewayUnit, own, spawndUnit)

@@ -122,13 +122,17 @@ func Run(o Options) error {
 	if err := g.Start(ctx); err != nil {
 		return bootlog.Config(err, path)
 	}
-	// Not fatal: a run directory of spawnd's user that this one cannot
-	// write (spawnd.run_dir of a split-uid install) leaves the broker
-	// serving, without -drain.
-	if ctl, err := serveControl(spawnrpc.RunDir(cfg.Spawnd.RunDir, path), g.SetDraining, log); err != nil {
-		log.Warn("control socket unavailable: nexus-broker -drain and -undrain cannot reach this broker", "error", err)
-	} else {
+	// The default place is not fatal: a run directory of spawnd's user
+	// that this one cannot write (spawnd.run_dir of a split-uid install)
+	// leaves the broker serving, without -drain. A control_socket the
+	// operator chose is.
+	if ctl, err := serveControl(controlPath(cfg, path), g.SetDraining, log); err == nil {
 		defer ctl.Close()
+	} else if cfg.ControlSocket != "" {
+		g.Shutdown()
+		return bootlog.Config(fmt.Errorf("broker config: %w", err), path)
+	} else {
+		log.Warn("control socket unavailable: nexus-broker -drain and -undrain cannot reach this broker; set control_socket to a path in a directory this user owns", "error", err)
 	}
 	srv := gateway.Server(g.Handler())
 	serveErr := make(chan error, 1)

@@ -12,14 +12,25 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nexus-broker/nexus-broker/internal/config"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc"
 )
 
-// ControlSocket, in the run directory, is where a running broker takes an
-// operator's verbs (nexus-broker -drain, -undrain): mode 0600, and each
-// connection's peer checked by SO_PEERCRED. There is no HTTP route for
-// them: the spec's admin scope grants visibility only.
+// ControlSocket is where a running broker takes an operator's verbs
+// (nexus-broker -drain, -undrain) when control_socket is not set: in the
+// run directory. Mode 0600, and each connection's peer checked by
+// SO_PEERCRED. There is no HTTP route for them: the spec's admin scope
+// grants visibility only.
 const ControlSocket = "control.sock"
+
+// controlPath is the control socket of the broker running with cfg, read
+// from path: control_socket, else ControlSocket in the run directory.
+func controlPath(cfg *config.Config, path string) string {
+	if cfg.ControlSocket != "" {
+		return cfg.ControlSocket
+	}
+	return filepath.Join(spawnrpc.RunDir(cfg.Spawnd.RunDir, path), ControlSocket)
+}
 
 // Control verbs and their answers: one line each way.
 const (
@@ -42,15 +53,15 @@ func controlVerbs(drain func(bool)) map[string]func() string {
 	}
 }
 
-// serveControl opens the control socket in runDir and answers its verbs
+// serveControl opens the control socket at path and answers its verbs
 // until the listener is closed. Only this process's uid (or root) gets an
 // answer.
-func serveControl(runDir string, drain func(bool), log *slog.Logger) (io.Closer, error) {
-	path := filepath.Join(runDir, ControlSocket)
-	ln, err := listenSocket(path, "control socket", -1, 0o600)
+func serveControl(path string, drain func(bool), log *slog.Logger) (io.Closer, error) {
+	ln, err := listenSocket(path, "control_socket", -1, 0o600)
 	if err != nil {
 		return nil, err
 	}
+	log.Info("control socket listening", "control_socket", path, "mode", "0600")
 	verbs := controlVerbs(drain)
 	go func() {
 		for {
@@ -106,7 +117,7 @@ func Control(o Options, verb string) error {
 	if err != nil {
 		return err
 	}
-	sock := filepath.Join(spawnrpc.RunDir(cfg.Spawnd.RunDir, path), ControlSocket)
+	sock := controlPath(cfg, path)
 	c, err := net.DialTimeout("unix", sock, controlWait)
 	if err != nil {
 		return fmt.Errorf("-%s: no broker answers on its control socket %s (is one running with -config %s, as this user or root?): %w", verb, sock, path, err)

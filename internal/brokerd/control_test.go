@@ -34,6 +34,8 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
+var discard = slog.New(slog.NewTextHandler(io.Discard, nil))
+
 func ask(t *testing.T, sock, verb string) string {
 	t.Helper()
 	c, err := net.Dial("unix", sock)
@@ -68,12 +70,12 @@ func TestControlSocket(t *testing.T) {
 	}
 	var draining atomic.Bool
 	var calls atomic.Int32
-	ctl, err := serveControl(dir, func(on bool) { calls.Add(1); draining.Store(on) }, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	sock := filepath.Join(dir, ControlSocket)
+	ctl, err := serveControl(sock, func(on bool) { calls.Add(1); draining.Store(on) }, discard)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ctl.Close()
-	sock := filepath.Join(dir, ControlSocket)
 	if st, err := os.Stat(sock); err != nil || st.Mode().Perm() != 0o600 {
 		t.Fatalf("control socket: %v, %v; want mode 0600", st, err)
 	}
@@ -115,5 +117,60 @@ func TestControlSocket(t *testing.T) {
 	}
 	if calls.Load() != 2 || draining.Load() {
 		t.Fatalf("after the attacks: %d verbs done, draining %v; want the owner's 2, not draining", calls.Load(), draining.Load())
+	}
+}
+
+// TestControlFollowsConfig: nexus-broker -drain finds the control socket
+// where the config's control_socket puts it (a directory of the gateway's
+// own, not spawnd's run directory), and without the key in the run
+// directory.
+func TestControlFollowsConfig(t *testing.T) {
+	// Short, whatever TMPDIR is: the socket path limit.
+	dir, err := os.MkdirTemp("/tmp", "ctl-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	runDir, own := filepath.Join(dir, "run"), filepath.Join(dir, "gw")
+	for _, d := range []string{runDir, own} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var draining atomic.Bool
+	drain := func(on bool) { draining.Store(on) }
+	write := func(yaml string) Options {
+		path := filepath.Join(dir, "broker.yaml")
+		if err := os.WriteFile(path, []byte(fmt.Sprintf("spawnd:\n  run_dir: %q\n", runDir)+yaml), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return Options{ConfigPath: path, Logger: discard}
+	}
+
+	configured := filepath.Join(own, "control.sock")
+	o := write(fmt.Sprintf("control_socket: %q\n", configured))
+	ctl, err := serveControl(configured, drain, discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Control(o, VerbDrain); err != nil || !draining.Load() {
+		t.Fatalf("-drain with control_socket: %v, draining %v", err, draining.Load())
+	}
+	ctl.Close()
+	if _, err := os.Lstat(configured); !os.IsNotExist(err) {
+		t.Errorf("control_socket %s after Close: %v, want it removed", configured, err)
+	}
+	if err := Control(o, VerbUndrain); err == nil || !strings.Contains(err.Error(), configured) {
+		t.Errorf("-undrain with no broker on control_socket: %v, want an error naming %s", err, configured)
+	}
+
+	o = write("")
+	ctl, err = serveControl(filepath.Join(runDir, ControlSocket), drain, discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ctl.Close()
+	if err := Control(o, VerbUndrain); err != nil || draining.Load() {
+		t.Fatalf("-undrain without control_socket: %v, draining %v", err, draining.Load())
 	}
 }

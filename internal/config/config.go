@@ -35,6 +35,11 @@ type Config struct {
 	// instance (ours): a stock instance reads at most 32 KiB and drops its
 	// socket on a larger frame, losing it silently.
 	MaxClientFrame core.Size `yaml:"max_client_frame" reload:"sighup"`
+	// ControlSocket (ours) is where the gateway takes nexus-broker -drain
+	// and -undrain: an absolute path in a directory the gateway's user
+	// owns; empty means control.sock in spawnd's run directory, which only
+	// a gateway of spawnd's own uid can write (boot-only).
+	ControlSocket string `yaml:"control_socket"`
 
 	// Auth is the auth: block; nil means authentication is disabled.
 	Auth *Auth `yaml:"auth"`

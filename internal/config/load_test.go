@@ -340,6 +340,11 @@ var okCases = []struct {
 			t.Errorf("max_client_frame %d, want 16777216", c.MaxClientFrame)
 		}
 	}},
+	{"control_socket", "control_socket: /run/nexus-broker-gateway//control.sock", func(t *testing.T, c *Config) {
+		if c.ControlSocket != "/run/nexus-broker-gateway/control.sock" {
+			t.Errorf("control_socket %q, want /run/nexus-broker-gateway/control.sock", c.ControlSocket)
+		}
+	}},
 	{"nexus synthesized beside other entries", "binaries:\n  vision:\n    path: /opt/v\n", func(t *testing.T, c *Config) {
 		wantEntries(t, c, map[string]string{"nexus": "nexus", "vision": "/opt/v"})
 	}},
@@ -511,6 +516,11 @@ var errorCases = []struct{ name, yaml, key, want string }{
 	{"max_client_frame zero", "max_client_frame: 0", "max_client_frame", "must be between 1 and 16777216"},
 	{"max_client_frame past the read limit", "max_client_frame: 16777217", "max_client_frame", "must be between 1 and 16777216"},
 	{"max_client_frame negative", "max_client_frame: -1", "max_client_frame", "invalid byte count"},
+
+	// control_socket.
+	{"control_socket relative", "control_socket: control.sock", "control_socket", `"control.sock" is not an absolute path`},
+	{"control_socket too long", "control_socket: /run/" + strings.Repeat("x", 103), "control_socket", "is 108 bytes, over the unix socket limit of 107"},
+	{"control_socket a list", "control_socket: [/run/a]", "control_socket", "want a string, got a list"},
 
 	// Integers.
 	{"integer fractional", "max_concurrent: 8.5", "max_concurrent", `want a whole number, got "8.5"`},

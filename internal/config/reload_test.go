@@ -38,6 +38,7 @@ var reloadClass = []struct {
 	{"reattach_window", "reattach_window: 2m", false},
 	{"client_replay_buffer_bytes", "client_replay_buffer_bytes: 0", false},
 	{"max_client_frame", "max_client_frame: 65536", true},
+	{"control_socket", "control_socket: /run/nexus-broker-gateway/control.sock", false},
 	{"queue_wait_timeout", "queue_wait_timeout: 1s", true},
 	{"max_queue_depth", "max_queue_depth: 1", false},
 	{"max_leases_per_principal", "max_leases_per_principal: 1", false},

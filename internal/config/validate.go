@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"path/filepath"
 
 	"github.com/nexus-broker/nexus-broker/internal/config/core"
 )
@@ -30,6 +31,9 @@ func (c *Config) validate() error {
 	if c.MaxClientFrame < 1 || c.MaxClientFrame > MaxMaxClientFrame {
 		return fmt.Errorf("broker config: max_client_frame: must be between 1 and %d (16 MiB, the WebSocket read limit) bytes, got %d; remove the key for the default %d (32 KiB, what a stock nexus instance reads)", MaxMaxClientFrame, c.MaxClientFrame, DefaultMaxClientFrame)
 	}
+	if err := c.validateControlSocket(); err != nil {
+		return err
+	}
 	// "<= 0 = unlimited", as max_concurrent (core's checkLimits).
 	c.MaxQueueDepth = max(c.MaxQueueDepth, Unlimited)
 	if c.ReattachWindow <= 0 {
@@ -49,4 +53,24 @@ func (c *Config) validate() error {
 		}
 	}
 	return c.validateCluster()
+}
+
+// maxSocketPath is sun_path's 108 bytes less the terminating NUL: a longer
+// path binds (through a shorter one, renamed) but can never be dialled.
+const maxSocketPath = 107
+
+// validateControlSocket checks control_socket: absolute, and short enough
+// for a unix socket.
+func (c *Config) validateControlSocket() error {
+	p := c.ControlSocket
+	switch {
+	case p == "":
+		return nil
+	case !filepath.IsAbs(p):
+		return fmt.Errorf("broker config: control_socket: %q is not an absolute path; give the socket's full path in a directory the gateway's user owns, such as /run/nexus-broker-gateway/control.sock, or remove the key for control.sock in spawnd's run directory", p)
+	case len(p) > maxSocketPath:
+		return fmt.Errorf("broker config: control_socket: %q is %d bytes, over the unix socket limit of %d; choose a shorter path", p, len(p), maxSocketPath)
+	}
+	c.ControlSocket = filepath.Clean(p)
+	return nil
 }

@@ -4,14 +4,17 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/nexus-broker/nexus-broker/internal/sockdir"
 	"github.com/nexus-broker/nexus-broker/pkg/brokerclient"
 )
 
@@ -67,7 +70,8 @@ func (b *Broker) control(verb string) string {
 }
 
 // TestClusterDrain: three brokers, each with only its own NATS
-// permissions. nexus-broker -drain on A (through its control socket):
+// permissions. nexus-broker -drain on A (through its control socket, at
+// the control_socket A's config names, outside its run directory):
 // A's /readyz says draining, a claim on A is refused while A's lease keeps
 // streaming (through A and through B), GET /cluster on every broker shows
 // A draining, and a full B offers its claims to C only, though A has a
@@ -77,8 +81,25 @@ func (b *Broker) control(verb string) string {
 func TestClusterDrain(t *testing.T) {
 	ids := []string{"a", "b", "c"}
 	ns := permittedNATS(t, ids...)
-	bs := startMembers(t, permittedMember(ns), Options{YAML: clusterAuthYAML + "max_concurrent: 2\nqueue_wait_timeout: 1s\n", Token: "alice-token"}, ids...)
+	// A's control socket is in a directory of its own, as the deploy/
+	// units have it (a gateway that cannot write spawnd's run directory).
+	ctlSock := filepath.Join(sockdir.New(t, "nxg"), "control.sock")
+	join := permittedMember(ns)
+	member := func(id string) (string, []string) {
+		yaml, env := join(id)
+		if id == "a" {
+			yaml = fmt.Sprintf("control_socket: %q\n", ctlSock) + yaml
+		}
+		return yaml, env
+	}
+	bs := startMembers(t, member, Options{YAML: clusterAuthYAML + "max_concurrent: 2\nqueue_wait_timeout: 1s\n", Token: "alice-token"}, ids...)
 	a, b, c := bs["a"], bs["b"], bs["c"]
+	if st, err := os.Lstat(ctlSock); err != nil || st.Mode().Type() != os.ModeSocket || st.Mode().Perm() != 0o600 {
+		t.Fatalf("A's control_socket %s: %v, %v; want a socket of mode 0600", ctlSock, st, err)
+	}
+	if _, err := os.Lstat(filepath.Join(a.RunDir, "control.sock")); !os.IsNotExist(err) {
+		t.Fatalf("control.sock in A's run directory: %v; want none with control_socket set", err)
+	}
 	held := a.claim(brokerclient.ClaimRequest{})
 	conn := dialVia(t, a, held.LeaseID, brokerclient.DialOptions{Token: "alice-token"})
 	if got := say(t, conn, "before"); got != "echo #1: before" {
