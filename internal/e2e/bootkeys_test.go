@@ -94,3 +94,18 @@ func TestAdvertiseAddrBootWarnings(t *testing.T) {
 		})
 	}
 }
+
+// TestUnusableControlSocketRefusesTheBoot: a control_socket the gateway
+// cannot create refuses its boot, naming the key and the path, before it
+// announces itself (unset, the same failure in the run directory is a WARN).
+func TestUnusableControlSocketRefusesTheBoot(t *testing.T) {
+	b := startBroker(t, Options{})
+	b.KillGateway(syscall.SIGTERM)
+	gone := filepath.Join(sockdir.New(t, "nxg"), "gone")
+	out := refusedBoot(t, b, "a control_socket in a missing directory", func(text string) string {
+		return fmt.Sprintf("control_socket: %q\n", filepath.Join(gone, "control.sock")) + text
+	}, "control_socket", gone, "no such file or directory")
+	if strings.Contains(out, "nexus-broker listening") {
+		t.Errorf("the gateway announced itself before refusing:\n%s", out)
+	}
+}
