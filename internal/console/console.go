@@ -4,9 +4,11 @@
 // listings; it never changes a lease (the page's release button calls the
 // core's own POST /release route).
 //
-// It imports the lease core (internal/gateway) and its reply helpers, and
-// nothing of the A2A door, the cluster router or spawnd's client; nothing
-// of the gateway's imports it but the composition in internal/brokerd.
+// It reaches the core only through Core, the few methods of the core's
+// exported face it reads, and imports of internal/gateway only that face's
+// types and its reply helpers: nothing of the core's internals, the A2A
+// door, the cluster router, the HTTP layer or spawnd's client. Nothing of
+// the gateway's imports it but the composition in internal/brokerd.
 package console
 
 import (
@@ -19,6 +21,7 @@ import (
 	"time"
 
 	"github.com/nexus-broker/nexus-broker/internal/auth"
+	"github.com/nexus-broker/nexus-broker/internal/config"
 	"github.com/nexus-broker/nexus-broker/internal/gateway"
 	"github.com/nexus-broker/nexus-broker/internal/gateway/reply"
 )
@@ -62,9 +65,25 @@ type consoleHub struct {
 
 func newConsoleHub() *consoleHub { return &consoleHub{changed: make(chan struct{})} }
 
+// Core is what the console needs of the lease core (*gateway.Gateway): its
+// lease events, its listings and its admission, and a place for its routes.
+type Core interface {
+	// Subscribe and Mount are called once, in Attach.
+	Subscribe(func(gateway.Event))
+	Mount(func(*http.ServeMux))
+	Leases(owner string, all bool) []gateway.LeaseInfo
+	Binaries() []gateway.BinaryInfo
+	Capacity() gateway.Capacity
+	Config() *config.Config
+	Done() <-chan struct{}
+	Admit(w http.ResponseWriter, r *http.Request, admin bool) (auth.Principal, bool)
+	Audit(r *http.Request, p auth.Principal, status int, reason string)
+	AuthEnabled() bool
+}
+
 // Attach subscribes a console to g's lease events and mounts its routes.
 // Call it before g.Start and g.Handler.
-func Attach(g *gateway.Gateway) {
+func Attach(g Core) {
 	c := &console{g: g, hub: newConsoleHub()}
 	g.Subscribe(c.hub.observe)
 	g.Mount(func(mux *http.ServeMux) {
@@ -75,7 +94,7 @@ func Attach(g *gateway.Gateway) {
 
 // console serves the page over one gateway.
 type console struct {
-	g   *gateway.Gateway
+	g   Core
 	hub *consoleHub
 }
 
