@@ -3,11 +3,14 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -202,5 +205,67 @@ func TestHostCheckRebindingBrowser(t *testing.T) {
 	}
 	if n := len(b.leases().Leases); n != 0 {
 		t.Errorf("the rebinding page claimed %d leases", n)
+	}
+}
+
+// TestCrossSitePageCannotDriveAnOpenBroker: a page of another site, in
+// Chromium, whose script aims at the broker's own address (an allowed
+// Host): its simple POST /claim (no-cors, text/plain: no preflight), a
+// POST /release of a lease it knows, and a WebSocket to that lease each
+// reach the broker with the page's Origin and are refused 403, so nothing
+// is claimed, released or read. The broker's own console, same-origin,
+// still works (TestConsoleInABrowser).
+func TestCrossSitePageCannotDriveAnOpenBroker(t *testing.T) {
+	b := startBroker(t, Options{})
+	c := b.claim(brokerclient.ClaimRequest{})
+	page := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/html")
+		_, _ = io.WriteString(w, "<!doctype html><title>elsewhere</title>")
+	}))
+	defer page.Close()
+	_, pagePort, _ := net.SplitHostPort(page.Listener.Addr().String())
+	tab := startChromium(t, chromedp.Flag("host-resolver-rules", "MAP evil.example 127.0.0.1"))
+	ctx, cancel := context.WithTimeout(tab, time.Minute)
+	defer cancel()
+	if err := chromedp.Do(ctx, chromedp.Navigate("http://evil.example:"+pagePort+"/")); err != nil {
+		t.Fatal(err)
+	}
+	script := fmt.Sprintf(`(async () => {
+		const base = %q, lease = %q;
+		const ws = await new Promise(done => {
+			const ws = new WebSocket(base.replace("http", "ws") + "/lease/" + lease);
+			ws.onopen = () => { ws.close(); done("opened"); };
+			ws.onerror = () => done("refused");
+		});
+		await fetch(base + "/claim", {method: "POST", mode: "no-cors", headers: {"Content-Type": "text/plain"}, body: '{"config":"engine:\\n  name: x\\n"}'}).catch(() => {});
+		await fetch(base + "/release/" + lease, {method: "POST", mode: "no-cors"}).catch(() => {});
+		return ws;
+	})()`, b.Base, c.LeaseID)
+	ws, err := chromedp.Run(ctx, chromedp.Evaluate[string](script, chromedp.EvalAwaitPromise))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ws != "refused" {
+		t.Errorf("the cross-site page's WebSocket to the lease: %s, want refused", ws)
+	}
+	if n := len(b.leases().Leases); n != 1 {
+		t.Errorf("%d leases after the cross-site page's claim, want 1", n)
+	}
+	if l, ok := b.lease(c.LeaseID); !ok || l.State != "active" {
+		t.Errorf("after the cross-site page's release the lease is %+v (listed %v), want it active", l, ok)
+	}
+	// One record per peer and reason each 10 s (logbound), naming the Origin.
+	b.GatewayLog.wait(t, regexp.MustCompile(`msg="request refused".*status=403 reason="Origin names no address of this broker".*origin=http://evil\.example:`+pagePort), 10*time.Second)
+	// A client that is no browser sends no Origin and is served as before;
+	// one that names the broker's own origin too.
+	req, _ := http.NewRequest("POST", b.Base+"/claim", strings.NewReader(`{"config":"engine:\n  name: x\n"}`))
+	req.Header.Set("Origin", b.Base)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("POST /claim with the broker's own Origin %s = %d, want 200", b.Base, resp.StatusCode)
 	}
 }

@@ -466,7 +466,9 @@ func (g *Gateway) Handler() http.Handler {
 	// Without credentials, a Host that names no address of this broker is
 	// a DNS-rebinding page's request: 421 (a carried request, g.mux, came
 	// from a peer broker, not a browser).
-	return hostguard.New(g.boot.ListenAddr, g.boot.AdvertiseAddr).Wrap(mux, func(r *http.Request) {
-		g.quiet.Warn(auditKey(r, "", hostguard.Reason), "request refused", append(auditAttrs(r, ""), "status", http.StatusMisdirectedRequest, "reason", hostguard.Reason, "host", r.Host, "peer", r.RemoteAddr)...)
+	// And an Origin of another site is a cross-site page's request (a form,
+	// a fetch, a WebSocket): 403.
+	return hostguard.New(g.boot.ListenAddr, g.boot.AdvertiseAddr).Wrap(mux, func(r *http.Request, status int, reason string) {
+		g.quiet.Warn(auditKey(r, "", reason), "request refused", append(auditAttrs(r, ""), "status", status, "reason", reason, "host", r.Host, "origin", r.Header.Get("Origin"), "peer", r.RemoteAddr)...)
 	})
 }

@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"os"
 	"slices"
 	"strings"
@@ -128,17 +129,44 @@ func localNames() ([]string, []netip.Addr) {
 // Reason is why a request was refused 421, as the audit record says it.
 const Reason = "Host names no address of this broker"
 
+// OriginReason is why a request was refused 403 for its Origin.
+const OriginReason = "Origin names no address of this broker"
+
 // Exempt reports whether path is answered whatever the Host: the probes.
 func Exempt(path string) bool { return path == "/healthz" || path == "/readyz" }
 
-// Wrap answers 421 Misdirected Request, before h sees it, to every request
-// but the probes whose Host g does not allow. refused is told of each
-// refusal (the audit record).
-func (g *Guard) Wrap(h http.Handler, refused func(*http.Request)) http.Handler {
+// AllowsOrigin reports whether a request's Origin header may reach the
+// broker: absent (not a browser, or a same-origin GET), or an http or https
+// origin whose host g allows. A browser names the page's origin on every
+// cross-origin request and WebSocket handshake, so a page served elsewhere
+// (a cross-site form or fetch, "null" from a sandboxed frame or a file)
+// cannot drive an open broker even through an allowed Host.
+func (g *Guard) AllowsOrigin(origin string) bool {
+	if origin == "" {
+		return true
+	}
+	u, err := url.Parse(origin)
+	return err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != "" && u.Path == "" && u.RawQuery == "" && g.Allows(u.Host)
+}
+
+// Wrap answers, before h sees it, every request but the probes whose Host g
+// does not allow with 421 Misdirected Request, and every one whose Origin
+// it does not allow with 403. refused is told of each refusal and its
+// reason (the audit record).
+func (g *Guard) Wrap(h http.Handler, refused func(r *http.Request, status int, reason string)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !Exempt(r.URL.Path) && !g.Allows(r.Host) {
-			refused(r)
+		if Exempt(r.URL.Path) {
+			h.ServeHTTP(w, r)
+			return
+		}
+		if !g.Allows(r.Host) {
+			refused(r, http.StatusMisdirectedRequest, Reason)
 			reply.Error(w, http.StatusMisdirectedRequest, fmt.Sprintf("misdirected request: Host %q names no address of this broker; without an auth: block it answers only to its loopback names, listen_addr's host and advertise_addr's host", r.Host))
+			return
+		}
+		if origins := r.Header.Values("Origin"); len(origins) > 1 || (len(origins) == 1 && !g.AllowsOrigin(origins[0])) {
+			refused(r, http.StatusForbidden, OriginReason)
+			reply.Error(w, http.StatusForbidden, fmt.Sprintf("cross-origin request refused: Origin %q names no address of this broker; without an auth: block it answers browsers only on pages of its loopback names, listen_addr's host and advertise_addr's host", strings.Join(origins, ", ")))
 			return
 		}
 		h.ServeHTTP(w, r)

@@ -1,9 +1,11 @@
 package hostguard
 
 import (
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -79,30 +81,56 @@ func TestWrap(t *testing.T) {
 	var refused []string
 	h := New("127.0.0.1:8080", "").Wrap(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusTeapot)
-	}), func(r *http.Request) { refused = append(refused, r.URL.Path) })
+	}), func(r *http.Request, status int, reason string) {
+		refused = append(refused, fmt.Sprint(r.URL.Path, " ", status, " ", reason))
+	})
 	for _, c := range []struct {
 		host, path string
+		origins    []string
 		want       int
 	}{
-		{"evil.example", "/leases", http.StatusMisdirectedRequest},
-		{"evil.example", "/console", http.StatusMisdirectedRequest},
-		{"evil.example", "/healthz", http.StatusTeapot},
-		{"evil.example", "/readyz", http.StatusTeapot},
-		{"evil.example", "/healthz/", http.StatusMisdirectedRequest},
-		{"localhost:8080", "/leases", http.StatusTeapot},
+		{"evil.example", "/leases", nil, http.StatusMisdirectedRequest},
+		{"evil.example", "/console", nil, http.StatusMisdirectedRequest},
+		{"evil.example", "/healthz", nil, http.StatusTeapot},
+		{"evil.example", "/readyz", nil, http.StatusTeapot},
+		{"evil.example", "/healthz/", nil, http.StatusMisdirectedRequest},
+		{"localhost:8080", "/leases", nil, http.StatusTeapot},
+		// The broker's own pages, and a page of another local port.
+		{"localhost:8080", "/claim", []string{"http://localhost:8080"}, http.StatusTeapot},
+		{"127.0.0.1:8080", "/claim", []string{"http://127.0.0.1:8080"}, http.StatusTeapot},
+		{"127.0.0.1:8080", "/claim", []string{"https://[::1]:3000"}, http.StatusTeapot},
+		// A cross-site page reaching an allowed Host.
+		{"127.0.0.1:8080", "/claim", []string{"http://evil.example"}, http.StatusForbidden},
+		{"127.0.0.1:8080", "/lease/x", []string{"https://evil.example:8080"}, http.StatusForbidden},
+		{"127.0.0.1:8080", "/claim", []string{"null"}, http.StatusForbidden},
+		{"127.0.0.1:8080", "/claim", []string{"file://"}, http.StatusForbidden},
+		{"127.0.0.1:8080", "/claim", []string{"http://localhost:8080/x"}, http.StatusForbidden},
+		{"127.0.0.1:8080", "/claim", []string{"http://localhost:8080", "http://evil.example"}, http.StatusForbidden},
+		{"127.0.0.1:8080", "/healthz", []string{"http://evil.example"}, http.StatusTeapot},
 	} {
-		r := httptest.NewRequest(http.MethodGet, c.path, nil)
+		r := httptest.NewRequest(http.MethodPost, c.path, nil)
 		r.Host = c.host
+		for _, o := range c.origins {
+			r.Header.Add("Origin", o)
+		}
 		w := httptest.NewRecorder()
 		h.ServeHTTP(w, r)
 		if w.Code != c.want {
-			t.Errorf("Host %q %s = %d, want %d", c.host, c.path, w.Code, c.want)
+			t.Errorf("Host %q Origin %q %s = %d, want %d", c.host, c.origins, c.path, w.Code, c.want)
 		}
 		if w.Code == http.StatusMisdirectedRequest && (!strings.Contains(w.Body.String(), `Host \"`+c.host+`\" names no address of this broker`) || w.Header().Get("Content-Type") != "application/json") {
 			t.Errorf("421 body %q (%s)", w.Body, w.Header().Get("Content-Type"))
 		}
+		if w.Code == http.StatusForbidden && (!strings.Contains(w.Body.String(), `cross-origin request refused: Origin \"`+strings.Join(c.origins, ", ")+`\" names no address of this broker`) || w.Header().Get("Content-Type") != "application/json") {
+			t.Errorf("403 body %q (%s)", w.Body, w.Header().Get("Content-Type"))
+		}
 	}
-	if len(refused) != 3 {
-		t.Errorf("refused callback saw %v, want the three 421s", refused)
+	want := []string{
+		"/leases 421 " + Reason, "/console 421 " + Reason, "/healthz/ 421 " + Reason,
+		"/claim 403 " + OriginReason, "/lease/x 403 " + OriginReason, "/claim 403 " + OriginReason,
+		"/claim 403 " + OriginReason, "/claim 403 " + OriginReason, "/claim 403 " + OriginReason,
+	}
+	if !slices.Equal(refused, want) {
+		t.Errorf("refused callback saw %q, want %q", refused, want)
 	}
 }
