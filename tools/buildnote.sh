@@ -12,7 +12,10 @@ shift 2
 reasons=$("$go" list -tags "$tags" -f '{{.StaleReason}}' "$@")
 mod=$("$go" list -m)
 cold=$(printf '%s\n' "$reasons" | grep '^stale dependency: ' | grep -v "^stale dependency: $mod/" || true)
-changed=$(printf '%s\n' "$reasons" | grep -v -e '^not installed but available in build cache$' -e '^$' || true)
+# Only a stale package of this module means a rebuild: the binaries' own
+# reason ("build ID mismatch", "not installed…") compares them with an
+# installed copy make run never uses (it builds with -o).
+changed=$(printf '%s\n' "$reasons" | grep "^stale dependency: $mod/" || true)
 if [ -n "$cold" ]; then
 	echo "make run: building nexus-broker, nexus-spawnd and nexus-echo. Go's build cache does not hold what they import yet, so this first build compiles everything: about two minutes on two cores (later builds take seconds)."
 elif [ -n "$changed" ]; then
