@@ -380,3 +380,81 @@ func TestTenancyRefusesNonRootSpawnd(t *testing.T) {
 		t.Error("the refused spawnd created its state_dir")
 	}
 }
+
+// TestSandboxedReleaseSIGTERMReachesTheEngine: release's SIGTERM to the
+// lease's process group reaches the engine inside bubblewrap (spawnd runs
+// bwrap without --new-session, the engine a member of bwrap's group), and
+// the engine has time to act on it: bwrap dies of the SIGTERM at once, and
+// spawnd waits for the rest of the group (up to term_grace) before its
+// SIGKILL. The instance ignores the shutdown frame and takes 300ms to stop
+// on SIGTERM; its own log shows it got through that, and spawnd's log shows
+// no SIGKILL.
+func TestSandboxedReleaseSIGTERMReachesTheEngine(t *testing.T) {
+	h := startTenantHostWith(t, "strict", uidRange(70, 79), func(h *tenantHost) string {
+		return staticAuthYAML + "release_grace: 1s\n" + fmt.Sprintf("binaries:\n  nexus:\n    path: %q\n    env: {%s: \"1\", %s: \"1\", %s: \"300ms\"}\n",
+			h.echo, echo.EnvAllowRun, echo.EnvIgnoreShutdownFrame, echo.EnvStopDelay)
+	})
+	alice := h.claimAs(t, tokAlice, "")
+	id := alice.claim.LeaseID
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := h.as(tokAlice).Release(ctx, id); err != nil {
+		t.Fatalf("release %s: %v", id, err)
+	}
+	m := h.SpawndLog.wait(t, regexp.MustCompile(`msg="instance exited" lease_id=`+id+` [^\n]*`), time.Minute)
+	t.Logf("released: %s", m[0])
+	if !strings.Contains(m[0], "signal=SIGTERM") {
+		t.Errorf("the sandboxed instance's leader did not end on release's SIGTERM: %s", m[0])
+	}
+	if n := h.SpawndLog.count(regexp.MustCompile(`SIGKILL|did not exit within term_grace`)); n != 0 {
+		t.Errorf("spawnd killed the sandboxed instance (%d log lines), so it had no time to stop on SIGTERM:\n%s", n, h.SpawndLog.String())
+	}
+	logPath := filepath.Join(h.root, "etc", "state", "logs", id+".log")
+	data, err := os.ReadFile(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		`msg="ignoring shutdown frame" [^\n]*knob=` + echo.EnvIgnoreShutdownFrame,
+		`msg="stopping on signal" [^\n]*signal=terminated`,
+		`msg="stop delay passed" [^\n]*knob=` + echo.EnvStopDelay + ` delay=300ms`,
+		`msg=stopped `,
+	} {
+		if !regexp.MustCompile(want).Match(data) {
+			t.Errorf("the instance's log %s has no line matching %s:\n%s", logPath, want, data)
+		}
+	}
+	if left := h.instances(); len(left) != 0 {
+		t.Errorf("instance processes %v outlived their lease's exit", left)
+	}
+}
+
+// TestSandboxedInstanceIgnoringSIGTERMIsKilled: spawnd's wait for the
+// sandbox's processes after bwrap's exit is bounded: an engine that ignores
+// SIGTERM (and the shutdown frame) is SIGKILLed term_grace after the
+// SIGTERM, as an unsandboxed one is, and nothing of it is left.
+func TestSandboxedInstanceIgnoringSIGTERMIsKilled(t *testing.T) {
+	h := startTenantHostWith(t, "strict", uidRange(80, 89), func(h *tenantHost) string {
+		return staticAuthYAML + "release_grace: 1s\n" + fmt.Sprintf("binaries:\n  nexus:\n    path: %q\n    env: {%s: \"1\", %s: \"1\"}\n",
+			h.echo, echo.EnvAllowRun, echo.EnvIgnoreShutdown)
+	})
+	id := h.claimAs(t, tokAlice, "").claim.LeaseID
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := h.as(tokAlice).Release(ctx, id); err != nil {
+		t.Fatalf("release %s: %v", id, err)
+	}
+	h.SpawndLog.wait(t, regexp.MustCompile(`msg="instance did not exit after SIGTERM; sending SIGKILL to its process group" lease_id=`+id), time.Minute)
+	m := h.SpawndLog.wait(t, regexp.MustCompile(`msg="instance exited" lease_id=`+id+` [^\n]*`), time.Minute)
+	t.Logf("released: %s", m[0])
+	data, err := os.ReadFile(filepath.Join(h.root, "etc", "state", "logs", id+".log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`msg="ignoring SIGTERM" `).Match(data) {
+		t.Errorf("the instance never saw release's SIGTERM:\n%s", data)
+	}
+	if left := h.instances(); len(left) != 0 {
+		t.Errorf("instance processes %v outlived their lease's exit", left)
+	}
+}

@@ -148,7 +148,8 @@ func Run(opts Options) int {
 // watchSignals turns SIGTERM and SIGINT into an orderly stop. After the first
 // one the default handling is restored, so a second ^C kills at once. The
 // ignore-shutdown knob makes SIGTERM a no-op so the broker's SIGKILL
-// escalation can be observed.
+// escalation can be observed; the stop-delay knob holds the stop back, so a
+// test can see whether the instance had that time before a SIGKILL.
 func watchSignals(ctx context.Context, stop context.CancelCauseFunc, k knobs, log *slog.Logger) {
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
@@ -163,6 +164,10 @@ func watchSignals(ctx context.Context, stop context.CancelCauseFunc, k knobs, lo
 				continue
 			}
 			log.Info("stopping on signal", "signal", s.String())
+			if k.StopDelay > 0 {
+				time.Sleep(k.StopDelay)
+				log.Info("stop delay passed", "knob", EnvStopDelay, "delay", k.StopDelay.String())
+			}
 			stop(fmt.Errorf("%w: %s", errStop, s))
 			return
 		}

@@ -33,6 +33,13 @@ const (
 	// EnvAllowRun enables the /run command, which runs what a client
 	// types: for containment tests only, never for a deployed entry.
 	EnvAllowRun = "NEXUS_ECHO_ALLOW_RUN"
+	// EnvIgnoreShutdownFrame ignores the broker's shutdown frame but not
+	// SIGTERM, so a test sees release's signal reach the instance.
+	EnvIgnoreShutdownFrame = "NEXUS_ECHO_IGNORE_SHUTDOWN_FRAME"
+	// EnvStopDelay holds the orderly stop on SIGTERM or SIGINT back this
+	// long, as an engine flushing its session would, and then logs that it
+	// passed: a test sees whether the instance had that time.
+	EnvStopDelay = "NEXUS_ECHO_STOP_DELAY"
 	// EnvSessionReportDelay holds the first connection's session-id report
 	// back this long after ready, as an engine that creates its session
 	// lazily would; redials report it in the handshake as usual.
@@ -65,26 +72,28 @@ const (
 
 // knobs are the fault-injection and timing settings, fixed at start.
 type knobs struct {
-	ExitBeforeReady bool          // exit 3 right after the register frame
-	Crash           string        // "", CrashMidTurn or CrashAfterAnswer
-	SlowTurn        time.Duration // wait before each stream.delta
-	IgnoreShutdown  bool          // ignore shutdown frames and SIGTERM
-	ExitOnShutdown  bool          // exit 0 the moment a shutdown frame arrives
-	NoSecret        bool          // register without a secret
-	WrongSecret     bool          // register with a secret that cannot match
-	RegisterVersion int           // version stamped on register frames
-	BootDelay       time.Duration // wait before the first dial
-	NoSessionReport bool          // never send session-id-report
-	ReportDelay     time.Duration // EnvSessionReportDelay
-	AllowRun        bool          // serve /run <argv…>
-	PingInterval    time.Duration
-	PeerTimeout     time.Duration
-	ReportSession   string // path of EnvReportSessionFrom's file; "" reports the real id
-	FloodReports    int    // extra session-id reports after the handshake
-	FloodBytes      int    // the size of each
-	WorkState       string // EnvWorkState; "" reports thinking
-	OmitLeaseID     bool   // io frames carry no lease_id
-	StockStatus     bool   // status payloads carry no turn_id
+	ExitBeforeReady     bool          // exit 3 right after the register frame
+	Crash               string        // "", CrashMidTurn or CrashAfterAnswer
+	SlowTurn            time.Duration // wait before each stream.delta
+	IgnoreShutdown      bool          // ignore shutdown frames and SIGTERM
+	IgnoreShutdownFrame bool          // ignore shutdown frames only: SIGTERM still stops it
+	StopDelay           time.Duration // EnvStopDelay
+	ExitOnShutdown      bool          // exit 0 the moment a shutdown frame arrives
+	NoSecret            bool          // register without a secret
+	WrongSecret         bool          // register with a secret that cannot match
+	RegisterVersion     int           // version stamped on register frames
+	BootDelay           time.Duration // wait before the first dial
+	NoSessionReport     bool          // never send session-id-report
+	ReportDelay         time.Duration // EnvSessionReportDelay
+	AllowRun            bool          // serve /run <argv…>
+	PingInterval        time.Duration
+	PeerTimeout         time.Duration
+	ReportSession       string // path of EnvReportSessionFrom's file; "" reports the real id
+	FloodReports        int    // extra session-id reports after the handshake
+	FloodBytes          int    // the size of each
+	WorkState           string // EnvWorkState; "" reports thinking
+	OmitLeaseID         bool   // io frames carry no lease_id
+	StockStatus         bool   // status payloads carry no turn_id
 }
 
 // loadKnobs reads the knobs through getenv (os.Getenv in production). An unset
@@ -102,6 +111,7 @@ func loadKnobs(getenv func(string) string) (knobs, error) {
 	}{
 		{EnvExitBeforeReady, &k.ExitBeforeReady},
 		{EnvIgnoreShutdown, &k.IgnoreShutdown},
+		{EnvIgnoreShutdownFrame, &k.IgnoreShutdownFrame},
 		{EnvExitOnShutdown, &k.ExitOnShutdown},
 		{EnvNoSecret, &k.NoSecret},
 		{EnvWrongSecret, &k.WrongSecret},
@@ -128,6 +138,7 @@ func loadKnobs(getenv func(string) string) (knobs, error) {
 	}{
 		{EnvSlowTurn, &k.SlowTurn, false},
 		{EnvBootDelay, &k.BootDelay, false},
+		{EnvStopDelay, &k.StopDelay, false},
 		{EnvSessionReportDelay, &k.ReportDelay, false},
 		{EnvPingInterval, &k.PingInterval, true},
 		{EnvPeerTimeout, &k.PeerTimeout, true},

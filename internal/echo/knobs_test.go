@@ -17,14 +17,14 @@ func TestLoadKnobs(t *testing.T) {
 			return k == knobs{RegisterVersion: 1, PingInterval: 15 * time.Second, PeerTimeout: 45 * time.Second}
 		}},
 		{name: "everything", env: map[string]string{
-			EnvExitBeforeReady: "1", EnvCrash: CrashAfterAnswer, EnvSlowTurn: "150ms", EnvIgnoreShutdown: "true", EnvExitOnShutdown: "1",
-			EnvNoSecret: "1", EnvWrongSecret: "1", EnvFrameVersion: "7", EnvBootDelay: "2s",
+			EnvExitBeforeReady: "1", EnvCrash: CrashAfterAnswer, EnvSlowTurn: "150ms", EnvIgnoreShutdown: "true", EnvIgnoreShutdownFrame: "1", EnvExitOnShutdown: "1",
+			EnvNoSecret: "1", EnvWrongSecret: "1", EnvFrameVersion: "7", EnvBootDelay: "2s", EnvStopDelay: "300ms",
 			EnvNoSessionReport: "1", EnvPingInterval: "10ms", EnvPeerTimeout: "30ms",
 			EnvReportSessionFrom: "/f", EnvReportFlood: "20x3800000", EnvAllowRun: "1",
 			EnvWorkState: "tool_running", EnvOmitLeaseID: "1", EnvStockStatus: "1",
 		}, check: func(k knobs) bool {
 			return k == knobs{ExitBeforeReady: true, Crash: CrashAfterAnswer, SlowTurn: 150 * time.Millisecond,
-				IgnoreShutdown: true, ExitOnShutdown: true, NoSecret: true, WrongSecret: true, RegisterVersion: 7, BootDelay: 2 * time.Second,
+				IgnoreShutdown: true, IgnoreShutdownFrame: true, ExitOnShutdown: true, NoSecret: true, WrongSecret: true, RegisterVersion: 7, BootDelay: 2 * time.Second, StopDelay: 300 * time.Millisecond,
 				NoSessionReport: true, PingInterval: 10 * time.Millisecond, PeerTimeout: 30 * time.Millisecond,
 				ReportSession: "/f", FloodReports: 20, FloodBytes: 3800000, AllowRun: true, WorkState: "tool_running", OmitLeaseID: true, StockStatus: true}
 		}},

@@ -260,8 +260,12 @@ func (l *link) dispatch(data []byte) {
 	case brokerframe.SignalIO:
 		l.onIO(f.Payload)
 	case brokerframe.SignalShutdown:
-		if l.knobs.IgnoreShutdown {
-			l.quiet.Warn(brokerSubject, "ignoring shutdown frame", "knob", EnvIgnoreShutdown)
+		if l.knobs.IgnoreShutdown || l.knobs.IgnoreShutdownFrame {
+			knob := EnvIgnoreShutdownFrame
+			if l.knobs.IgnoreShutdown {
+				knob = EnvIgnoreShutdown
+			}
+			l.quiet.Warn(brokerSubject, "ignoring shutdown frame", "knob", knob)
 			return
 		}
 		if l.knobs.ExitOnShutdown {

@@ -299,6 +299,9 @@ func (d *Daemon) supervised(l *lease, exited bool, err error) {
 		return
 	}
 
+	if l.sandboxed {
+		d.drainSandbox(l)
+	}
 	d.mu.Lock()
 	if l.inCgroup {
 		_ = d.cgroups.signal(l.rec.LeaseID, unix.SIGKILL)
@@ -394,6 +397,68 @@ func (d *Daemon) removeCgroup(id string) error {
 		d.log.Info("lease cgroup removed after all", "lease_id", id)
 	}()
 	return first
+}
+
+// drainSandbox gives the engine inside a sandboxed lease's exited leader
+// up to termGrace to exit before supervised SIGKILLs what is left of the
+// group (or cgroup). bwrap, the leader, does not forward signals: release's
+// SIGTERM to the group ends it at once while the engine, another member,
+// is still acting on it (flushing its session); an immediate SIGKILL would
+// make the SIGTERM stage a SIGKILL.
+//
+// The leader stays unreaped (supervised reaps it after), so its pid, the
+// group's id, cannot be reused while this waits: members found by it are
+// the instance's. d.mu is not held: the lease is still listed, and an
+// escalation may still signal the group, safely for the same reason.
+func (d *Daemon) drainSandbox(l *lease) {
+	drained, err := drainGroup(l.rec.PID, termGrace)
+	switch {
+	case err != nil:
+		d.log.Error("waiting for the sandboxed instance's processes failed; killing them", "lease_id", l.rec.LeaseID, "pid", l.rec.PID, "error", err)
+	case !drained:
+		d.log.Warn("the sandboxed instance's processes did not exit within term_grace of bwrap's exit; killing them", "lease_id", l.rec.LeaseID, "pid", l.rec.PID, "term_grace", termGrace.String())
+	}
+}
+
+// drainGroup waits up to limit for every live member of process group pgid
+// to exit, and reports whether they did. It only watches, never signals:
+// it scans /proc for the members, waits on their pidfds until one exits,
+// and scans again (a member may have forked).
+func drainGroup(pgid int, limit time.Duration) (bool, error) {
+	deadline := time.Now().Add(limit)
+	live := func(st procStat) bool { return st.pgid == pgid && st.state != 'Z' && st.state != 'X' }
+	for {
+		members, err := scanProcs(live)
+		if err != nil || len(members) == 0 {
+			return err == nil, err
+		}
+		if !time.Now().Before(deadline) {
+			return false, nil
+		}
+		fds := make([]unix.PollFd, 0, len(members))
+		for pid := range members {
+			if fd, err := unix.PidfdOpen(pid, 0); err == nil {
+				fds = append(fds, unix.PollFd{Fd: int32(fd), Events: unix.POLLIN})
+			}
+		}
+		err = pollUntil(fds, deadline)
+		for _, f := range fds {
+			_ = unix.Close(int(f.Fd))
+		}
+		if err != nil {
+			return false, fmt.Errorf("waiting on the process group's pidfds: %w", err)
+		}
+	}
+}
+
+// pollUntil polls fds until one is ready or the deadline passes.
+func pollUntil(fds []unix.PollFd, deadline time.Time) error {
+	for left := time.Until(deadline); len(fds) > 0 && left > 0; left = time.Until(deadline) {
+		if _, err := unix.Poll(fds, int((left+time.Millisecond-1)/time.Millisecond)); err != unix.EINTR {
+			return err
+		}
+	}
+	return nil
 }
 
 func reap(pid int) (unix.WaitStatus, error) {

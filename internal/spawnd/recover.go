@@ -160,20 +160,12 @@ func killGroupRemains(pgid, sid int, leaderStart uint64) (killed int, err error)
 	}
 	signalled := map[int]uint64{} // pid → start time
 	for range maxScanRounds {
-		names, err := os.ReadDir("/proc")
+		members, err := scanProcs(member)
 		if err != nil {
-			return killed, fmt.Errorf("scanning /proc for the instance's process group: %w", err)
+			return killed, err
 		}
 		fresh := 0
-		for _, de := range names {
-			pid, err := strconv.Atoi(de.Name())
-			if err != nil {
-				continue
-			}
-			st, err := readProcStat(pid)
-			if err != nil || !member(st) {
-				continue
-			}
+		for pid, st := range members {
 			if start, ok := signalled[pid]; ok && start == st.startTime {
 				continue // killed last round, not yet a zombie
 			}
@@ -193,6 +185,25 @@ func killGroupRemains(pgid, sid int, leaderStart uint64) (killed int, err error)
 		}
 	}
 	return len(signalled), fmt.Errorf("process group %d still had new members after %d rounds of SIGKILL", pgid, maxScanRounds)
+}
+
+// scanProcs is every process in /proc whose stat member accepts, by pid.
+func scanProcs(member func(procStat) bool) (map[int]procStat, error) {
+	names, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, fmt.Errorf("scanning /proc for the instance's process group: %w", err)
+	}
+	found := map[int]procStat{}
+	for _, de := range names {
+		pid, err := strconv.Atoi(de.Name())
+		if err != nil {
+			continue
+		}
+		if st, err := readProcStat(pid); err == nil && member(st) {
+			found[pid] = st
+		}
+	}
+	return found, nil
 }
 
 // journaledConfig is the temp config a record names if it has the shape of

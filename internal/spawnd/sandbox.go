@@ -11,8 +11,10 @@ package spawnd
 // network is the host's: an instance dials the gateway back over TCP.
 // bwrap sets no_new_privs itself. No --new-session: the instance is in
 // spawnd's new session already, and release's SIGTERM to the process
-// group must reach the engine; no --die-with-parent: an instance outlives
-// a spawnd restart. All mounting is bubblewrap's: spawnd has no mount code.
+// group must reach the engine (bwrap forwards no signal and dies of it at
+// once; the supervisor then waits for the engine: drainSandbox); no
+// --die-with-parent: an instance outlives a spawnd restart. All mounting is
+// bubblewrap's: spawnd has no mount code.
 
 // sandboxArgv wraps argv in bubblewrap; home and config are bound only when
 // set (the boot probe has neither).

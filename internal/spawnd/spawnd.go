@@ -121,6 +121,10 @@ type lease struct {
 	reports int
 	// inCgroup: teardown signals the lease cgroup, not the process group.
 	inCgroup bool
+	// sandboxed: spawned here in bubblewrap (sandbox: strict), so the
+	// leader is bwrap and the engine another member of its group
+	// (drainSandbox). False for an adopted lease.
+	sandboxed bool
 	// gone is closed once the instance is reaped and its exit published.
 	gone chan struct{}
 	exit *spawnpb.ExitEvent
@@ -584,6 +588,7 @@ func (d *Daemon) Spawn(_ context.Context, req *spawnpb.SpawnRequest) (*spawnpb.S
 	l.state = stateRunning
 	l.pidfd = p.pidfd
 	l.inCgroup = d.cgroups != nil
+	l.sandboxed = d.tenancy != nil && d.tenancy.bwrap != ""
 	l.configPath = l.rec.ConfigPath
 	l.rec.PID = p.pid
 	l.rec.StartTime = p.startTime
