@@ -69,30 +69,31 @@ FUZZTIME ?= 30s
 # hundred bytes of JSON would spend the rest of the run there, its
 # executions never counted).
 FUZZMINIMIZETIME ?= 5s
+FUZZ = $(GO) test -run '^$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) -fuzz
 fuzz:
-	$(GO) test -run '^$$' -fuzz 'FuzzDecode$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./pkg/brokerframe
-	$(GO) test -run '^$$' -fuzz 'FuzzDecodeFastAgrees$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./pkg/brokerframe
-	$(GO) test -run '^$$' -fuzz 'FuzzParse$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./internal/config
-	$(GO) test -run '^$$' -fuzz 'FuzzExtract$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./internal/auth
-	$(GO) test -run '^$$' -fuzz 'FuzzParseTranscript$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./internal/echo
-	$(GO) test -run '^$$' -fuzz 'FuzzPayloadType$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./internal/echo
-	$(GO) test -run '^$$' -fuzz 'FuzzValidate$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./pkg/sessionid
-	$(GO) test -run '^$$' -fuzz 'FuzzDecodeRecord$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./internal/a2a
-	$(GO) test -run '^$$' -fuzz 'FuzzOwner$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./internal/cluster
-	$(GO) test -run '^$$' -fuzz 'FuzzReceive$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./internal/cluster
-	$(GO) test -run '^$$' -fuzz 'FuzzOpenSealed$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./internal/cluster
-	$(GO) test -run '^$$' -fuzz 'FuzzMembersRecord$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./internal/cluster
-	$(GO) test -run '^$$' -fuzz 'FuzzReadOnlyImage$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./internal/footprint
-	$(GO) test -run '^$$' -fuzz 'FuzzTargetOf$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./internal/a2a/ingress
-	$(GO) test -run '^$$' -fuzz 'FuzzDecodeRPCAgrees$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./internal/a2a
-	$(GO) test -run '^$$' -fuzz 'FuzzRegister$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./internal/gateway
-	$(GO) test -run '^$$' -fuzz 'FuzzParseTextRecord$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./internal/spawnclient
-	$(GO) test -run '^$$' -fuzz 'FuzzCodecAgrees$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./pkg/spawnrpc/spawnpb
-	$(GO) test -run '^$$' -fuzz 'FuzzHealthCodecAgrees$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./pkg/spawnrpc
-	$(GO) test -run '^$$' -fuzz 'FuzzReadEndpoint$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./pkg/spawnrpc
-	$(GO) test -run '^$$' -fuzz 'FuzzJournalReplay$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./internal/spawnd
-	$(GO) test -run '^$$' -fuzz 'FuzzSessionIndex$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./internal/spawnd
-	$(GO) test -run '^$$' -fuzz 'FuzzVerbs$$' -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./internal/spawnd
+	$(FUZZ) 'FuzzDecode$$' ./pkg/brokerframe
+	$(FUZZ) 'FuzzDecodeFastAgrees$$' ./pkg/brokerframe
+	$(FUZZ) 'FuzzParse$$' ./internal/config
+	$(FUZZ) 'FuzzExtract$$' ./internal/auth
+	$(FUZZ) 'FuzzParseTranscript$$' ./internal/echo
+	$(FUZZ) 'FuzzPayloadType$$' ./internal/echo
+	$(FUZZ) 'FuzzValidate$$' ./pkg/sessionid
+	$(FUZZ) 'FuzzDecodeRecord$$' ./internal/a2a
+	$(FUZZ) 'FuzzOwner$$' ./internal/cluster
+	$(FUZZ) 'FuzzReceive$$' ./internal/cluster
+	$(FUZZ) 'FuzzOpenSealed$$' ./internal/cluster
+	$(FUZZ) 'FuzzMembersRecord$$' ./internal/cluster
+	$(FUZZ) 'FuzzReadOnlyImage$$' ./internal/footprint
+	$(FUZZ) 'FuzzTargetOf$$' ./internal/a2a/ingress
+	$(FUZZ) 'FuzzDecodeRPCAgrees$$' ./internal/a2a
+	$(FUZZ) 'FuzzRegister$$' ./internal/gateway
+	$(FUZZ) 'FuzzParseTextRecord$$' ./internal/spawnclient
+	$(FUZZ) 'FuzzCodecAgrees$$' ./pkg/spawnrpc/spawnpb
+	$(FUZZ) 'FuzzHealthCodecAgrees$$' ./pkg/spawnrpc
+	$(FUZZ) 'FuzzReadEndpoint$$' ./pkg/spawnrpc
+	$(FUZZ) 'FuzzJournalReplay$$' ./internal/spawnd
+	$(FUZZ) 'FuzzSessionIndex$$' ./internal/spawnd
+	$(FUZZ) 'FuzzVerbs$$' ./internal/spawnd
 
 # Regenerates pkg/spawnrpc/spawnpb from spawn.proto with Debian's
 # protobuf-compiler (apt-get install protobuf-compiler) and the plugin

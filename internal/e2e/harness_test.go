@@ -462,16 +462,33 @@ func (b *Broker) Instances() []int {
 }
 
 // processesOf scans /proc for processes of the executable exe whose HOME
-// is home.
+// is home ("": any HOME).
 func processesOf(exe string, home string) []int {
 	return pidsWhere(func(pid int) bool {
 		got, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
 		if err != nil || got != exe {
 			return false
 		}
+		if home == "" {
+			return true
+		}
 		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
 		return err == nil && bytes.Contains(env, []byte("HOME="+home+"\x00"))
 	})
+}
+
+// killGroupsOf SIGKILLs each process of pids and the process group it is
+// in (its own for a spawned instance, bwrap's for a sandboxed one).
+func killGroupsOf(pids []int) {
+	for _, pid := range pids {
+		if data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil {
+			f := strings.Fields(string(data[bytes.LastIndexByte(data, ')')+1:]))
+			if pgid, err := strconv.Atoi(f[2]); err == nil && pgid > 1 {
+				_ = syscall.Kill(-pgid, syscall.SIGKILL)
+			}
+		}
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
 }
 
 // pidsWhere lists the live (not zombie) processes match accepts.
@@ -506,10 +523,7 @@ func (b *Broker) cleanup() {
 	if pid := b.launchedSpawnd(); pid > 0 {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
-	for _, pid := range b.Instances() {
-		_ = syscall.Kill(-pid, syscall.SIGKILL)
-		_ = syscall.Kill(pid, syscall.SIGKILL)
-	}
+	killGroupsOf(b.Instances())
 	if b.t.Failed() {
 		b.t.Logf("gateway log:\n%s\nspawnd log:\n%s", b.GatewayLog, b.SpawndLog)
 		if b.launch {

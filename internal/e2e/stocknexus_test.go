@@ -108,12 +108,7 @@ func stockNexus(t *testing.T) (*Broker, string) {
 	if exe, err = filepath.Abs(exe); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		for _, pid := range processesOf(exe, home) {
-			_ = syscall.Kill(-pid, syscall.SIGKILL)
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-		}
-	})
+	t.Cleanup(func() { killGroupsOf(processesOf(exe, home)) })
 	cfg := fmt.Sprintf(`core:
   log_level: warn
   models:

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"fmt"
@@ -102,28 +101,11 @@ func copyFile(t testing.TB, from, to string, mode os.FileMode) {
 }
 
 // instances are the live processes of this host's nexus-echo copy.
-func (h *tenantHost) instances() []int {
-	return pidsWhere(func(pid int) bool {
-		exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
-		return err == nil && exe == h.echo
-	})
-}
+func (h *tenantHost) instances() []int { return processesOf(h.echo, "") }
 
 // killInstances kills the process group of every instance a failed test
 // left (bwrap's, which leads it).
-func (h *tenantHost) killInstances() {
-	for _, pid := range h.instances() {
-		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
-			continue
-		}
-		f := strings.Fields(string(data[bytes.LastIndexByte(data, ')')+1:]))
-		if pgid, err := strconv.Atoi(f[2]); err == nil && pgid > 1 {
-			_ = syscall.Kill(-pgid, syscall.SIGKILL)
-		}
-		_ = syscall.Kill(pid, syscall.SIGKILL)
-	}
-}
+func (h *tenantHost) killInstances() { killGroupsOf(h.instances()) }
 
 // tenant is one principal's claimed instance.
 type tenant struct {
