@@ -5,13 +5,10 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 
 	"github.com/nexus-broker/nexus-broker/internal/config"
-	"github.com/nexus-broker/nexus-broker/internal/config/core"
 )
 
 // The agents: profiles as the A2A door serves them: each profile's config
@@ -38,21 +35,12 @@ type Profiles struct{ ByName map[string]*Profile }
 func BuildProfiles(cfg *config.Config, boot *config.Config, base string) (*Profiles, error) {
 	ps := &Profiles{ByName: map[string]*Profile{}}
 	for name, a := range cfg.Agents {
-		path, err := core.ExpandHome(strings.TrimSpace(a.Config))
-		if err == nil {
-			path, err = filepath.Abs(path)
-		}
+		path, data, err := config.ReadEngineConfig(a.Config)
 		if err != nil {
-			return nil, fmt.Errorf("agents.%s.config: %w", name, err)
-		}
-		if st, err := os.Stat(path); err != nil {
 			return nil, fmt.Errorf("agents.%s.config: %w (the nexus config instances of this profile boot with)", name, err)
-		} else if !st.Mode().IsRegular() {
-			return nil, fmt.Errorf("agents.%s.config: %s is not a regular file", name, path)
 		}
-		data, err := os.ReadFile(path)
-		if err != nil {
-			return nil, fmt.Errorf("agents.%s.config: %w", name, err)
+		if a.WarmConfig != nil {
+			data = a.WarmConfig // what its pool's instances booted with, byte for byte
 		}
 		card, err := json.Marshal(renderCard(name, a, base, boot.Auth))
 		if err != nil {

@@ -21,6 +21,11 @@ type Agent struct {
 	// resolves (~/…) and reads it at boot and on every reload.
 	Config string `yaml:"config"`
 	Card   Card   `yaml:"card"`
+	// Warm is how many instances of this profile are kept booted (ours):
+	// a pool named as the profile (AllPools); 0 keeps none.
+	Warm int `yaml:"warm"`
+	// WarmConfig is Config's content when Warm > 0, as Load read it.
+	WarmConfig []byte `yaml:"-"`
 }
 
 // Card is the operator-authored part of a profile's Agent Card. What the
@@ -171,16 +176,23 @@ func checkProfileName(raw, name string) error {
 	if name == "" {
 		return fmt.Errorf("broker config: agents: the profile name %q is empty once whitespace is trimmed; give the profile a name", raw)
 	}
-	for _, r := range name {
-		ok := r < 128 && (r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune(profileNameAllowedSymbol, r))
-		if !ok {
-			return fmt.Errorf("broker config: agents.%s: %q is not a usable profile name; it is a URL path segment, so use letters, digits, -, _ and . only", name, raw)
-		}
+	if !plainName(name) {
+		return fmt.Errorf("broker config: agents.%s: %q is not a usable profile name; it is a URL path segment, so use letters, digits, -, _ and . only", name, raw)
 	}
 	if name == "." || name == ".." {
 		return fmt.Errorf("broker config: agents.%s: %q is not a usable profile name (a dot segment); name it with letters or digits too", name, raw)
 	}
 	return nil
+}
+
+// plainName: name is letters, digits, -, _ and . only.
+func plainName(name string) bool {
+	for _, r := range name {
+		if !(r < 128 && (r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune(profileNameAllowedSymbol, r))) {
+			return false
+		}
+	}
+	return true
 }
 
 func (a *Agent) validate(path string, c *Config) error {

@@ -1,7 +1,7 @@
 // Package config is broker.yaml as the gateway reads it: the keys both
 // processes read (internal/config/core, embedded) and the gateway's own
 // sections layered on top (the admission caps and timers, auth:, agents:,
-// a2a:, console:), decoded by core's one strict loader, validated, and
+// a2a:, console:, pools:), decoded by core's one strict loader, validated, and
 // diffed on a SIGHUP reload (core.ReloadDiff).
 //
 // nexus-spawnd links only core: it never looks at auth:, and the gateway
@@ -50,6 +50,9 @@ type Config struct {
 	// They reload only on a broker that booted with the ingress on; the
 	// gateway reports them as boot-only otherwise.
 	Agents map[string]*Agent `yaml:"agents" reload:"sighup"`
+	// Pools are the pools: of warm instances (ours); nil without any.
+	// AllPools adds those of the profiles with warm:.
+	Pools []Pool `yaml:"pools" reload:"sighup"`
 	// A2A is the task store's policy (boot-only).
 	A2A A2A `yaml:"a2a"`
 	// Cluster is the cluster: block (ours, boot-only); nil means
@@ -111,8 +114,18 @@ func Default() *Config {
 	}
 }
 
-// Load reads and validates the file at path.
-func Load(path string) (*Config, error) { return core.LoadWith(path, Parse) }
+// Load reads and validates the file at path, then reads the engine config
+// of every pool (readPools), which Parse leaves unread.
+func Load(path string) (*Config, error) {
+	c, err := core.LoadWith(path, Parse)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.readPools(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
 
 // Parse decodes and validates broker.yaml text, every key of it. Every
 // error starts with "broker config: " and names the key path it is about.

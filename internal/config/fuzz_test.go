@@ -10,7 +10,8 @@ import (
 
 // FuzzParse holds Parse to its contract on any input: no panic; every
 // error starts "broker config: "; every success has the reserved entry, a
-// positive ready_timeout and reattach_window, and a path on every entry;
+// positive ready_timeout and reattach_window, a path on every entry, and
+// pools of unique names, known entries, positive min_idle and max_age;
 // and nexus-spawnd's loader (core.Parse) holds to the same contract and
 // reads every file the gateway accepts, to the same values of its keys.
 func FuzzParse(f *testing.F) {
@@ -26,6 +27,11 @@ func FuzzParse(f *testing.F) {
 	for _, tc := range authErrorCases {
 		f.Add(tc.yaml)
 	}
+	// Inline pools: and warm: only: Parse reads no config_file (Load does).
+	for _, tc := range poolErrorCases {
+		f.Add(tc.yaml)
+	}
+	f.Add(specPoolsExample)
 	for _, k := range reloadClass {
 		f.Add(k.changed)
 	}
@@ -57,6 +63,13 @@ func FuzzParse(f *testing.F) {
 		}
 		if c.ReattachWindow <= 0 {
 			t.Errorf("reattach_window %s", c.ReattachWindow.D())
+		}
+		names := map[string]bool{}
+		for _, p := range c.AllPools() {
+			if names[p.Name] || p.MinIdle < 1 || p.MaxAge <= 0 || c.Binaries[p.Binary] == nil || p.Config != nil {
+				t.Errorf("pool %+v (Parse reads no config_file)", p)
+			}
+			names[p.Name] = true
 		}
 		if ownErr != nil {
 			t.Fatalf("the gateway accepts the file, nexus-spawnd refuses it: %v", ownErr)

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -629,7 +630,7 @@ var errorCases = []struct{ name, yaml, key, want string }{
 }
 
 func TestParseErrors(t *testing.T) {
-	for _, tc := range append(errorCases, authErrorCases...) {
+	for _, tc := range slices.Concat(errorCases, authErrorCases, poolErrorCases) {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := Parse([]byte(tc.yaml))
 			if err == nil {

@@ -30,6 +30,7 @@ var reloadClass = []struct {
 	{"max_claim_body", "max_claim_body: 2097152", true},
 	{"console", "console: {allow_remote: true}", true},
 	{"agents", "agents: {support: {config: /etc/support.yaml, card: {name: S, description: D, version: \"1\"}}}", true},
+	{"pools", "pools: [{name: p, binary: nexus, config_file: /e.yaml, min_idle: 1}]", true},
 	{"a2a", "a2a: {tasks: {ttl: 1h}}", false},
 	{"listen_addr", `listen_addr: "127.0.0.1:9090"`, false},
 	{"advertise_addr", "advertise_addr: broker:8080", false},

@@ -18,6 +18,9 @@ func (c *Config) validate() error {
 	if err := c.normalizeAgents(); err != nil {
 		return err
 	}
+	if err := c.validatePools(); err != nil {
+		return err
+	}
 	if c.NexusBinaryPath != nil {
 		c.Deprecations = append(c.Deprecations, WarnNexusBinaryPath)
 	}

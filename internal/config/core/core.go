@@ -53,7 +53,7 @@ type Config struct {
 var GatewayKeys = []string{
 	"a2a", "agents", "auth", "client_replay_buffer_bytes", "cluster", "console", "control_socket", "idle_timeout",
 	"max_client_frame", "max_leases_per_principal", "max_queue_depth",
-	"max_queued_per_principal", "max_turn_duration", "queue_wait_timeout",
+	"max_queued_per_principal", "max_turn_duration", "pools", "queue_wait_timeout",
 	"ready_timeout", "reattach_window", "session_report_grace",
 }
 
