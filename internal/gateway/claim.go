@@ -336,11 +336,13 @@ func (g *Gateway) spawnLease(ctx context.Context, principal, entry string, cfgDa
 	// cancelling it half-way could leave a process spawnd started and
 	// nobody tracks. A claimant gone by then is handled by awaitReady.
 	spawnCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	pid, err := g.sp.Spawn(spawnCtx, spawner.SpawnRequest{
+	spawned, err := g.sp.Spawn(spawnCtx, spawner.SpawnRequest{
 		LeaseID: id, Entry: entry, Config: cfgData, RecallSession: session,
 		Principal: principal, ListenPort: g.listenPort,
 	})
 	cancel()
+	l.prove(spawned.Verifier) // an instance may have dialled back already
+	pid := spawned.Pid
 	if spawner.CodeOf(err) == spawner.FailedPrecondition {
 		// The session was bound to another entry after resumeEntry asked.
 		g.removeLease(l)

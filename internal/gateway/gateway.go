@@ -222,6 +222,7 @@ func (g *Gateway) restore(ctx context.Context) error {
 		l.pid = rl.Pid
 		l.spawned = true
 		l.restored = true
+		l.prove(rl.Verifier)
 		g.cap.Take()
 		g.mu.Lock()
 		g.leases[l.id] = l

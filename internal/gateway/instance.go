@@ -13,7 +13,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/nexus-broker/nexus-broker/internal/gateway/internal/wire"
-	"github.com/nexus-broker/nexus-broker/internal/gateway/spawner"
+	"github.com/nexus-broker/nexus-broker/internal/spawnproof"
 	"github.com/nexus-broker/nexus-broker/pkg/brokerframe"
 )
 
@@ -176,37 +176,43 @@ const (
 	refusedNoSecret
 	refusedWrongSecret
 	refusedVersionSkew
-	refusedSpawndUnavailable
+	refusedSpawnPending
 )
 
-// admitInstance decides a register frame. Only spawnd can check the secret:
-// the spawn-key never enters the gateway. spawnd is asked about every frame,
-// known lease or not, and does the same work either way, so the time a
-// refusal takes does not tell a dialer whether its lease id is live.
+// admitInstance decides a register frame against the verifier of the
+// lease's spawn secret, which spawnd handed over with the lease: no round
+// trip to spawnd, and the spawn-key never enters the gateway. A lease id
+// nobody holds is checked against no verifier by the same code
+// (spawnproof.Matches), so the time a refusal takes does not tell a dialer
+// whether its lease id is live. A frame that comes before the lease's Spawn
+// has answered (only its instance knows the id by then) waits for it.
 func (g *Gateway) admitInstance(ctx context.Context, f brokerframe.Frame) (*lease, refusal) {
-	ctx, cancel := context.WithTimeout(ctx, registerWait)
-	defer cancel()
-	verdict, err := g.sp.Verify(ctx, f.LeaseID, f.Secret)
 	l := g.lookup(f.LeaseID)
+	var verifier []byte
+	if l != nil {
+		ctx, cancel := context.WithTimeout(ctx, registerWait)
+		defer cancel()
+		select {
+		case <-l.proven:
+			verifier = l.verifier
+		case <-ctx.Done():
+			return nil, refusedSpawnPending
+		}
+	}
+	match := spawnproof.Matches(verifier, f.Secret)
 	switch {
-	case err != nil:
-		g.log.Error("could not verify an instance registration with nexus-spawnd", "lease_id", f.LeaseID, "error", err)
-		return nil, refusedSpawndUnavailable
 	case f.Version != brokerframe.Version:
 		return nil, refusedVersionSkew
-	}
-	switch verdict {
-	case spawner.VerdictOK:
-		if l == nil || l.currentState() == stateDraining {
-			return nil, refusedUnknownLease
-		}
-		return l, 0
-	case spawner.VerdictNoSecret:
+	case l == nil || verifier == nil:
+		return nil, refusedUnknownLease
+	case f.Secret == "":
 		return nil, refusedNoSecret
-	case spawner.VerdictWrongSecret:
+	case !match:
 		return nil, refusedWrongSecret
+	case l.currentState() == stateDraining:
+		return nil, refusedUnknownLease
 	}
-	return nil, refusedUnknownLease
+	return l, 0
 }
 
 func (g *Gateway) logRefusal(f brokerframe.Frame, why refusal, remote string) {
@@ -228,9 +234,9 @@ func (g *Gateway) logRefusal(f brokerframe.Frame, why refusal, remote string) {
 		g.quiet.Warn(f.LeaseID, "rejecting instance registration: its register frame carried the WRONG spawn secret. "+
 			"This broker did not spawn the process that dialed back", "lease_id", f.LeaseID, "remote", remote,
 			"error", "register frame spawn secret does not match")
-	case refusedSpawndUnavailable:
+	case refusedSpawnPending:
 		g.quiet.Warn(f.LeaseID, "rejecting instance registration", "lease_id", f.LeaseID, "remote", remote,
-			"error", "nexus-spawnd could not be asked to verify the spawn secret; the instance will redial")
+			"error", "nexus-spawnd has not answered this lease's Spawn, whose answer carries what the spawn secret is checked against; the instance will redial")
 	default:
 		g.quiet.Warn(f.LeaseID, "rejecting instance registration", "lease_id", f.LeaseID, "remote", remote,
 			"error", "unknown lease: no live lease has this id (released, reaped, or never minted by this broker)")

@@ -63,6 +63,23 @@ type lease struct {
 	guarded
 	policy
 	milestones
+	proof
+}
+
+// proof is what the lease's register frames are checked against: the
+// verifier of its spawn secret, which spawnd's Spawn (or, for a restored
+// lease, List) answered. It is set once, before proven is closed, and read
+// only after: proven closed with no verifier is a spawn that failed.
+type proof struct {
+	verifier []byte
+	proven   chan struct{}
+}
+
+// prove records the lease's verifier (nil when its Spawn failed) and lets
+// the register frames waiting for it be checked.
+func (l *lease) prove(verifier []byte) {
+	l.verifier = verifier
+	close(l.proven)
 }
 
 // sendQueue orders client → instance frames: the client's read pump writes
@@ -140,6 +157,7 @@ func (g *Gateway) newLease(id, principal, entry string, created time.Time) *leas
 			exited:          make(chan struct{}),
 			tornDown:        make(chan struct{}),
 		},
+		proof: proof{proven: make(chan struct{})},
 	}
 	l.face.l = l
 	return l

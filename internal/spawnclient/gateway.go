@@ -77,38 +77,21 @@ func (c *Client) List(ctx context.Context) ([]gwspawner.Held, error) {
 	out := make([]gwspawner.Held, len(list.Leases))
 	for i, l := range list.Leases {
 		out[i] = gwspawner.Held{LeaseID: l.LeaseId, Principal: l.Principal, SessionID: l.SessionId, Entry: l.Entry,
-			Pid: l.Pid, Created: time.Unix(0, l.CreatedUnixNano)}
+			Pid: l.Pid, Created: time.Unix(0, l.CreatedUnixNano), Verifier: l.Verifier}
 	}
 	return out, nil
 }
 
 // Spawn implements spawner.Spawner.
-func (c *Client) Spawn(ctx context.Context, r gwspawner.SpawnRequest) (int64, error) {
+func (c *Client) Spawn(ctx context.Context, r gwspawner.SpawnRequest) (gwspawner.Spawned, error) {
 	res, err := c.spawner.Spawn(ctx, &spawnpb.SpawnRequest{
 		LeaseId: r.LeaseID, Entry: r.Entry, Config: r.Config, RecallSessionId: r.RecallSession,
 		Principal: r.Principal, ListenPort: r.ListenPort,
 	})
 	if err != nil {
-		return 0, callError(err)
+		return gwspawner.Spawned{}, callError(err)
 	}
-	return res.Pid, nil
-}
-
-// Verify implements spawner.Spawner.
-func (c *Client) Verify(ctx context.Context, lease, secret string) (gwspawner.Verdict, error) {
-	res, err := c.spawner.Verify(ctx, &spawnpb.VerifyRequest{LeaseId: lease, Secret: secret})
-	if err != nil {
-		return gwspawner.VerdictUnknownLease, callError(err)
-	}
-	switch res.Result {
-	case spawnpb.VerifyResult_VERIFY_RESULT_OK:
-		return gwspawner.VerdictOK, nil
-	case spawnpb.VerifyResult_VERIFY_RESULT_NO_SECRET:
-		return gwspawner.VerdictNoSecret, nil
-	case spawnpb.VerifyResult_VERIFY_RESULT_WRONG_SECRET:
-		return gwspawner.VerdictWrongSecret, nil
-	}
-	return gwspawner.VerdictUnknownLease, nil
+	return gwspawner.Spawned{Pid: res.Pid, Verifier: res.Verifier}, nil
 }
 
 // Terminate implements spawner.Spawner.

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/nexus-broker/nexus-broker/internal/spawnproof"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
 )
 
@@ -55,9 +56,14 @@ func TestRestartReadoptsAndTerminates(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := &spawnpb.Lease{LeaseId: "lease-keep", Principal: "alice", SessionId: "sess-keep", Entry: "family",
-		Pid: resp.Pid, CreatedUnixNano: resp.CreatedUnixNano, Adopted: true}
+		Pid: resp.Pid, CreatedUnixNano: resp.CreatedUnixNano, Adopted: true, Verifier: resp.Verifier}
 	if len(list.Leases) != 1 || !proto.Equal(list.Leases[0], want) {
 		t.Fatalf("List after the restart = %v, want %v", list.Leases, want)
+	}
+	// Derived again from the spawn-key, never journaled: the restarted
+	// gateway checks the adopted instance's register frames with it.
+	if !spawnproof.Matches(list.Leases[0].Verifier, secret) {
+		t.Fatal("the adopted lease's verifier does not match its instance's secret")
 	}
 	for _, tc := range []struct {
 		secret string

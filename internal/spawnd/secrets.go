@@ -16,6 +16,7 @@ import (
 
 	"github.com/nexus-broker/nexus-broker/internal/atomicfile"
 	"github.com/nexus-broker/nexus-broker/internal/safedir"
+	"github.com/nexus-broker/nexus-broker/internal/spawnproof"
 )
 
 // spawnKeySize is the spawn-key's length: HMAC-SHA256 gains nothing from a
@@ -29,6 +30,14 @@ func secretFor(key []byte, leaseID string) string {
 	mac := hmac.New(sha256.New, key)
 	mac.Write([]byte(leaseID))
 	return hex.EncodeToString(mac.Sum(nil))
+}
+
+// verifierFor is the one-way verifier of a lease's spawn secret
+// (spawnproof), which Spawn and List hand the gateway: it checks register
+// frames with it, and cannot make a secret from it. Derived, as the secret
+// is, so it is never journaled either.
+func verifierFor(key []byte, leaseID string) []byte {
+	return spawnproof.Of(secretFor(key, leaseID))
 }
 
 // loadSpawnKey returns <stateDir>/spawn-key, creating it on first boot (in

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/nexus-broker/nexus-broker/internal/spawnproof"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
 )
 
@@ -203,10 +204,19 @@ func TestSpawnRefusals(t *testing.T) {
 func TestVerify(t *testing.T) {
 	h := newHarness(t, defaultYAML)
 	stream := h.watch()
-	_, f := h.spawn("lease-v", "nexus")
+	resp, f := h.spawn("lease-v", "nexus")
 	secret := f.env()["NEXUS_BROKER_SPAWN_SECRET"]
 	if want := hex.EncodeToString(hmacSHA256(h.d.key, "lease-v")); secret != want {
 		t.Fatalf("instance secret %q is not hex(HMAC-SHA256(spawn-key, lease id)) %q", secret, want)
+	}
+	// The verifier Spawn answers checks the instance's secret and no other,
+	// and holds neither the secret nor the key.
+	v := resp.GetVerifier()
+	if !spawnproof.Matches(v, secret) || spawnproof.Matches(v, strings.Repeat("0", len(secret))) || spawnproof.Matches(v, secret[:10]) {
+		t.Fatalf("Spawn's verifier %x does not check the instance's secret, or checks others too", v)
+	}
+	if bytes.Contains(v, h.d.key) || bytes.Contains([]byte(secret), []byte(hex.EncodeToString(v))) || bytes.Equal(v, hmacSHA256(h.d.key, "lease-v")) {
+		t.Fatal("Spawn's verifier is the spawn-key or the secret")
 	}
 	verify := func(id, secret string) spawnpb.VerifyResult {
 		t.Helper()
@@ -253,8 +263,8 @@ func TestRecordAndList(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []*spawnpb.Lease{
-		{LeaseId: "lease-b", Principal: "alice", SessionId: "sess-b", Entry: "nexus", Pid: first.Pid, CreatedUnixNano: first.CreatedUnixNano},
-		{LeaseId: "lease-a", Principal: "alice", Entry: "notify", Pid: second.Pid, CreatedUnixNano: second.CreatedUnixNano},
+		{LeaseId: "lease-b", Principal: "alice", SessionId: "sess-b", Entry: "nexus", Pid: first.Pid, CreatedUnixNano: first.CreatedUnixNano, Verifier: first.Verifier},
+		{LeaseId: "lease-a", Principal: "alice", Entry: "notify", Pid: second.Pid, CreatedUnixNano: second.CreatedUnixNano, Verifier: second.Verifier},
 	}
 	if len(list.Leases) != len(want) {
 		t.Fatalf("List = %v, want %v", list.Leases, want)

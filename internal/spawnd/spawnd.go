@@ -618,7 +618,7 @@ func (d *Daemon) Spawn(_ context.Context, req *spawnpb.SpawnRequest) (*spawnpb.S
 		attrs = append(attrs, "run_as", e.runAs.String())
 	}
 	d.log.Info("instance spawned", attrs...)
-	return &spawnpb.SpawnResponse{Pid: int64(p.pid), CreatedUnixNano: rec.CreatedAt.UnixNano()}, nil
+	return &spawnpb.SpawnResponse{Pid: int64(p.pid), CreatedUnixNano: rec.CreatedAt.UnixNano(), Verifier: verifierFor(d.key, id)}, nil
 }
 
 // unmint ends a lease whose Spawn failed before its instance was handed to
@@ -709,8 +709,8 @@ func (d *Daemon) Terminate(ctx context.Context, req *spawnpb.TerminateRequest) (
 // List returns the live leases, oldest first.
 func (d *Daemon) List(context.Context, *spawnpb.ListRequest) (*spawnpb.ListResponse, error) {
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	if _, err := d.admit(verbList, ""); err != nil {
+		d.mu.Unlock()
 		return nil, err
 	}
 	out := make([]*spawnpb.Lease, 0, len(d.leases))
@@ -724,6 +724,10 @@ func (d *Daemon) List(context.Context, *spawnpb.ListRequest) (*spawnpb.ListRespo
 			CreatedUnixNano: l.rec.CreatedAt.UnixNano(),
 			Adopted:         l.adopted,
 		})
+	}
+	d.mu.Unlock()
+	for _, l := range out { // derived outside the lock: d.key never changes
+		l.Verifier = verifierFor(d.key, l.LeaseId)
 	}
 	slices.SortFunc(out, func(a, b *spawnpb.Lease) int {
 		return cmp.Or(cmp.Compare(a.CreatedUnixNano, b.CreatedUnixNano), strings.Compare(a.LeaseId, b.LeaseId))

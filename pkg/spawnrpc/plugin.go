@@ -21,7 +21,10 @@ import (
 const (
 	MagicCookieKey   = "NEXUS_SPAWND_PLUGIN"
 	MagicCookieValue = "8f1c2b7e-nexus-spawnd-9d43"
-	ProtocolVersion  = 1
+	// 2: Spawn and List answer the verifier the gateway checks register
+	// frames with (a gateway of 2 refuses every registration against a
+	// spawnd of 1, so it must not attach to one).
+	ProtocolVersion = 2
 	// PluginName is the one plugin spawnd serves.
 	PluginName = "spawner"
 )

@@ -1,6 +1,6 @@
 // Package spawner is what the gateway needs of nexus-spawnd, said in the
-// gateway's own types: the Spawner interface and the values its nine verbs
-// take and answer. internal/spawnclient implements it over pkg/spawnrpc.
+// gateway's own types: the Spawner interface and the values the verbs it
+// uses take and answer (spawnd's Verify it no longer needs: see Spawned). internal/spawnclient implements it over pkg/spawnrpc.
 //
 // It holds no logic and imports nothing of the project: no generated
 // spawnpb type, no gRPC package, no gateway package. The gateway's layers
@@ -21,10 +21,9 @@ type Spawner interface {
 	Status(ctx context.Context) (Status, error)
 	// List is the leases spawnd holds.
 	List(ctx context.Context) ([]Held, error)
-	// Spawn starts the instance of a new lease and answers its pid.
-	Spawn(ctx context.Context, r SpawnRequest) (pid int64, err error)
-	// Verify says whether secret is the spawn secret of lease.
-	Verify(ctx context.Context, lease, secret string) (Verdict, error)
+	// Spawn starts the instance of a new lease and answers its pid and the
+	// verifier of its spawn secret.
+	Spawn(ctx context.Context, r SpawnRequest) (Spawned, error)
 	// Terminate ends a lease's process group.
 	Terminate(ctx context.Context, t Termination) error
 	// Watch follows every instance exit. It returns once spawnd has
@@ -86,6 +85,17 @@ type Held struct {
 	LeaseID, Principal, SessionID, Entry string
 	Pid                                  int64
 	Created                              time.Time
+	// Verifier is the lease's, as Spawn answered it.
+	Verifier []byte
+}
+
+// Spawned is Spawn's answer.
+type Spawned struct {
+	Pid int64
+	// Verifier is the one-way verifier of the lease's spawn secret
+	// (internal/spawnproof): the gateway checks a register frame's secret
+	// against it, and cannot make one that passes from it.
+	Verifier []byte
 }
 
 // SpawnRequest names what a new lease runs.
@@ -96,17 +106,6 @@ type SpawnRequest struct {
 	// ListenPort is the port the gateway's listener bound.
 	ListenPort uint32
 }
-
-// Verdict is Verify's answer.
-type Verdict int
-
-// The verdicts.
-const (
-	VerdictUnknownLease Verdict = iota
-	VerdictOK
-	VerdictNoSecret
-	VerdictWrongSecret
-)
 
 // Termination asks for a lease's end.
 type Termination struct {

@@ -354,8 +354,13 @@ type SpawnResponse struct {
 	Pid   int64                  `protobuf:"varint,1,opt,name=pid,proto3" json:"pid,omitempty"`
 	// created_unix_nano is when spawnd minted the lease record.
 	CreatedUnixNano int64 `protobuf:"varint,2,opt,name=created_unix_nano,json=createdUnixNano,proto3" json:"created_unix_nano,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// verifier is the one-way verifier of the lease's spawn secret
+	// (internal/spawnproof: SHA-256 over a domain string and the secret). The
+	// gateway checks a register frame's secret against it itself, without
+	// asking Verify; it cannot turn it back into the secret.
+	Verifier      []byte `protobuf:"bytes,3,opt,name=verifier,proto3" json:"verifier,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SpawnResponse) Reset() {
@@ -400,6 +405,13 @@ func (x *SpawnResponse) GetCreatedUnixNano() int64 {
 		return x.CreatedUnixNano
 	}
 	return 0
+}
+
+func (x *SpawnResponse) GetVerifier() []byte {
+	if x != nil {
+		return x.Verifier
+	}
+	return nil
 }
 
 type VerifyRequest struct {
@@ -665,7 +677,11 @@ type Lease struct {
 	CreatedUnixNano int64                  `protobuf:"varint,6,opt,name=created_unix_nano,json=createdUnixNano,proto3" json:"created_unix_nano,omitempty"`
 	// adopted is true for a lease spawnd re-adopted from its journal rather
 	// than spawned in this process's lifetime.
-	Adopted       bool `protobuf:"varint,7,opt,name=adopted,proto3" json:"adopted,omitempty"`
+	Adopted bool `protobuf:"varint,7,opt,name=adopted,proto3" json:"adopted,omitempty"`
+	// verifier is SpawnResponse.verifier's for this lease, derived again from
+	// the spawn-key (never journaled), so a restarted gateway checks its
+	// restored leases' register frames as it checks those it spawned.
+	Verifier      []byte `protobuf:"bytes,9,opt,name=verifier,proto3" json:"verifier,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -747,6 +763,13 @@ func (x *Lease) GetAdopted() bool {
 		return x.Adopted
 	}
 	return false
+}
+
+func (x *Lease) GetVerifier() []byte {
+	if x != nil {
+		return x.Verifier
+	}
+	return nil
 }
 
 type ListResponse struct {
@@ -1473,10 +1496,11 @@ const file_pkg_spawnrpc_spawnpb_spawn_proto_rawDesc = "" +
 	"\vlisten_port\x18\a \x01(\rR\n" +
 	"listenPortJ\x04\b\x06\x10\aR\vbroker_addr\"C\n" +
 	"\fSpawnFailure\x123\n" +
-	"\x04step\x18\x01 \x01(\x0e2\x1f.nexusbroker.spawn.v1.SpawnStepR\x04step\"M\n" +
+	"\x04step\x18\x01 \x01(\x0e2\x1f.nexusbroker.spawn.v1.SpawnStepR\x04step\"i\n" +
 	"\rSpawnResponse\x12\x10\n" +
 	"\x03pid\x18\x01 \x01(\x03R\x03pid\x12*\n" +
-	"\x11created_unix_nano\x18\x02 \x01(\x03R\x0fcreatedUnixNano\"B\n" +
+	"\x11created_unix_nano\x18\x02 \x01(\x03R\x0fcreatedUnixNano\x12\x1a\n" +
+	"\bverifier\x18\x03 \x01(\fR\bverifier\"B\n" +
 	"\rVerifyRequest\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12\x16\n" +
 	"\x06secret\x18\x02 \x01(\tR\x06secret\"L\n" +
@@ -1490,7 +1514,7 @@ const file_pkg_spawnrpc_spawnpb_spawn_proto_rawDesc = "" +
 	"\ano_wait\x18\x04 \x01(\bR\x06noWait\"H\n" +
 	"\x11TerminateResponse\x123\n" +
 	"\x04exit\x18\x01 \x01(\v2\x1f.nexusbroker.spawn.v1.ExitEventR\x04exit\"\r\n" +
-	"\vListRequest\"\xcd\x01\n" +
+	"\vListRequest\"\xe9\x01\n" +
 	"\x05Lease\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12\x1c\n" +
 	"\tprincipal\x18\x02 \x01(\tR\tprincipal\x12\x1d\n" +
@@ -1499,7 +1523,8 @@ const file_pkg_spawnrpc_spawnpb_spawn_proto_rawDesc = "" +
 	"\x05entry\x18\x04 \x01(\tR\x05entry\x12\x10\n" +
 	"\x03pid\x18\x05 \x01(\x03R\x03pid\x12*\n" +
 	"\x11created_unix_nano\x18\x06 \x01(\x03R\x0fcreatedUnixNano\x12\x18\n" +
-	"\aadopted\x18\a \x01(\bR\aadopted\"C\n" +
+	"\aadopted\x18\a \x01(\bR\aadopted\x12\x1a\n" +
+	"\bverifier\x18\t \x01(\fR\bverifier\"C\n" +
 	"\fListResponse\x123\n" +
 	"\x06leases\x18\x01 \x03(\v2\x1b.nexusbroker.spawn.v1.LeaseR\x06leases\"\x0e\n" +
 	"\fWatchRequest\"\xc9\x01\n" +

@@ -47,7 +47,9 @@ type SpawnerClient interface {
 	// not record (INTERNAL, carrying a SpawnFailure detail that says which).
 	Spawn(ctx context.Context, in *SpawnRequest, opts ...grpc.CallOption) (*SpawnResponse, error)
 	// Verify checks a register frame's secret against the lease's derived
-	// secret, in constant time.
+	// secret, in constant time. The gateway checks against the verifier
+	// Spawn and List answer instead, off the claim path; Verify stays for
+	// any other holder of a lease id and secret.
 	Verify(ctx context.Context, in *VerifyRequest, opts ...grpc.CallOption) (*VerifyResponse, error)
 	// Terminate tears a lease's process group down: wait the grace for the
 	// instance to exit on its own (the gateway has already sent it a shutdown
@@ -204,7 +206,9 @@ type SpawnerServer interface {
 	// not record (INTERNAL, carrying a SpawnFailure detail that says which).
 	Spawn(context.Context, *SpawnRequest) (*SpawnResponse, error)
 	// Verify checks a register frame's secret against the lease's derived
-	// secret, in constant time.
+	// secret, in constant time. The gateway checks against the verifier
+	// Spawn and List answer instead, off the claim path; Verify stays for
+	// any other holder of a lease id and secret.
 	Verify(context.Context, *VerifyRequest) (*VerifyResponse, error)
 	// Terminate tears a lease's process group down: wait the grace for the
 	// instance to exit on its own (the gateway has already sent it a shutdown

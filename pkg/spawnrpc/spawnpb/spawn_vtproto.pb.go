@@ -159,6 +159,13 @@ func (m *SpawnResponse) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 		i -= len(m.unknownFields)
 		copy(dAtA[i:], m.unknownFields)
 	}
+	if len(m.Verifier) > 0 {
+		i -= len(m.Verifier)
+		copy(dAtA[i:], m.Verifier)
+		i = protohelpers.EncodeVarint(dAtA, i, uint64(len(m.Verifier)))
+		i--
+		dAtA[i] = 0x1a
+	}
 	if m.CreatedUnixNano != 0 {
 		i = protohelpers.EncodeVarint(dAtA, i, uint64(m.CreatedUnixNano))
 		i--
@@ -429,6 +436,13 @@ func (m *Lease) MarshalToSizedBufferVT(dAtA []byte) (int, error) {
 	if m.unknownFields != nil {
 		i -= len(m.unknownFields)
 		copy(dAtA[i:], m.unknownFields)
+	}
+	if len(m.Verifier) > 0 {
+		i -= len(m.Verifier)
+		copy(dAtA[i:], m.Verifier)
+		i = protohelpers.EncodeVarint(dAtA, i, uint64(len(m.Verifier)))
+		i--
+		dAtA[i] = 0x4a
 	}
 	if m.Adopted {
 		i--
@@ -1172,6 +1186,10 @@ func (m *SpawnResponse) SizeVT() (n int) {
 	if m.CreatedUnixNano != 0 {
 		n += 1 + protohelpers.SizeOfVarint(uint64(m.CreatedUnixNano))
 	}
+	l = len(m.Verifier)
+	if l > 0 {
+		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
+	}
 	n += len(m.unknownFields)
 	return n
 }
@@ -1285,6 +1303,10 @@ func (m *Lease) SizeVT() (n int) {
 	}
 	if m.Adopted {
 		n += 2
+	}
+	l = len(m.Verifier)
+	if l > 0 {
+		n += 1 + l + protohelpers.SizeOfVarint(uint64(l))
 	}
 	n += len(m.unknownFields)
 	return n
@@ -1906,6 +1928,40 @@ func (m *SpawnResponse) UnmarshalVT(dAtA []byte) error {
 					break
 				}
 			}
+		case 3:
+			if wireType != 2 {
+				return fmt.Errorf("proto: wrong wireType = %d for field Verifier", wireType)
+			}
+			var byteLen int
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				byteLen |= int(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+			if byteLen < 0 {
+				return protohelpers.ErrInvalidLength
+			}
+			postIndex := iNdEx + byteLen
+			if postIndex < 0 {
+				return protohelpers.ErrInvalidLength
+			}
+			if postIndex > l {
+				return io.ErrUnexpectedEOF
+			}
+			m.Verifier = append(m.Verifier[:0], dAtA[iNdEx:postIndex]...)
+			if m.Verifier == nil {
+				m.Verifier = []byte{}
+			}
+			iNdEx = postIndex
 		default:
 			iNdEx = preIndex
 			skippy, err := protohelpers.Skip(dAtA[iNdEx:])
@@ -2621,6 +2677,40 @@ func (m *Lease) UnmarshalVT(dAtA []byte) error {
 				}
 			}
 			m.Adopted = bool(v != 0)
+		case 9:
+			if wireType != 2 {
+				return fmt.Errorf("proto: wrong wireType = %d for field Verifier", wireType)
+			}
+			var byteLen int
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				byteLen |= int(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+			if byteLen < 0 {
+				return protohelpers.ErrInvalidLength
+			}
+			postIndex := iNdEx + byteLen
+			if postIndex < 0 {
+				return protohelpers.ErrInvalidLength
+			}
+			if postIndex > l {
+				return io.ErrUnexpectedEOF
+			}
+			m.Verifier = append(m.Verifier[:0], dAtA[iNdEx:postIndex]...)
+			if m.Verifier == nil {
+				m.Verifier = []byte{}
+			}
+			iNdEx = postIndex
 		default:
 			iNdEx = preIndex
 			skippy, err := protohelpers.Skip(dAtA[iNdEx:])
