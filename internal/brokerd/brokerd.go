@@ -27,6 +27,7 @@ import (
 	"github.com/nexus-broker/nexus-broker/internal/console"
 	"github.com/nexus-broker/nexus-broker/internal/footprint"
 	"github.com/nexus-broker/nexus-broker/internal/gateway"
+	"github.com/nexus-broker/nexus-broker/internal/httpapi"
 	"github.com/nexus-broker/nexus-broker/internal/safedir"
 	"github.com/nexus-broker/nexus-broker/internal/spawnclient"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc"
@@ -134,11 +135,12 @@ func Run(o Options) error {
 	} else {
 		log.Warn("control socket unavailable: nexus-broker -drain and -undrain cannot reach this broker; set control_socket to a path in a directory this user owns", "error", err)
 	}
-	srv := gateway.Server(g.Handler())
+	h := httpapi.Handler(g, log)
+	srv := httpapi.Server(h)
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(gateway.Listener(ln)) }()
 	if cfg.Auth != nil && cfg.Auth.ProxyListen != "" {
-		psrv, err := serveProxy(cfg.Auth, g.Handler(), log, serveErr)
+		psrv, err := serveProxy(cfg.Auth, h, log, serveErr)
 		if err != nil {
 			g.Shutdown()
 			return bootlog.Config(err, path)

@@ -16,6 +16,7 @@ import (
 	"github.com/nexus-broker/nexus-broker/internal/auth"
 	"github.com/nexus-broker/nexus-broker/internal/config"
 	"github.com/nexus-broker/nexus-broker/internal/gateway"
+	"github.com/nexus-broker/nexus-broker/internal/httpapi"
 )
 
 // listenProxy opens auth.proxy_listen: a unix socket of mode 0660 and
@@ -113,7 +114,7 @@ func serveProxy(a *config.Auth, h http.Handler, log *slog.Logger, serveErr chan<
 	if err != nil {
 		return nil, err
 	}
-	srv := gateway.Server(h)
+	srv := httpapi.Server(h)
 	conn := srv.ConnContext
 	srv.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
 		return auth.OnProxySocket(conn(ctx, c))

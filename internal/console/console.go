@@ -77,12 +77,12 @@ type Core interface {
 	Config() *config.Config
 	Done() <-chan struct{}
 	Admit(w http.ResponseWriter, r *http.Request, admin bool) (auth.Principal, bool)
-	Audit(r *http.Request, p auth.Principal, status int, reason string)
+	Audit(r *http.Request, p auth.Principal, status int, reason string, attrs ...any)
 	AuthEnabled() bool
 }
 
 // Attach subscribes a console to g's lease events and mounts its routes.
-// Call it before g.Start and g.Handler.
+// Call it before g.Start and the HTTP face (httpapi.Handler).
 func Attach(g Core) {
 	c := &console{g: g, hub: newConsoleHub()}
 	g.Subscribe(c.hub.observe)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nexus-broker/nexus-broker/internal/config"
 	"github.com/nexus-broker/nexus-broker/internal/gateway"
+	"github.com/nexus-broker/nexus-broker/internal/httpapi"
 )
 
 // TestConsoleLoopbackOnlyWithoutAuth: without an auth: block the console
@@ -33,7 +34,8 @@ func TestConsoleLoopbackOnlyWithoutAuth(t *testing.T) {
 	} {
 		cfg := config.Default()
 		cfg.Console.AllowRemote = c.allowRemote
-		g := gateway.New(gateway.Options{Config: cfg, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		log := slog.New(slog.NewTextHandler(io.Discard, nil))
+		g := gateway.New(gateway.Options{Config: cfg, Logger: log})
 		Attach(g)
 		for _, path := range []string{"/console", "/console/events"} {
 			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
@@ -43,7 +45,7 @@ func TestConsoleLoopbackOnlyWithoutAuth(t *testing.T) {
 			// X-Forwarded-For is never read: only the TCP peer counts.
 			r.Header.Set("X-Forwarded-For", "127.0.0.1")
 			w := httptest.NewRecorder()
-			g.Handler().ServeHTTP(w, r) // the stream ends with ctx
+			httpapi.Handler(g, log).ServeHTTP(w, r) // the stream ends with ctx
 			cancel()
 			if w.Code != c.want {
 				t.Errorf("%s from %s (allow_remote %v) = %d, want %d", path, c.peer, c.allowRemote, w.Code, c.want)

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/nexus-broker/nexus-broker/internal/echo"
-	"github.com/nexus-broker/nexus-broker/internal/gateway"
+	"github.com/nexus-broker/nexus-broker/internal/httpapi"
 	"github.com/nexus-broker/nexus-broker/pkg/brokerclient"
 )
 
@@ -24,7 +24,7 @@ func startBoundedBroker(t *testing.T, bootDelay time.Duration) *Broker {
 	return startBroker(t, Options{
 		NoNexusEntry: true,
 		YAML:         fmt.Sprintf("binaries:\n  nexus:\n    path: %q\n    env: {%s: %q}\n", bin("nexus-echo"), echo.EnvBootDelay, bootDelay.String()),
-		Env:          []string{fmt.Sprintf("%s=%s,%s", gateway.TestHTTPTimeoutsEnv, httpBound, httpBound)},
+		Env:          []string{fmt.Sprintf("%s=%s,%s", httpapi.TestHTTPTimeoutsEnv, httpBound, httpBound)},
 	})
 }
 

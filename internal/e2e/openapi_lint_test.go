@@ -9,7 +9,7 @@ import (
 	"testing"
 )
 
-const openapiFile = "../gateway/openapi.json"
+const openapiFile = "../httpapi/openapi.json"
 
 // TestOpenAPIServersAndProperties: the description names a server, and
 // every schema that lists required fields says what they are.

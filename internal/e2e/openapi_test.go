@@ -23,7 +23,7 @@ import (
 	"github.com/getkin/kin-openapi/routers/legacy"
 	"github.com/gorilla/websocket"
 
-	"github.com/nexus-broker/nexus-broker/internal/gateway"
+	"github.com/nexus-broker/nexus-broker/internal/httpapi"
 )
 
 // Every response a test receives from a broker it started, over HTTP or as
@@ -34,7 +34,7 @@ import (
 // apiDoc is the validated document, loaded once.
 var apiDoc = sync.OnceValues(func() (*openapi3.T, error) {
 	loader := openapi3.NewLoader()
-	doc, err := loader.LoadFromData(gateway.OpenAPI())
+	doc, err := loader.LoadFromData(httpapi.OpenAPI())
 	if err != nil {
 		return nil, fmt.Errorf("loading openapi.json: %w", err)
 	}
@@ -286,7 +286,7 @@ func TestOpenAPIDocument(t *testing.T) {
 	}
 	b := startBroker(t, Options{})
 	status, body := b.get("/openapi.json")
-	if status != http.StatusOK || body != string(gateway.OpenAPI()) {
+	if status != http.StatusOK || body != string(httpapi.OpenAPI()) {
 		t.Fatalf("GET /openapi.json = %d, %.200s; want 200 and the embedded document", status, body)
 	}
 	doc, err := openapi3.NewLoader().LoadFromData([]byte(body))

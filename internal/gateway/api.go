@@ -22,15 +22,18 @@ import (
 // the core is theirs to call, and its internals (internal/gateway/internal)
 // are out of their reach by the compiler. The face is
 //
-//   - Claim and Release: start a lease through the one spawn spine (admission,
-//     the capacity queue, the claims metric) and end one;
+//   - Claim (and ClaimRequest, POST /claim's, with CountClaim) and Release:
+//     start a lease through the one spawn spine (admission, the capacity
+//     queue, the claims metric) and end one;
 //   - Lease, the handle on one lease: Send a payload to its instance, Follow its
 //     io payloads and its end, and Attach a client to its stream at a cursor;
 //   - Leases (the leases a caller sees), Binaries, Capacity, Config;
 //   - Subscribe: the lease events (claimed, released, crashed, reaped,
 //     evicted, a client coming or going);
-//   - Mount, Authenticate, Admit, Audit, OwnsLease, BaseURL and StreamConn:
-//     the routes of the layers above and the guard every route goes through.
+//   - Mount, Routes, Authenticate, Admit, Audit, OwnsLease, BaseURL and
+//     StreamConn: the routes of the layers above and the guard every route
+//     goes through;
+//   - NotReady and WriteMetrics: what GET /readyz and GET /metrics say.
 
 // --- leases -----------------------------------------------------------------
 
@@ -135,7 +138,22 @@ type ClaimSpec struct {
 type ClaimError struct {
 	Status int
 	Text   string
+	// Outcome is the claims metric's (CountClaim), Cause the underlying
+	// error, for the log only.
+	Outcome, Cause string
+	// RetryAfter, when set, is the answer's Retry-After (seconds).
+	RetryAfter int
 }
+
+// Claim outcomes and texts a layer above answers with.
+const (
+	// OutcomeRejected is a claim refused for what it asked (or who asked).
+	OutcomeRejected = "rejected"
+	// OutcomeCancelled is a claim whose client went away.
+	OutcomeCancelled = "cancelled"
+	// TextInvalidClaimBody is the 400 of a claim body that is not one.
+	TextInvalidClaimBody = "invalid claim body"
+)
 
 // Claim admits and spawns a lease as POST /claim does (the per-principal
 // caps, the capacity queue, ready_timeout, the claims metric), for as long
@@ -147,10 +165,11 @@ func (g *Gateway) Claim(s ClaimSpec) (*Lease, *ClaimError) {
 	if cerr == nil {
 		l, cerr = g.spawnLease(g.ctx, s.Principal, entry, s.Config, s.Session, slotAcquire, nil)
 	}
-	g.countClaim(start, cerr)
-	if cerr != nil {
-		return nil, &ClaimError{Status: cerr.status, Text: cerr.text}
+	if ce := cerr.face(); ce != nil {
+		g.CountClaim(start, ce)
+		return nil, ce
 	}
+	g.CountClaim(start, nil)
 	return l.handle(), nil
 }
 
@@ -457,8 +476,8 @@ func (g *Gateway) Extend(l Layer) { g.layers = append(g.layers, l) }
 
 // --- routes and the guard ---------------------------------------------------
 
-// Mount adds routes of a layer above the core to Handler's mux. Mount
-// before Handler.
+// Mount adds routes of a layer above the core to the HTTP layer's mux
+// (Routes). Mount before Routes.
 func (g *Gateway) Mount(routes func(*http.ServeMux)) { g.mounts = append(g.mounts, routes) }
 
 // Authenticate verifies r's credential against the auth: block and returns
@@ -483,9 +502,10 @@ func (g *Gateway) Admit(w http.ResponseWriter, r *http.Request, admin bool) (aut
 	return g.authenticate(w, r, admin)
 }
 
-// Audit logs a refusal of r to p as every route's refusals are logged.
-func (g *Gateway) Audit(r *http.Request, p auth.Principal, status int, reason string) {
-	g.audit(r, p, status, reason)
+// Audit logs a refusal of r to p as every route's refusals are logged,
+// with attrs (slog's key-value pairs) before the peer.
+func (g *Gateway) Audit(r *http.Request, p auth.Principal, status int, reason string, attrs ...any) {
+	g.audit(r, p, status, reason, attrs...)
 }
 
 // AuthEnabled says whether the broker authenticates its callers.

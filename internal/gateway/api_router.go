@@ -100,12 +100,6 @@ type BrokerInfo struct {
 // spawnd reports, before the port opens. Call it before Start.
 func (g *Gateway) JoinCluster(join func(brokerID string) (Router, error)) { g.join = join }
 
-// The lease routes the router forwards.
-const (
-	routeRelease = "release"
-	routeTicket  = "ticket"
-)
-
 // What the router answers and closes with, in the core's words.
 const (
 	TextOwnerUnavailable = "lease owner unavailable"
@@ -149,10 +143,31 @@ func (g *Gateway) OnSlotFreed(f func()) { g.cap.SetOnFree(f) }
 func (g *Gateway) BinaryNames() []string { return g.binaryNames() }
 
 // LeaseList is GET /leases' answer.
-type LeaseList = leasesJSON
+type LeaseList struct {
+	MaxConcurrent *int        `json:"max_concurrent,omitempty"`
+	SlotsInUse    *int        `json:"slots_in_use,omitempty"`
+	QueueDepth    *int        `json:"queue_depth,omitempty"`
+	MaxQueueDepth *int        `json:"max_queue_depth,omitempty"`
+	Leases        []LeaseInfo `json:"leases"`
+	// UnreachableBrokers (cluster mode only) names the brokers that did not
+	// answer: their leases and aggregates are missing from the rest.
+	UnreachableBrokers *[]string `json:"unreachable_brokers,omitempty"`
+}
 
-// LocalLeases is this broker's part of GET /leases for p.
-func (g *Gateway) LocalLeases(p auth.Principal) LeaseList { return g.localLeases(p) }
+// LocalLeases is this broker's part of GET /leases for p. An operator
+// (auth.admin_scope, or every caller without auth) sees every lease and
+// the aggregates; anyone else only their own leases, the aggregates absent
+// rather than zeroed.
+func (g *Gateway) LocalLeases(p auth.Principal) LeaseList {
+	if !g.auth.IsAdmin(p) {
+		return LeaseList{Leases: g.Leases(p.ID, false)}
+	}
+	max, inUse, depth, maxDepth := g.cap.Snapshot()
+	return LeaseList{
+		MaxConcurrent: &max, SlotsInUse: &inUse, QueueDepth: &depth, MaxQueueDepth: &maxDepth,
+		Leases: g.Leases("", true),
+	}
+}
 
 // LocalCount is principal's live leases here plus its claims in flight.
 func (g *Gateway) LocalCount(principal string) int { return g.localCount(principal) }
@@ -285,8 +300,13 @@ func (g *Gateway) UpgradeClient(w http.ResponseWriter, r *http.Request, id strin
 	return &ClientSocket{wire.NewConn(conn, g.log, "client", id)}, true
 }
 
-// CarriedHandler is Handler's mux, for requests other brokers carry here;
-// nil until Handler was called.
+// ServeCarried has the requests other brokers carry here served by mux,
+// the HTTP layer's routes (internal/httpapi.Handler), unwrapped by its
+// host guard: a carried request comes from a peer broker, not a browser.
+func (g *Gateway) ServeCarried(mux *http.ServeMux) { g.mux.Store(mux) }
+
+// CarriedHandler is the mux ServeCarried named, for requests other brokers
+// carry here; nil until then.
 func (g *Gateway) CarriedHandler() http.Handler {
 	if mux := g.mux.Load(); mux != nil {
 		return mux
@@ -384,7 +404,7 @@ type queuedOffer struct {
 	ctx       context.Context
 	principal auth.Principal
 	body      []byte
-	resp      *claimResponse
+	resp      *ClaimAnswer
 	cerr      *claimError
 }
 
@@ -396,23 +416,6 @@ func (g *Gateway) remoteOwner(id string) string {
 	return g.rt.RemoteOwner(id)
 }
 
-// ownerAnswer is a lease route as its owner answers it: status and body.
-type ownerAnswer func(r *http.Request, id string, p auth.Principal) (int, any)
-
-// ownerRoute serves a lease route here when this broker owns the lease (or
-// in single-broker mode), else has the router forward it to the owner.
-func (g *Gateway) ownerRoute(route string, local ownerAnswer) func(http.ResponseWriter, *http.Request, auth.Principal) {
-	return func(w http.ResponseWriter, r *http.Request, p auth.Principal) {
-		id := r.PathValue("lease_id")
-		if owner := g.remoteOwner(id); owner != "" {
-			g.rt.ForwardLease(w, r, owner, route, p)
-			return
-		}
-		st, v := local(r, id, p)
-		writeJSON(w, st, v)
-	}
-}
-
 // forwarded stands for a request another broker carried, for the audit
 // line: the route, and the broker it came through as the peer.
 func forwarded(method, path, from string) *http.Request {
@@ -420,11 +423,11 @@ func forwarded(method, path, from string) *http.Request {
 }
 
 // peerClaimed is the claim answer a peer gave: its lease, or its refusal.
-func (g *Gateway) peerClaimed(a PeerClaim) (*claimResponse, *claimError) {
+func (g *Gateway) peerClaimed(a PeerClaim) (*ClaimAnswer, *claimError) {
 	if a.Status != http.StatusOK {
 		return nil, &claimError{status: a.Status, text: a.Error, outcome: a.Outcome}
 	}
-	var resp claimResponse
+	var resp ClaimAnswer
 	if err := json.Unmarshal(a.Claim, &resp); err != nil {
 		g.log.Warn("cluster: a peer's claim answer was unreadable", "peer", a.Peer, "error", err)
 		return nil, refuse(http.StatusBadGateway, "spawn_failed", "a peer's claim answer was unreadable")

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -26,7 +25,8 @@ type claimRequest struct {
 	Binary    string `json:"binary"`
 }
 
-type claimResponse struct {
+// ClaimAnswer is POST /claim's 200 answer.
+type ClaimAnswer struct {
 	LeaseID   string `json:"lease_id"`
 	WSURL     string `json:"ws_url"`
 	SessionID string `json:"session_id,omitempty"` // none reported within session_report_grace
@@ -34,8 +34,8 @@ type claimResponse struct {
 	SessionError string `json:"session_error,omitempty"`
 	Ticket       string `json:"ticket,omitempty"`
 	// For the "claim ready" line; zero when a peer served the claim.
-	pid    int64
-	binary string
+	PID    int64  `json:"-"`
+	Binary string `json:"-"`
 }
 
 // claimError is a refusal: its status, its wire text, and its metrics
@@ -51,6 +51,14 @@ type claimError struct {
 
 func (e *claimError) Error() string { return e.text }
 
+// face is e as the layers above see it; nil for none.
+func (e *claimError) face() *ClaimError {
+	if e == nil {
+		return nil
+	}
+	return &ClaimError{Status: e.status, Text: e.text, Outcome: e.outcome, Cause: e.cause, RetryAfter: e.retryAfter}
+}
+
 func refuse(status int, outcome, format string, args ...any) *claimError {
 	return &claimError{status: status, text: fmt.Sprintf(format, args...), outcome: outcome}
 }
@@ -58,9 +66,9 @@ func refuse(status int, outcome, format string, args ...any) *claimError {
 // errServedAwayClaim is spawnLease's word that a peer served the claim.
 var errServedAwayClaim = &claimError{outcome: "served_away"}
 
-// textGoneWhileQueued is the log reason of a claim whose client hung up in
+// TextGoneWhileQueued is the log reason of a claim whose client hung up in
 // the capacity queue.
-const textGoneWhileQueued = "client went away while queued for capacity"
+const TextGoneWhileQueued = "client went away while queued for capacity"
 
 // errSpawnerUnavailable is the 503 body of a claim spawnd cannot serve now.
 const errSpawnerUnavailable = "spawner unavailable"
@@ -90,100 +98,35 @@ func (g *Gateway) spawnerUnavailable() *claimError {
 	return nil
 }
 
-// handleClaim is POST /claim: validate, take a slot, mint, spawn, wait for
-// ready. Every refusal that can be decided from the request is decided
-// before anything is allocated.
-func (g *Gateway) handleClaim(w http.ResponseWriter, r *http.Request) {
-	start := time.Now()
-	p, ok := g.Authenticate(w, r)
-	if !ok {
-		g.m.claims.inc("rejected")
-		return
-	}
-	resp, cerr := g.claim(r, p)
-	g.countClaim(start, cerr)
-	if cerr != nil {
-		if cerr.outcome == "cancelled" {
-			msg := "claim abandoned by its client" // while its instance booted: upstream waits that out
-			if cerr.text == textGoneWhileQueued {
-				msg = "claim cancelled while queued for capacity"
-			}
-			g.log.Info(msg, "error", cerr.text)
-			return // nobody is listening
-		}
-		attrs := []any{"status", cerr.status, "reason", cerr.text}
-		if cerr.cause != "" {
-			attrs = append(attrs, "error", cerr.cause)
-		}
-		g.log.Warn("claim failed", attrs...)
-		if cerr.status == http.StatusTooManyRequests {
-			g.audit(r, p, cerr.status, cerr.text)
-		}
-		if cerr.retryAfter > 0 {
-			w.Header().Set("Retry-After", strconv.Itoa(cerr.retryAfter))
-		}
-		writeError(w, cerr.status, cerr.text)
-		return
-	}
-	took := time.Since(start)
-	answerNow(w, resp)
-	g.log.Info("claim ready", "lease_id", resp.LeaseID, "pid", resp.pid, "ws_url", resp.WSURL, "session_id", resp.SessionID,
-		"principal_id", p.ID, "ticket_issued", resp.Ticket != "", "binary", resp.binary, "duration", took)
-}
-
-// answerNow writes a 200 JSON answer and puts it on the wire before the
-// handler returns, so that what follows (the log line) is not on the
-// claimant's path. The Content-Length is set first: a flush without it
-// would switch the response to chunked encoding.
-func answerNow(w http.ResponseWriter, v any) {
-	body, err := json.Marshal(v)
-	if err != nil {
-		writeError(w, http.StatusInternalServerError, "encoding the answer")
-		return
-	}
-	body = append(body, '\n') // as writeJSON's encoder ends it
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
-	w.WriteHeader(http.StatusOK)
-	_, _ = w.Write(body)
-	if f, ok := w.(http.Flusher); ok {
-		f.Flush()
-	}
-}
-
-// countClaim counts one claim of the spawn spine (POST /claim's or the A2A
-// ingress's) by its outcome. Only accepted claims are timed: a refusal's
-// latency measures the refusal or the queue wait, not what a claim costs.
-func (g *Gateway) countClaim(start time.Time, cerr *claimError) {
-	if cerr != nil {
-		g.m.claims.inc(cerr.outcome)
+// CountClaim counts one claim of the spawn spine (POST /claim's or the A2A
+// ingress's) by its outcome, from start, refused when e is set. Only
+// accepted claims are timed: a refusal's latency measures the refusal or
+// the queue wait, not what a claim costs.
+func (g *Gateway) CountClaim(start time.Time, e *ClaimError) {
+	if e != nil {
+		g.m.claims.inc(e.Outcome)
 		return
 	}
 	g.m.claims.inc("accepted")
 	g.m.claimDuration.observe(time.Since(start))
 }
 
-func (g *Gateway) claim(r *http.Request, p auth.Principal) (*claimResponse, *claimError) {
-	cfg := g.cfg.Load()
-	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, int64(cfg.MaxClaimBody)))
-	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			return nil, refuse(http.StatusRequestEntityTooLarge, "rejected",
-				"claim body exceeds max_claim_body (%d bytes); raise max_claim_body or send a smaller config", tooBig.Limit)
-		}
-		return nil, refuse(http.StatusBadRequest, "rejected", "invalid claim body")
-	}
-	return g.claimBody(r, p, body, slotAcquire)
+// ClaimRequest is POST /claim once the HTTP layer authenticated p and read
+// the body within max_claim_body: validate, take a slot, mint, spawn, wait
+// for ready. Every refusal that can be decided from the request is decided
+// before anything is allocated. The caller counts it (CountClaim).
+func (g *Gateway) ClaimRequest(r *http.Request, p auth.Principal, body []byte) (*ClaimAnswer, *ClaimError) {
+	resp, cerr := g.claimBody(r, p, body, slotAcquire)
+	return resp, cerr.face()
 }
 
 // claimBody is a claim whose body has been read: one that arrived here
 // (slotAcquire), or one a full peer offered (slotOffered: taken only if a
 // slot is free now, never queued, never offered on).
-func (g *Gateway) claimBody(r *http.Request, p auth.Principal, body []byte, slot slotMode) (*claimResponse, *claimError) {
+func (g *Gateway) claimBody(r *http.Request, p auth.Principal, body []byte, slot slotMode) (*ClaimAnswer, *claimError) {
 	var req claimRequest
 	if json.Unmarshal(body, &req) != nil {
-		return nil, refuse(http.StatusBadRequest, "rejected", "invalid claim body")
+		return nil, refuse(http.StatusBadRequest, "rejected", TextInvalidClaimBody)
 	}
 	if strings.TrimSpace(req.Config) == "" {
 		return nil, refuse(http.StatusBadRequest, "rejected", "claim requires a non-empty config")
@@ -255,7 +198,7 @@ func (g *Gateway) claimBody(r *http.Request, p auth.Principal, body []byte, slot
 	if session != "" {
 		sessionErr = ""
 	}
-	resp := &claimResponse{LeaseID: l.id, WSURL: g.wsURL(r, l.id), SessionID: session, SessionError: sessionErr, pid: pid, binary: l.entry}
+	resp := &ClaimAnswer{LeaseID: l.id, WSURL: g.wsURL(r, l.id), SessionID: session, SessionError: sessionErr, PID: pid, Binary: l.entry}
 	if g.auth.Enabled() {
 		tok, err := g.tickets.Mint(l.id, p)
 		if err != nil {
@@ -312,7 +255,7 @@ func (g *Gateway) spawnLease(ctx context.Context, principal, entry string, cfgDa
 		case errors.Is(err, capacity.ErrPrincipalQueue):
 			return nil, refuse(http.StatusTooManyRequests, "principal_queue_limit", "queued claim limit reached for this principal")
 		}
-		return nil, refuse(499, "cancelled", textGoneWhileQueued)
+		return nil, refuse(499, "cancelled", TextGoneWhileQueued)
 	}
 	// Checked again: the wait for a slot may have been long.
 	if cerr := g.spawnerUnavailable(); cerr != nil {

@@ -2,23 +2,25 @@
 // leases and their states, claims and releases, the instance and client
 // WebSockets, capacity and its FIFO queue (internal/capacity), the stream
 // log and replay (internal/streamlog), the sockets (internal/wire), the
-// idle and turn policy, metrics,
-// and the HTTP routes over them. It never spawns or signals a process
+// idle and turn policy, metrics. It never spawns or signals a process
 // itself: it asks spawnd through the spawner.Spawner interface, in its own
-// types. The A2A door is internal/a2a/ingress and the cluster router
-// internal/cluster/router, each a layer over this package's exported face;
-// the core asks the router through Router (api_router.go), and starts,
-// reloads and stops the door as a Layer. docs/architecture.md draws the
-// layers.
+// types. The HTTP face (routes, the auth guard's wrappers, body bounds, the
+// OpenAPI description) is internal/httpapi, the A2A door
+// internal/a2a/ingress and the cluster router internal/cluster/router,
+// each a layer over this package's exported face; the core asks the router
+// through Router (api_router.go), and starts, reloads and stops the door
+// as a Layer. docs/architecture.md draws the layers.
 //
-// Layers above it (the A2A door, the cluster router, internal/console,
-// internal/brokerd) use it only through its exported face, in api.go (and
-// api_router.go for the router's part): Claim, Release, a Lease's Send,
-// Follow and Attach, Leases, Subscribe, Extend, Mount and the guard. It may
-// not import them, nor internal/cluster (the router speaks NATS),
-// pkg/spawnrpc or internal/spawnclient (layers_test.go checks it, and that
-// no package holds more than 4 500 non-test lines nor any file outside
-// spawnd more than 600).
+// Layers above it (the HTTP face, the A2A door, the cluster router,
+// internal/console, internal/brokerd) use it only through its exported
+// face, in api.go (and api_router.go for the router's part): Claim,
+// ClaimRequest, Release, Ticket, a Lease's Send, Follow and Attach,
+// Leases, Subscribe, Extend, Mount, Routes, NotReady, WriteMetrics and the
+// guard (Authenticate, Admit, Audit). It may not import them, nor
+// internal/cluster (the router speaks NATS), pkg/spawnrpc or
+// internal/spawnclient (layers_test.go checks it, and that no package
+// holds more than 4 500 non-test lines nor any file outside spawnd more
+// than 600).
 package gateway
 
 import (
@@ -39,7 +41,6 @@ import (
 	"github.com/nexus-broker/nexus-broker/internal/config"
 	"github.com/nexus-broker/nexus-broker/internal/gateway/internal/capacity"
 	"github.com/nexus-broker/nexus-broker/internal/gateway/spawner"
-	"github.com/nexus-broker/nexus-broker/internal/hostguard"
 )
 
 // Options wires a Gateway.
@@ -63,8 +64,8 @@ type Options struct {
 	Journal func() error
 }
 
-// Gateway serves the broker's HTTP API. Create it with New, call Start once,
-// serve Handler, and Shutdown when done.
+// Gateway is the lease core. Create it with New, call Start once, serve
+// the HTTP face over it (internal/httpapi.Handler), and Shutdown when done.
 type Gateway struct {
 	log *slog.Logger
 	// quiet writes the lines a peer can make repeat per frame or request
@@ -110,7 +111,8 @@ type above struct {
 	subs []func(Event)
 	// mounts add the routes of the layers above the core (Mount).
 	mounts []func(*http.ServeMux)
-	// mux is Handler's, for requests other brokers carry here.
+	// mux is the HTTP layer's, for requests other brokers carry here
+	// (ServeCarried).
 	mux atomic.Pointer[http.ServeMux]
 	// join builds the cluster router (JoinCluster); nil in single-broker
 	// mode.
@@ -439,37 +441,16 @@ func (g *Gateway) terminate(l *lease, req spawner.Termination) {
 	}
 }
 
-// Handler returns the broker's routes.
-func (g *Gateway) Handler() http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("POST /claim", g.handleClaim)
-	mux.HandleFunc("POST /release/{lease_id}", g.guarded(g.ownerRoute(routeRelease, g.Release)))
-	mux.HandleFunc("POST /ticket/{lease_id}", g.guarded(g.ownerRoute(routeTicket, g.ticket)))
-	mux.HandleFunc("GET /leases", g.guarded(g.handleLeases))
-	mux.HandleFunc("GET /binaries", g.guarded(g.handleBinaries))
-	mux.HandleFunc("GET /metrics", g.guard(true, g.handleMetrics))
-	mux.HandleFunc("GET /cluster", g.guard(true, g.handleCluster))
-	mux.HandleFunc("GET /openapi.json", g.guarded(g.handleOpenAPI))
-	// Never under auth: health for probes; the instance dial-back proves
-	// itself with its spawn secret.
-	mux.HandleFunc("GET /healthz", g.handleHealthz)
-	mux.HandleFunc("GET /readyz", g.handleReadyz)
+// Routes adds the core's own routes to mux, the HTTP layer's
+// (internal/httpapi.Handler): its two WebSockets, and the routes of the
+// layers above it that Mount named.
+func (g *Gateway) Routes(mux *http.ServeMux) {
+	// Never under auth: the instance dial-back proves itself with its
+	// spawn secret.
 	mux.HandleFunc("GET /instance", g.handleInstance)
 	// Authenticates itself: it also takes ?ticket=.
 	mux.HandleFunc("GET /lease/{lease_id}", g.handleClient)
 	for _, m := range g.mounts {
 		m(mux)
 	}
-	g.mux.Store(mux)
-	if g.auth.Enabled() {
-		return mux
-	}
-	// Without credentials, a Host that names no address of this broker is
-	// a DNS-rebinding page's request: 421 (a carried request, g.mux, came
-	// from a peer broker, not a browser).
-	// And an Origin of another site is a cross-site page's request (a form,
-	// a fetch, a WebSocket): 403.
-	return hostguard.New(g.boot.ListenAddr, g.boot.AdvertiseAddr).Wrap(mux, func(r *http.Request, status int, reason string) {
-		g.quiet.Warn(auditKey(r, "", reason), "request refused", append(auditAttrs(r, ""), "status", status, "reason", reason, "host", r.Host, "origin", r.Header.Get("Origin"), "peer", r.RemoteAddr)...)
-	})
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/nexus-broker/nexus-broker/internal/auth"
 	"github.com/nexus-broker/nexus-broker/internal/gateway/internal/capacity"
+	"github.com/nexus-broker/nexus-broker/internal/gateway/reply"
 )
 
 // Credential kinds, as the connection log names them.
@@ -53,7 +54,7 @@ func (g *Gateway) owned(r *http.Request, id string, p auth.Principal) *lease {
 }
 
 func writeUnknownLease(w http.ResponseWriter) {
-	writeError(w, http.StatusNotFound, errUnknownLease)
+	reply.Error(w, http.StatusNotFound, errUnknownLease)
 }
 
 // The audit trail is upstream's records (never a token, a ticket or a
@@ -111,24 +112,10 @@ func (g *Gateway) leaseDenied(r *http.Request, p auth.Principal, id string) {
 	g.quiet.Warn(auditKey(r, p.ID, ""), "lease access denied", append(attrs, "reason", "unknown lease or not owned by this principal", "peer", r.RemoteAddr)...)
 }
 
-// audit writes a "request refused" record.
-func (g *Gateway) audit(r *http.Request, p auth.Principal, status int, reason string) {
-	g.quiet.Warn(auditKey(r, p.ID, reason), "request refused", append(auditAttrs(r, p.ID), "status", status, "reason", reason, "peer", r.RemoteAddr)...)
-}
-
-// guarded wraps a handler in authentication.
-func (g *Gateway) guarded(h func(http.ResponseWriter, *http.Request, auth.Principal)) http.HandlerFunc {
-	return g.guard(false, h)
-}
-
-// guard wraps a handler in authentication, with admin requiring
-// auth.admin_scope.
-func (g *Gateway) guard(admin bool, h func(http.ResponseWriter, *http.Request, auth.Principal)) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		if p, ok := g.authenticate(w, r, admin); ok {
-			h(w, r, p)
-		}
-	}
+// audit writes a "request refused" record, attrs before the peer.
+func (g *Gateway) audit(r *http.Request, p auth.Principal, status int, reason string, attrs ...any) {
+	rec := append(auditAttrs(r, p.ID), "status", status, "reason", reason)
+	g.quiet.Warn(auditKey(r, p.ID, reason), "request refused", append(append(rec, attrs...), "peer", r.RemoteAddr)...)
 }
 
 // clientPrincipal authenticates WS /lease/{id}: a non-empty ?ticket= wins

@@ -17,25 +17,28 @@ const mod = "github.com/nexus-broker/nexus-broker/"
 // import, so that no arrow runs up.
 var mayNotImport = map[string][]string{
 	// spawnd's generated types stay with spawnd, its RPC and its client.
-	"internal/gateway/": {"pkg/spawnrpc/", "internal/spawnclient", "internal/console", "internal/brokerd", "internal/cluster", "internal/cluster/"},
-	"internal/gateway":  {"pkg/spawnrpc/", "internal/spawnclient", "internal/console", "internal/brokerd", "internal/cluster", "internal/cluster/"},
+	"internal/gateway/": {"pkg/spawnrpc/", "internal/spawnclient", "internal/console", "internal/brokerd", "internal/cluster", "internal/cluster/", "internal/httpapi"},
+	"internal/gateway":  {"pkg/spawnrpc/", "internal/spawnclient", "internal/console", "internal/brokerd", "internal/cluster", "internal/cluster/", "internal/httpapi"},
 	// The cluster router wraps the core's exported face, never its insides.
-	"internal/cluster/router": {"internal/gateway/internal/", "internal/gateway/spawner", "internal/console", "internal/spawnclient", "internal/brokerd", "pkg/spawnrpc/"},
+	"internal/cluster/router": {"internal/gateway/internal/", "internal/gateway/spawner", "internal/console", "internal/spawnclient", "internal/brokerd", "pkg/spawnrpc/", "internal/httpapi"},
 	// The console reads the core's exported face (console.Core), never its
 	// insides, nor the layers beside it.
-	"internal/console": {"internal/gateway/internal/", "internal/gateway/spawner", "pkg/spawnrpc/", "internal/spawnclient", "internal/brokerd", "internal/a2a", "internal/a2a/", "internal/cluster", "internal/cluster/"},
-	"internal/a2a":     {"internal/gateway", "internal/gateway/", "internal/console", "internal/spawnclient", "internal/brokerd", "pkg/spawnrpc/"},
+	"internal/console": {"internal/gateway/internal/", "internal/gateway/spawner", "pkg/spawnrpc/", "internal/spawnclient", "internal/brokerd", "internal/a2a", "internal/a2a/", "internal/cluster", "internal/cluster/", "internal/httpapi"},
+	// The HTTP face reads the core's exported face (httpapi.Core), never
+	// its insides, nor the layers beside or above it.
+	"internal/httpapi": {"internal/gateway/internal/", "internal/gateway/spawner", "pkg/spawnrpc/", "internal/spawnclient", "internal/brokerd", "internal/console", "internal/a2a/ingress", "internal/cluster", "internal/cluster/"},
+	"internal/a2a":     {"internal/gateway", "internal/gateway/", "internal/console", "internal/spawnclient", "internal/brokerd", "pkg/spawnrpc/", "internal/httpapi"},
 	// The A2A door reaches the core only through its API: none of its
 	// internals, nor the layers beside or above it.
-	"internal/a2a/ingress": {"internal/gateway/internal/", "internal/gateway/spawner", "internal/cluster", "internal/cluster/", "internal/console", "internal/spawnclient", "internal/brokerd", "pkg/spawnrpc/"},
-	"internal/cluster":     {"internal/gateway", "internal/gateway/", "internal/console", "internal/spawnclient", "internal/brokerd", "pkg/spawnrpc/"},
-	"internal/auth":        {"internal/gateway", "internal/gateway/", "internal/console", "internal/a2a", "internal/cluster", "internal/spawnclient"},
-	"internal/config":      {"internal/gateway", "internal/gateway/", "internal/console", "internal/a2a", "internal/cluster", "internal/auth"},
+	"internal/a2a/ingress": {"internal/gateway/internal/", "internal/gateway/spawner", "internal/cluster", "internal/cluster/", "internal/console", "internal/spawnclient", "internal/brokerd", "pkg/spawnrpc/", "internal/httpapi"},
+	"internal/cluster":     {"internal/gateway", "internal/gateway/", "internal/console", "internal/spawnclient", "internal/brokerd", "pkg/spawnrpc/", "internal/httpapi"},
+	"internal/auth":        {"internal/gateway", "internal/gateway/", "internal/console", "internal/a2a", "internal/cluster", "internal/spawnclient", "internal/httpapi"},
+	"internal/config":      {"internal/gateway", "internal/gateway/", "internal/console", "internal/a2a", "internal/cluster", "internal/auth", "internal/httpapi"},
 	"internal/spawnclient": {"internal/gateway", "internal/console", "internal/a2a", "internal/cluster", "internal/brokerd"},
 }
 
 // leaves import nothing of the project.
-var leaves = []string{"internal/gateway/spawner", "internal/gateway/reply", "internal/gateway/internal/capacity", "internal/gateway/internal/pool"}
+var leaves = []string{"internal/gateway/spawner", "internal/gateway/reply", "internal/gateway/internal/capacity", "internal/gateway/internal/pool", "internal/envdur"}
 
 func matches(pattern, pkg string) bool {
 	if strings.HasSuffix(pattern, "/") {

@@ -117,6 +117,22 @@ type gauges struct {
 
 const ns = "nexus_broker_"
 
+// WriteMetrics writes GET /metrics in the Prometheus text format: the
+// counters, and the gauges read from live state now.
+func (g *Gateway) WriteMetrics(w io.Writer) {
+	max, inUse, depth, maxDepth := g.cap.Snapshot()
+	gg := gauges{slotsInUse: inUse, maxConcurrent: max, queueDepth: depth, maxQueueDepth: maxDepth,
+		ticketsOutstanding: g.tickets.Outstanding(), leases: map[string]int{}}
+	for _, l := range g.Leases("", true) {
+		gg.leases[l.State]++
+	}
+	if g.rt != nil {
+		c := g.rt.Gauges()
+		gg.cluster = &c
+	}
+	g.m.write(w, gg)
+}
+
 func (m *metrics) write(w io.Writer, g gauges) {
 	vec := func(name, help string, v *counterVec) {
 		fmt.Fprintf(w, "# HELP %s%s %s\n# TYPE %s%s counter\n", ns, name, help, ns, name)

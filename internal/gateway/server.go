@@ -1,19 +1,17 @@
 package gateway
 
 import (
+	"context"
 	"net"
-	"net/http"
 
 	"github.com/nexus-broker/nexus-broker/internal/gateway/internal/wire"
 )
 
-// TestHTTPTimeoutsEnv shortens the HTTP bounds for tests (see Server).
-const TestHTTPTimeoutsEnv = wire.TestHTTPTimeoutsEnv
-
-// Server is the broker's HTTP server over h, with its body and keep-alive
-// bounds.
-func Server(h http.Handler) *http.Server { return wire.Server(h) }
-
-// Listener makes every connection ln accepts combine its writes; serve
-// Server on it.
+// Listener makes every connection ln accepts combine its writes; serve the
+// HTTP layer's server (internal/httpapi.Server) on it.
 func Listener(ln net.Listener) net.Listener { return wire.Listener(ln) }
+
+// ConnContext is the HTTP server's ConnContext: a request's context
+// carries the connection it came over, which StreamConn and the core's
+// sockets read.
+func ConnContext(ctx context.Context, c net.Conn) context.Context { return wire.WithConn(ctx, c) }

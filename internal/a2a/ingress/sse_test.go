@@ -12,6 +12,7 @@ import (
 
 	"github.com/nexus-broker/nexus-broker/internal/a2a"
 	"github.com/nexus-broker/nexus-broker/internal/gateway"
+	"github.com/nexus-broker/nexus-broker/internal/httpapi"
 )
 
 // statusEvent is an event that names n, and is final when final is set.
@@ -55,7 +56,7 @@ func serveStream(t *testing.T, s *a2a.Stream, small bool) (*bufio.Reader, net.Co
 	if small {
 		inner = smallBuffers{ln}
 	}
-	srv := gateway.Server(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { streamTo(w, r, s, eventFrame) }))
+	srv := httpapi.Server(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { streamTo(w, r, s, eventFrame) }))
 	go func() { _ = srv.Serve(gateway.Listener(inner)) }()
 	t.Cleanup(func() { _ = srv.Close() })
 	c, err := net.Dial("tcp", ln.Addr().String())

@@ -1,10 +1,11 @@
 // Package wire is the lease core's sockets: every accepted connection
 // combining its writes (bufconn.go), the WebSocket wrapper with its
-// liveness probe, write wait and send room (wsconn.go), and the HTTP
-// server's bounds (bounds.go). It is internal to the lease core
+// liveness probe, write wait and send room (wsconn.go), and the
+// connection a request came over (conn.go; the HTTP server's bounds are
+// internal/httpapi's). It is internal to the lease core
 // (internal/gateway): no other layer can import it.
 //
-// It imports only internal/rawsock of the project.
+// It imports only internal/rawsock and internal/envdur of the project.
 package wire
 
 import (
@@ -14,7 +15,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,6 +24,7 @@ import (
 	"github.com/gorilla/websocket"
 	"golang.org/x/sys/unix"
 
+	"github.com/nexus-broker/nexus-broker/internal/envdur"
 	"github.com/nexus-broker/nexus-broker/internal/rawsock"
 )
 
@@ -50,29 +51,8 @@ var writeWait = 10 * time.Second
 const TestWriteWaitEnv = "NEXUS_BROKER_TEST_WRITE_WAIT"
 
 func init() {
-	overrideFromEnv(TestLivenessEnv, &pingInterval, &peerTimeout)
-	overrideFromEnv(TestHTTPTimeoutsEnv, &bodyReadTimeout, &idleTimeout)
-	overrideFromEnv(TestWriteWaitEnv, &writeWait)
-}
-
-// overrideFromEnv sets each of ds from a test override in env of as many
-// positive Go durations, comma-separated; anything else leaves them alone.
-func overrideFromEnv(env string, ds ...*time.Duration) {
-	fields := strings.Split(os.Getenv(env), ",")
-	if len(fields) != len(ds) {
-		return
-	}
-	vals := make([]time.Duration, len(ds))
-	for i, f := range fields {
-		d, err := time.ParseDuration(f)
-		if err != nil || d <= 0 {
-			return
-		}
-		vals[i] = d
-	}
-	for i, d := range ds {
-		*d = vals[i]
-	}
+	envdur.Override(TestLivenessEnv, &pingInterval, &peerTimeout)
+	envdur.Override(TestWriteWaitEnv, &writeWait)
 }
 
 const (

@@ -1,19 +1,21 @@
-package wire
+package httpapi
 
 import (
-	"context"
 	"io"
-	"net"
 	"net/http"
 	"time"
+
+	"github.com/nexus-broker/nexus-broker/internal/envdur"
+	"github.com/nexus-broker/nexus-broker/internal/gateway"
 )
 
 // HTTP bounds. A request body must arrive within bodyReadTimeout of its
 // headers, and a keep-alive connection between requests is closed after
 // idleTimeout. Neither reaches an upgraded WebSocket (the upgrade hijacks
-// the connection and Conn runs its own liveness), and there is no write
-// timeout: a claim may rightly take queue_wait_timeout + ready_timeout to
-// answer. Only tests shorten them, through TestHTTPTimeoutsEnv.
+// the connection and the core's sockets run their own liveness), and there
+// is no write timeout: a claim may rightly take queue_wait_timeout +
+// ready_timeout to answer. Only tests shorten them, through
+// TestHTTPTimeoutsEnv.
 var (
 	bodyReadTimeout = 30 * time.Second
 	idleTimeout     = 60 * time.Second
@@ -23,12 +25,15 @@ var (
 // durations). It exists for tests only and is not a configuration key.
 const TestHTTPTimeoutsEnv = "NEXUS_BROKER_TEST_HTTP_TIMEOUTS"
 
-// Server is the http.Server for h: headers within 10 s, bodies within
-// bodyReadTimeout, idle keep-alives closed after idleTimeout. A request's
-// context carries its connection (see a2a.Stream.WriteDirect).
+func init() { envdur.Override(TestHTTPTimeoutsEnv, &bodyReadTimeout, &idleTimeout) }
+
+// Server is the broker's http.Server for h: headers within 10 s, bodies
+// within bodyReadTimeout, idle keep-alives closed after idleTimeout. A
+// request's context carries its connection (gateway.ConnContext, for
+// gateway.StreamConn). Serve it on gateway.Listener.
 func Server(h http.Handler) *http.Server {
 	return &http.Server{Handler: boundBody(h), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: idleTimeout,
-		ConnContext: withConn}
+		ConnContext: gateway.ConnContext}
 }
 
 // boundBody gives a request with a body bodyReadTimeout to deliver it. The
@@ -61,18 +66,4 @@ func (b *deadlineBody) Read(p []byte) (int, error) {
 		_ = b.rc.SetReadDeadline(time.Time{})
 	}
 	return n, err
-}
-
-// connKey carries the accepted connection in a request's context (see
-// Server), for the socket checks of a direct write.
-type connKey struct{}
-
-func withConn(ctx context.Context, c net.Conn) context.Context {
-	return context.WithValue(ctx, connKey{}, c)
-}
-
-// ConnOf is the connection r's context came over, and whether it has one.
-func ConnOf(ctx context.Context) (net.Conn, bool) {
-	c, ok := ctx.Value(connKey{}).(net.Conn)
-	return c, ok
 }

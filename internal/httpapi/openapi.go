@@ -1,4 +1,4 @@
-package gateway
+package httpapi
 
 import (
 	_ "embed"
@@ -19,7 +19,7 @@ func OpenAPI() []byte { return openAPIDoc }
 
 // handleOpenAPI is GET /openapi.json. It is under auth: like every route
 // but the health probe and the instance dial-back.
-func (g *Gateway) handleOpenAPI(w http.ResponseWriter, _ *http.Request, _ auth.Principal) {
+func handleOpenAPI(w http.ResponseWriter, _ *http.Request, _ auth.Principal) {
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(openAPIDoc)
 }

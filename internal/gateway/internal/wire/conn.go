@@ -1,0 +1,22 @@
+package wire
+
+import (
+	"context"
+	"net"
+)
+
+// connKey carries the accepted connection in a request's context, for the
+// socket checks of a direct write: WithConn is the HTTP server's
+// ConnContext (gateway.ConnContext), ConnOf reads it.
+type connKey struct{}
+
+// WithConn is ctx carrying c, the connection its request came over.
+func WithConn(ctx context.Context, c net.Conn) context.Context {
+	return context.WithValue(ctx, connKey{}, c)
+}
+
+// ConnOf is the connection r's context came over, and whether it has one.
+func ConnOf(ctx context.Context) (c net.Conn, ok bool) {
+	c, ok = ctx.Value(connKey{}).(net.Conn)
+	return c, ok
+}
