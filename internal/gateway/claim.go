@@ -506,7 +506,7 @@ func (g *Gateway) binaryNames() []string {
 func (g *Gateway) record(id, session string) (keep bool, refused string) {
 	ctx, cancel := context.WithTimeout(g.ctx, 10*time.Second)
 	defer cancel()
-	err := g.sp.Record(ctx, id, session)
+	err := g.sp.Record(ctx, id, session, "")
 	switch spawner.CodeOf(err) {
 	case spawner.OK:
 		return true, ""

@@ -77,7 +77,7 @@ func (c *Client) List(ctx context.Context) ([]gwspawner.Held, error) {
 	out := make([]gwspawner.Held, len(list.Leases))
 	for i, l := range list.Leases {
 		out[i] = gwspawner.Held{LeaseID: l.LeaseId, Principal: l.Principal, SessionID: l.SessionId, Entry: l.Entry,
-			Pid: l.Pid, Created: time.Unix(0, l.CreatedUnixNano), Verifier: l.Verifier}
+			Pool: l.Pool, Pid: l.Pid, Created: time.Unix(0, l.CreatedUnixNano), Verifier: l.Verifier}
 	}
 	return out, nil
 }
@@ -86,7 +86,7 @@ func (c *Client) List(ctx context.Context) ([]gwspawner.Held, error) {
 func (c *Client) Spawn(ctx context.Context, r gwspawner.SpawnRequest) (gwspawner.Spawned, error) {
 	res, err := c.spawner.Spawn(ctx, &spawnpb.SpawnRequest{
 		LeaseId: r.LeaseID, Entry: r.Entry, Config: r.Config, RecallSessionId: r.RecallSession,
-		Principal: r.Principal, ListenPort: r.ListenPort,
+		Principal: r.Principal, ListenPort: r.ListenPort, Pool: r.Pool,
 	})
 	if err != nil {
 		return gwspawner.Spawned{}, callError(err)
@@ -128,9 +128,14 @@ func (c *Client) Watch(ctx context.Context) (gwspawner.Exits, error) {
 	return exits{recv: stream.Recv}, nil
 }
 
-// Record implements spawner.Spawner.
-func (c *Client) Record(ctx context.Context, lease, session string) error {
-	_, err := c.spawner.Record(ctx, &spawnpb.RecordRequest{LeaseId: lease, SessionId: session})
+// Record implements spawner.Spawner: a principal is a hand-out, whose
+// owner is "" on the wire for spawner.Anonymous.
+func (c *Client) Record(ctx context.Context, lease, session, principal string) error {
+	req := &spawnpb.RecordRequest{LeaseId: lease, SessionId: session, HandOut: principal != ""}
+	if principal != gwspawner.Anonymous {
+		req.Principal = principal
+	}
+	_, err := c.spawner.Record(ctx, req)
 	return callError(err)
 }
 

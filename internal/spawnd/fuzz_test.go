@@ -158,11 +158,11 @@ func verbDaemon(f *testing.F) *Daemon {
 	return d
 }
 
-// FuzzVerbs: the wire bytes of a Spawn, Record, Terminate or Binding
-// request (any fields, in any order, repeated or unknown) reach a real
-// Daemon; every answer is a response or a refusal of the codes the verb
-// table names, a lease Spawn answered is in the journal, and the Daemon
-// keeps answering.
+// FuzzVerbs: the wire bytes of a Spawn, Record (a hand-out included),
+// Terminate or Binding request (any fields, in any order, repeated or
+// unknown) reach a real Daemon; every answer is a response or a refusal of
+// the codes the verb table names, a lease Spawn answered is in the
+// journal, and the Daemon keeps answering.
 func FuzzVerbs(f *testing.F) {
 	d := verbDaemon(f)
 	seed := func(v uint8, m any) {
@@ -180,6 +180,10 @@ func FuzzVerbs(f *testing.F) {
 	seed(0, &spawnpb.SpawnRequest{LeaseId: "l-1", Entry: "nexus", Config: []byte("a: 1\n"), Principal: "p"})
 	seed(0, &spawnpb.SpawnRequest{LeaseId: "l-2", Entry: "gone", RecallSessionId: "s-1", ListenPort: 8080})
 	seed(1, &spawnpb.RecordRequest{LeaseId: "l-1", SessionId: "s-1"})
+	// A warm lease and its hand-outs: with a session, without, anonymous.
+	seed(0, &spawnpb.SpawnRequest{LeaseId: "l-3", Entry: "nexus", Config: []byte("a: 1\n"), Pool: "default"})
+	seed(1, &spawnpb.RecordRequest{LeaseId: "l-3", SessionId: "s-3", Principal: "p", HandOut: true})
+	seed(1, &spawnpb.RecordRequest{LeaseId: "l-3", HandOut: true})
 	seed(2, &spawnpb.TerminateRequest{LeaseId: "l-1", Reason: "manual release", SkipGrace: true, NoWait: true})
 	seed(3, &spawnpb.BindingRequest{SessionId: "s-1"})
 	known := []codes.Code{codes.InvalidArgument, codes.NotFound, codes.AlreadyExists, codes.FailedPrecondition,

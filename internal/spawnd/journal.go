@@ -43,7 +43,7 @@ type recordKind string
 const (
 	kindMinted   recordKind = "minted"   // Spawn admitted the lease; no process yet
 	kindStarted  recordKind = "started"  // the instance runs: pid, start time, boot id known
-	kindRecorded recordKind = "recorded" // Record learned the lease's session id
+	kindRecorded recordKind = "recorded" // Record learned the lease's session id, or its owner at a hand-out
 	kindEnded    recordKind = "ended"    // torn down; Reason says why
 )
 
@@ -67,7 +67,11 @@ type leaseRecord struct {
 	SessionID string `json:"session_id,omitempty"`
 	// Entry is the binaries: entry name, never its path.
 	Entry string `json:"entry"`
-	PID   int    `json:"pid,omitempty"`
+	// Pool is the gateway's pool a warm lease was spawned for (its
+	// Principal "" until the hand-out); kept after it, as HandedOut says.
+	Pool      string `json:"pool,omitempty"`
+	HandedOut bool   `json:"handed_out,omitempty"`
+	PID       int    `json:"pid,omitempty"`
 	// StartTime (field 22 of /proc/<pid>/stat) and BootID, with the pid,
 	// tell a surviving instance from a process that was handed the same
 	// pid while nexus-spawnd was down, or after a reboot.
@@ -222,7 +226,11 @@ func (d *Daemon) journalRefusal(id, entry string, err error, done string) error 
 // can (or without a state_dir): the errno's words alone, as the gateway's
 // /readyz shows them, never a path.
 func (d *Daemon) journalError() string {
-	err := d.journal.Failed()
+	return errnoWords(d.journal.Failed(), "the lease journal cannot be written")
+}
+
+// errnoWords is the words of err's errno, else fallback; "" for no error.
+func errnoWords(err error, fallback string) string {
 	if err == nil {
 		return ""
 	}
@@ -230,5 +238,5 @@ func (d *Daemon) journalError() string {
 	if errors.As(err, &errno) {
 		return errno.Error()
 	}
-	return "the lease journal cannot be written"
+	return fallback
 }

@@ -315,8 +315,9 @@ func TestAFailedJournalStillTearsDown(t *testing.T) {
 // journal (through another broker's record, which compaction keeps byte for
 // byte) so that room bytes are left in its last page, and fills the rest of
 // the tmpfs: the next appends succeed while they fit in that page, and fail
-// with ENOSPC after.
-func fullJournal(t *testing.T, room func(*harness) int) *harness {
+// with ENOSPC after. setup, if any, runs after lease-live's spawn, before
+// the sizing.
+func fullJournal(t *testing.T, room func(*harness) int, setup ...func(*harness)) *harness {
 	t.Helper()
 	state := filepath.Join(t.TempDir(), "state")
 	if err := os.Mkdir(state, 0o700); err != nil {
@@ -332,6 +333,9 @@ func fullJournal(t *testing.T, room func(*harness) int) *harness {
 	})
 	h := newHarnessAt(t, defaultYAML, state)
 	h.spawn("lease-live", "nexus")
+	for _, f := range setup {
+		f(h)
+	}
 	path := filepath.Join(state, journalFile)
 	// Restarts until the compacted journal ends room bytes short of a page.
 	pad := 1

@@ -4,7 +4,8 @@
 //
 // Shaped like OpenSSH's privilege-separation monitor: the gateway may send
 // only the nine verbs of the table in this file, each naming at most one
-// lease and served only in the lease states its row allows. A lease moves
+// lease and served only in the lease states its row allows (Record has two
+// rows: with hand_out it is a warm lease's hand-out, pool.go). A lease moves
 // spawning → running → terminating → gone, once, and its id is never
 // spawned again (a re-adopted lease enters at running). Nothing the gateway
 // sends is a path, argv, environment, uid or gid: an entry name is resolved
@@ -21,7 +22,8 @@
 // secrets.go (spawn-key, broker id), watch.go (exit fan-out), logcap.go
 // (output bounds), journal.go (lease journal, state_dir lock), recover.go
 // (re-adoption), index.go (session → binary index), limits.go (spawnd's own
-// bounds), tenancy.go (a uid per principal), sandbox.go (bubblewrap).
+// bounds), tenancy.go (a uid per principal), sandbox.go (bubblewrap),
+// pool.go (warm leases and their hand-out).
 package spawnd
 
 import (
@@ -80,6 +82,9 @@ const (
 	verbReload
 	verbStatus
 	verbBinding
+	// verbHandOut is Record with hand_out (pool.go): the same verb, its
+	// own row.
+	verbHandOut
 )
 
 // verbs is the whole of what the gateway may ask, and in which lease states
@@ -99,6 +104,7 @@ var verbs = [...]struct {
 	verbReload:    {"Reload", nil},
 	verbStatus:    {"Status", nil},
 	verbBinding:   {"Binding", nil},
+	verbHandOut:   {"Record", []leaseState{stateRunning}},
 }
 
 // lease is one instance spawnd started or adopted. Daemon.mu guards every
@@ -412,6 +418,8 @@ func (d *Daemon) admit(v verb, leaseID string) (*lease, error) {
 		return l, nil
 	case v == verbSpawn:
 		return nil, refusal(codes.AlreadyExists, "Spawn: lease %q is %s; nexus-spawnd spawns a lease id once, so mint a new lease", leaseID, st)
+	case v == verbHandOut:
+		return nil, refusal(codes.FailedPrecondition, "Record: lease %q is %s; only a running pool lease is handed out to a principal", leaseID, st)
 	case st == stateNone || st == stateGone:
 		return nil, refusal(codes.NotFound, "%s: nexus-spawnd holds no lease %q", row.name, leaseID)
 	default:
@@ -509,6 +517,9 @@ func (d *Daemon) Spawn(_ context.Context, req *spawnpb.SpawnRequest) (*spawnpb.S
 	if err := checkPrincipal(req.GetPrincipal()); err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "Spawn: %v", err)
 	}
+	if err := checkWarm(req); err != nil {
+		return nil, err
+	}
 	recall := req.GetRecallSessionId()
 	if recall != "" {
 		if err := sessionid.Validate(recall); err != nil {
@@ -528,6 +539,10 @@ func (d *Daemon) Spawn(_ context.Context, req *spawnpb.SpawnRequest) (*spawnpb.S
 		d.mu.Unlock()
 		return nil, status.Errorf(codes.NotFound, "Spawn: unknown entry %q; this nexus-spawnd spawns: %s",
 			req.GetEntry(), strings.Join(slices.Sorted(maps.Keys(s.entries)), ", "))
+	}
+	if req.GetPool() != "" && d.tenancy != nil {
+		d.mu.Unlock()
+		return nil, status.Errorf(codes.FailedPrecondition, "Spawn: pool %q: with tenancy:, an instance boots as its principal's uid, and a warm lease has no principal yet", req.GetPool())
 	}
 	if e.runAs != nil && !d.privileged {
 		d.mu.Unlock()
@@ -555,6 +570,7 @@ func (d *Daemon) Spawn(_ context.Context, req *spawnpb.SpawnRequest) (*spawnpb.S
 			// Record); held here, it keeps other entries from binding it.
 			SessionID:     recall,
 			Entry:         e.name,
+			Pool:          req.GetPool(),
 			CreatedAt:     time.Now().UTC(),
 			BrokerID:      d.brokerID,
 			AdvertiseAddr: d.advertise,
@@ -723,6 +739,7 @@ func (d *Daemon) List(context.Context, *spawnpb.ListRequest) (*spawnpb.ListRespo
 			Pid:             int64(l.rec.PID),
 			CreatedUnixNano: l.rec.CreatedAt.UnixNano(),
 			Adopted:         l.adopted,
+			Pool:            l.rec.waitingIn(),
 		})
 	}
 	d.mu.Unlock()
@@ -771,8 +788,14 @@ func (d *Daemon) Watch(_ *spawnpb.WatchRequest, stream grpc.ServerStreamingServe
 // session → binary index. A session belongs to the entry that created it:
 // an id another entry holds is refused, as is one breaking the session id
 // rule or past maxSessionReports. A refused report leaves the lease running
-// with the session id it had.
+// with the session id it had. With hand_out it is a hand-out (handOut).
 func (d *Daemon) Record(_ context.Context, req *spawnpb.RecordRequest) (*spawnpb.RecordResponse, error) {
+	if req.GetHandOut() {
+		return d.handOut(req)
+	}
+	if req.GetPrincipal() != "" {
+		return nil, status.Error(codes.InvalidArgument, "Record: a principal is given only with hand_out")
+	}
 	session := req.GetSessionId()
 	d.mu.Lock()
 	l, err := d.admit(verbRecord, req.GetLeaseId())

@@ -29,8 +29,16 @@ type Spawner interface {
 	// Watch follows every instance exit. It returns once spawnd has
 	// subscribed the stream, so every exit from then on reaches it.
 	Watch(ctx context.Context) (Exits, error)
-	// Record remembers the session id a lease reported.
-	Record(ctx context.Context, lease, session string) error
+	// Record remembers the session id a lease reported (principal "").
+	// With a principal it hands a warm lease out: spawnd durably makes
+	// principal (Anonymous: the anonymous caller of a gateway without
+	// auth:) the owner of the lease and of its session (given here, or
+	// recorded before), and the lease no longer a pool's, once. Refused
+	// with FailedPrecondition for a lease that is no pool lease in waiting
+	// (an ordinary one, one handed out already, an unknown one) or has no
+	// session id, and with Unavailable when spawnd's journal cannot record
+	// it (the lease stays in waiting).
+	Record(ctx context.Context, lease, session, principal string) error
 	// Reload asks spawnd to re-read its keys of the file whose digest the
 	// gateway validated.
 	Reload(ctx context.Context, digest string) (Reloaded, error)
@@ -42,6 +50,11 @@ type Spawner interface {
 	// this gateway still runs then.
 	HandOver(lease string) error
 }
+
+// Anonymous is the principal Record hands a warm lease out to for the
+// anonymous caller (a gateway without auth:), whose principal is "": no
+// principal spawnd accepts holds a NUL.
+const Anonymous = "\x00anonymous"
 
 // Bound is Binding's answer.
 type Bound struct {
@@ -83,8 +96,11 @@ type Status struct {
 // Held is a lease spawnd holds.
 type Held struct {
 	LeaseID, Principal, SessionID, Entry string
-	Pid                                  int64
-	Created                              time.Time
+	// Pool is the pool of a warm lease still in waiting (no owner, never
+	// handed out); "" for every other lease, a handed-out one included.
+	Pool    string
+	Pid     int64
+	Created time.Time
 	// Verifier is the lease's, as Spawn answered it.
 	Verifier []byte
 }
@@ -101,6 +117,9 @@ type Spawned struct {
 // SpawnRequest names what a new lease runs.
 type SpawnRequest struct {
 	LeaseID, Entry, RecallSession, Principal string
+	// Pool, when set, makes a warm lease of that pool: Principal is then
+	// empty (no owner until Record hands it out).
+	Pool string
 	// Config is the claim's nexus config (YAML text).
 	Config []byte
 	// ListenPort is the port the gateway's listener bound.

@@ -68,7 +68,7 @@ func checkUTF8(m vtMessage) error {
 		return nil
 	case *SpawnRequest:
 		return stringsUTF8("SpawnRequest", "lease_id", m.GetLeaseId(), "entry", m.GetEntry(),
-			"recall_session_id", m.GetRecallSessionId(), "principal", m.GetPrincipal())
+			"recall_session_id", m.GetRecallSessionId(), "principal", m.GetPrincipal(), "pool", m.GetPool())
 	case *VerifyRequest:
 		return stringsUTF8("VerifyRequest", "lease_id", m.GetLeaseId(), "secret", m.GetSecret())
 	case *TerminateRequest:
@@ -77,7 +77,7 @@ func checkUTF8(m vtMessage) error {
 		return checkUTF8(m.GetExit())
 	case *Lease:
 		return stringsUTF8("Lease", "lease_id", m.GetLeaseId(), "principal", m.GetPrincipal(),
-			"session_id", m.GetSessionId(), "entry", m.GetEntry())
+			"session_id", m.GetSessionId(), "entry", m.GetEntry(), "pool", m.GetPool())
 	case *ListResponse:
 		for _, l := range m.GetLeases() {
 			if err := checkUTF8(l); err != nil {
@@ -89,7 +89,7 @@ func checkUTF8(m vtMessage) error {
 		return stringsUTF8("ExitEvent", "lease_id", m.GetLeaseId(), "signal", m.GetSignal(),
 			"log_path", m.GetLogPath(), "output_tail", m.GetOutputTail())
 	case *RecordRequest:
-		return stringsUTF8("RecordRequest", "lease_id", m.GetLeaseId(), "session_id", m.GetSessionId())
+		return stringsUTF8("RecordRequest", "lease_id", m.GetLeaseId(), "session_id", m.GetSessionId(), "principal", m.GetPrincipal())
 	case *ReloadRequest:
 		return stringsUTF8("ReloadRequest", "config_digest", m.GetConfigDigest())
 	case *ReloadResponse:

@@ -226,7 +226,13 @@ type SpawnRequest struct {
 	// NEXUS_BROKER_ADDR from its own copy of listen_addr and takes only this
 	// port from the gateway, and only where listen_addr asks for port 0;
 	// otherwise it must be 0 or listen_addr's own port.
-	ListenPort    uint32 `protobuf:"varint,7,opt,name=listen_port,json=listenPort,proto3" json:"listen_port,omitempty"`
+	ListenPort uint32 `protobuf:"varint,7,opt,name=listen_port,json=listenPort,proto3" json:"listen_port,omitempty"`
+	// pool, when set, makes this a warm lease of that pool (the gateway's
+	// name for it, journaled with the lease and kept across re-adoption):
+	// its principal is then empty, and it resumes no session: the lease has
+	// no owner until Record hands it out. At most 128 bytes of printable
+	// ASCII; spawnd knows no pool, it only carries the name.
+	Pool          string `protobuf:"bytes,8,opt,name=pool,proto3" json:"pool,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -301,6 +307,13 @@ func (x *SpawnRequest) GetListenPort() uint32 {
 		return x.ListenPort
 	}
 	return 0
+}
+
+func (x *SpawnRequest) GetPool() string {
+	if x != nil {
+		return x.Pool
+	}
+	return ""
 }
 
 // SpawnFailure is the detail of Spawn's INTERNAL error: the step that
@@ -678,6 +691,9 @@ type Lease struct {
 	// adopted is true for a lease spawnd re-adopted from its journal rather
 	// than spawned in this process's lifetime.
 	Adopted bool `protobuf:"varint,7,opt,name=adopted,proto3" json:"adopted,omitempty"`
+	// pool is the pool of a warm lease still in waiting, "" for any other
+	// lease, a handed-out one included (its journal record keeps the name).
+	Pool string `protobuf:"bytes,8,opt,name=pool,proto3" json:"pool,omitempty"`
 	// verifier is SpawnResponse.verifier's for this lease, derived again from
 	// the spawn-key (never journaled), so a restarted gateway checks its
 	// restored leases' register frames as it checks those it spawned.
@@ -763,6 +779,13 @@ func (x *Lease) GetAdopted() bool {
 		return x.Adopted
 	}
 	return false
+}
+
+func (x *Lease) GetPool() string {
+	if x != nil {
+		return x.Pool
+	}
+	return ""
 }
 
 func (x *Lease) GetVerifier() []byte {
@@ -953,9 +976,20 @@ func (x *ExitEvent) GetOutputTail() string {
 }
 
 type RecordRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	LeaseId       string                 `protobuf:"bytes,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
-	SessionId     string                 `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	LeaseId   string                 `protobuf:"bytes,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	SessionId string                 `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// principal is the owner a hand-out gives the lease ("" for the
+	// anonymous caller of a gateway without auth:); set only with hand_out.
+	// At most 1024 bytes, no NUL.
+	Principal string `protobuf:"bytes,3,opt,name=principal,proto3" json:"principal,omitempty"`
+	// hand_out hands a warm lease out: spawnd makes principal its owner and
+	// the owner of its session (Binding's ownership answer), and marks it no
+	// longer in waiting, durably, before it answers, once. Admitted only for
+	// a running pool lease in waiting whose session id is recorded (or given
+	// in this call); anything else is FAILED_PRECONDITION, a journal or index
+	// that cannot record it UNAVAILABLE (the lease stays in waiting).
+	HandOut       bool `protobuf:"varint,4,opt,name=hand_out,json=handOut,proto3" json:"hand_out,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1002,6 +1036,20 @@ func (x *RecordRequest) GetSessionId() string {
 		return x.SessionId
 	}
 	return ""
+}
+
+func (x *RecordRequest) GetPrincipal() string {
+	if x != nil {
+		return x.Principal
+	}
+	return ""
+}
+
+func (x *RecordRequest) GetHandOut() bool {
+	if x != nil {
+		return x.HandOut
+	}
+	return false
 }
 
 type RecordResponse struct {
@@ -1486,7 +1534,7 @@ var File_pkg_spawnrpc_spawnpb_spawn_proto protoreflect.FileDescriptor
 
 const file_pkg_spawnrpc_spawnpb_spawn_proto_rawDesc = "" +
 	"\n" +
-	" pkg/spawnrpc/spawnpb/spawn.proto\x12\x14nexusbroker.spawn.v1\"\xd5\x01\n" +
+	" pkg/spawnrpc/spawnpb/spawn.proto\x12\x14nexusbroker.spawn.v1\"\xe9\x01\n" +
 	"\fSpawnRequest\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12\x14\n" +
 	"\x05entry\x18\x02 \x01(\tR\x05entry\x12\x16\n" +
@@ -1494,7 +1542,8 @@ const file_pkg_spawnrpc_spawnpb_spawn_proto_rawDesc = "" +
 	"\x11recall_session_id\x18\x04 \x01(\tR\x0frecallSessionId\x12\x1c\n" +
 	"\tprincipal\x18\x05 \x01(\tR\tprincipal\x12\x1f\n" +
 	"\vlisten_port\x18\a \x01(\rR\n" +
-	"listenPortJ\x04\b\x06\x10\aR\vbroker_addr\"C\n" +
+	"listenPort\x12\x12\n" +
+	"\x04pool\x18\b \x01(\tR\x04poolJ\x04\b\x06\x10\aR\vbroker_addr\"C\n" +
 	"\fSpawnFailure\x123\n" +
 	"\x04step\x18\x01 \x01(\x0e2\x1f.nexusbroker.spawn.v1.SpawnStepR\x04step\"i\n" +
 	"\rSpawnResponse\x12\x10\n" +
@@ -1514,7 +1563,7 @@ const file_pkg_spawnrpc_spawnpb_spawn_proto_rawDesc = "" +
 	"\ano_wait\x18\x04 \x01(\bR\x06noWait\"H\n" +
 	"\x11TerminateResponse\x123\n" +
 	"\x04exit\x18\x01 \x01(\v2\x1f.nexusbroker.spawn.v1.ExitEventR\x04exit\"\r\n" +
-	"\vListRequest\"\xe9\x01\n" +
+	"\vListRequest\"\xfd\x01\n" +
 	"\x05Lease\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12\x1c\n" +
 	"\tprincipal\x18\x02 \x01(\tR\tprincipal\x12\x1d\n" +
@@ -1523,7 +1572,8 @@ const file_pkg_spawnrpc_spawnpb_spawn_proto_rawDesc = "" +
 	"\x05entry\x18\x04 \x01(\tR\x05entry\x12\x10\n" +
 	"\x03pid\x18\x05 \x01(\x03R\x03pid\x12*\n" +
 	"\x11created_unix_nano\x18\x06 \x01(\x03R\x0fcreatedUnixNano\x12\x18\n" +
-	"\aadopted\x18\a \x01(\bR\aadopted\x12\x1a\n" +
+	"\aadopted\x18\a \x01(\bR\aadopted\x12\x12\n" +
+	"\x04pool\x18\b \x01(\tR\x04pool\x12\x1a\n" +
 	"\bverifier\x18\t \x01(\fR\bverifier\"C\n" +
 	"\fListResponse\x123\n" +
 	"\x06leases\x18\x01 \x03(\v2\x1b.nexusbroker.spawn.v1.LeaseR\x06leases\"\x0e\n" +
@@ -1538,11 +1588,13 @@ const file_pkg_spawnrpc_spawnpb_spawn_proto_rawDesc = "" +
 	"terminated\x12\x19\n" +
 	"\blog_path\x18\x06 \x01(\tR\alogPath\x12\x1f\n" +
 	"\voutput_tail\x18\a \x01(\tR\n" +
-	"outputTail\"I\n" +
+	"outputTail\"\x82\x01\n" +
 	"\rRecordRequest\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\x02 \x01(\tR\tsessionId\"\x10\n" +
+	"session_id\x18\x02 \x01(\tR\tsessionId\x12\x1c\n" +
+	"\tprincipal\x18\x03 \x01(\tR\tprincipal\x12\x19\n" +
+	"\bhand_out\x18\x04 \x01(\bR\ahandOut\"\x10\n" +
 	"\x0eRecordResponse\"^\n" +
 	"\rReloadRequest\x12#\n" +
 	"\rconfig_digest\x18\x01 \x01(\tR\fconfigDigest\x12(\n" +

@@ -66,7 +66,7 @@ type SpawnerClient interface {
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExitEvent], error)
 	// Record journals what the gateway learned about a lease (its session id),
 	// and binds that session to the lease's entry in the session → binary
-	// index.
+	// index. With hand_out it is a warm lease's hand-out (RecordRequest).
 	Record(ctx context.Context, in *RecordRequest, opts ...grpc.CallOption) (*RecordResponse, error)
 	// Reload re-reads spawnd's own keys of broker.yaml and swaps them in
 	// atomically, or leaves everything in force and says why. With a
@@ -225,7 +225,7 @@ type SpawnerServer interface {
 	Watch(*WatchRequest, grpc.ServerStreamingServer[ExitEvent]) error
 	// Record journals what the gateway learned about a lease (its session id),
 	// and binds that session to the lease's entry in the session → binary
-	// index.
+	// index. With hand_out it is a warm lease's hand-out (RecordRequest).
 	Record(context.Context, *RecordRequest) (*RecordResponse, error)
 	// Reload re-reads spawnd's own keys of broker.yaml and swaps them in
 	// atomically, or leaves everything in force and says why. With a
