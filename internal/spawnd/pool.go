@@ -88,27 +88,28 @@ func (d *Daemon) handOut(req *spawnpb.RecordRequest) (*spawnpb.RecordResponse, e
 	d.wg.Add(1) // so Close waits for these writes rather than racing them
 	d.mu.Unlock()
 	defer d.wg.Done()
-	journalErr := d.journal.Put(journalLine{kindRecorded, rec})
-	if journalErr == nil && indexErr == nil {
+	what, err := "session → binary index", indexErr
+	if err == nil {
+		what, err = "lease journal", d.journal.Put(journalLine{kindRecorded, rec})
+	}
+	if err == nil {
 		d.log.Info("warm lease handed out", "lease_id", id, "pool", rec.Pool, "entry", rec.Entry, "session_id", session)
 		return &spawnpb.RecordResponse{}, nil
 	}
 
 	// Undone in memory and appended (durably if the file works, else by
-	// its rewrite), so no restart finds a hand-out this call refused.
+	// its rewrite), so that no restart finds a hand-out this call refused,
+	// whichever snapshot of the lease reached the journal meanwhile.
 	d.mu.Lock()
 	l.rec.HandedOut, l.rec.Principal = false, ""
 	rec = l.snapshot()
 	d.mu.Unlock()
 	_ = d.journal.Put(journalLine{kindRecorded, rec})
 	_ = d.index.Put(before)
-	what, cause := "lease journal", d.journalError()
-	if journalErr == nil {
-		what, cause = "session → binary index", errnoWords(indexErr, "it cannot be written")
-	}
 	d.log.Error("hand-out of a warm lease refused: the "+what+" cannot record it; the lease stays in waiting",
-		"lease_id", id, "pool", rec.Pool, "state_dir", d.stateDir, "error", cmp.Or(journalErr, indexErr))
-	return nil, status.Errorf(codes.Unavailable, "Record: the %s cannot record the hand-out (%s); lease %q stays in waiting; retry once it is rewritten", what, cause, id)
+		"lease_id", id, "pool", rec.Pool, "state_dir", d.stateDir, "error", err)
+	return nil, status.Errorf(codes.Unavailable, "Record: the %s cannot record the hand-out (%s); lease %q stays in waiting; retry once it is rewritten",
+		what, errnoWords(err, "it cannot be written"), id)
 }
 
 // handOutRefusal is why l cannot be handed to principal with session ("":
