@@ -384,7 +384,7 @@ type LeaseInfo struct {
 // Leases lists the live leases owner sees, oldest first; all of them when
 // all is set.
 func (g *Gateway) Leases(owner string, all bool) []LeaseInfo {
-	ls := slices.DeleteFunc(g.liveLeases(), func(l *lease) bool { return !all && l.principal != owner })
+	ls := slices.DeleteFunc(g.liveLeases(), func(l *lease) bool { return !all && !l.ownedBy(owner) })
 	out := make([]LeaseInfo, 0, len(ls))
 	for _, l := range ls {
 		l.mu.Lock()

@@ -445,7 +445,7 @@ func (g *Gateway) localCount(principal string) int {
 func (g *Gateway) localCountLocked(principal string) int {
 	n := g.claiming[principal]
 	for _, l := range g.leases {
-		if l.principal == principal {
+		if l.ownedBy(principal) {
 			n++
 		}
 	}

@@ -214,13 +214,14 @@ func (g *Gateway) claimBody(r *http.Request, p auth.Principal, body []byte, slot
 
 // spawnLease admits principal, takes a slot, mints a lease, has spawnd
 // spawn it (with -recall when session is set) and waits for ready and, for
-// a new session, its id. ctx is the claimant: when it ends while queued or
-// booting the claim is abandoned. It is POST /claim's spine and the A2A
-// ingress's, so an A2A lease is admitted and counted like any other.
-// away, when set, lets a peer serve the claim while it queues: then
-// spawnLease answers errServedAwayClaim, and away holds the answer.
+// a new session, its id. A new session's claim naming a pool's entry and
+// config is served by a warm instance instead (warm.go). ctx is the
+// claimant: when it ends while queued or booting the claim is abandoned.
+// It is POST /claim's spine and the A2A ingress's, so an A2A lease is
+// admitted and counted like any other. away, when set, lets a peer serve
+// the claim while it queues: then spawnLease answers errServedAwayClaim,
+// and away holds the answer.
 func (g *Gateway) spawnLease(ctx context.Context, principal, entry string, cfgData []byte, session string, slot slotMode, away *queuedOffer) (*lease, *claimError) {
-	cfg := g.cfg.Load()
 	if !g.admitPrincipal(principal) {
 		return nil, refuse(http.StatusTooManyRequests, "principal_lease_limit", "lease limit reached for this principal")
 	}
@@ -230,13 +231,18 @@ func (g *Gateway) spawnLease(ctx context.Context, principal, entry string, cfgDa
 			g.unadmitPrincipal(principal)
 		}
 	}()
+	if session == "" {
+		if l, cerr, ok := g.handOut(ctx, principal, entry, cfgData, &admitted); ok {
+			return l, cerr
+		}
+	}
 	acquire := g.cap.Acquire
 	if slot == slotOffered {
 		acquire = g.cap.TryAcquire
 	}
 	quota := g.queueQuota(principal)
 	quota.Offer = away
-	err := acquire(ctx, quota)
+	err := g.takeSlot(ctx, acquire, quota)
 	if err == nil && slot == slotOffered {
 		accepted(ctx)
 	}
@@ -262,27 +268,44 @@ func (g *Gateway) spawnLease(ctx context.Context, principal, entry string, cfgDa
 		g.cap.Release()
 		return nil, cerr
 	}
+	l, cerr := g.bootLease(ctx, spawner.SpawnRequest{Entry: entry, Config: cfgData, RecallSession: session, Principal: principal}, "", &admitted)
+	if cerr != nil {
+		return nil, cerr
+	}
+	g.publish(EventClaimed, l, "")
+	return l, nil
+}
+
+// bootLease mints a lease on the slot the caller holds, has spawnd spawn
+// req (a warm lease of pool when req.Pool is set) and waits for ready and,
+// for a new session, its id; a failure gives the slot back. admitted, when
+// set, is req.Principal's admission, which the lease replaces once it is
+// in the books.
+func (g *Gateway) bootLease(ctx context.Context, req spawner.SpawnRequest, pool string, admitted *bool) (*lease, *claimError) {
+	cfg := g.cfg.Load()
 	id, err := g.newLeaseID()
 	if err != nil {
 		g.cap.Release()
 		return nil, refuse(http.StatusInternalServerError, "internal", "minting lease")
 	}
-	l := g.newLease(id, principal, entry, time.Now())
+	entry, session := req.Entry, req.RecallSession
+	l := g.newLease(id, req.Principal, entry, time.Now())
 	l.sessionID = session
+	l.warm.pool = pool
 	g.mu.Lock()
 	g.leases[id] = l
-	g.unadmitLocked(principal) // the lease itself counts from here
-	admitted = false
+	if admitted != nil {
+		g.unadmitLocked(req.Principal) // the lease itself counts from here
+		*admitted = false
+	}
 	g.mu.Unlock()
 
 	// The spawn runs to completion even if the claimant hangs up meanwhile:
 	// cancelling it half-way could leave a process spawnd started and
 	// nobody tracks. A claimant gone by then is handled by awaitReady.
 	spawnCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	spawned, err := g.sp.Spawn(spawnCtx, spawner.SpawnRequest{
-		LeaseID: id, Entry: entry, Config: cfgData, RecallSession: session,
-		Principal: principal, ListenPort: g.listenPort,
-	})
+	req.LeaseID, req.ListenPort = id, g.listenPort
+	spawned, err := g.sp.Spawn(spawnCtx, req)
 	cancel()
 	l.prove(spawned.Verifier) // an instance may have dialled back already
 	pid := spawned.Pid
@@ -361,7 +384,6 @@ func (g *Gateway) spawnLease(ctx context.Context, principal, entry string, cfgDa
 		l.rearmLocked()
 	}
 	l.mu.Unlock()
-	g.publish(EventClaimed, l, "")
 	return l, nil
 }
 

@@ -40,6 +40,7 @@ import (
 	"github.com/nexus-broker/nexus-broker/internal/auth"
 	"github.com/nexus-broker/nexus-broker/internal/config"
 	"github.com/nexus-broker/nexus-broker/internal/gateway/internal/capacity"
+	"github.com/nexus-broker/nexus-broker/internal/gateway/internal/pool"
 	"github.com/nexus-broker/nexus-broker/internal/gateway/spawner"
 )
 
@@ -83,6 +84,7 @@ type Gateway struct {
 	// draining is an operator's drain (nexus-broker -drain): no new claim
 	// or offer is taken, the leases keep working.
 	draining atomic.Bool
+	pools    warmPools
 	above
 	book
 	life
@@ -156,6 +158,7 @@ func New(o Options) *Gateway {
 		book:       book{leases: map[string]*lease{}, claiming: map[string]int{}},
 		life:       life{ctx: ctx, cancel: cancel},
 	}
+	g.pools = warmPools{m: pool.New(warmHost{g}, o.Logger), specs: poolSpecs}
 	g.cfg.Store(o.Config)
 	empty := []spawner.Binary{}
 	g.binaries.Store(&empty)
@@ -182,6 +185,7 @@ func (g *Gateway) Start(ctx context.Context) error {
 			return err
 		}
 	}
+	g.pools.m.Set(g.pools.specs(g.cfg.Load()))
 	if err := g.restore(ctx); err != nil {
 		return err
 	}
@@ -193,6 +197,7 @@ func (g *Gateway) Start(ctx context.Context) error {
 	}
 	g.wg.Add(1)
 	go g.watchExits(stream)
+	g.pools.m.Start(g.ctx)
 	if g.join != nil {
 		rt, err := g.join(st.BrokerID)
 		if err != nil {
@@ -229,6 +234,9 @@ func (g *Gateway) restore(ctx context.Context) error {
 		g.mu.Lock()
 		g.leases[l.id] = l
 		g.mu.Unlock()
+		if rl.Pool != "" {
+			g.adopt(l, rl.Pool)
+		}
 		g.m.restoredLeases.inc("restored")
 		window := g.boot.ReattachWindow.D()
 		l.reattachTimer = time.AfterFunc(window, func() {
@@ -356,7 +364,9 @@ func (g *Gateway) sessionLease(principal, session string) *lease {
 	defer g.mu.Unlock()
 	for _, l := range g.leases {
 		l.mu.Lock()
-		ok := l.principal == principal && l.sessionID == session && l.state != stateDraining
+		// Never a warm lease, nor (with auth:) one without an owner.
+		ok := l.principal == principal && l.warm.pool == "" && (principal != "" || !g.auth.Enabled()) &&
+			l.sessionID == session && l.state != stateDraining
 		l.mu.Unlock()
 		if ok {
 			return l

@@ -43,11 +43,11 @@ func (g *Gateway) authenticate(w http.ResponseWriter, r *http.Request, admin boo
 // caller answers the 404 itself (see writeUnknownLease).
 func (g *Gateway) owned(r *http.Request, id string, p auth.Principal) *lease {
 	l := g.lookup(id)
-	switch {
-	case l == nil || l.principal != p.ID:
+	if l == nil || !l.ownedBy(p.ID) {
 		g.leaseDenied(r, p, id)
 		return nil
-	case l.currentState() == stateDraining:
+	}
+	if l.currentState() == stateDraining {
 		return nil
 	}
 	return l

@@ -119,6 +119,7 @@ func (g *Gateway) serveInstance(conn *websocket.Conn, remote string) {
 	if reattached {
 		l.activate()
 		g.m.restoredLeases.inc("reattached")
+		g.pools.m.Booted(l.id)
 		g.log.Info("restored lease reattached by its instance", "lease_id", l.id)
 	}
 	g.log.Info("instance registered", "lease_id", l.id)

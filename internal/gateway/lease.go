@@ -3,6 +3,7 @@ package gateway
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nexus-broker/nexus-broker/internal/gateway/internal/streamlog"
@@ -51,14 +52,17 @@ const (
 
 // lease is the gateway's view of one claimed instance.
 type lease struct {
-	g         *Gateway
-	id        string
+	g  *Gateway
+	id string
+	// principal is set once, but for a warm lease's at its hand-out: then
+	// under both g.mu and mu, so a reader holding either needs no other.
 	principal string
 	entry     string
 	createdAt time.Time
 	log       *streamlog.Log
 	// face is the lease's handle for the layers above (api.go).
 	face Lease
+	warm warmth
 	sendQueue
 	guarded
 	policy
@@ -80,6 +84,16 @@ type proof struct {
 func (l *lease) prove(verifier []byte) {
 	l.verifier = verifier
 	close(l.proven)
+}
+
+// warmth is a lease's part in the warm pools. pool names the pool of a warm
+// lease while it waits to be claimed ("" once handed out, and for every
+// other lease), under mu: such a lease has no owner and is nobody's to
+// reach. freed says the lease's capacity slot was given up, once: at its
+// teardown, or earlier when a warm lease retires or yields it.
+type warmth struct {
+	pool  string
+	freed atomic.Bool
 }
 
 // sendQueue orders client → instance frames: the client's read pump writes
@@ -325,8 +339,9 @@ func (l *lease) teardown(reason string, mode teardownMode) {
 		if c != nil {
 			c.finish(code, text)
 		}
-		l.g.cap.Release()
+		l.releaseSlot()
 		l.g.removeLease(l)
+		l.g.pools.m.Freed(l.id)
 		l.g.publish(teardownEvent(reason), l, reason)
 		msg := "lease released"
 		if reason == reasonCrashed {
@@ -336,6 +351,28 @@ func (l *lease) teardown(reason string, mode teardownMode) {
 		close(l.tornDown)
 	})
 	<-l.tornDown
+}
+
+// releaseSlot gives the lease's capacity slot back, once.
+func (l *lease) releaseSlot() {
+	if l.warm.freed.CompareAndSwap(false, true) {
+		l.g.cap.Release()
+	}
+}
+
+// owner is the lease's principal, and whether it is a warm lease nobody
+// claimed yet (whose principal means nothing).
+func (l *lease) owner() (principal string, warm bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.principal, l.warm.pool != ""
+}
+
+// ownedBy says whether principal owns the lease: never a warm lease
+// nobody claimed, and, with auth:, never a lease without an owner.
+func (l *lease) ownedBy(principal string) bool {
+	owner, warm := l.owner()
+	return !warm && owner == principal && (owner != "" || !l.g.auth.Enabled())
 }
 
 // detachAll drops the lease's sockets at gateway shutdown without touching
@@ -414,7 +451,8 @@ func (l *lease) rearm() {
 // deadlineLocked is when the policy would release the lease, and why.
 func (l *lease) deadlineLocked() (time.Time, string) {
 	cfg := l.g.cfg.Load()
-	if cfg.IdleTimeout <= 0 || l.state != stateActive {
+	// A warm lease is exempt until claimed: nobody uses it yet.
+	if cfg.IdleTimeout <= 0 || l.state != stateActive || l.warm.pool != "" {
 		return time.Time{}, ""
 	}
 	if !l.turnStarted.IsZero() {
@@ -506,7 +544,8 @@ func (g *Gateway) publish(kind EventKind, l *lease, detail string) {
 	if len(g.subs) == 0 {
 		return
 	}
-	ev := Event{At: time.Now().UTC(), Kind: kind, LeaseID: l.id, Principal: l.principal, Binary: l.entry, Detail: detail}
+	principal, _ := l.owner()
+	ev := Event{At: time.Now().UTC(), Kind: kind, LeaseID: l.id, Principal: principal, Binary: l.entry, Detail: detail}
 	for _, f := range g.subs {
 		f(ev)
 	}

@@ -92,7 +92,7 @@ func ticketRefusal(err error) int {
 // happens: a refused release sends no shutdown frame.
 func (g *Gateway) release(r *http.Request, id string, p auth.Principal) (int, any) {
 	l := g.lookup(id)
-	if l == nil || l.principal != p.ID {
+	if l == nil || !l.ownedBy(p.ID) {
 		g.leaseDenied(r, p, id)
 		return http.StatusNotFound, map[string]string{"error": errUnknownLease}
 	}

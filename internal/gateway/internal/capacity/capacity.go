@@ -209,6 +209,19 @@ func (c *Slots[O]) unqueue(principal string) {
 	}
 }
 
+// Pass hands a slot its holder gives up (a warm instance ending) to a claim
+// about to queue for one: with nobody queued the claim keeps it (true);
+// else the oldest waiter gets it, and the claim queues as any other (false).
+func (c *Slots[O]) Pass() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.queue.Len() == 0 {
+		return true
+	}
+	c.releaseLocked()
+	return false
+}
+
 // Release frees one slot, handing it to the oldest waiter if there is one.
 func (c *Slots[O]) Release() {
 	c.mu.Lock()

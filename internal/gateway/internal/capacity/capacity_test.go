@@ -215,3 +215,27 @@ func TestCapacityTimeoutWaitsForTheOffer(t *testing.T) {
 		t.Fatalf("%v, want served away", err)
 	}
 }
+
+// TestCapacityPassGoesToTheQueueFirst: a slot given up to a claim about to
+// queue is the claim's only when nobody queues; else the oldest waiter
+// gets it.
+func TestCapacityPassGoesToTheQueueFirst(t *testing.T) {
+	ctx := context.Background()
+	c := New[offer](1, 0, time.Hour)
+	_ = c.Acquire(ctx, Quota[offer]{})
+	if !c.Pass() {
+		t.Fatal("with nobody queued the slot was not the claim's")
+	}
+	if _, inUse, _, _ := c.Snapshot(); inUse != 1 {
+		t.Fatalf("inUse = %d after a pass, want the one slot, now the claim's", inUse)
+	}
+	got := make(chan error, 1)
+	go func() { got <- c.Acquire(ctx, Quota[offer]{}) }()
+	waitDepth(t, c, 1)
+	if c.Pass() {
+		t.Fatal("a slot passed over the head of the queue")
+	}
+	if err := <-got; err != nil {
+		t.Fatalf("the waiter got %v, want the slot", err)
+	}
+}

@@ -60,17 +60,26 @@ const (
 // ErrNoSlot is Host.Warm's word that no slot was free: not a boot failure.
 var ErrNoSlot = errors.New("no free slot")
 
-// Tag is what spawnd journals as a warm lease's pool: the pool's name and a
-// digest of its entry and config, so that a restarted gateway re-adopts a
-// warm lease only into the pool it booted for, never into one whose config
-// changed meanwhile.
+// Tag is what spawnd journals as a warm lease's pool: the pool's name (cut
+// to fit spawnd's 64 bytes) and a digest of its name, entry and config, so
+// that a restarted gateway re-adopts a warm lease only into the pool it
+// booted for, never into one whose config changed meanwhile.
 func (s Spec) Tag() string {
 	h := sha256.New()
-	h.Write([]byte(s.Entry))
-	h.Write([]byte{0})
-	h.Write(s.Config)
-	return s.Name + ":" + hex.EncodeToString(h.Sum(nil)[:8])
+	for _, part := range [][]byte{[]byte(s.Name), []byte(s.Entry), s.Config} {
+		h.Write(part)
+		h.Write([]byte{0})
+	}
+	name := s.Name
+	if len(name) > maxTagName {
+		name = name[:maxTagName]
+	}
+	return name + ":" + hex.EncodeToString(h.Sum(nil)[:8])
 }
+
+// maxTagName is how much of a pool's name its Tag keeps: spawnd carries at
+// most 64 bytes, and the digest takes 17.
+const maxTagName = 64 - 17
 
 func (s Spec) maxAge() time.Duration {
 	if s.MaxAge <= 0 {
@@ -359,8 +368,11 @@ func (m *Manager) boot(p *pool, freed uint64) {
 	switch {
 	case errors.Is(err, ErrNoSlot):
 		p.slotless = m.freed == freed
+	case !m.live():
+		// Shut down: a warm instance booted now is left to the next
+		// gateway, which adopts it; a failure is nobody's business.
 	case err != nil:
-		if !m.live() || p.gone {
+		if p.gone {
 			break
 		}
 		p.failures++
@@ -374,7 +386,7 @@ func (m *Manager) boot(p *pool, freed uint64) {
 			p.backoff = nil
 			m.fillLocked(p)
 		})
-	case p.gone || !m.live():
+	case p.gone:
 		m.host.Retire(id, ReasonReloaded)
 	default:
 		p.failures = 0

@@ -353,3 +353,20 @@ func TestYieldAndSlots(t *testing.T) {
 	waitStat(t, m, "default", func(s Stat) bool { return s.Idle == 2 })
 	waitStat(t, m, "other", func(s Stat) bool { return s.Idle == 1 })
 }
+
+// TestTagFitsAndTellsConfigsApart: a tag is at most the 64 bytes spawnd
+// carries, whatever the name's length, and differs with the config.
+func TestTagFitsAndTellsConfigsApart(t *testing.T) {
+	long := spec
+	long.Name = string(bytes.Repeat([]byte("p"), 64))
+	if n := len(long.Tag()); n > 64 {
+		t.Fatalf("a tag of %d bytes", n)
+	}
+	other := spec
+	other.Config = []byte("model: y\n")
+	again := spec
+	again.Config = append([]byte(nil), spec.Config...)
+	if spec.Tag() == other.Tag() || spec.Tag() != again.Tag() {
+		t.Fatal("tags do not follow the config")
+	}
+}

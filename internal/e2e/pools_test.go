@@ -1,0 +1,377 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nexus-broker/nexus-broker/pkg/brokerclient"
+)
+
+// poolConfig is the engine config the test pools boot with; a claim
+// carrying it byte for byte is served warm.
+const poolConfig = "engine:\n  name: pooled\n"
+
+// poolYAML declares pool name on entry binary, min_idle warm instances
+// booted from a config file holding poolConfig, and returns the YAML and
+// that file's path.
+func poolYAML(t *testing.T, name, binary string, minIdle int) (string, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), name+".yaml")
+	if err := os.WriteFile(path, []byte(poolConfig), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("  - name: %s\n    binary: %s\n    config_file: %q\n    min_idle: %d\n", name, binary, path, minIdle), path
+}
+
+// warm is the warm leases ready now: active, draining not begun, and none
+// of the leases the test claimed.
+func (b *Broker) warm(claimed ...string) []leaseView {
+	b.t.Helper()
+	var out []leaseView
+	for _, l := range b.leases().Leases {
+		if l.State == "active" && !slices.Contains(claimed, l.LeaseID) {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// waitWarm waits until exactly n warm leases are ready and returns them.
+func (b *Broker) waitWarm(n int, claimed ...string) []leaseView {
+	b.t.Helper()
+	var ws []leaseView
+	eventually(b.t, 30*time.Second, func() string { return fmt.Sprintf("%d warm leases, have %s", n, toJSON(b.leases())) }, func() bool {
+		ws = b.warm(claimed...)
+		return len(ws) == n
+	})
+	return ws
+}
+
+func ids(ls []leaseView) []string {
+	out := make([]string, len(ls))
+	for i, l := range ls {
+		out[i] = l.LeaseID
+	}
+	return out
+}
+
+// TestPooledClaimIsTheWarmInstance: a claim with the pool's config and no
+// session_id is answered by the warm instance: the lease id it was spawned
+// with, the session id it reported, and frames relay; its idle clock
+// starts at the hand-out. Another config is a cold claim.
+func TestPooledClaimIsTheWarmInstance(t *testing.T) {
+	pools, _ := poolYAML(t, "default", "nexus", 1)
+	b := startBroker(t, Options{YAML: "max_concurrent: 4\npools:\n" + pools})
+	w := b.waitWarm(1)[0]
+	if w.SessionID == "" {
+		t.Fatalf("the warm lease reported no session id: %+v", w)
+	}
+	before := time.Now().UTC()
+	c := b.claim(brokerclient.ClaimRequest{Config: poolConfig})
+	if c.LeaseID != w.LeaseID || c.SessionID != w.SessionID {
+		t.Fatalf("claim answered lease %s session %s, want the warm %s %s", c.LeaseID, c.SessionID, w.LeaseID, w.SessionID)
+	}
+	if !strings.HasSuffix(c.WSURL, "/lease/"+w.LeaseID) {
+		t.Fatalf("ws_url %s", c.WSURL)
+	}
+	b.GatewayLog.wait(t, regexp.MustCompile(`msg="claim served by a warm instance" lease_id=`+w.LeaseID+` pool=default`), 5*time.Second)
+	if l, _ := b.lease(c.LeaseID); l.State != "active" {
+		t.Fatalf("claimed lease %+v", l)
+	}
+	var row struct {
+		Leases []struct {
+			LeaseID      string    `json:"lease_id"`
+			LastActivity time.Time `json:"last_activity"`
+		} `json:"leases"`
+	}
+	if err := b.Client.Get(context.Background(), "/leases", &row); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range row.Leases {
+		if l.LeaseID == c.LeaseID && l.LastActivity.Before(before.Add(-time.Second)) {
+			t.Fatalf("last_activity %s, before the hand-out at %s", l.LastActivity, before)
+		}
+	}
+	conn := b.dial(c, brokerclient.DialOptions{})
+	if got := say(t, conn, "warm"); got != "echo #1: warm" {
+		t.Fatalf("answer = %q", got)
+	}
+	cold := b.claim(brokerclient.ClaimRequest{Config: "engine:\n  name: other\n"})
+	if cold.LeaseID == w.LeaseID || slices.Contains(ids(b.warm(c.LeaseID, cold.LeaseID)), cold.LeaseID) {
+		t.Fatal("another config was served warm")
+	}
+}
+
+// TestPoolRefillsAfterAClaim: after a claim takes a warm instance, the
+// pool is back to min_idle with a new one.
+func TestPoolRefillsAfterAClaim(t *testing.T) {
+	pools, _ := poolYAML(t, "default", "nexus", 2)
+	b := startBroker(t, Options{YAML: "max_concurrent: 4\npools:\n" + pools})
+	before := ids(b.waitWarm(2))
+	c := b.claim(brokerclient.ClaimRequest{Config: poolConfig})
+	if !slices.Contains(before, c.LeaseID) {
+		t.Fatalf("claimed %s, not one of the warm %v", c.LeaseID, before)
+	}
+	after := ids(b.waitWarm(2, c.LeaseID))
+	fresh := 0
+	for _, id := range after {
+		if !slices.Contains(before, id) {
+			fresh++
+		}
+	}
+	if fresh != 1 {
+		t.Fatalf("warm before %v, after the claim of %s %v: want one new", before, c.LeaseID, after)
+	}
+}
+
+// TestWarmInstancesSurviveKill9 kills -9 spawnd, then the gateway, with
+// warm instances: each time the same warm leases are back (spawnd re-adopts
+// them, the gateway restores them as warm, counting toward min_idle), none
+// is lost and none spawned again, and two claims get two of them.
+func TestWarmInstancesSurviveKill9(t *testing.T) {
+	pools, _ := poolYAML(t, "default", "nexus", 2)
+	b := startBroker(t, Options{StateDir: true, YAML: "max_concurrent: 4\npools:\n" + pools})
+	warm := ids(b.waitWarm(2))
+	slices.Sort(warm)
+	pids := b.Instances()
+
+	b.KillSpawnd(syscall.SIGKILL)
+	b.StartSpawnd()
+	b.GatewayLog.wait(t, regexp.MustCompile(`msg="following nexus-spawnd's instance exits"(?s:.*)msg="following nexus-spawnd's instance exits"`), 30*time.Second)
+	if got := ids(b.waitWarm(2)); !sameSet(got, warm) {
+		t.Fatalf("warm after spawnd's kill -9 %v, want %v", got, warm)
+	}
+
+	b.KillGateway(syscall.SIGKILL)
+	b.StartGateway()
+	b.waitStates(warm, "active", 30*time.Second)
+	if got := ids(b.waitWarm(2)); !sameSet(got, warm) {
+		t.Fatalf("warm after the gateway's kill -9 %v, want %v", got, warm)
+	}
+	if after := b.Instances(); len(after) != len(pids) {
+		t.Fatalf("instances before %v, after %v: warm instances were spawned again", pids, after)
+	}
+	var got []string
+	for range 2 {
+		c := b.claim(brokerclient.ClaimRequest{Config: poolConfig})
+		got = append(got, c.LeaseID)
+		conn := b.dial(c, brokerclient.DialOptions{})
+		if a := say(t, conn, "back"); a != "echo #1: back" {
+			t.Fatalf("answer = %q", a)
+		}
+	}
+	if got[0] == got[1] || !slices.Contains(warm, got[0]) || !slices.Contains(warm, got[1]) {
+		t.Fatalf("claims got %v, want each of the restored %v once", got, warm)
+	}
+}
+
+func sameSet(a, b []string) bool {
+	a, b = slices.Clone(a), slices.Clone(b)
+	slices.Sort(a)
+	slices.Sort(b)
+	return slices.Equal(a, b)
+}
+
+// TestPoolThatFailsToBootBacksOff: a pool whose instances exit before
+// ready backs off (100ms, then 200ms...), logging why with its name; its
+// claims are cold spawns, and another pool is unaffected.
+func TestPoolThatFailsToBootBacksOff(t *testing.T) {
+	broken, _ := poolYAML(t, "broken", "doomed", 1)
+	good, _ := poolYAML(t, "good", "nexus", 1)
+	b := startBroker(t, Options{YAML: fmt.Sprintf("  doomed:\n    path: %q\n    env: {NEXUS_ECHO_EXIT_BEFORE_READY: \"1\"}\nmax_concurrent: 4\npools:\n%s%s",
+		bin("nexus-echo"), broken, good)})
+	for _, delay := range []string{"100ms", "200ms", "400ms"} {
+		b.GatewayLog.wait(t, regexp.MustCompile(`level=WARN msg="a warm instance of the pool failed to boot; backing off[^"]*" pool=broken binary=doomed error="instance exited before signalling ready: exit status \d+" failures=\d+ retry_in=`+delay), 30*time.Second)
+	}
+	w := b.waitWarm(1)[0]
+	if w.Binary != "nexus" {
+		t.Fatalf("warm %+v", w)
+	}
+	// The broken pool's claim is a cold spawn, which fails as that entry
+	// does; the good pool still serves warm.
+	_, err := b.Client.Claim(context.Background(), brokerclient.ClaimRequest{Binary: "doomed", Config: poolConfig})
+	var api *brokerclient.APIError
+	if !errors.As(err, &api) || api.Status != 502 {
+		t.Fatalf("a claim of the broken pool = %v, want the cold spawn's 502", err)
+	}
+	if c := b.claim(brokerclient.ClaimRequest{Config: poolConfig}); c.LeaseID != w.LeaseID {
+		t.Fatalf("the good pool's claim got %s, want %s", c.LeaseID, w.LeaseID)
+	}
+}
+
+// TestWarmInstancesYieldTheirSlots: a claim that finds the slots held by
+// cold leases and a warm instance ends the warm one and proceeds at once,
+// never queueing (queue_wait_timeout 0 would refuse it); a claim queued
+// meanwhile gets the next freed slot before any refill, and the pool
+// refills once one frees.
+func TestWarmInstancesYieldTheirSlots(t *testing.T) {
+	pools, _ := poolYAML(t, "default", "nexus", 1)
+	b := startBroker(t, Options{YAML: "max_concurrent: 2\nqueue_wait_timeout: 0s\npools:\n" + pools})
+	w := b.waitWarm(1)[0]
+	a := b.claim(brokerclient.ClaimRequest{})
+	c := b.claim(brokerclient.ClaimRequest{})
+	if c.LeaseID == w.LeaseID || a.LeaseID == w.LeaseID {
+		t.Fatal("a cold config was served warm")
+	}
+	b.GatewayLog.wait(t, regexp.MustCompile(`msg="a warm instance gives its slot up to a claim" lease_id=`+w.LeaseID), 5*time.Second)
+	eventually(t, 15*time.Second, func() string { return toJSON(b.leases()) }, func() bool {
+		_, there := b.lease(w.LeaseID)
+		return !there
+	})
+	if len(b.warm(a.LeaseID, c.LeaseID)) != 0 {
+		t.Fatal("the pool refilled with no free slot")
+	}
+	if err := b.Client.Release(context.Background(), a.LeaseID); err != nil {
+		t.Fatal(err)
+	}
+	b.waitWarm(1, c.LeaseID)
+}
+
+// TestAQueuedClaimGetsAFreedSlotBeforeARefill: with the pool's instance
+// yielded and a claim queued, a released slot goes to that claim; the pool
+// refills only from the next one.
+func TestAQueuedClaimGetsAFreedSlotBeforeARefill(t *testing.T) {
+	pools, _ := poolYAML(t, "default", "nexus", 1)
+	b := startBroker(t, Options{YAML: "max_concurrent: 2\nqueue_wait_timeout: 60s\npools:\n" + pools})
+	b.waitWarm(1)
+	a := b.claim(brokerclient.ClaimRequest{})
+	c := b.claim(brokerclient.ClaimRequest{}) // the warm instance yields
+	queued := make(chan *brokerclient.Claim, 1)
+	go func() {
+		got, err := b.Client.Claim(context.Background(), brokerclient.ClaimRequest{Config: "engine:\n  name: queued\n"})
+		if err != nil {
+			t.Errorf("the queued claim: %v", err)
+		}
+		queued <- got
+	}()
+	eventually(t, 15*time.Second, func() string { return toJSON(b.leases()) }, func() bool { return b.leases().QueueDepth == 1 })
+	if err := b.Client.Release(context.Background(), a.LeaseID); err != nil {
+		t.Fatal(err)
+	}
+	q := <-queued
+	if q == nil {
+		t.FailNow()
+	}
+	if v := b.leases(); v.SlotsInUse != 2 || len(b.warm(c.LeaseID, q.LeaseID)) != 0 {
+		t.Fatalf("after the queued claim: %s; a refill took a slot", toJSON(v))
+	}
+	if err := b.Client.Release(context.Background(), c.LeaseID); err != nil {
+		t.Fatal(err)
+	}
+	b.waitWarm(1, q.LeaseID)
+}
+
+// TestReloadRetiresAChangedPool: a SIGHUP after the pool's config file
+// changed retires its warm instance and boots the new config's; the old
+// config is then a cold claim.
+func TestReloadRetiresAChangedPool(t *testing.T) {
+	pools, path := poolYAML(t, "default", "nexus", 1)
+	b := startBroker(t, Options{YAML: "max_concurrent: 4\npools:\n" + pools})
+	old := b.waitWarm(1)[0]
+	const next = "engine:\n  name: pooled-v2\n"
+	if err := os.WriteFile(path, []byte(next), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_ = b.gateway.cmd.Process.Signal(syscall.SIGHUP)
+	b.GatewayLog.wait(t, regexp.MustCompile(`msg="config reload applied" .*changed=[^ ]*pools`), 10*time.Second)
+	b.GatewayLog.wait(t, regexp.MustCompile(`msg="lease released" lease_id=`+old.LeaseID+` reason="pool reloaded"`), 15*time.Second)
+	w := b.waitWarm(1)[0]
+	if w.LeaseID == old.LeaseID {
+		t.Fatal("the old warm instance is still there")
+	}
+	if c := b.claim(brokerclient.ClaimRequest{Config: poolConfig}); c.LeaseID == w.LeaseID || c.LeaseID == old.LeaseID {
+		t.Fatalf("the old config was served warm: %s", c.LeaseID)
+	}
+	if c := b.claim(brokerclient.ClaimRequest{Config: next}); c.LeaseID != w.LeaseID {
+		t.Fatalf("the new config's claim got %s, want %s", c.LeaseID, w.LeaseID)
+	}
+}
+
+// TestConcurrentClaimsNeverShareAWarmLease: claims racing for a pool each
+// get a lease of their own, every warm one handed out at most once.
+func TestConcurrentClaimsNeverShareAWarmLease(t *testing.T) {
+	pools, _ := poolYAML(t, "default", "nexus", 3)
+	b := startBroker(t, Options{YAML: "max_concurrent: 12\npools:\n" + pools})
+	warm := ids(b.waitWarm(3))
+	const n = 8
+	got := make([]string, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := b.Client.Claim(context.Background(), brokerclient.ClaimRequest{Config: poolConfig})
+			if err != nil {
+				t.Errorf("claim %d: %v", i, err)
+				return
+			}
+			got[i] = c.LeaseID
+		}()
+	}
+	wg.Wait()
+	seen := map[string]bool{}
+	hits := 0
+	for _, id := range got {
+		if id == "" || seen[id] {
+			t.Fatalf("claims got %v: one lease twice", got)
+		}
+		seen[id] = true
+		if slices.Contains(warm, id) {
+			hits++
+		}
+	}
+	if hits == 0 {
+		t.Fatalf("no claim of %v was served by the warm %v", got, warm)
+	}
+}
+
+// TestWarmLeaseUnreachableUnderAuth: with auth:, a warm lease is nobody's:
+// no ticket, no connect, no release, not in a caller's own listing, only
+// in the operator's; handed out, it is its claimant's alone.
+func TestWarmLeaseUnreachableUnderAuth(t *testing.T) {
+	pools, _ := poolYAML(t, "default", "nexus", 1)
+	b := startBroker(t, Options{Token: "tok-ops", YAML: `max_concurrent: 4
+auth:
+  validators:
+    - type: static
+      tokens:
+        - {token: tok-alice, principal: alice}
+        - {token: tok-bob, principal: bob}
+        - {token: tok-ops, principal: ops, scopes: "nexus.broker.admin"}
+pools:
+` + pools})
+	w := b.waitWarm(1)[0]
+	unknown := func(who, token, what string, operator bool) {
+		t.Helper()
+		for _, r := range []struct{ method, path string }{{"POST", "/ticket/" + w.LeaseID}, {"POST", "/release/" + w.LeaseID}, {"GET", "/lease/" + w.LeaseID}} {
+			if status, body := b.doAs(token, r.method, r.path, ""); status != 404 || !strings.Contains(body, "unknown lease") {
+				t.Errorf("%s: %s %s %s = %d %s, want 404 unknown lease", what, who, r.method, r.path, status, body)
+			}
+		}
+		if _, body := b.doAs(token, "GET", "/leases", ""); strings.Contains(body, w.LeaseID) != operator {
+			t.Errorf("%s: %s's GET /leases lists it: %v, want %v: %s", what, who, !operator, operator, body)
+		}
+	}
+	unknown("alice", "tok-alice", "warm", false)
+	unknown("ops", "tok-ops", "warm", true) // an operator sees it, and reaches it no more
+	alice := &brokerclient.Client{Base: b.Base, Token: "tok-alice"}
+	c, err := alice.Claim(context.Background(), brokerclient.ClaimRequest{Config: poolConfig})
+	if err != nil || c.LeaseID != w.LeaseID || c.Ticket == "" {
+		t.Fatalf("alice's claim = %+v %v, want the warm %s with a ticket", c, err, w.LeaseID)
+	}
+	unknown("bob", "tok-bob", "handed to alice", false)
+	conn := b.dial(c, brokerclient.DialOptions{Ticket: c.Ticket})
+	if got := say(t, conn, "mine"); got != "echo #1: mine" {
+		t.Fatalf("answer = %q", got)
+	}
+}

@@ -1,0 +1,188 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/nexus-broker/nexus-broker/internal/config"
+	"github.com/nexus-broker/nexus-broker/internal/gateway/internal/capacity"
+	"github.com/nexus-broker/nexus-broker/internal/gateway/internal/pool"
+	"github.com/nexus-broker/nexus-broker/internal/gateway/spawner"
+)
+
+// The lease core's side of the warm pools (internal/pool decides, this file
+// acts): a warm lease is a lease like any other, booted on a slot of
+// max_concurrent, with no owner until a claim is handed it.
+
+// warmPools is the pool manager and where it reads its pools from.
+type warmPools struct {
+	m *pool.Manager
+	// specs is the pools a config declares (pools:, and warm: on agents:
+	// profiles); a test may set its own.
+	specs func(*config.Config) []pool.Spec
+}
+
+// poolSpecs is the pools cfg declares (config.AllPools), as the manager's
+// specs.
+func poolSpecs(cfg *config.Config) []pool.Spec {
+	ps := cfg.AllPools()
+	specs := make([]pool.Spec, len(ps))
+	for i, p := range ps {
+		specs[i] = pool.Spec{Name: p.Name, Entry: p.Binary, Config: p.Config, MinIdle: p.MinIdle, MaxAge: p.MaxAge.D()}
+	}
+	return specs
+}
+
+// reasonHandOut is the teardown reason of a warm lease whose hand-out
+// spawnd could not record.
+const reasonHandOut = "hand-out not recorded"
+
+// handOut serves a new session's claim from the pool whose entry and config
+// are the claim's, if one has an instance idle: its lease, its session id,
+// now principal's. ok false is a cold claim (no pool matches, none is idle,
+// or the one taken ended meanwhile). spawnd records the owner durably
+// before the claim is answered; if it cannot, the claim is refused as a
+// spawn its journal refused, and the instance retired, never handed to
+// another claim.
+func (g *Gateway) handOut(ctx context.Context, principal, entry string, cfgData []byte, admitted *bool) (l *lease, cerr *claimError, ok bool) {
+	id, name, ok := g.pools.m.Take(entry, cfgData)
+	if !ok {
+		return nil, nil, false
+	}
+	if l = g.lookup(id); l == nil {
+		return nil, nil, false
+	}
+	l.mu.Lock()
+	session, live := l.sessionID, l.state == stateActive && l.warm.pool != ""
+	l.mu.Unlock()
+	if !live {
+		return nil, nil, false
+	}
+	owner := principal
+	if owner == "" {
+		owner = spawner.Anonymous // the caller of a broker without auth:
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	err := g.sp.Record(rctx, id, session, owner)
+	cancel()
+	if err != nil {
+		g.log.Error("handing a warm instance out failed: nexus-spawnd could not record its owner; the claim is refused and the instance retired",
+			"lease_id", id, "pool", name, "error", spawner.MessageOf(err), "code", spawner.CodeOf(err))
+		g.retire(l, reasonHandOut)
+		cerr = refuse(http.StatusServiceUnavailable, "journal_unavailable", errJournalUnavailable)
+		cerr.retryAfter = journalRetryAfter
+		return nil, cerr, true
+	}
+	g.mu.Lock()
+	l.mu.Lock()
+	l.principal, l.warm.pool = principal, ""
+	l.lastActivity = time.Now()
+	l.rearmLocked()
+	l.mu.Unlock()
+	g.unadmitLocked(principal) // the lease itself counts from here
+	*admitted = false
+	g.mu.Unlock()
+	g.log.Info("claim served by a warm instance", "lease_id", id, "pool", name, "session_id", session)
+	g.publish(EventClaimed, l, "")
+	return l, nil, true
+}
+
+// takeSlot is acquire, except that a claim finding no free slot first ends
+// the oldest warm instance nobody claimed and takes its slot: a claim never
+// queues behind a warm instance. With claims already queued, the slot goes
+// to the oldest of them, and this one queues as any other.
+func (g *Gateway) takeSlot(ctx context.Context, acquire func(context.Context, capacity.Quota[queuedOffer]) error, q capacity.Quota[queuedOffer]) error {
+	for g.cap.Full() {
+		id, ok := g.pools.m.Yield()
+		if !ok {
+			break
+		}
+		l := g.lookup(id)
+		if l == nil || !l.warm.freed.CompareAndSwap(false, true) {
+			continue // it ended meanwhile, and its slot is free again
+		}
+		g.log.Info("a warm instance gives its slot up to a claim", "lease_id", id)
+		go l.teardown(pool.ReasonYielded, teardownGraceful)
+		if g.cap.Pass() {
+			return nil
+		}
+		break
+	}
+	return acquire(ctx, q)
+}
+
+// retire ends a warm lease nobody claimed: its slot is free at once (a
+// queued claim gets it first), its instance torn down meanwhile.
+func (g *Gateway) retire(l *lease, reason string) {
+	l.releaseSlot()
+	go l.teardown(reason, teardownGraceful)
+}
+
+// warmHost is the core as the pool manager's pool.Host.
+type warmHost struct{ g *Gateway }
+
+// errNoSession fails a warm boot whose instance reported no session id: a
+// claim is handed a session, and spawnd hands out only a lease with one.
+var errNoSession = errors.New("the instance reported no session id within session_report_grace")
+
+// Warm boots a warm lease of s on a slot free now, never a queued claim's.
+func (h warmHost) Warm(ctx context.Context, s pool.Spec, tag string) (string, error) {
+	g := h.g
+	if cerr := g.spawnerUnavailable(); cerr != nil {
+		return "", cerr
+	}
+	if g.cap.TryAcquire(ctx, capacity.Quota[queuedOffer]{}) != nil {
+		return "", pool.ErrNoSlot
+	}
+	// Not bounded by the gateway's shutdown: a warm instance booting then
+	// redials the next gateway, which adopts it.
+	l, cerr := g.bootLease(context.WithoutCancel(ctx), spawner.SpawnRequest{Entry: s.Entry, Config: s.Config, Pool: tag}, s.Name, nil)
+	if cerr != nil {
+		if cerr.cause != "" {
+			return "", fmt.Errorf("%s: %s", cerr.text, cerr.cause)
+		}
+		return "", cerr
+	}
+	l.mu.Lock()
+	session := l.sessionID
+	l.mu.Unlock()
+	if session == "" {
+		g.retire(l, reasonReadyTimeout)
+		return "", errNoSession
+	}
+	g.log.Info("warm instance ready", "lease_id", l.id, "pool", s.Name, "session_id", session)
+	return l.id, nil
+}
+
+// Retire ends the warm lease id, if it is still there.
+func (h warmHost) Retire(id, reason string) {
+	if l := h.g.lookup(id); l != nil {
+		h.g.retire(l, reason)
+	}
+}
+
+// Queued reports whether a claim waits for a slot.
+func (h warmHost) Queued() bool {
+	_, _, depth, _ := h.g.cap.Snapshot()
+	return depth > 0
+}
+
+// adopt takes back, at restore, a warm lease spawnd journaled under tag;
+// one no pool in force has (removed, or its config changed while no
+// gateway ran) is retired.
+func (g *Gateway) adopt(l *lease, tag string) {
+	name, ok := g.pools.m.Adopt(tag, l.id, l.createdAt)
+	l.mu.Lock()
+	l.warm.pool = tag
+	if ok {
+		l.warm.pool = name
+	}
+	l.mu.Unlock()
+	if !ok {
+		g.log.Info("retiring a warm instance of a pool no longer in force", "lease_id", l.id, "pool", tag)
+		g.retire(l, pool.ReasonReloaded)
+	}
+}
