@@ -185,6 +185,39 @@ func TestInstanceHasNoTerminalAndNoStrayDescriptors(t *testing.T) {
 	eventually(t, 15*time.Second, func() string { return fmt.Sprintf("instance %d gone after release", pid) }, func() bool { return !alive(pid) })
 }
 
+// TestInstanceSessionFollowsSpawndsTerminal: an instance of spawnd's own
+// uid leads a session of its own only where spawnd has a controlling
+// terminal it could otherwise reach; where spawnd has none it leads its own
+// process group in spawnd's session, which no process in it can give a
+// terminal, and boots without being a scheduling group of its own. Either
+// way it has no controlling terminal. (A run_as instance always leads its
+// own session: TestInstanceHasNoTerminalAndNoStrayDescriptors.)
+func TestInstanceSessionFollowsSpawndsTerminal(t *testing.T) {
+	for _, terminal := range []bool{false, true} {
+		t.Run(fmt.Sprintf("terminal=%v", terminal), func(t *testing.T) {
+			o := Options{NoNexusEntry: true, SpawndAttr: &syscall.SysProcAttr{Setsid: true},
+				YAML: fmt.Sprintf("binaries:\n  nexus:\n    path: %q\n    env: {%s: \"1\"}\n", bin("nexus-echo"), echo.EnvAllowRun)}
+			if terminal {
+				_, tty := openPTY(t)
+				o.SpawndStdin, o.SpawndAttr = tty, &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+			}
+			b := startBroker(t, o)
+			spawnd := b.spawnd.cmd.Process.Pid
+			if got := statField(t, spawnd, 7) != 0; got != terminal {
+				t.Fatalf("nexus-spawnd has a controlling terminal: %v, want %v", got, terminal)
+			}
+			_, _, pid := instancePid(t, b, "nexus")
+			wantSid := spawnd
+			if terminal {
+				wantSid = pid
+			}
+			if tty, pgid, sid := statField(t, pid, 7), statField(t, pid, 5), statField(t, pid, 6); tty != 0 || pgid != pid || sid != wantSid {
+				t.Errorf("instance %d: tty_nr %#x, process group %d, session %d; want no terminal, its own group, session %d", pid, tty, pgid, sid, wantSid)
+			}
+		})
+	}
+}
+
 // TestSetuidHelperGainsNothing: an instance that runs a root setuid binary
 // stays nobody, because it starts with no_new_privs; the entry that opts out
 // with allow_privilege_escalation gets root from the same binary, which is

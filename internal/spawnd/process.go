@@ -88,10 +88,12 @@ func (d *Daemon) exec(id string, e *entry, inherit []string, req *spawnpb.SpawnR
 		return started{}, err
 	}
 	defer null.Close()
+	own := ownSession(cred)
 	sys := &syscall.SysProcAttr{
 		// No controlling terminal: the instance cannot push input into
 		// the terminal spawnd was started from (TIOCSTI).
-		Setsid:     true,
+		Setsid:     own,
+		Setpgid:    !own,
 		Credential: cred,
 		PidFD:      &p.pidfd,
 	}
@@ -148,6 +150,25 @@ func (d *Daemon) discard(id string, pid int) {
 	if d.cgroups != nil {
 		d.removeCgroup(id)
 	}
+}
+
+// ownSession says whether an instance must lead a session of its own
+// rather than only a process group of its own in spawnd's session: where
+// it runs as another user (run_as, tenancy:), which a shared session would
+// let send SIGCONT to spawnd and to other users' instances, or where spawnd
+// has a controlling terminal, which the instance could then reach. Otherwise
+// spawnd's session has no terminal to reach, a process-group leader cannot
+// acquire one, and a process of spawnd's own uid can signal spawnd anyway;
+// and a session is a scheduling group of its own under the kernel's
+// autogroups, which made a new instance boot up to three times slower on a
+// loaded machine (docs/performance.md, "The cold claim against upstream's").
+// An unreadable stat counts as a terminal.
+func ownSession(cred *syscall.Credential) bool {
+	if cred != nil {
+		return true
+	}
+	st, err := readProcStat(os.Getpid())
+	return err != nil || st.tty != 0
 }
 
 // startProcess execs argv, with noNewPrivs from nnpThread, unless spawnd

@@ -45,6 +45,7 @@ func readBootID() (string, error) {
 type procStat struct {
 	state     byte   // field 3: 'Z' is a zombie
 	pgid, sid int    // fields 5 and 6
+	tty       int    // field 7: the controlling terminal, 0 for none
 	startTime uint64 // field 22, clock ticks since boot
 	// exitStatus is field 52, the wait status of a zombie; 0 for a live
 	// process, and for one whose status we may not read.
@@ -68,6 +69,9 @@ func readProcStat(pid int) (procStat, error) {
 	st.pgid, err = strconv.Atoi(field(5))
 	if err == nil {
 		st.sid, err = strconv.Atoi(field(6))
+	}
+	if err == nil {
+		st.tty, err = strconv.Atoi(field(7))
 	}
 	if err == nil {
 		st.startTime, err = strconv.ParseUint(field(22), 10, 64)
