@@ -124,8 +124,8 @@ func runRPCFloor(path string) {
 }
 
 // rpcFloor is a client of that server in its own process: a claim through
-// the split pays at least three such round trips over the exec floor
-// (Spawn, Verify, Record), the first two after the socket idled.
+// the split pays at least two such round trips over the exec floor (Spawn
+// and Record), both after the socket idled.
 type rpcFloor struct{ health healthpb.HealthClient }
 
 func startRPCFloor(b *testing.B) *rpcFloor {
