@@ -135,27 +135,35 @@ func TestPoolRefillsAfterAClaim(t *testing.T) {
 }
 
 // TestWarmInstancesSurviveKill9 kills -9 spawnd, then the gateway, with
-// warm instances: each time the same warm leases are back (spawnd re-adopts
-// them, the gateway restores them as warm, counting toward min_idle), none
-// is lost and none spawned again, and two claims get two of them.
+// warm instances and one handed out: each time the same warm leases are
+// back (spawnd re-adopts them, the gateway restores them as warm, counting
+// toward min_idle), none is lost and none spawned again; the handed-out
+// one stays its claimant's and is never handed out again, and two claims
+// get the two warm ones.
 func TestWarmInstancesSurviveKill9(t *testing.T) {
 	pools, _ := poolYAML(t, "default", "nexus", 2)
-	b := startBroker(t, Options{StateDir: true, YAML: "max_concurrent: 4\npools:\n" + pools})
-	warm := ids(b.waitWarm(2))
-	slices.Sort(warm)
+	b := startBroker(t, Options{StateDir: true, YAML: "max_concurrent: 5\npools:\n" + pools})
+	b.waitWarm(2)
+	first := b.claim(brokerclient.ClaimRequest{Config: poolConfig})
+	firstConn := b.dial(first, brokerclient.DialOptions{})
+	if a := say(t, firstConn, "before"); a != "echo #1: before" {
+		t.Fatalf("answer = %q", a)
+	}
+	warm := ids(b.waitWarm(2, first.LeaseID))
 	pids := b.Instances()
 
 	b.KillSpawnd(syscall.SIGKILL)
 	b.StartSpawnd()
+	b.SpawndLog.wait(t, regexp.MustCompile(`msg="instance re-adopted"`), 30*time.Second)
 	b.GatewayLog.wait(t, regexp.MustCompile(`msg="following nexus-spawnd's instance exits"(?s:.*)msg="following nexus-spawnd's instance exits"`), 30*time.Second)
-	if got := ids(b.waitWarm(2)); !sameSet(got, warm) {
+	if got := ids(b.waitWarm(2, first.LeaseID)); !sameSet(got, warm) {
 		t.Fatalf("warm after spawnd's kill -9 %v, want %v", got, warm)
 	}
 
 	b.KillGateway(syscall.SIGKILL)
 	b.StartGateway()
-	b.waitStates(warm, "active", 30*time.Second)
-	if got := ids(b.waitWarm(2)); !sameSet(got, warm) {
+	b.waitStates(append([]string{first.LeaseID}, warm...), "active", 30*time.Second)
+	if got := ids(b.waitWarm(2, first.LeaseID)); !sameSet(got, warm) {
 		t.Fatalf("warm after the gateway's kill -9 %v, want %v", got, warm)
 	}
 	if after := b.Instances(); len(after) != len(pids) {
@@ -172,6 +180,15 @@ func TestWarmInstancesSurviveKill9(t *testing.T) {
 	}
 	if got[0] == got[1] || !slices.Contains(warm, got[0]) || !slices.Contains(warm, got[1]) {
 		t.Fatalf("claims got %v, want each of the restored %v once", got, warm)
+	}
+	from := firstConn.LastSeq
+	again := b.dial(first, brokerclient.DialOptions{FromSeq: &from})
+	_ = again.Underlying().SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, data, err := again.Underlying().ReadMessage(); err != nil || !strings.Contains(string(data), `"stream-gap"`) {
+		t.Fatalf("first frame on the restored claimed lease = %s %v", data, err)
+	}
+	if a := say(t, again, "after"); a != "echo #2: after (earlier: before)" {
+		t.Fatalf("the lease handed out before the kills answered %q", a)
 	}
 }
 
@@ -373,5 +390,26 @@ pools:
 	conn := b.dial(c, brokerclient.DialOptions{Ticket: c.Ticket})
 	if got := say(t, conn, "mine"); got != "echo #1: mine" {
 		t.Fatalf("answer = %q", got)
+	}
+}
+
+// TestARestartRetiresTheWarmInstancesOfAChangedPool: a gateway restarted
+// after the pool's config file changed adopts none of the old config's
+// warm instances: it retires them and boots the new config's.
+func TestARestartRetiresTheWarmInstancesOfAChangedPool(t *testing.T) {
+	pools, path := poolYAML(t, "default", "nexus", 1)
+	b := startBroker(t, Options{StateDir: true, YAML: "max_concurrent: 4\npools:\n" + pools})
+	old := b.waitWarm(1)[0]
+	b.KillGateway(syscall.SIGKILL)
+	const next = "engine:\n  name: pooled-v2\n"
+	if err := os.WriteFile(path, []byte(next), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b.StartGateway()
+	b.GatewayLog.wait(t, regexp.MustCompile(`msg="retiring a warm instance of a pool no longer in force" lease_id=`+old.LeaseID), 10*time.Second)
+	b.GatewayLog.wait(t, regexp.MustCompile(`msg="lease released" lease_id=`+old.LeaseID+` reason="pool reloaded"`), 15*time.Second)
+	w := b.waitWarm(1)[0]
+	if c := b.claim(brokerclient.ClaimRequest{Config: next}); c.LeaseID != w.LeaseID || w.LeaseID == old.LeaseID {
+		t.Fatalf("the new config's claim got %s, want the new warm %s (old %s)", c.LeaseID, w.LeaseID, old.LeaseID)
 	}
 }

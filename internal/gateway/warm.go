@@ -68,6 +68,9 @@ func (g *Gateway) handOut(ctx context.Context, principal, entry string, cfgData 
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	err := g.sp.Record(rctx, id, session, owner)
 	cancel()
+	if err != nil && l.currentState() == stateDraining {
+		return nil, nil, false // it ended meanwhile: a cold claim
+	}
 	if err != nil {
 		g.log.Error("handing a warm instance out failed: nexus-spawnd could not record its owner; the claim is refused and the instance retired",
 			"lease_id", id, "pool", name, "error", spawner.MessageOf(err), "code", spawner.CodeOf(err))
@@ -115,10 +118,17 @@ func (g *Gateway) takeSlot(ctx context.Context, acquire func(context.Context, ca
 }
 
 // retire ends a warm lease nobody claimed: its slot is free at once (a
-// queued claim gets it first), its instance torn down meanwhile.
+// queued claim gets it first), its instance torn down meanwhile, asked
+// over its socket if it has one, else with SIGTERM at once.
 func (g *Gateway) retire(l *lease, reason string) {
 	l.releaseSlot()
-	go l.teardown(reason, teardownGraceful)
+	mode := teardownGraceful
+	l.mu.Lock()
+	if l.inst == nil {
+		mode = teardownSkipGrace
+	}
+	l.mu.Unlock()
+	go l.teardown(reason, mode)
 }
 
 // warmHost is the core as the pool manager's pool.Host.

@@ -276,10 +276,16 @@ func (m *Manager) Booted(id string) {
 // queued claim waits for.
 func (m *Manager) readyLocked(in *instance) {
 	p := in.p
+	reason := ""
 	switch {
-	case len(p.idle) >= p.spec.MinIdle, m.host.Queued():
+	case len(p.idle) >= p.spec.MinIdle: // adopted past a lowered min_idle
+		reason = ReasonReloaded
+	case m.host.Queued():
+		reason = ReasonYielded
+	}
+	if reason != "" {
 		delete(m.leases, in.id)
-		m.host.Retire(in.id, ReasonYielded)
+		m.host.Retire(in.id, reason)
 		m.countLocked(p)
 		return
 	}
