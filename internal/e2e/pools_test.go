@@ -413,3 +413,31 @@ func TestARestartRetiresTheWarmInstancesOfAChangedPool(t *testing.T) {
 		t.Fatalf("the new config's claim got %s, want the new warm %s (old %s)", c.LeaseID, w.LeaseID, old.LeaseID)
 	}
 }
+
+// TestABootingWarmInstanceYieldsItsSlot: a claim that finds the slots
+// held by a cold lease and a warm instance still booting ends the boot
+// and proceeds at once (queue_wait_timeout 0 would refuse a queued one);
+// the instance is gone, and the pool is not backed off for it.
+func TestABootingWarmInstanceYieldsItsSlot(t *testing.T) {
+	pools, _ := poolYAML(t, "slow", "slow", 1)
+	b := startBroker(t, Options{YAML: fmt.Sprintf("  slow:\n    path: %q\n    env: {NEXUS_ECHO_BOOT_DELAY: \"60s\"}\nmax_concurrent: 2\nqueue_wait_timeout: 0s\npools:\n%s",
+		bin("nexus-echo"), pools)})
+	eventually(t, 15*time.Second, func() string { return toJSON(b.leases()) }, func() bool {
+		v := b.leases()
+		return len(v.Leases) == 1 && v.Leases[0].State == "spawning"
+	})
+	booting := b.leases().Leases[0].LeaseID
+	a := b.claim(brokerclient.ClaimRequest{})
+	c := b.claim(brokerclient.ClaimRequest{})
+	b.GatewayLog.wait(t, regexp.MustCompile(`msg="a warm instance gives its slot up to a claim" lease_id=`+booting), 5*time.Second)
+	b.GatewayLog.wait(t, regexp.MustCompile(`msg="lease released" lease_id=`+booting+` reason="yielded to a claim"`), 15*time.Second)
+	eventually(t, 15*time.Second, func() string { return toJSON(b.Instances()) }, func() bool { return len(b.Instances()) == 2 })
+	if strings.Contains(b.GatewayLog.String(), "backing off") {
+		t.Fatalf("a yielded boot backed the pool off:\n%s", b.GatewayLog)
+	}
+	for _, cl := range []*brokerclient.Claim{a, c} {
+		if got := say(t, b.dial(cl, brokerclient.DialOptions{}), "x"); got != "echo #1: x" {
+			t.Fatalf("answer = %q", got)
+		}
+	}
+}

@@ -268,7 +268,10 @@ func (g *Gateway) spawnLease(ctx context.Context, principal, entry string, cfgDa
 		g.cap.Release()
 		return nil, cerr
 	}
-	l, cerr := g.bootLease(ctx, spawner.SpawnRequest{Entry: entry, Config: cfgData, RecallSession: session, Principal: principal}, "", &admitted)
+	l, cerr := g.mintLease(principal, entry, session, "", &admitted)
+	if cerr == nil {
+		cerr = g.bootLease(ctx, l, spawner.SpawnRequest{Entry: entry, Config: cfgData, RecallSession: session, Principal: principal})
+	}
 	if cerr != nil {
 		return nil, cerr
 	}
@@ -276,29 +279,33 @@ func (g *Gateway) spawnLease(ctx context.Context, principal, entry string, cfgDa
 	return l, nil
 }
 
-// bootLease mints a lease on the slot the caller holds, has spawnd spawn
-// req (a warm lease of pool when req.Pool is set) and waits for ready and,
-// for a new session, its id; a failure gives the slot back. admitted, when
-// set, is req.Principal's admission, which the lease replaces once it is
-// in the books.
-func (g *Gateway) bootLease(ctx context.Context, req spawner.SpawnRequest, pool string, admitted *bool) (*lease, *claimError) {
-	cfg := g.cfg.Load()
+// mintLease books a new lease of principal on the slot the caller holds
+// (a warm lease of pool when pool is set); a failure gives the slot back.
+// admitted, when set, is principal's admission, which the lease replaces.
+func (g *Gateway) mintLease(principal, entry, session, pool string, admitted *bool) (*lease, *claimError) {
 	id, err := g.newLeaseID()
 	if err != nil {
 		g.cap.Release()
 		return nil, refuse(http.StatusInternalServerError, "internal", "minting lease")
 	}
-	entry, session := req.Entry, req.RecallSession
-	l := g.newLease(id, req.Principal, entry, time.Now())
+	l := g.newLease(id, principal, entry, time.Now())
 	l.sessionID = session
 	l.warm.pool = pool
 	g.mu.Lock()
 	g.leases[id] = l
 	if admitted != nil {
-		g.unadmitLocked(req.Principal) // the lease itself counts from here
+		g.unadmitLocked(principal) // the lease itself counts from here
 		*admitted = false
 	}
 	g.mu.Unlock()
+	return l, nil
+}
+
+// bootLease has spawnd spawn req as lease l and waits for ready and, for a
+// new session, its id; a failure gives l's slot back.
+func (g *Gateway) bootLease(ctx context.Context, l *lease, req spawner.SpawnRequest) *claimError {
+	cfg := g.cfg.Load()
+	id, entry, session := l.id, req.Entry, req.RecallSession
 
 	// The spawn runs to completion even if the claimant hangs up meanwhile:
 	// cancelling it half-way could leave a process spawnd started and
@@ -312,51 +319,51 @@ func (g *Gateway) bootLease(ctx context.Context, req spawner.SpawnRequest, pool 
 	if spawner.CodeOf(err) == spawner.FailedPrecondition {
 		// The session was bound to another entry after resumeEntry asked.
 		g.removeLease(l)
-		g.cap.Release()
-		return nil, refuse(http.StatusConflict, "rejected", "session %q was bound to another binary while this claim was admitted; omit `binary` to inherit it, or start a new session", session)
+		l.releaseSlot()
+		return refuse(http.StatusConflict, "rejected", "session %q was bound to another binary while this claim was admitted; omit `binary` to inherit it, or start a new session", session)
 	}
 	if spawner.CodeOf(err) == spawner.ResourceExhausted {
 		// spawnd's own bound (spawnd.max_leases, max_config_bytes), or
 		// tenancy.uid_range spent.
 		g.removeLease(l)
-		g.cap.Release()
+		l.releaseSlot()
 		g.log.Warn("spawning instance refused: nexus-spawnd is at its own bound", "lease_id", id, "binary", entry, "error", spawner.MessageOf(err))
 		if spawner.StepOf(err) == spawner.StepUID {
-			return nil, refuse(http.StatusServiceUnavailable, "no_capacity", "no uid left in tenancy.uid_range")
+			return refuse(http.StatusServiceUnavailable, "no_capacity", "no uid left in tenancy.uid_range")
 		}
-		return nil, refuse(http.StatusServiceUnavailable, "no_capacity", "no capacity")
+		return refuse(http.StatusServiceUnavailable, "no_capacity", "no capacity")
 	}
 	if spawner.StepOf(err) == spawner.StepJournal {
 		// Nothing runs: spawnd refused what its journal could not record
 		// (its log names state_dir and why).
 		g.removeLease(l)
-		g.cap.Release()
+		l.releaseSlot()
 		g.log.Error("spawning instance refused: nexus-spawnd's lease journal cannot record the lease", "lease_id", id, "binary", entry, "error", spawner.MessageOf(err))
 		cerr := refuse(http.StatusServiceUnavailable, "journal_unavailable", errJournalUnavailable)
 		cerr.retryAfter = journalRetryAfter
-		return nil, cerr
+		return cerr
 	}
 	if spawner.CodeOf(err) == spawner.Unavailable {
 		// spawnd stopped answering under this call: it may not even have
 		// read it.
 		g.removeLease(l)
-		g.cap.Release()
+		l.releaseSlot()
 		g.log.Error("spawning instance failed: nexus-spawnd is not answering", "lease_id", id, "binary", entry, "error", spawner.MessageOf(err))
-		return nil, refuse(http.StatusServiceUnavailable, "spawn_failed", errSpawnerUnavailable)
+		return refuse(http.StatusServiceUnavailable, "spawn_failed", errSpawnerUnavailable)
 	}
 	if err != nil {
 		g.removeLease(l)
-		g.cap.Release()
+		l.releaseSlot()
 		g.log.Error("spawning instance failed", "lease_id", id, "binary", entry, "error", spawner.MessageOf(err), "code", spawner.CodeOf(err))
 		if spawner.StepOf(err) == spawner.StepTempConfig {
 			// No process was involved: a broker-side fault, not a spawn
 			// failure of the instance.
-			return nil, refuse(http.StatusInternalServerError, "internal", "writing temp config")
+			return refuse(http.StatusInternalServerError, "internal", "writing temp config")
 		}
 		g.m.spawnFailures.inc("exec")
 		cerr := refuse(http.StatusInternalServerError, "spawn_failed", "spawning instance")
 		cerr.cause = spawner.MessageOf(err)
-		return nil, cerr
+		return cerr
 	}
 	l.mu.Lock()
 	l.pid = pid
@@ -365,7 +372,7 @@ func (g *Gateway) bootLease(ctx context.Context, req spawner.SpawnRequest, pool 
 	g.log.Info("instance spawned", "lease_id", id, "binary", entry, "pid", pid, "session_id", session)
 
 	if cerr := g.awaitReady(ctx, l, cfg); cerr != nil {
-		return nil, cerr
+		return cerr
 	}
 	if session == "" {
 		// A new session's id comes from the instance; the claim still
@@ -384,7 +391,7 @@ func (g *Gateway) bootLease(ctx context.Context, req spawner.SpawnRequest, pool 
 		l.rearmLocked()
 	}
 	l.mu.Unlock()
-	return l, nil
+	return nil
 }
 
 // resumeEntry picks the entry a claim spawns. A resume is reconciled against
@@ -460,7 +467,12 @@ func (g *Gateway) awaitReady(ctx context.Context, l *lease, cfg *config.Config) 
 		go l.teardown(reasonReadyTimeout, teardownSkipGrace)
 		return refuse(http.StatusGatewayTimeout, "ready_timeout", "instance did not become ready in time")
 	case <-ctx.Done():
-		go l.teardown(reasonClaimAbandoned, teardownSkipGrace)
+		reason := reasonClaimAbandoned
+		var ended warmEnded // a warm lease's boot, ended for a claim
+		if errors.As(context.Cause(ctx), &ended) {
+			reason = string(ended)
+		}
+		go l.teardown(reason, teardownSkipGrace)
 		return refuse(499, "cancelled", "client went away while the instance was booting")
 	}
 }

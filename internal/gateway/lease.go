@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -89,11 +90,13 @@ func (l *lease) prove(verifier []byte) {
 // warmth is a lease's part in the warm pools. pool names the pool of a warm
 // lease while it waits to be claimed ("" once handed out, and for every
 // other lease), under mu: such a lease has no owner and is nobody's to
-// reach. freed says the lease's capacity slot was given up, once: at its
-// teardown, or earlier when a warm lease retires or yields it.
+// reach; abandon ends its boot, under mu. freed says the lease's capacity
+// slot was given up, once: at its teardown, or earlier when a warm lease
+// retires or yields it.
 type warmth struct {
-	pool  string
-	freed atomic.Bool
+	pool    string
+	abandon context.CancelCauseFunc
+	freed   atomic.Bool
 }
 
 // sendQueue orders client → instance frames: the client's read pump writes

@@ -94,9 +94,10 @@ func (g *Gateway) handOut(ctx context.Context, principal, entry string, cfgData 
 }
 
 // takeSlot is acquire, except that a claim finding no free slot first ends
-// the oldest warm instance nobody claimed and takes its slot: a claim never
-// queues behind a warm instance. With claims already queued, the slot goes
-// to the oldest of them, and this one queues as any other.
+// the oldest warm instance nobody claimed (idle, else booting) and takes
+// its slot: a claim never queues behind a warm instance. With claims
+// already queued, the slot goes to the oldest of them, and this one queues
+// as any other.
 func (g *Gateway) takeSlot(ctx context.Context, acquire func(context.Context, capacity.Quota[queuedOffer]) error, q capacity.Quota[queuedOffer]) error {
 	for g.cap.Full() {
 		id, ok := g.pools.m.Yield()
@@ -108,7 +109,7 @@ func (g *Gateway) takeSlot(ctx context.Context, acquire func(context.Context, ca
 			continue // it ended meanwhile, and its slot is free again
 		}
 		g.log.Info("a warm instance gives its slot up to a claim", "lease_id", id)
-		go l.teardown(pool.ReasonYielded, teardownGraceful)
+		g.end(l, pool.ReasonYielded)
 		if g.cap.Pass() {
 			return nil
 		}
@@ -118,16 +119,35 @@ func (g *Gateway) takeSlot(ctx context.Context, acquire func(context.Context, ca
 }
 
 // retire ends a warm lease nobody claimed: its slot is free at once (a
-// queued claim gets it first), its instance torn down meanwhile, asked
-// over its socket if it has one, else with SIGTERM at once.
+// queued claim gets it first), its instance torn down meanwhile.
 func (g *Gateway) retire(l *lease, reason string) {
 	l.releaseSlot()
+	g.end(l, reason)
+}
+
+// warmEnded is why a warm lease's boot was ended (end): its teardown
+// reason.
+type warmEnded string
+
+func (e warmEnded) Error() string { return string(e) }
+
+// end tears a warm lease down for reason, its slot already given up. One
+// still booting has its boot ended, which tears it down once spawnd has
+// answered its Spawn (Warm); any other has its instance asked over its
+// socket if it has one, else sent SIGTERM at once.
+func (g *Gateway) end(l *lease, reason string) {
 	mode := teardownGraceful
 	l.mu.Lock()
 	if l.inst == nil {
 		mode = teardownSkipGrace
 	}
+	abandon := l.warm.abandon
+	l.warm.abandon = nil
 	l.mu.Unlock()
+	if abandon != nil {
+		abandon(warmEnded(reason))
+		return
+	}
 	go l.teardown(reason, mode)
 }
 
@@ -139,7 +159,7 @@ type warmHost struct{ g *Gateway }
 var errNoSession = errors.New("the instance reported no session id within session_report_grace")
 
 // Warm boots a warm lease of s on a slot free now, never a queued claim's.
-func (h warmHost) Warm(ctx context.Context, s pool.Spec, tag string) (string, error) {
+func (h warmHost) Warm(ctx context.Context, s pool.Spec, tag string, started func(string)) (string, error) {
 	g := h.g
 	if cerr := g.spawnerUnavailable(); cerr != nil {
 		return "", cerr
@@ -147,13 +167,33 @@ func (h warmHost) Warm(ctx context.Context, s pool.Spec, tag string) (string, er
 	if g.cap.TryAcquire(ctx, capacity.Quota[queuedOffer]{}) != nil {
 		return "", pool.ErrNoSlot
 	}
-	// Not bounded by the gateway's shutdown: a warm instance booting then
-	// redials the next gateway, which adopts it.
-	l, cerr := g.bootLease(context.WithoutCancel(ctx), spawner.SpawnRequest{Entry: s.Entry, Config: s.Config, Pool: tag}, s.Name, nil)
+	l, cerr := g.mintLease("", s.Entry, "", s.Name, nil)
 	if cerr != nil {
-		if cerr.cause != "" {
-			return "", fmt.Errorf("%s: %s", cerr.text, cerr.cause)
+		return "", cerr
+	}
+	// Not bounded by the gateway's shutdown (a warm instance booting then
+	// redials the next gateway, which adopts it); ended by a claim that
+	// needs its slot (end).
+	bctx, abandon := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer abandon(nil)
+	l.mu.Lock()
+	l.warm.abandon = abandon
+	l.mu.Unlock()
+	started(l.id)
+	cerr = g.bootLease(bctx, l, spawner.SpawnRequest{Entry: s.Entry, Config: s.Config, Pool: tag})
+	l.mu.Lock()
+	ended := l.warm.abandon == nil // end took it: a claim has the slot
+	l.warm.abandon = nil
+	l.mu.Unlock()
+	switch {
+	case ended:
+		if cerr == nil { // booted before its boot was ended: end it now
+			g.end(l, pool.ReasonYielded)
 		}
+		return "", pool.ErrYielded
+	case cerr != nil && cerr.cause != "":
+		return "", fmt.Errorf("%s: %s", cerr.text, cerr.cause)
+	case cerr != nil:
 		return "", cerr
 	}
 	l.mu.Lock()

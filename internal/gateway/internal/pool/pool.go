@@ -57,8 +57,13 @@ const (
 	ReasonYielded  = "yielded to a claim"
 )
 
-// ErrNoSlot is Host.Warm's word that no slot was free: not a boot failure.
-var ErrNoSlot = errors.New("no free slot")
+// ErrNoSlot is Host.Warm's word that no slot was free, and ErrYielded that
+// the boot was ended to give its slot to a claim (Yield): neither is a boot
+// failure.
+var (
+	ErrNoSlot  = errors.New("no free slot")
+	ErrYielded = errors.New("yielded its slot to a claim")
+)
 
 // Tag is what spawnd journals as a warm lease's pool: the pool's name (cut
 // to fit spawnd's 64 bytes) and a digest of its name, entry and config, so
@@ -92,9 +97,11 @@ func (s Spec) maxAge() time.Duration {
 type Host interface {
 	// Warm reserves a capacity slot without queueing (ErrNoSlot when none
 	// is free or a claim queues for one) and boots a warm lease of s on it,
-	// journaled under tag, answering its id once its instance is ready. On
-	// any error the lease is gone and its slot given back.
-	Warm(ctx context.Context, s Spec, tag string) (id string, err error)
+	// journaled under tag, answering its id once its instance is ready. It
+	// calls started with the lease's id once the lease is in the core's
+	// books, before its spawn. On any error the lease is gone and its slot
+	// given back.
+	Warm(ctx context.Context, s Spec, tag string, started func(id string)) (id string, err error)
 	// Retire ends a warm lease nobody claimed, for reason; its slot is
 	// free at once.
 	Retire(id, reason string)
@@ -117,10 +124,11 @@ type instance struct {
 	id      string
 	p       *pool
 	created time.Time
-	// idle: ready and unclaimed; else booting (an adopted lease waiting for
-	// its instance to reattach).
-	idle bool
-	age  *time.Timer
+	// idle: ready and unclaimed; else booting: spawned by this manager
+	// (its boot answers), or adopted (waiting for its instance to
+	// reattach). yielded: given up to a claim while booting.
+	idle, adopted, yielded bool
+	age                    *time.Timer
 }
 
 // pool is one Spec's books, under Manager.mu.
@@ -222,7 +230,7 @@ func (m *Manager) dropLocked(p *pool) {
 		m.retireLocked(p.idle[0], ReasonReloaded)
 	}
 	for id, in := range m.leases {
-		if in.p == p { // adopted, not reattached yet
+		if in.p == p && in.adopted { // not reattached yet; a spawn's boot retires its own
 			delete(m.leases, id)
 			p.booting--
 			m.host.Retire(id, ReasonReloaded)
@@ -250,7 +258,7 @@ func (m *Manager) Adopt(tag, id string, created time.Time) (name string, ok bool
 	defer m.mu.Unlock()
 	for _, p := range m.order {
 		if p.tag == tag {
-			m.leases[id] = &instance{id: id, p: p, created: created}
+			m.leases[id] = &instance{id: id, p: p, created: created, adopted: true}
 			p.booting++
 			p.stat.Booting = p.booting
 			return p.spec.Name, true
@@ -264,7 +272,7 @@ func (m *Manager) Booted(id string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	in := m.leases[id]
-	if in == nil || in.idle {
+	if in == nil || !in.adopted || in.idle {
 		return
 	}
 	in.p.booting--
@@ -367,11 +375,22 @@ func (m *Manager) fillLocked(p *pool) {
 // when it started: a spawn that found no slot waits for the next one to
 // free, unless one freed meanwhile.
 func (m *Manager) boot(p *pool, freed uint64) {
-	id, err := m.host.Warm(m.ctx, p.spec, p.tag)
+	var in *instance
+	id, err := m.host.Warm(m.ctx, p.spec, p.tag, func(id string) {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		in = &instance{id: id, p: p, created: time.Now()}
+		m.leases[id] = in
+	})
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	p.booting--
+	if in != nil && m.leases[in.id] == in {
+		delete(m.leases, in.id)
+	}
 	switch {
+	case in != nil && in.yielded, errors.Is(err, ErrYielded):
+		// Its slot is a claim's now; the pool refills once one frees.
 	case errors.Is(err, ErrNoSlot):
 		p.slotless = m.freed == freed
 	case !m.live():
@@ -396,7 +415,9 @@ func (m *Manager) boot(p *pool, freed uint64) {
 		m.host.Retire(id, ReasonReloaded)
 	default:
 		p.failures = 0
-		in := &instance{id: id, p: p, created: time.Now()}
+		if in == nil || in.id != id {
+			in = &instance{id: id, p: p, created: time.Now()}
+		}
 		m.leases[id] = in
 		m.readyLocked(in)
 	}
@@ -429,10 +450,10 @@ func (m *Manager) Take(entry string, config []byte) (id, name string, ok bool) {
 	return "", "", false
 }
 
-// Yield gives up the oldest idle instance of any pool to a claim that
-// found no free slot: off the books, its id for the caller to retire with
-// its slot passed on. false: there is none. Its pool refills once a slot
-// frees.
+// Yield gives up a warm instance to a claim that found no free slot: the
+// oldest idle one of any pool, else the oldest still booting; off the
+// books, its id for the caller to end, its slot passed on. false: there is
+// none. Its pool refills once a slot frees.
 func (m *Manager) Yield() (id string, ok bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -442,10 +463,24 @@ func (m *Manager) Yield() (id string, ok bool) {
 			oldest = p.idle[0]
 		}
 	}
+	if oldest != nil {
+		m.unidleLocked(oldest)
+		return oldest.id, true
+	}
+	for _, in := range m.leases {
+		if !in.idle && (oldest == nil || in.created.Before(oldest.created)) {
+			oldest = in
+		}
+	}
 	if oldest == nil {
 		return "", false
 	}
-	m.unidleLocked(oldest)
+	delete(m.leases, oldest.id)
+	oldest.yielded = true
+	if oldest.adopted {
+		oldest.p.booting--
+		m.countLocked(oldest.p)
+	}
 	return oldest.id, true
 }
 
@@ -457,9 +492,10 @@ func (m *Manager) Freed(id string) {
 	defer m.mu.Unlock()
 	m.freed++
 	if in := m.leases[id]; in != nil {
-		if in.idle {
+		switch {
+		case in.idle:
 			m.unidleLocked(in)
-		} else {
+		case in.adopted: // a spawn's boot answers for itself
 			delete(m.leases, id)
 			in.p.booting--
 			m.countLocked(in.p)

@@ -35,8 +35,9 @@ func newHost() *fakeHost {
 	return &fakeHost{calls: make(chan call, 64), retired: make(chan retirement, 64)}
 }
 
-func (h *fakeHost) Warm(ctx context.Context, s Spec, tag string) (string, error) {
+func (h *fakeHost) Warm(ctx context.Context, s Spec, tag string, started func(string)) (string, error) {
 	c := call{id: fmt.Sprintf("%s-%d", s.Name, h.n.Add(1)), spec: s, tag: tag, reply: make(chan error, 1)}
+	started(c.id)
 	h.calls <- c
 	select {
 	case err := <-c.reply:
@@ -369,4 +370,35 @@ func TestTagFitsAndTellsConfigsApart(t *testing.T) {
 	if spec.Tag() == other.Tag() || spec.Tag() != again.Tag() {
 		t.Fatal("tags do not follow the config")
 	}
+}
+
+// TestYieldEndsABootingInstance: with none idle, a claim with no free slot
+// gets the oldest instance still booting; its boot then ends, and that is
+// no failure of the pool's.
+func TestYieldEndsABootingInstance(t *testing.T) {
+	h := newHost()
+	s := spec
+	s.MinIdle = 1
+	m, _ := start(t, h, s)
+	c := h.next(t)
+	id, ok := m.Yield()
+	if !ok || id != c.id {
+		t.Fatalf("yielded %q %v, want the booting %s", id, ok, c.id)
+	}
+	if _, ok := m.Yield(); ok {
+		t.Fatal("yielded twice")
+	}
+	c.reply <- ErrYielded
+	st := waitStat(t, m, "default", func(st Stat) bool { return st.Booting == 1 })
+	if st.RefillFailures != 0 || st.Idle != 0 {
+		t.Fatalf("after a yielded boot: %+v", st)
+	}
+	m.mu.Lock()
+	backoff := m.order[0].backoff
+	m.mu.Unlock()
+	if backoff != nil {
+		t.Fatal("a yielded boot backed the pool off")
+	}
+	h.next(t).reply <- nil // its replacement
+	waitStat(t, m, "default", func(st Stat) bool { return st.Idle == 1 })
 }
