@@ -17,10 +17,13 @@ import (
 )
 
 // This file (with api_router.go, the part only the cluster router uses) is
-// the lease core's whole face to the layers above it (the A2A door, the
-// cluster router, the HTTP face, the console): nothing else of
-// the core is theirs to call, and its internals (internal/gateway/internal)
-// are out of their reach by the compiler. The face is
+// the lease core's face to the layers above it (the A2A door, the
+// cluster router, the HTTP face, the console), but for the entry points
+// that sit with their logic: ClaimRequest and CountClaim (claim.go),
+// Routes (gateway.go), NotReady (release.go) and WriteMetrics
+// (metrics.go). Nothing else of the core is theirs to call, and its
+// internals (internal/gateway/internal) are out of their reach by the
+// compiler. The face is
 //
 //   - Claim (and ClaimRequest, POST /claim's, with CountClaim) and Release:
 //     start a lease through the one spawn spine (admission, the capacity
@@ -30,7 +33,7 @@ import (
 //   - Leases (the leases a caller sees), Binaries, Capacity, Config;
 //   - Subscribe: the lease events (claimed, released, crashed, reaped,
 //     evicted, a client coming or going);
-//   - Mount, Routes, Authenticate, Admit, Audit, OwnsLease, BaseURL and
+//   - Mount, Routes, Authenticate, Admit, Audit, BaseURL and
 //     StreamConn: the routes of the layers above and the guard every route
 //     goes through;
 //   - NotReady and WriteMetrics: what GET /readyz and GET /metrics say.
@@ -486,14 +489,6 @@ func (g *Gateway) Mount(routes func(*http.ServeMux)) { g.mounts = append(g.mount
 // Without an auth: block every caller is the anonymous principal.
 func (g *Gateway) Authenticate(w http.ResponseWriter, r *http.Request) (auth.Principal, bool) {
 	return g.authenticate(w, r, false)
-}
-
-// OwnsLease reports whether p owns the live lease id: the ownership check
-// of release, connect and ticket, for routes outside this file. false is
-// answered with writeUnknownLease, byte for byte what an unknown lease
-// gets.
-func (g *Gateway) OwnsLease(r *http.Request, id string, p auth.Principal) bool {
-	return g.owned(r, id, p) != nil
 }
 
 // Admit authenticates r, as an operator (auth.admin_scope) when admin is

@@ -105,8 +105,6 @@ const (
 	TextOwnerUnavailable = "lease owner unavailable"
 	// TextUnknownLease is the 404 of a lease that is not the caller's, or none.
 	TextUnknownLease = errUnknownLease
-	// TextTicketDenied is the audit reason of a refused ticket.
-	TextTicketDenied = ticketDenial
 	CodeSuperseded   = wire.CodeSuperseded
 	CloseSuperseded  = wire.CloseSuperseded
 	CloseRestarting  = wire.CloseRestarting

@@ -13,14 +13,16 @@
 //
 // Layers above it (the HTTP face, the A2A door, the cluster router,
 // internal/console, internal/brokerd) use it only through its exported
-// face, in api.go (and api_router.go for the router's part): Claim,
+// face, in api.go (and api_router.go for the router's part; ClaimRequest
+// and CountClaim sit in claim.go, Routes in gateway.go, NotReady in
+// release.go and WriteMetrics in metrics.go, with their logic): Claim,
 // ClaimRequest, Release, Ticket, a Lease's Send, Follow and Attach,
 // Leases, Subscribe, Extend, Mount, Routes, NotReady, WriteMetrics and the
-// guard (Authenticate, Admit, Audit). It may not import them, nor
-// internal/cluster (the router speaks NATS), pkg/spawnrpc or
+// guard (Authenticate, Admit, Audit). It may not import them (nor the A2A
+// door), internal/cluster (the router speaks NATS), pkg/spawnrpc or
 // internal/spawnclient (layers_test.go checks it, and that no package
-// holds more than 4 500 non-test lines nor any file outside spawnd more
-// than 600).
+// holds more than 4 500 non-test lines, no file outside spawnd more than
+// 600, nor any struct more than 15 fields).
 package gateway
 
 import (
