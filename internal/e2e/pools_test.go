@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/a2aproject/a2a-go/v2/a2a"
+
 	"github.com/nexus-broker/nexus-broker/pkg/brokerclient"
 )
 
@@ -440,4 +442,23 @@ func TestABootingWarmInstanceYieldsItsSlot(t *testing.T) {
 			t.Fatalf("answer = %q", got)
 		}
 	}
+}
+
+// TestAWarmProfileStartsConversationsWarm: a conversation of an agents:
+// profile with warm: starts on the profile's warm instance, through the
+// A2A door's claim, and the pool refills.
+func TestAWarmProfileStartsConversationsWarm(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "warmed.yaml")
+	if err := os.WriteFile(cfg, []byte(poolConfig), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b := startBroker(t, Options{YAML: fmt.Sprintf("max_concurrent: 4\nagents:\n  warmed: {config: %q, warm: 1, card: {name: W, description: D, version: \"1\"}}\n", cfg)})
+	w := b.waitWarm(1)[0]
+	c := a2aClient(t, b, "warmed", a2a.TransportProtocolJSONRPC)
+	if got := answerOf(t, sendTask(t, c, userMsg("conv-warm", "hello"))); got != "echo #1: hello" {
+		t.Fatalf("answer %q", got)
+	}
+	b.GatewayLog.wait(t, regexp.MustCompile(`msg="claim served by a warm instance" lease_id=`+w.LeaseID+` pool=warmed session_id=`+w.SessionID), 5*time.Second)
+	b.GatewayLog.wait(t, regexp.MustCompile(`msg="a2a turn started an agent instance" profile=warmed context_id=conv-warm session_id=`+w.SessionID+` lease_id=`+w.LeaseID), 5*time.Second)
+	b.waitWarm(1, w.LeaseID)
 }
