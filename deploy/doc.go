@@ -5,4 +5,6 @@
 // own config loader, that the files agree with each other (paths, users,
 // ids, which directories instances may write), and, where systemd-analyze
 // is installed, that systemd accepts both units.
+//
+// It imports nothing.
 package deploy

@@ -1,6 +1,8 @@
 // Command nexus-broker is the unprivileged gateway of nexus-broker: the HTTP
 // and WebSocket ingress. It attaches to nexus-spawnd (and in development
 // starts it) for everything that touches a process.
+//
+// Of the project it imports only internal/brokerd and internal/bootlog.
 package main
 
 import (

@@ -4,6 +4,8 @@
 // releases on exit. With piped input each line waits for its answer. A
 // dropped socket is reconnected with a fresh ticket and ?from_seq=, so
 // nothing is lost.
+//
+// Of the project it imports only internal/nexusclient.
 package main
 
 import (

@@ -1,6 +1,8 @@
 // Command nexus-cluster is `make cluster`: an embedded nats-server and three
 // nexus-broker pairs on loopback in cluster mode, until Ctrl-C. See package
 // internal/clusterdemo.
+//
+// Of the project it imports only internal/clusterdemo.
 package main
 
 import (

@@ -6,6 +6,8 @@
 //
 // with NEXUS_BROKER_ADDR, NEXUS_BROKER_LEASE_ID and NEXUS_BROKER_SPAWN_SECRET
 // in its environment. See package internal/echo for what it does.
+//
+// Of the project it imports only internal/echo.
 package main
 
 import (

@@ -2,6 +2,8 @@
 // signals and re-adopts instances on the gateway's behalf, serving
 // pkg/spawnrpc on a unix socket in its run directory. Stopping it stops no
 // instance.
+//
+// It may link nothing gateway-side (deps_test.go checks it).
 package main
 
 import (

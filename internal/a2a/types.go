@@ -4,8 +4,10 @@
 // (<state_dir>/a2a-tasks.jsonl) and the conversation index
 // (<state_dir>/a2a-contexts.jsonl). The gateway drives them.
 //
-// It imports nothing of the gateway (internal/gateway and below it), the
-// console, spawnd's client or its RPC.
+// It imports nothing of the gateway (internal/gateway and below it), nor
+// the layers over it (the A2A door, the HTTP face, the console,
+// internal/brokerd), spawnd's client or its RPC
+// (internal/gateway/layers_test.go checks it).
 package a2a
 
 import (

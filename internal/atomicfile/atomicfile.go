@@ -1,6 +1,11 @@
 // Package atomicfile replaces files so that a reader, or the next boot after
 // a crash or power loss, sees the old contents or the new, never a torn or
 // empty file.
+//
+// Both nexus-broker and nexus-spawnd link it, so it may import none of
+// the gateway's layers nor anything else gateway-side
+// (internal/gateway/layers_test.go and cmd/nexus-spawnd's deps test check
+// it).
 package atomicfile
 
 import (

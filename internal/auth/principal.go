@@ -3,6 +3,10 @@
 // proxy_headers), the principal it yields, and the single-use WebSocket
 // tickets the broker mints itself. It decides who a caller is; what a
 // principal may touch (lease ownership) is the gateway's.
+//
+// Of the project it may import internal/config, never the lease core,
+// the layers above it or spawnd's client (internal/gateway/layers_test.go
+// checks it).
 package auth
 
 import "slices"

@@ -11,6 +11,11 @@
 // and the file is rewritten whole from memory once writes work again
 // (Failed, Rewrite). A torn or invalid line is skipped with a WARN. Without
 // a file an index lives in memory, capped.
+//
+// Both nexus-broker and nexus-spawnd link it, so it may import none of
+// the gateway's layers nor anything else gateway-side
+// (internal/gateway/layers_test.go and cmd/nexus-spawnd's deps test check
+// it).
 package bindindex
 
 import (

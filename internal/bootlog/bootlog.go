@@ -2,6 +2,11 @@
 // into the one record upstream's broker logs for it: its message, its keys
 // and the error, through the process's own slog handler, so a failed start
 // reads like every other line of the log.
+//
+// Both nexus-broker and nexus-spawnd link it, so it may import none of
+// the gateway's layers nor anything else gateway-side
+// (internal/gateway/layers_test.go and cmd/nexus-spawnd's deps test check
+// it).
 package bootlog
 
 import (

@@ -2,6 +2,9 @@
 // development defaults), attach to nexus-spawnd (launching it in
 // development), listen, serve, and handle SIGHUP / SIGTERM. cmd/nexus-broker
 // only parses flags and calls Run.
+//
+// It is the composition: it may import every layer, and nothing imports
+// it but cmd/nexus-broker (internal/gateway/layers_test.go checks it).
 package brokerd
 
 import (

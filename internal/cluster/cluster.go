@@ -8,6 +8,11 @@
 //	P.hb              every broker's heartbeat (publish, subscribe)
 //	P.b.B.<op>        requests for broker B (B subscribes)
 //	_INBOX.B.<id>.<n> answers to B's requests (B subscribes)
+//
+// It is of the floor: it may import internal/config and the helpers,
+// never the lease core, the cluster router above it, the A2A door, the
+// HTTP face, the console, spawnd's client or pkg/spawnrpc
+// (internal/gateway/layers_test.go checks it).
 package cluster
 
 import (

@@ -2,6 +2,9 @@
 // brokers on loopback, each with its own nexus-spawnd and state_dir, in
 // cluster mode. It prints each broker's base URL and what to try, and on
 // Ctrl-C releases every lease and stops all of it.
+//
+// It runs the built binaries rather than linking them: of the project it
+// imports only pkg/spawnrpc (to find each spawnd).
 package clusterdemo
 
 import (

@@ -7,6 +7,11 @@
 // nexus-spawnd links only core: it never looks at auth:, and the gateway
 // never looks at run_as or an entry's path/args/env. Resolving entries
 // against the filesystem is spawnd's job (internal/spawnd).
+//
+// Of the project it imports only internal/config/core: none of the
+// packages that read it (the lease core and its layers, internal/a2a,
+// internal/cluster, internal/auth, spawnd's client; internal/gateway's
+// layers_test.go checks it).
 package config
 
 import (

@@ -9,6 +9,10 @@
 // honours cancel, and echoes any other payload verbatim. Fault knobs in the
 // environment (see the Env constants) make it misbehave on purpose so the
 // broker's failure paths can be tested against a real process.
+//
+// It is an instance, not the broker: of the project it imports only
+// pkg/brokerframe, pkg/dialenv and internal/logbound, nothing of the
+// gateway or of spawnd.
 package echo
 
 import (

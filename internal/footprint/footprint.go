@@ -1,6 +1,11 @@
 // Package footprint keeps a daemon's footprint on its host to what its work
 // needs: a collector goal for a small live heap, nothing resident that only
 // the boot used, and the processors its goroutines run on.
+//
+// Both nexus-broker and nexus-spawnd link it, so it may import none of
+// the gateway's layers nor anything else gateway-side
+// (internal/gateway/layers_test.go and cmd/nexus-spawnd's deps test check
+// it).
 package footprint
 
 import (

@@ -1,5 +1,10 @@
 // Package inotify reads the events of an inotify descriptor (spawnd capping
 // instance logs, the gateway awaiting spawnd.json).
+//
+// Both nexus-broker and nexus-spawnd link it, so it may import none of
+// the gateway's layers nor anything else gateway-side
+// (internal/gateway/layers_test.go and cmd/nexus-spawnd's deps test check
+// it).
 package inotify
 
 import (

@@ -9,6 +9,9 @@
 // suppressed (the count) and window. The next occurrence after that starts
 // a new window. A key seen once costs one line; a flood costs two lines per
 // window.
+//
+// It is of the gateway's floor: it may import none of the gateway's
+// layers (internal/gateway/layers_test.go checks it).
 package logbound
 
 import (

@@ -1,6 +1,9 @@
 // Package nexusclient is nexus-client: claim an instance (or attach to a
 // lease claimed elsewhere), send each input line, print the streamed
 // answers, and release on exit. cmd/nexus-client only parses flags.
+//
+// It talks to the broker as any client does: of the project it imports
+// only pkg/brokerclient and pkg/brokerframe.
 package nexusclient
 
 import (

@@ -10,6 +10,9 @@
 // arrives at an idle gateway, so each paid that: most of the gateway's CPU
 // per sequential echo, taken from the instance and the client on a small
 // machine. It is the gateway's: nexus-spawnd links none of it.
+//
+// It is of the gateway's floor: it may import none of the gateway's
+// layers (internal/gateway/layers_test.go checks it).
 package rawsock
 
 import (

@@ -5,6 +5,11 @@
 // is refused, never adopted. Files inside are opened without following a
 // symlink; files holding secrets or that spawnd acts on must be its own,
 // mode 0600.
+//
+// Both nexus-broker and nexus-spawnd link it, so it may import none of
+// the gateway's layers nor anything else gateway-side
+// (internal/gateway/layers_test.go and cmd/nexus-spawnd's deps test check
+// it).
 package safedir
 
 import (

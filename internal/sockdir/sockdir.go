@@ -2,6 +2,8 @@
 // A socket path must fit sun_path (108 bytes), which t.TempDir's test-named
 // paths under a long $TMPDIR do not; these tests keep their sockets in a
 // short directory of their own under /tmp instead, and remove it.
+//
+// Only tests import it; it imports nothing of the project.
 package sockdir
 
 import (

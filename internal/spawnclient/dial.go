@@ -4,6 +4,10 @@
 // re-attaches across spawnd restarts behind one Client, and in development
 // launches a detached spawnd when none is running. nexus-spawnd does not
 // link it (cmd/nexus-spawnd's deps test keeps it so).
+//
+// It may import internal/gateway/spawner (the interface it implements),
+// pkg/spawnrpc and the helpers, never the lease core, its internals or
+// any layer (internal/gateway/layers_test.go checks it).
 package spawnclient
 
 import (

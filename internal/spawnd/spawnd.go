@@ -24,6 +24,10 @@
 // (re-adoption), index.go (session → binary index), limits.go (spawnd's own
 // bounds), tenancy.go (a uid per principal), sandbox.go (bubblewrap),
 // pool.go (warm leases and their hand-out).
+//
+// It may import nothing gateway-side (cmd/nexus-spawnd's deps test checks
+// it): of the project only internal/config/core, spawnpb and the helpers
+// both halves share.
 package spawnd
 
 import (

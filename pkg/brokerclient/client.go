@@ -1,7 +1,11 @@
 // Package brokerclient is a Go client of nexus-broker's HTTP and WebSocket
 // API: claim, connect (with a ticket or a bearer, and ?from_seq= resume),
-// reconnect with a fresh ticket, send input, read frames, release. The README's nexus-client command, the tests and the benchmarks
-// all use it.
+// reconnect with a fresh ticket, send input, read frames, release. The
+// README's nexus-client command, the tests and the benchmarks all use it.
+//
+// Of the project it imports only pkg/brokerframe, so a client links none
+// of the broker; it may import none of the gateway's layers
+// (internal/gateway/layers_test.go checks it).
 package brokerclient
 
 import (

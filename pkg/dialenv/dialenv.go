@@ -1,5 +1,7 @@
 // Package dialenv names the variables spawnd gives every instance to dial
 // back and register: its own package, so spawnd links no wire codec.
+//
+// It imports nothing: spawnd and every instance link it.
 package dialenv
 
 // Set last in a spawn's environment, so nothing overrides them.

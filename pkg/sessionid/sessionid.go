@@ -2,6 +2,11 @@
 // id, from a claim or an instance's report. It reaches an instance's argv
 // (-recall <id>), the journal and the index, so it is held to a narrow
 // alphabet and a length a stock nexus (32 hex characters) never nears.
+//
+// Both nexus-broker and nexus-spawnd link it, so it may import none of
+// the gateway's layers nor anything else gateway-side
+// (internal/gateway/layers_test.go and cmd/nexus-spawnd's deps test check
+// it).
 package sessionid
 
 import "fmt"

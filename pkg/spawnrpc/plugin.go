@@ -4,6 +4,11 @@
 // directory and checks every connection with SO_PEERCRED), and what both
 // sides share. The gateway attaches with internal/spawnclient, which spawnd
 // does not link. The verbs live in internal/spawnd.
+//
+// Both processes link it, so it may import spawnpb and the helpers both
+// share, none of the gateway's layers nor anything else gateway-side
+// (internal/gateway/layers_test.go and cmd/nexus-spawnd's deps test check
+// it).
 package spawnrpc
 
 import (

@@ -7,9 +7,11 @@
 //
 // It reaches the lease core only through the core's API
 // (internal/gateway/api.go, as Core here) and the cluster router only
-// through the part of its face Peers names: it holds no pointer to the gateway and shares no lock with it.
+// through the part of its face Peers names: it holds no pointer to the
+// gateway and shares no lock with it.
 // It may not import the core's internals (internal/gateway/internal/...,
-// which the compiler refuses anyway), the cluster router, the console,
+// which the compiler refuses anyway), internal/gateway/spawner, the
+// cluster router or internal/cluster, the HTTP face, the console,
 // internal/brokerd, internal/spawnclient or pkg/spawnrpc
 // (internal/gateway/layers_test.go checks it).
 package ingress

@@ -1,6 +1,8 @@
 // Package authtest runs the identity providers auth tests verify against,
 // for real, on loopback: an OIDC issuer serving a JWKS with rotatable keys,
 // and an RFC 7662 introspection endpoint.
+//
+// Only tests import it; it imports nothing of the project.
 package authtest
 
 import (

@@ -14,8 +14,9 @@
 // (internal/brokerd joins one only with a cluster: block). It may import
 // internal/gateway (that face), internal/cluster, internal/a2a,
 // internal/auth and internal/config; never the core's internals,
-// internal/console, internal/brokerd, internal/spawnclient or
-// pkg/spawnrpc (internal/gateway's layers_test.go checks it).
+// internal/gateway/spawner, the HTTP face, the A2A door, internal/console,
+// internal/brokerd, internal/spawnclient or pkg/spawnrpc
+// (internal/gateway's layers_test.go checks it).
 package router
 
 import (

@@ -4,6 +4,11 @@
 // error. The gateway's sections are layered on top by internal/config, which
 // spawnd does not link; spawnd tolerates them unread (GatewayKeys). Both
 // digest the same bytes, so they agree on the file's identity.
+//
+// Both nexus-broker and nexus-spawnd link it, so it may import none of
+// the gateway's layers nor anything else gateway-side
+// (internal/gateway/layers_test.go and cmd/nexus-spawnd's deps test check
+// it).
 package core
 
 import (

@@ -2,6 +2,10 @@
 // (`make proto`): protoc-gen-go's messages, protoc-gen-go-grpc's service,
 // and vtprotobuf's MarshalVT/UnmarshalVT/SizeVT, which Codec uses so that no
 // RPC of the service goes through protobuf's reflection.
+//
+// It imports nothing of the project (internal/gateway/layers_test.go
+// checks that only pkg/spawnrpc, internal/spawnd and internal/spawnclient
+// import it).
 package spawnpb
 
 import (
