@@ -73,6 +73,7 @@ type Core interface {
 	Mount(func(*http.ServeMux))
 	Leases(owner string, all bool) []gateway.LeaseInfo
 	Binaries() []gateway.BinaryInfo
+	Pools() []gateway.PoolInfo
 	Capacity() gateway.Capacity
 	Config() *config.Config
 	Done() <-chan struct{}
@@ -152,6 +153,8 @@ type consoleLease struct {
 	LastActivity   time.Time `json:"last_activity"`
 	ClientAttached bool      `json:"client_attached"`
 	PID            int64     `json:"pid"`
+	// Pool is a warm lease's, nobody's until claimed.
+	Pool string `json:"pool,omitempty"`
 	// Releasable: the viewer owns it. There is no operator bypass on
 	// release, so the page offers the button only where it would work.
 	Releasable bool `json:"releasable"`
@@ -168,13 +171,14 @@ type consoleSnapshot struct {
 		OldestWaitSec float64 `json:"oldest_wait_seconds"`
 	} `json:"capacity"`
 	Binaries []gateway.BinaryInfo `json:"binaries"`
+	Pools    []gateway.PoolInfo   `json:"pools"`
 	Leases   []consoleLease       `json:"leases"`
 	Events   []consoleEvent       `json:"events"`
 	changed  <-chan struct{}      // when this snapshot is stale
 }
 
 func (c *console) consoleSnapshot(viewer auth.Principal) *consoleSnapshot {
-	s := &consoleSnapshot{Now: time.Now().UTC(), Viewer: viewer.ID, Binaries: c.g.Binaries(), Leases: []consoleLease{}}
+	s := &consoleSnapshot{Now: time.Now().UTC(), Viewer: viewer.ID, Binaries: c.g.Binaries(), Pools: c.g.Pools(), Leases: []consoleLease{}}
 	s.Events, s.changed = c.hub.watch()
 	k, capa := &s.Capacity, c.g.Capacity()
 	k.MaxConcurrent, k.SlotsInUse, k.QueueDepth, k.MaxQueueDepth = capa.Max, capa.InUse, capa.Depth, capa.MaxDepth
@@ -182,8 +186,8 @@ func (c *console) consoleSnapshot(viewer auth.Principal) *consoleSnapshot {
 	for _, l := range c.g.Leases("", true) {
 		s.Leases = append(s.Leases, consoleLease{
 			LeaseID: l.LeaseID, Principal: l.Principal, Binary: l.Binary, State: l.State, Reason: l.Reason,
-			CreatedAt: l.CreatedAt, LastActivity: l.LastActivity, ClientAttached: l.ClientAttached, PID: l.PID,
-			Releasable: l.Principal == viewer.ID && l.State != gateway.StateDraining,
+			CreatedAt: l.CreatedAt, LastActivity: l.LastActivity, ClientAttached: l.ClientAttached, PID: l.PID, Pool: l.Pool,
+			Releasable: l.Pool == "" && l.Principal == viewer.ID && l.State != gateway.StateDraining,
 		})
 	}
 	return s

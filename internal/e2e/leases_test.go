@@ -23,6 +23,7 @@ type leaseView struct {
 	State     string `json:"state"`
 	Binary    string `json:"binary"`
 	Reason    string `json:"reason"`
+	Pool      string `json:"pool"`
 }
 
 // leases reads GET /leases.

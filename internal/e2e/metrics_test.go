@@ -18,12 +18,7 @@ import (
 // its whole fixed label set, present at 0.
 func TestMetricsExposition(t *testing.T) {
 	b := startBroker(t, Options{})
-	_, text := b.get("/metrics")
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(strings.NewReader(text))
-	if err != nil {
-		t.Fatalf("the Prometheus text parser refused the exposition: %v\n%s", err, text)
-	}
+	text, families := b.scrape()
 	want := map[string]struct {
 		typ    dto.MetricType
 		label  string
@@ -111,6 +106,18 @@ func TestMetricsExposition(t *testing.T) {
 		}
 		last = at
 	}
+}
+
+// scrape reads GET /metrics through the Prometheus text parser.
+func (b *Broker) scrape() (string, map[string]*dto.MetricFamily) {
+	b.t.Helper()
+	_, text := b.get("/metrics")
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(strings.NewReader(text))
+	if err != nil {
+		b.t.Fatalf("the Prometheus text parser refused the exposition: %v\n%s", err, text)
+	}
+	return text, families
 }
 
 // claims_total counts every claim of the shared spawn spine, POST /claim's

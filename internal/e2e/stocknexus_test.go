@@ -27,7 +27,7 @@ const stockNexusEnv = "NEXUS_STOCK_NEXUS"
 // whose answer lists every user message it was sent ("stub heard N: a | b"),
 // so an engine's memory shows; a message longer than 40 bytes is listed by
 // its start and length. It streams when asked to, in chunks.
-func llmStub(t *testing.T) string {
+func llmStub(t testing.TB) string {
 	t.Helper()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var req struct {
@@ -89,26 +89,18 @@ func llmStub(t *testing.T) string {
 // Its instances' HOME, where their sessions are kept, is the test's own.
 func stockNexus(t *testing.T) (*Broker, string) {
 	t.Helper()
+	return stockNexusWith(t, nil, Options{})
+}
+
+// stockNexusWith is stockNexus with o, and with yaml(cfg) appended to the
+// broker's YAML when yaml is not nil (a pool booted with cfg, say).
+func stockNexusWith(t testing.TB, yaml func(cfg string) string, o Options) (*Broker, string) {
+	t.Helper()
 	engine := os.Getenv(stockNexusEnv)
 	if engine == "" {
 		t.Skipf("%s is not set: it names a stock nexus engine built from upstream's source, which CI cannot build", stockNexusEnv)
 	}
 	home := t.TempDir()
-	b := startBroker(t, Options{NoNexusEntry: true, YAML: fmt.Sprintf(`binaries:
-  nexus:
-    path: %q
-    env: {OPENAI_API_KEY: dummy, HOME: %q}
-`, engine, home)})
-	// The harness ends the nexus-echo instances a test leaves; the stock
-	// engine's it ends here, before the broker's cleanup kills spawnd.
-	exe, err := filepath.EvalSymlinks(engine)
-	if err != nil {
-		t.Fatalf("%s=%q: %v", stockNexusEnv, engine, err)
-	}
-	if exe, err = filepath.Abs(exe); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { killGroupsOf(processesOf(exe, home)) })
 	cfg := fmt.Sprintf(`core:
   log_level: warn
   models:
@@ -119,6 +111,26 @@ plugins:
   active: [nexus.io.broker, nexus.llm.openai, nexus.agent.react, nexus.memory.capped]
   nexus.llm.openai: {api_key: dummy, base_url: %q}
 `, filepath.Join(home, ".nexus", "sessions"), llmStub(t))
+	o.NoNexusEntry = true
+	o.YAML = fmt.Sprintf(`binaries:
+  nexus:
+    path: %q
+    env: {OPENAI_API_KEY: dummy, HOME: %q}
+`, engine, home) + o.YAML
+	if yaml != nil {
+		o.YAML += yaml(cfg)
+	}
+	b := startBroker(t, o)
+	// The harness ends the nexus-echo instances a test leaves; the stock
+	// engine's it ends here, before the broker's cleanup kills spawnd.
+	exe, err := filepath.EvalSymlinks(engine)
+	if err != nil {
+		t.Fatalf("%s=%q: %v", stockNexusEnv, engine, err)
+	}
+	if exe, err = filepath.Abs(exe); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { killGroupsOf(processesOf(exe, home)) })
 	return b, cfg
 }
 

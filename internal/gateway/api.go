@@ -379,6 +379,9 @@ type LeaseInfo struct {
 	Reason       string    `json:"reason,omitempty"`
 	LastActivity time.Time `json:"last_activity"`
 	CreatedAt    time.Time `json:"created_at"`
+	// Pool names the pool of a warm lease nobody claimed yet, which only
+	// an operator's listing holds.
+	Pool string `json:"pool,omitempty"`
 	// For the console only: GET /leases discloses neither.
 	Principal      string `json:"-"`
 	ClientAttached bool   `json:"-"`
@@ -393,12 +396,30 @@ func (g *Gateway) Leases(owner string, all bool) []LeaseInfo {
 		l.mu.Lock()
 		out = append(out, LeaseInfo{
 			LeaseID: l.id, SessionID: l.sessionID, PID: l.pid, State: l.state, Binary: l.entry,
-			Reason: l.reason, LastActivity: l.lastActivity.UTC(), CreatedAt: l.createdAt.UTC(),
+			Reason: l.reason, LastActivity: l.lastActivity.UTC(), CreatedAt: l.createdAt.UTC(), Pool: l.warm.pool,
 			Principal: l.principal, ClientAttached: l.client != nil,
 		})
 		l.mu.Unlock()
 	}
 	SortLeases(out)
+	return out
+}
+
+// PoolInfo is one warm pool in force, for the console.
+type PoolInfo struct {
+	Name    string `json:"name"`
+	Binary  string `json:"binary"`
+	Idle    int    `json:"idle"`
+	MinIdle int    `json:"min_idle"`
+}
+
+// Pools lists the pools in force, as declared.
+func (g *Gateway) Pools() []PoolInfo {
+	stats := g.pools.m.Stats()
+	out := make([]PoolInfo, len(stats))
+	for i, s := range stats {
+		out[i] = PoolInfo{Name: s.Name, Binary: s.Entry, Idle: s.Idle, MinIdle: s.MinIdle}
+	}
 	return out
 }
 

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/nexus-broker/nexus-broker/internal/gateway/internal/pool"
 )
 
 // Label values of the wire contract's fixed sets. A series exists for every
@@ -113,6 +115,8 @@ type gauges struct {
 	leases                                                                   map[string]int
 	// cluster is nil in single-broker mode, whose /metrics stays as it was.
 	cluster *ClusterGauges
+	// pools are the pools in force; none, and no pool family is written.
+	pools []pool.Stat
 }
 
 const ns = "nexus_broker_"
@@ -130,6 +134,7 @@ func (g *Gateway) WriteMetrics(w io.Writer) {
 		c := g.rt.Gauges()
 		gg.cluster = &c
 	}
+	gg.pools = g.pools.m.Stats()
 	g.m.write(w, gg)
 }
 
@@ -186,6 +191,30 @@ func (m *metrics) write(w io.Writer, g gauges) {
 			fmt.Fprintf(w, "%s%s{reason=%q} %d\n", ns, name, r.Reason, r.N)
 		}
 	}
+	writePools(w, g.pools)
+}
+
+// writePools writes the warm pools' families (ours), every pool in force
+// at 0 from the first scrape, labelled by its name.
+func writePools(w io.Writer, pools []pool.Stat) {
+	family := func(name, typ, help string, series func(s pool.Stat)) {
+		fmt.Fprintf(w, "# HELP %s%s %s\n# TYPE %s%s %s\n", ns, name, help, ns, name, typ)
+		for _, s := range pools {
+			series(s)
+		}
+	}
+	if len(pools) == 0 {
+		return
+	}
+	family("pool_idle", "gauge", "Warm instances ready and unclaimed, by pool.", func(s pool.Stat) {
+		fmt.Fprintf(w, "%spool_idle{pool=%q} %d\n", ns, s.Name, s.Idle)
+	})
+	family("pool_claims_total", "counter", "Claims naming a pool's binary and config, served warm (hit) or cold (miss), by pool.", func(s pool.Stat) {
+		fmt.Fprintf(w, "%spool_claims_total{pool=%q,outcome=\"hit\"} %d\n%spool_claims_total{pool=%q,outcome=\"miss\"} %d\n", ns, s.Name, s.Hits, ns, s.Name, s.Misses)
+	})
+	family("pool_refill_failures_total", "counter", "Warm instances that failed to boot, by pool.", func(s pool.Stat) {
+		fmt.Fprintf(w, "%spool_refill_failures_total{pool=%q} %d\n", ns, s.Name, s.RefillFailures)
+	})
 }
 
 func formatFloat(f float64) string {
