@@ -265,7 +265,7 @@ func (g *Gateway) spawnLease(ctx context.Context, principal, entry string, cfgDa
 	}
 	// Checked again: the wait for a slot may have been long.
 	if cerr := g.spawnerUnavailable(); cerr != nil {
-		g.cap.Release()
+		g.freeSlot()
 		return nil, cerr
 	}
 	l, cerr := g.mintLease(principal, entry, session, "", &admitted)
@@ -285,7 +285,7 @@ func (g *Gateway) spawnLease(ctx context.Context, principal, entry string, cfgDa
 func (g *Gateway) mintLease(principal, entry, session, pool string, admitted *bool) (*lease, *claimError) {
 	id, err := g.newLeaseID()
 	if err != nil {
-		g.cap.Release()
+		g.freeSlot()
 		return nil, refuse(http.StatusInternalServerError, "internal", "minting lease")
 	}
 	l := g.newLease(id, principal, entry, time.Now())

@@ -344,7 +344,7 @@ func (l *lease) teardown(reason string, mode teardownMode) {
 		}
 		l.releaseSlot()
 		l.g.removeLease(l)
-		l.g.pools.m.Freed(l.id)
+		l.g.pools.m.Gone(l.id)
 		l.g.publish(teardownEvent(reason), l, reason)
 		msg := "lease released"
 		if reason == reasonCrashed {
@@ -359,8 +359,14 @@ func (l *lease) teardown(reason string, mode teardownMode) {
 // releaseSlot gives the lease's capacity slot back, once.
 func (l *lease) releaseSlot() {
 	if l.warm.freed.CompareAndSwap(false, true) {
-		l.g.cap.Release()
+		l.g.freeSlot()
 	}
+}
+
+// freeSlot gives a capacity slot back, and tells the pools waiting for one.
+func (g *Gateway) freeSlot() {
+	g.cap.Release()
+	g.pools.m.SlotFreed()
 }
 
 // owner is the lease's principal, and whether it is a warm lease nobody

@@ -77,7 +77,7 @@ func (g *Gateway) Reload(ctx context.Context, path string) error {
 	g.cap.SetMax(applied.MaxConcurrent)
 	g.cap.SetWait(applied.QueueWaitTimeout.D())
 	g.pools.m.Set(g.pools.specs(applied))
-	g.pools.m.Freed("") // a raised max_concurrent may have freed slots
+	g.pools.m.SlotFreed() // a raised max_concurrent may have freed some
 	for _, l := range g.liveLeases() {
 		l.rearm()
 	}

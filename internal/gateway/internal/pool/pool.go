@@ -20,6 +20,7 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -160,14 +161,16 @@ type Manager struct {
 	// claimed, by id.
 	order  []*pool
 	leases map[string]*instance
-	// freed counts the slots freed, so that a spawn that found none can
-	// tell whether one freed while it looked.
-	freed uint64
+	// freed counts the slots freed (SlotFreed), so that a spawn that found
+	// none can tell whether one freed while it looked; kick wakes the
+	// pools waiting for one.
+	freed atomic.Uint64
+	kick  chan struct{}
 }
 
 // New is a manager with no pool; nothing is spawned before Start.
 func New(h Host, log *slog.Logger) *Manager {
-	return &Manager{host: h, log: log, leases: map[string]*instance{}}
+	return &Manager{host: h, log: log, leases: map[string]*instance{}, kick: make(chan struct{}, 1)}
 }
 
 // Set puts specs in force, at boot and on each reload. A pool whose entry
@@ -246,6 +249,34 @@ func (m *Manager) Start(ctx context.Context) {
 	for _, p := range m.order {
 		m.fillLocked(p)
 	}
+	go m.refill(ctx)
+}
+
+// refill has the pools waiting for a slot try again each time one frees.
+func (m *Manager) refill(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-m.kick:
+		}
+		m.mu.Lock()
+		for _, p := range m.order {
+			p.slotless = false
+			m.fillLocked(p)
+		}
+		m.mu.Unlock()
+	}
+}
+
+// SlotFreed is the core's word that a capacity slot may be free: pools
+// waiting for one try again. It takes no lock, so it may be said anywhere.
+func (m *Manager) SlotFreed() {
+	m.freed.Add(1)
+	select {
+	case m.kick <- struct{}{}:
+	default: // a wake-up is already pending
+	}
 }
 
 // Adopt takes back a warm lease spawnd still holds after a gateway
@@ -277,6 +308,7 @@ func (m *Manager) Booted(id string) {
 	}
 	in.p.booting--
 	m.readyLocked(in)
+	m.fillLocked(in.p) // in case it retired on arrival
 }
 
 // readyLocked makes a booted instance idle, unless the pool is already
@@ -366,7 +398,7 @@ func (m *Manager) fillLocked(p *pool) {
 	}
 	for len(p.idle)+p.booting < p.spec.MinIdle {
 		p.booting++
-		go m.boot(p, m.freed)
+		go m.boot(p, m.freed.Load())
 	}
 	m.countLocked(p)
 }
@@ -392,7 +424,7 @@ func (m *Manager) boot(p *pool, freed uint64) {
 	case in != nil && in.yielded, errors.Is(err, ErrYielded):
 		// Its slot is a claim's now; the pool refills once one frees.
 	case errors.Is(err, ErrNoSlot):
-		p.slotless = m.freed == freed
+		p.slotless = m.freed.Load() == freed
 	case !m.live():
 		// Shut down: a warm instance booted now is left to the next
 		// gateway, which adopts it; a failure is nobody's business.
@@ -484,27 +516,23 @@ func (m *Manager) Yield() (id string, ok bool) {
 	return oldest.id, true
 }
 
-// Freed is the core's word that lease id ended and its slot is free (any
-// lease): a warm one leaves its pool's books, and pools waiting for a slot
-// try again.
-func (m *Manager) Freed(id string) {
+// Gone is the core's word that lease id ended: a warm one leaves its
+// pool's books, and the pool refills.
+func (m *Manager) Gone(id string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.freed++
-	if in := m.leases[id]; in != nil {
-		switch {
-		case in.idle:
-			m.unidleLocked(in)
-		case in.adopted: // a spawn's boot answers for itself
-			delete(m.leases, id)
-			in.p.booting--
-			m.countLocked(in.p)
-		}
+	in := m.leases[id]
+	switch {
+	case in == nil:
+		return
+	case in.idle:
+		m.unidleLocked(in)
+	case in.adopted: // a spawn's boot answers for itself
+		delete(m.leases, id)
+		in.p.booting--
+		m.countLocked(in.p)
 	}
-	for _, p := range m.order {
-		p.slotless = false
-		m.fillLocked(p)
-	}
+	m.fillLocked(in.p)
 }
 
 // Stats is every pool's figures, as declared.

@@ -347,7 +347,8 @@ func TestYieldAndSlots(t *testing.T) {
 	if _, ok := m.Yield(); ok {
 		t.Fatal("yielded twice")
 	}
-	m.Freed(id)
+	m.Gone(id)
+	m.SlotFreed()
 	for range 3 {
 		h.next(t).reply <- nil
 	}
