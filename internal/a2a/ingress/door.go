@@ -72,10 +72,20 @@ type Peers interface {
 // be served.
 const buildProfilesFailed = "failed to build the a2a agent profiles"
 
+// Host is the lease core as Attach wires the door onto it: Core, and the
+// core's hooks for a layer's routes (Mount), start, reloads and shutdown
+// (Extend), and the A2A questions other brokers ask (ServeA2A).
+type Host interface {
+	Core
+	Mount(routes func(*http.ServeMux))
+	Extend(l gateway.Layer)
+	ServeA2A(holds func(gateway.A2AQuery) bool, tasks func(gateway.TaskQuery) ([]a2a.Task, int))
+}
+
 // Attach puts the A2A door on g when boot (the configuration g was built
 // with) has agents: its routes, and its part of g's start, reloads and
 // shutdown. Attach before g.Start.
-func Attach(g *gateway.Gateway, boot *config.Config, log *slog.Logger) {
+func Attach(g Host, boot *config.Config, log *slog.Logger) {
 	if len(boot.Agents) == 0 {
 		return
 	}
