@@ -2,8 +2,11 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -461,4 +464,68 @@ func TestAWarmProfileStartsConversationsWarm(t *testing.T) {
 	b.GatewayLog.wait(t, regexp.MustCompile(`msg="claim served by a warm instance" lease_id=`+w.LeaseID+` pool=warmed session_id=`+w.SessionID), 5*time.Second)
 	b.GatewayLog.wait(t, regexp.MustCompile(`msg="a2a turn started an agent instance" profile=warmed context_id=conv-warm session_id=`+w.SessionID+` lease_id=`+w.LeaseID), 5*time.Second)
 	b.waitWarm(1, w.LeaseID)
+}
+
+var handOutFailedRE = regexp.MustCompile(`msg="handing a warm instance out failed[^"]*" lease_id=(\S+) pool=default`)
+
+// TestAHandOutTheJournalCannotRecordIsRefused: with the state_dir's disk
+// full, a hand-out spawnd cannot record is refused with the journal's 503
+// and Retry-After, never answered 200; that warm instance is retired and,
+// once space returns, never handed to a claim.
+func TestAHandOutTheJournalCannotRecordIsRefused(t *testing.T) {
+	dir := t.TempDir()
+	state := filepath.Join(dir, "state")
+	smallTmpfs(t, state, "2m")
+	pools, _ := poolYAML(t, "default", "nexus", 3)
+	b := startBroker(t, Options{Dir: dir, StateDir: true, YAML: "max_concurrent: 8\npools:\n" + pools})
+	b.waitWarm(3)
+	filler := filepath.Join(state, "filler")
+	fill(t, filler)
+
+	// The journal's last page may still take a record or a few: hand-outs
+	// answered 200 meanwhile are recorded.
+	var claimed []string
+	for tries := 0; !handOutFailedRE.MatchString(b.GatewayLog.String()); tries++ {
+		if tries == 30 {
+			t.Fatalf("30 claims and no hand-out refused with the journal's disk full:\n%s", b.GatewayLog)
+		}
+		resp, err := http.Post(b.Base+"/claim", "application/json", strings.NewReader(fmt.Sprintf(`{"config":%q}`, poolConfig)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		switch resp.StatusCode {
+		case http.StatusOK:
+			var c brokerclient.Claim
+			if err := json.Unmarshal(body, &c); err != nil {
+				t.Fatal(err)
+			}
+			claimed = append(claimed, c.LeaseID)
+		case http.StatusServiceUnavailable:
+			if resp.Header.Get("Retry-After") == "" || strings.TrimSpace(string(body)) != `{"error":"lease journal unavailable"}` {
+				t.Fatalf("refusal: Retry-After %q, body %s", resp.Header.Get("Retry-After"), body)
+			}
+		default:
+			t.Fatalf("claim with the disk full: %d %s", resp.StatusCode, body)
+		}
+	}
+	refused := handOutFailedRE.FindStringSubmatch(b.GatewayLog.String())[1]
+	if slices.Contains(claimed, refused) {
+		t.Fatalf("%s was answered 200 and refused", refused)
+	}
+	b.GatewayLog.wait(t, regexp.MustCompile(`msg="lease released" lease_id=`+refused+` reason="hand-out not recorded"`), 15*time.Second)
+
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	b.SpawndLog.wait(t, regexp.MustCompile(`the lease journal was rewritten from memory`), 10*time.Second)
+	for range 4 {
+		eventually(t, 30*time.Second, func() string { return "a warm instance again" }, func() bool { return len(b.warm(claimed...)) > 0 })
+		c := b.claim(brokerclient.ClaimRequest{Config: poolConfig})
+		if c.LeaseID == refused || slices.Contains(claimed, c.LeaseID) {
+			t.Fatalf("claim got %s: refused %s, handed out before %v", c.LeaseID, refused, claimed)
+		}
+		claimed = append(claimed, c.LeaseID)
+	}
 }
