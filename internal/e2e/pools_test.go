@@ -529,3 +529,40 @@ func TestAHandOutTheJournalCannotRecordIsRefused(t *testing.T) {
 		claimed = append(claimed, c.LeaseID)
 	}
 }
+
+// TestWarmLeasesAreExemptFromIdleUntilClaimed: a warm lease outlives
+// idle_timeout (a cold lease claimed after it is reaped first), and once
+// handed out is reaped at idle_timeout from its hand-out.
+func TestWarmLeasesAreExemptFromIdleUntilClaimed(t *testing.T) {
+	pools, _ := poolYAML(t, "default", "nexus", 1)
+	b := startBroker(t, Options{YAML: "max_concurrent: 4\nidle_timeout: 1s\npools:\n" + pools})
+	w := b.waitWarm(1)[0]
+	cold := b.claim(brokerclient.ClaimRequest{})
+	b.GatewayLog.wait(t, regexp.MustCompile(`msg="releasing idle lease" lease_id=`+cold.LeaseID), 10*time.Second)
+	if l, ok := b.lease(w.LeaseID); !ok || l.State != "active" {
+		t.Fatalf("the warm lease after a later one idled out: %+v %v", l, ok)
+	}
+	if strings.Contains(b.GatewayLog.String(), `msg="releasing idle lease" lease_id=`+w.LeaseID) {
+		t.Fatal("the warm lease was reaped as idle")
+	}
+	handedOut := time.Now()
+	if c := b.claim(brokerclient.ClaimRequest{Config: poolConfig}); c.LeaseID != w.LeaseID {
+		t.Fatalf("claimed %s, want %s", c.LeaseID, w.LeaseID)
+	}
+	b.GatewayLog.wait(t, regexp.MustCompile(`msg="releasing idle lease" lease_id=`+w.LeaseID), 10*time.Second)
+	if took := time.Since(handedOut); took < time.Second {
+		t.Fatalf("reaped %s after its hand-out, before idle_timeout", took)
+	}
+}
+
+// TestMaxAgeRecyclesAWarmInstance: a warm instance nobody claimed within
+// max_age is retired and replaced.
+func TestMaxAgeRecyclesAWarmInstance(t *testing.T) {
+	pools, _ := poolYAML(t, "default", "nexus", 1)
+	b := startBroker(t, Options{YAML: "max_concurrent: 4\npools:\n" + pools + "    max_age: 1s\n"})
+	w := b.waitWarm(1)[0]
+	b.GatewayLog.wait(t, regexp.MustCompile(`msg="lease released" lease_id=`+w.LeaseID+` reason="pool max_age"`), 15*time.Second)
+	if next := b.waitWarm(1)[0]; next.LeaseID == w.LeaseID {
+		t.Fatal("not replaced")
+	}
+}
