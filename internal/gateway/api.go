@@ -30,7 +30,7 @@ import (
 //     queue, the claims metric) and end one;
 //   - Lease, the handle on one lease: Send a payload to its instance, Follow its
 //     io payloads and its end, and Attach a client to its stream at a cursor;
-//   - Leases (the leases a caller sees), Binaries, Capacity, Config;
+//   - Leases (the leases a caller sees), Binaries, Pools, Capacity, Config;
 //   - Subscribe: the lease events (claimed, released, crashed, reaped,
 //     evicted, a client coming or going);
 //   - Mount, Routes, Authenticate, Admit, Audit, BaseURL and
