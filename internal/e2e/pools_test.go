@@ -566,3 +566,29 @@ func TestMaxAgeRecyclesAWarmInstance(t *testing.T) {
 		t.Fatal("not replaced")
 	}
 }
+
+// TestClusterAFullBrokerServesItsOwnWarmInstance: in cluster mode a claim
+// on a broker whose slots are full, one held by a warm instance of the
+// claim's pool, is handed that instance rather than offered to a peer.
+func TestClusterAFullBrokerServesItsOwnWarmInstance(t *testing.T) {
+	pools, _ := poolYAML(t, "default", "nexus", 1)
+	_, bs := startCluster(t, "max_concurrent: 2\npools:\n"+pools, "", "a", "b")
+	a := bs["a"]
+	var w leaseView // A's; GET /leases in cluster mode lists every broker's
+	eventually(t, 30*time.Second, func() string { return toJSON(a.leases()) }, func() bool {
+		for _, l := range a.warm() {
+			if strings.HasSuffix(l.LeaseID, "-a") {
+				w = l
+				return true
+			}
+		}
+		return false
+	})
+	cold := a.claim(brokerclient.ClaimRequest{})
+	if owner := cold.LeaseID[strings.LastIndexByte(cold.LeaseID, '-')+1:]; owner != "a" {
+		t.Fatalf("a claim on A with a free slot is %s's", owner)
+	}
+	if c := a.claim(brokerclient.ClaimRequest{Config: poolConfig}); c.LeaseID != w.LeaseID {
+		t.Fatalf("the pooled claim on a full A got %s, want A's warm %s", c.LeaseID, w.LeaseID)
+	}
+}

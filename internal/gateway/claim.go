@@ -171,7 +171,8 @@ func (g *Gateway) claimBody(r *http.Request, p auth.Principal, body []byte, slot
 	}
 	var away *queuedOffer
 	if offerAway {
-		if g.cap.Full() {
+		// A warm instance here serves the claim, or yields it its slot.
+		if g.cap.Full() && !g.pools.m.Holding() {
 			if a, ok := g.rt.OfferClaim(r.Context(), p, body); ok {
 				return g.peerClaimed(a)
 			}

@@ -535,6 +535,14 @@ func (m *Manager) Gone(id string) {
 	m.fillLocked(in.p)
 }
 
+// Holding reports whether any warm instance nobody claimed holds a slot
+// (idle or booting): one a claim may be handed, or take the slot of.
+func (m *Manager) Holding() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.leases) > 0
+}
+
 // Stats is every pool's figures, as declared.
 func (m *Manager) Stats() []Stat {
 	m.mu.Lock()

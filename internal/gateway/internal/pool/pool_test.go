@@ -340,12 +340,15 @@ func TestYieldAndSlots(t *testing.T) {
 	waitStat(t, m, "other", func(s Stat) bool { return s.Idle == 1 })
 	waitStat(t, m, "default", func(s Stat) bool { return s.Booting == 0 })
 	h.noCall(t)
+	if !m.Holding() {
+		t.Fatal("an idle instance is not holding a slot")
+	}
 	id, ok := m.Yield()
 	if !ok || id != "other-"+id[len("other-"):] {
 		t.Fatalf("yielded %q %v, want other's instance", id, ok)
 	}
-	if _, ok := m.Yield(); ok {
-		t.Fatal("yielded twice")
+	if _, ok := m.Yield(); ok || m.Holding() {
+		t.Fatal("yielded twice, or holding with nothing left")
 	}
 	m.Gone(id)
 	m.SlotFreed()
