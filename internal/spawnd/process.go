@@ -78,16 +78,15 @@ func (d *Daemon) exec(id string, e *entry, inherit []string, req *spawnpb.SpawnR
 	env := spawnEnv(e, inherit, os.LookupEnv, dial)
 	dir := workingDir(env.values["HOME"])
 
-	out, err := os.OpenFile(d.logFor(id), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	out, err := openFile(d.logFor(id), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
 		return started{}, fmt.Errorf("opening the instance log: %w", err)
 	}
 	defer out.Close()
-	null, err := os.Open(os.DevNull)
+	null, err := devNull()
 	if err != nil {
 		return started{}, err
 	}
-	defer null.Close()
 	own := ownSession(cred)
 	sys := &syscall.SysProcAttr{
 		// No controlling terminal: the instance cannot push input into
@@ -163,12 +162,36 @@ func (d *Daemon) discard(id string, pid int) {
 // autogroups, which made a new instance boot up to three times slower on a
 // loaded machine (docs/performance.md, "The cold claim against upstream's").
 // An unreadable stat counts as a terminal.
+//
+// Whether spawnd has a terminal is read once, at its first spawn: spawnd
+// opens no terminal, so it cannot gain one, and one it loses later only
+// keeps its instances in sessions of their own, the cautious side.
 func ownSession(cred *syscall.Credential) bool {
-	if cred != nil {
-		return true
-	}
+	return cred != nil || hasTerminal()
+}
+
+var hasTerminal = sync.OnceValue(func() bool {
 	st, err := readProcStat(os.Getpid())
 	return err != nil || st.tty != 0
+})
+
+// devNull is every instance's stdin, opened once for spawnd's life rather
+// than per spawn (the child gets its own copy; spawnd's is close-on-exec).
+var devNull = sync.OnceValues(func() (*os.File, error) { return openFile(os.DevNull, os.O_RDONLY, 0) })
+
+// openFile is os.OpenFile (close-on-exec, never a controlling terminal, the
+// same *PathError) without its try at registering a regular file with the
+// runtime's poller, which the kernel refuses, four system calls spent: a
+// spawn opens two files on the claim's path (the config and the log).
+func openFile(path string, flag int, perm uint32) (*os.File, error) {
+	fd, err := unix.Open(path, flag|unix.O_CLOEXEC|unix.O_NOCTTY, perm)
+	for err == unix.EINTR {
+		fd, err = unix.Open(path, flag|unix.O_CLOEXEC|unix.O_NOCTTY, perm)
+	}
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	return os.NewFile(uintptr(fd), path), nil
 }
 
 // startProcess execs argv, with noNewPrivs from nnpThread, unless spawnd
@@ -264,7 +287,7 @@ func sealInheritedFDs() error {
 // writeConfig writes the claim's config 0600, owned by the run_as uid when
 // there is one, so no other run_as user can read it.
 func writeConfig(path string, config []byte, cred *syscall.Credential) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	f, err := openFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return fmt.Errorf("writing temp config: %w", err)
 	}
