@@ -222,17 +222,25 @@ func (h warmHost) Queued() bool {
 
 // adopt takes back, at restore, a warm lease spawnd journaled under tag;
 // one no pool in force has (removed, or its config changed while no
-// gateway ran) is retired.
+// gateway ran) is retired, and so is one that had reported no session id
+// (its boot was cut short: a claim is handed a session).
 func (g *Gateway) adopt(l *lease, tag string) {
-	name, ok := g.pools.m.Adopt(tag, l.id, l.createdAt)
 	l.mu.Lock()
 	l.warm.pool = tag
-	if ok {
-		l.warm.pool = name
-	}
+	booted := l.sessionID != ""
 	l.mu.Unlock()
+	if !booted {
+		g.log.Info("retiring a warm instance that had reported no session id", "lease_id", l.id, "pool", tag)
+		g.retire(l, reasonReadyTimeout)
+		return
+	}
+	name, ok := g.pools.m.Adopt(tag, l.id, l.createdAt)
 	if !ok {
 		g.log.Info("retiring a warm instance of a pool no longer in force", "lease_id", l.id, "pool", tag)
 		g.retire(l, pool.ReasonReloaded)
+		return
 	}
+	l.mu.Lock()
+	l.warm.pool = name
+	l.mu.Unlock()
 }

@@ -158,3 +158,24 @@ func TestAWarmLeaseIsNobodys(t *testing.T) {
 		t.Fatalf("the operator view lists %v", ls)
 	}
 }
+
+// TestARestoredWarmLeaseWithoutASessionRetires: a warm lease a restarted
+// gateway finds without a session id (its boot was cut short) is retired,
+// never handed out.
+func TestARestoredWarmLeaseWithoutASessionRetires(t *testing.T) {
+	sp := &handOutSpawner{records: map[string][]string{}}
+	g, _ := warmGateway(t, sp)
+	l := g.newLease("U", "", warmSpec.Entry, time.Now())
+	l.spawned = true
+	g.cap.Take()
+	g.leases[l.id] = l
+	g.adopt(l, warmSpec.Tag())
+	select {
+	case <-l.tornDown:
+	case <-time.After(10 * time.Second):
+		t.Fatal("not retired")
+	}
+	if id, _, ok := g.pools.m.Take(warmSpec.Entry, warmSpec.Config); !ok || id != "W" {
+		t.Fatalf("took %q %v, want W and never U", id, ok)
+	}
+}
