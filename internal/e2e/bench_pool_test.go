@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"testing"
 	"time"
 
@@ -53,12 +54,34 @@ func (b *Broker) poolHits(name string) float64 {
 	return b.metrics()[fmt.Sprintf("nexus_broker_pool_claims_total{pool=%q,outcome=\"hit\"}", name)]
 }
 
-// pairedSamples takes one cold sample, then one warm sample once pool
-// holds an idle instance again (checked a hit), per iteration, after one
-// pair left out: the first of each pays a cold page cache and the first
-// dial.
+// pairedSamples takes one cold sample, then one warm sample (checked a
+// hit), per iteration, each once pool holds an idle instance again, so no
+// refill boots beside either; one pair is left out: the first of each pays
+// a cold page cache and the first dial.
+//
+// Beside them it reports a bound, measured in the same loop: two appends
+// fsynced one after the other to a file beside the broker's state_dir, as
+// nexus-spawnd's hand-out writes its session index and then its journal
+// before it answers.
 func pairedSamples(b *testing.B, br *Broker, pool string, cold, warm func() time.Duration) (warmD, coldD []time.Duration) {
+	f, err := os.Create(filepath.Join(br.Dir, "fsync-bound"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	var fsyncs []time.Duration
 	sample := func() {
+		start := time.Now()
+		for range 2 {
+			if _, err := f.WriteString(`{"session":"s","entry":"nexus","principal":"p"}` + "\n"); err != nil {
+				b.Fatal(err)
+			}
+			if err := f.Sync(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		fsyncs = append(fsyncs, time.Since(start))
+		br.awaitPoolIdle(pool)
 		coldD = append(coldD, cold())
 		br.awaitPoolIdle(pool)
 		hits := br.poolHits(pool)
@@ -68,10 +91,12 @@ func pairedSamples(b *testing.B, br *Broker, pool string, cold, warm func() time
 		}
 	}
 	sample()
-	warmD, coldD = warmD[:0], coldD[:0]
+	warmD, coldD, fsyncs = warmD[:0], coldD[:0], fsyncs[:0]
 	for b.Loop() {
 		sample()
 	}
+	b.ReportMetric(ms(pct(fsyncs, 50)), "two-fsyncs-p50-ms")
+	b.Logf("bound: two appends fsynced one after the other beside state_dir take %.3f ms at p50 (p99 %.3f), before any RPC or HTTP", ms(pct(fsyncs, 50)), ms(pct(fsyncs, 99)))
 	return warmD, coldD
 }
 
@@ -81,22 +106,37 @@ func pairedSamples(b *testing.B, br *Broker, pool string, cold, warm func() time
 func benchPooledAgainstCold(b *testing.B, br *Broker, cfg string, target float64, what string) {
 	ctx := context.Background()
 	cold := cfg + "# cold: no pool has this config\n"
-	claim := func(config string) time.Duration {
+	// The trace of a pooled claim: spawnd has the owner recorded (its
+	// fsyncs done), the gateway has handed the lease out, the client has
+	// the answer.
+	gw, sp := tailLog(b, br.GatewayLog), tailLog(b, br.SpawndLog)
+	var recorded, handed []time.Duration
+	claim := func(config string, pooled bool) time.Duration {
 		c, cancel := context.WithTimeout(ctx, 2*rttDeadline)
 		defer cancel()
+		gm, sm := gw.mark(), sp.mark()
 		start := time.Now()
 		got, err := br.Client.Claim(c, brokerclient.ClaimRequest{Config: config})
 		d := time.Since(start)
 		if err != nil {
 			b.Fatalf("claim: %v", err)
 		}
+		if pooled {
+			recorded = append(recorded, sp.await(b, sm, regexp.MustCompile(`msg="warm lease handed out" lease_id=`+got.LeaseID)).Sub(start))
+			handed = append(handed, gw.await(b, gm, regexp.MustCompile(`msg="claim served by a warm instance" lease_id=`+got.LeaseID)).Sub(start))
+		}
 		if err := br.Client.Release(ctx, got.LeaseID); err != nil {
 			b.Fatalf("release: %v", err)
 		}
 		return d
 	}
-	warm, coldD := pairedSamples(b, br, "bench", func() time.Duration { return claim(cold) }, func() time.Duration { return claim(cfg) })
+	warm, coldD := pairedSamples(b, br, "bench", func() time.Duration { return claim(cold, false) }, func() time.Duration { return claim(cfg, true) })
+	recorded, handed = recorded[len(recorded)-len(warm):], handed[len(handed)-len(warm):]
 	w50, c50 := pct(warm, 50), pct(coldD, 50)
+	b.ReportMetric(ms(pct(recorded, 50)), "pooled-recorded-p50-ms")
+	b.ReportMetric(ms(pct(handed, 50)), "pooled-handed-p50-ms")
+	b.Logf("pooled claim trace, p50 from its start (log lines as the benchmark read them): owner recorded by spawnd %.3f ms, handed out by the gateway %.3f ms, answered %.3f ms",
+		ms(pct(recorded, 50)), ms(pct(handed, 50)), ms(w50))
 	b.ReportMetric(ms(w50), "pooled-p50-ms")
 	b.ReportMetric(ms(pct(warm, 99)), "pooled-p99-ms")
 	b.ReportMetric(ms(c50), "cold-p50-ms")

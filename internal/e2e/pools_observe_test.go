@@ -6,13 +6,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/a2aproject/a2a-go/v2/a2a"
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/nexus-broker/nexus-broker/pkg/brokerclient"
@@ -156,36 +153,4 @@ func consoleSnapshotOf(t *testing.T, b *Broker) consoleView {
 	}
 	t.Fatalf("no console snapshot: %v", sc.Err())
 	return consoleView{}
-}
-
-// TestA2AWarmProfileStartsOnAWarmInstance: an A2A profile with warm: 1
-// keeps an instance of its entry and config booted; a message on a new
-// context is answered by it (a hit of the profile's pool, the lease the
-// pool held), and the pool refills.
-func TestA2AWarmProfileStartsOnAWarmInstance(t *testing.T) {
-	cfg := filepath.Join(t.TempDir(), "support.yaml")
-	if err := os.WriteFile(cfg, []byte("engine:\n  name: support\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	b := startBroker(t, Options{YAML: fmt.Sprintf(`max_concurrent: 4
-agents:
-  support: {config: %q, warm: 1, card: {name: S, description: D, version: "1"}}
-`, cfg)})
-	w := b.waitWarm(1)[0]
-	if w.Pool != "support" {
-		t.Fatalf("the warm lease is %+v, want the support profile's", w)
-	}
-	c := a2aClient(t, b, "support", a2a.TransportProtocolJSONRPC)
-	if got := answerOf(t, sendTask(t, c, userMsg("warm-ctx", "hello"))); got != "echo #1: hello" {
-		t.Fatalf("answer %q", got)
-	}
-	if l, ok := b.lease(w.LeaseID); !ok || l.Pool != "" {
-		t.Fatalf("the warm lease after the message: %+v (listed %v), want it the conversation's", l, ok)
-	}
-	if hits := b.poolHits("support"); hits != 1 {
-		t.Errorf("pool support hits = %v, want 1", hits)
-	}
-	if fresh := b.waitWarm(1, w.LeaseID)[0]; fresh.Pool != "support" || fresh.LeaseID == w.LeaseID {
-		t.Errorf("the refill is %+v", fresh)
-	}
 }

@@ -457,12 +457,21 @@ func TestAWarmProfileStartsConversationsWarm(t *testing.T) {
 	}
 	b := startBroker(t, Options{YAML: fmt.Sprintf("max_concurrent: 4\nagents:\n  warmed: {config: %q, warm: 1, card: {name: W, description: D, version: \"1\"}}\n", cfg)})
 	w := b.waitWarm(1)[0]
+	if w.Pool != "warmed" {
+		t.Fatalf("the warm lease is %+v, want the warmed profile's pool", w)
+	}
 	c := a2aClient(t, b, "warmed", a2a.TransportProtocolJSONRPC)
 	if got := answerOf(t, sendTask(t, c, userMsg("conv-warm", "hello"))); got != "echo #1: hello" {
 		t.Fatalf("answer %q", got)
 	}
 	b.GatewayLog.wait(t, regexp.MustCompile(`msg="claim served by a warm instance" lease_id=`+w.LeaseID+` pool=warmed session_id=`+w.SessionID), 5*time.Second)
 	b.GatewayLog.wait(t, regexp.MustCompile(`msg="a2a turn started an agent instance" profile=warmed context_id=conv-warm session_id=`+w.SessionID+` lease_id=`+w.LeaseID), 5*time.Second)
+	if hits := b.poolHits("warmed"); hits != 1 {
+		t.Errorf("pool warmed hits = %v, want 1", hits)
+	}
+	if l, ok := b.lease(w.LeaseID); !ok || l.Pool != "" {
+		t.Errorf("the conversation's lease is listed as %+v (%v), without a pool once handed out", l, ok)
+	}
 	b.waitWarm(1, w.LeaseID)
 }
 

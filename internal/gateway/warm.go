@@ -52,6 +52,7 @@ func (g *Gateway) handOut(ctx context.Context, principal, entry string, cfgData 
 	if !ok {
 		return nil, nil, false
 	}
+	defer g.pools.m.Refill(name) // once the owner is recorded, or refused
 	if l = g.lookup(id); l == nil {
 		return nil, nil, false
 	}

@@ -174,6 +174,12 @@ func TestTakeHandsEachInstanceOnceAndRefills(t *testing.T) {
 	if len(got) != 2 || got[ids[0]] != 1 || got[ids[1]] != 1 {
 		t.Fatalf("handed out %v, want each of %v once", got, ids)
 	}
+	// No replacement boots beside the hand-outs: only once they are done.
+	if s := m.Stats()[0]; s.Booting != 0 || s.Idle != 0 {
+		t.Fatalf("before Refill the pool is %+v, want nothing booting", s)
+	}
+	h.noCall(t)
+	m.Refill("default")
 	s := waitStat(t, m, "default", func(s Stat) bool { return s.Booting == 2 })
 	if s.Hits != 2 || s.Misses != 14 {
 		t.Fatalf("hits %d misses %d, want 2 and 14", s.Hits, s.Misses)
@@ -278,8 +284,10 @@ func TestReloadRetiresAChangedPool(t *testing.T) {
 	if _, _, ok := m.Take("nexus", []byte("model: x\n")); ok {
 		t.Fatal("the old config was served after the reload")
 	}
-	if _, _, ok := m.Take("nexus", []byte("model: y\n")); !ok {
+	if _, name, ok := m.Take("nexus", []byte("model: y\n")); !ok {
 		t.Fatal("the new config was not served")
+	} else {
+		m.Refill(name)
 	}
 	h.next(t) // its refill
 	m.Set(nil)
