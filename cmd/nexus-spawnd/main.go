@@ -95,7 +95,7 @@ func run(cfgPath, runDir string, idleExit time.Duration, log *slog.Logger) error
 		RunDir:     runDir,
 		AllowedUID: allowedUID,
 		SocketGID:  socketGID,
-		Impl:       d,
+		Impl:       spawnrpc.Service(d),
 		Logger:     log,
 		Booted:     footprint.Booted,
 	})

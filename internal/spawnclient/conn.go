@@ -26,7 +26,7 @@ type conn struct {
 	ep     spawnrpc.Endpoint
 	pc     *plugin.Client
 	gc     *plugin.GRPCClient
-	api    spawnpb.SpawnerClient
+	api    spawnrpc.Client
 	runner *pidfdRunner
 
 	stop      context.CancelFunc
@@ -180,7 +180,7 @@ func (cn *conn) open(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	cn.api = raw.(spawnpb.SpawnerClient)
+	cn.api = raw.(spawnrpc.Client)
 	// go-plugin's start treats an unreachable server as "no stdio" and
 	// succeeds; only a round trip proves the connection.
 	if err := cn.health(ctx); err != nil {

@@ -5,52 +5,59 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
 )
 
-// spawner implements spawnpb.SpawnerClient on top of whichever spawnd is
+// spawner implements spawnrpc.Client on top of whichever spawnd is
 // attached at the time of each call.
 type spawner struct{ c *Client }
 
-var _ spawnpb.SpawnerClient = (*spawner)(nil)
+var _ spawnrpc.Client = (*spawner)(nil)
 
 func call[Req, Resp any](c *Client, ctx context.Context, in Req, opts []grpc.CallOption,
-	method func(spawnpb.SpawnerClient, context.Context, Req, ...grpc.CallOption) (Resp, error),
+	method func(spawnrpc.Client, context.Context, Req, ...grpc.CallOption) (Resp, error),
 ) (Resp, error) {
+	return callOn(c, ctx, func(api spawnrpc.Client) (Resp, error) { return method(api, ctx, in, opts...) })
+}
+
+// callOn runs one call on the current connection.
+func callOn[Resp any](c *Client, ctx context.Context, do func(spawnrpc.Client) (Resp, error)) (Resp, error) {
 	cn, err := c.current(ctx)
 	if err != nil {
 		var zero Resp
 		return zero, err
 	}
-	out, err := method(cn.api, ctx, in, opts...)
+	out, err := do(cn.api)
 	c.observe(err)
 	return out, cn.lost(ctx, err)
 }
 
-func (s *spawner) Spawn(ctx context.Context, in *spawnpb.SpawnRequest, opts ...grpc.CallOption) (*spawnpb.SpawnResponse, error) {
-	return call(s.c, ctx, in, opts, spawnpb.SpawnerClient.Spawn)
+// Spawn and Record travel on their lanes, which take no call options.
+func (s *spawner) Spawn(ctx context.Context, in *spawnpb.SpawnRequest) (*spawnpb.SpawnResponse, error) {
+	return callOn(s.c, ctx, func(api spawnrpc.Client) (*spawnpb.SpawnResponse, error) { return api.Spawn(ctx, in) })
 }
 
 func (s *spawner) Verify(ctx context.Context, in *spawnpb.VerifyRequest, opts ...grpc.CallOption) (*spawnpb.VerifyResponse, error) {
-	return call(s.c, ctx, in, opts, spawnpb.SpawnerClient.Verify)
+	return call(s.c, ctx, in, opts, spawnrpc.Client.Verify)
 }
 
 func (s *spawner) Terminate(ctx context.Context, in *spawnpb.TerminateRequest, opts ...grpc.CallOption) (*spawnpb.TerminateResponse, error) {
-	return call(s.c, ctx, in, opts, spawnpb.SpawnerClient.Terminate)
+	return call(s.c, ctx, in, opts, spawnrpc.Client.Terminate)
 }
 
 func (s *spawner) List(ctx context.Context, in *spawnpb.ListRequest, opts ...grpc.CallOption) (*spawnpb.ListResponse, error) {
-	return call(s.c, ctx, in, opts, spawnpb.SpawnerClient.List)
+	return call(s.c, ctx, in, opts, spawnrpc.Client.List)
 }
 
-func (s *spawner) Record(ctx context.Context, in *spawnpb.RecordRequest, opts ...grpc.CallOption) (*spawnpb.RecordResponse, error) {
-	return call(s.c, ctx, in, opts, spawnpb.SpawnerClient.Record)
+func (s *spawner) Record(ctx context.Context, in *spawnpb.RecordRequest) (*spawnpb.RecordResponse, error) {
+	return callOn(s.c, ctx, func(api spawnrpc.Client) (*spawnpb.RecordResponse, error) { return api.Record(ctx, in) })
 }
 
 // Reload also records the version spawnd applied as the gateway's, so a
 // re-attach after a SIGHUP expects that version, not the boot one.
 func (s *spawner) Reload(ctx context.Context, in *spawnpb.ReloadRequest, opts ...grpc.CallOption) (*spawnpb.ReloadResponse, error) {
-	res, err := call(s.c, ctx, in, opts, spawnpb.SpawnerClient.Reload)
+	res, err := call(s.c, ctx, in, opts, spawnrpc.Client.Reload)
 	if err == nil && res.GetApplied() && in.GetConfigDigest() != "" {
 		s.c.mu.Lock()
 		s.c.digest = in.GetConfigDigest()
@@ -60,11 +67,11 @@ func (s *spawner) Reload(ctx context.Context, in *spawnpb.ReloadRequest, opts ..
 }
 
 func (s *spawner) Status(ctx context.Context, in *spawnpb.StatusRequest, opts ...grpc.CallOption) (*spawnpb.StatusResponse, error) {
-	return call(s.c, ctx, in, opts, spawnpb.SpawnerClient.Status)
+	return call(s.c, ctx, in, opts, spawnrpc.Client.Status)
 }
 
 func (s *spawner) Binding(ctx context.Context, in *spawnpb.BindingRequest, opts ...grpc.CallOption) (*spawnpb.BindingResponse, error) {
-	return call(s.c, ctx, in, opts, spawnpb.SpawnerClient.Binding)
+	return call(s.c, ctx, in, opts, spawnrpc.Client.Binding)
 }
 
 func (s *spawner) Watch(ctx context.Context, in *spawnpb.WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[spawnpb.ExitEvent], error) {

@@ -31,6 +31,7 @@ import (
 
 	"github.com/nexus-broker/nexus-broker/internal/config/core"
 	"github.com/nexus-broker/nexus-broker/internal/sockdir"
+	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
 )
 
@@ -325,7 +326,7 @@ func (b *logBuffer) text() string {
 type harness struct {
 	t        *testing.T
 	d        *Daemon // nil while stopped
-	client   spawnpb.SpawnerClient
+	client   spawnrpc.Client
 	logs     *logBuffer
 	cfgPath  string
 	stateDir string
@@ -458,14 +459,14 @@ func (h *harness) start() {
 	// The goroutine gets its own server: h.srv is replaced by the next
 	// start, which may come before a slow goroutine first runs.
 	srv := grpc.NewServer()
-	spawnpb.RegisterSpawnerServer(srv, h.d)
+	spawnpb.RegisterSpawnerServer(srv, spawnrpc.Service(h.d))
 	h.srv = srv
 	go func() { _ = srv.Serve(rpcLn) }()
 	h.conn, err = grpc.NewClient("unix://"+sockPath, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	h.client = spawnpb.NewSpawnerClient(h.conn)
+	h.client = spawnrpc.NewClient(h.conn)
 }
 
 // stop closes the Daemon and its server, leaving every instance running, as

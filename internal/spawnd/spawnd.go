@@ -150,10 +150,6 @@ func (l *lease) snapshot() leaseRecord {
 
 // Daemon serves the Spawner verbs. Create it with New.
 type Daemon struct {
-	// Required by the generated interface; every verb is implemented
-	// below, so none of its methods is reached.
-	spawnpb.UnimplementedSpawnerServer
-
 	log        *slog.Logger
 	cfgPath    string
 	key        []byte // spawn-key: the HMAC key every spawn secret derives from
@@ -201,8 +197,6 @@ type Daemon struct {
 	// wg counts supervisors, escalations and spawns; Close waits for them.
 	wg sync.WaitGroup
 }
-
-var _ spawnpb.SpawnerServer = (*Daemon)(nil)
 
 // New resolves cfg's registry against this machine, loads or creates the
 // spawn-key and broker id, and, with a state_dir, locks it, replays the lease

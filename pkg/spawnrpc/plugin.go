@@ -1,8 +1,9 @@
 // Package spawnrpc is the transport between the gateway and nexus-spawnd:
 // the go-plugin glue around the gRPC service in spawnpb, spawnd's serving
 // side (Serve, which publishes its reattach config to spawnd.json in the run
-// directory and checks every connection with SO_PEERCRED), and what both
-// sides share. The gateway attaches with internal/spawnclient, which spawnd
+// directory and checks every connection with SO_PEERCRED), the lanes that
+// carry Spawn and Record (lane.go; Service and NewClient put them in a
+// unary call's shape for either side), and what both sides share. The gateway attaches with internal/spawnclient, which spawnd
 // does not link. The verbs live in internal/spawnd.
 //
 // Both processes link it, so it may import spawnpb and the helpers both
@@ -29,7 +30,9 @@ const (
 	// 2: Spawn and List answer the verifier the gateway checks register
 	// frames with (a gateway of 2 refuses every registration against a
 	// spawnd of 1, so it must not attach to one).
-	ProtocolVersion = 2
+	// 3: Spawn and Record are lanes (lane.go), streams a gateway of 2
+	// does not open.
+	ProtocolVersion = 3
 	// PluginName is the one plugin spawnd serves.
 	PluginName = "spawner"
 )
@@ -62,9 +65,9 @@ func (p *SpawnerPlugin) GRPCServer(_ *plugin.GRPCBroker, s *grpc.Server) error {
 	return nil
 }
 
-// GRPCClient returns the generated client over go-plugin's connection.
+// GRPCClient returns the Client over go-plugin's connection.
 func (p *SpawnerPlugin) GRPCClient(_ context.Context, _ *plugin.GRPCBroker, cc *grpc.ClientConn) (any, error) {
-	return spawnpb.NewSpawnerClient(cc), nil
+	return NewClient(cc), nil
 }
 
 // Plugins is what both sides register.

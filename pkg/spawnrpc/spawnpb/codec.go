@@ -68,8 +68,12 @@ func (Codec) Unmarshal(data mem.BufferSlice, v any) error {
 func checkUTF8(m vtMessage) error {
 	switch m := m.(type) {
 	case *SpawnFailure, *SpawnResponse, *VerifyResponse, *ListRequest,
-		*WatchRequest, *RecordResponse, *StatusRequest:
+		*WatchRequest, *RecordResponse, *StatusRequest, *SpawnReply, *RecordReply:
 		return nil
+	case *SpawnCall:
+		return checkUTF8(m.GetRequest())
+	case *RecordCall:
+		return checkUTF8(m.GetRequest())
 	case *SpawnRequest:
 		return stringsUTF8("SpawnRequest", "lease_id", m.GetLeaseId(), "entry", m.GetEntry(),
 			"recall_session_id", m.GetRecallSessionId(), "principal", m.GetPrincipal(), "pool", m.GetPool())

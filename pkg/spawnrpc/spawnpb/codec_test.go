@@ -64,6 +64,11 @@ func samples() []proto.Message {
 		&StatusResponse{Binaries: []*Binary{{Name: "n"}}, BrokerId: "b", Pid: 1, ConfigPath: "/c", ConfigDigest: "d", JournalError: "j"},
 		&BindingRequest{SessionId: "s", Principal: "p"},
 		&BindingResponse{Entry: "e", Ownership: Ownership_OWNERSHIP_OTHER},
+		&SpawnCall{CallId: 1 << 40, Request: &SpawnRequest{LeaseId: "l-2", Entry: "nexus", Config: []byte("a: b\n"), Pool: "default"}},
+		&SpawnReply{CallId: 3, Response: &SpawnResponse{Pid: 9, Verifier: []byte{1, 2}}},
+		&SpawnReply{CallId: 4, Status: []byte{0x08, 0x0d, 0x12, 0x01, 'x'}},
+		&RecordCall{CallId: 5, Request: &RecordRequest{LeaseId: "l", SessionId: "s", Principal: "p", HandOut: true}},
+		&RecordReply{CallId: 6, Response: &RecordResponse{}},
 	}
 }
 

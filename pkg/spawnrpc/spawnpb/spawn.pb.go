@@ -209,6 +209,237 @@ func (Ownership) EnumDescriptor() ([]byte, []int) {
 	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{2}
 }
 
+// SpawnCall is one Spawn on its lane. call_id is the gateway's, unique
+// among its calls in flight on the stream; spawnd only echoes it.
+type SpawnCall struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	CallId        uint64                 `protobuf:"varint,1,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
+	Request       *SpawnRequest          `protobuf:"bytes,2,opt,name=request,proto3" json:"request,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SpawnCall) Reset() {
+	*x = SpawnCall{}
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SpawnCall) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SpawnCall) ProtoMessage() {}
+
+func (x *SpawnCall) ProtoReflect() protoreflect.Message {
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SpawnCall.ProtoReflect.Descriptor instead.
+func (*SpawnCall) Descriptor() ([]byte, []int) {
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *SpawnCall) GetCallId() uint64 {
+	if x != nil {
+		return x.CallId
+	}
+	return 0
+}
+
+func (x *SpawnCall) GetRequest() *SpawnRequest {
+	if x != nil {
+		return x.Request
+	}
+	return nil
+}
+
+// SpawnReply answers the SpawnCall of the same call_id: response, or
+// status, the google.rpc.Status (protobuf-encoded, as gRPC's
+// grpc-status-details-bin trailer carries it) of the error a unary Spawn
+// would have ended with.
+type SpawnReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	CallId        uint64                 `protobuf:"varint,1,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
+	Response      *SpawnResponse         `protobuf:"bytes,2,opt,name=response,proto3" json:"response,omitempty"`
+	Status        []byte                 `protobuf:"bytes,3,opt,name=status,proto3" json:"status,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SpawnReply) Reset() {
+	*x = SpawnReply{}
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SpawnReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SpawnReply) ProtoMessage() {}
+
+func (x *SpawnReply) ProtoReflect() protoreflect.Message {
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SpawnReply.ProtoReflect.Descriptor instead.
+func (*SpawnReply) Descriptor() ([]byte, []int) {
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *SpawnReply) GetCallId() uint64 {
+	if x != nil {
+		return x.CallId
+	}
+	return 0
+}
+
+func (x *SpawnReply) GetResponse() *SpawnResponse {
+	if x != nil {
+		return x.Response
+	}
+	return nil
+}
+
+func (x *SpawnReply) GetStatus() []byte {
+	if x != nil {
+		return x.Status
+	}
+	return nil
+}
+
+// RecordCall and RecordReply are Record's, as SpawnCall and SpawnReply.
+type RecordCall struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	CallId        uint64                 `protobuf:"varint,1,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
+	Request       *RecordRequest         `protobuf:"bytes,2,opt,name=request,proto3" json:"request,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RecordCall) Reset() {
+	*x = RecordCall{}
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RecordCall) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RecordCall) ProtoMessage() {}
+
+func (x *RecordCall) ProtoReflect() protoreflect.Message {
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RecordCall.ProtoReflect.Descriptor instead.
+func (*RecordCall) Descriptor() ([]byte, []int) {
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *RecordCall) GetCallId() uint64 {
+	if x != nil {
+		return x.CallId
+	}
+	return 0
+}
+
+func (x *RecordCall) GetRequest() *RecordRequest {
+	if x != nil {
+		return x.Request
+	}
+	return nil
+}
+
+type RecordReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	CallId        uint64                 `protobuf:"varint,1,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
+	Response      *RecordResponse        `protobuf:"bytes,2,opt,name=response,proto3" json:"response,omitempty"`
+	Status        []byte                 `protobuf:"bytes,3,opt,name=status,proto3" json:"status,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RecordReply) Reset() {
+	*x = RecordReply{}
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RecordReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RecordReply) ProtoMessage() {}
+
+func (x *RecordReply) ProtoReflect() protoreflect.Message {
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RecordReply.ProtoReflect.Descriptor instead.
+func (*RecordReply) Descriptor() ([]byte, []int) {
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *RecordReply) GetCallId() uint64 {
+	if x != nil {
+		return x.CallId
+	}
+	return 0
+}
+
+func (x *RecordReply) GetResponse() *RecordResponse {
+	if x != nil {
+		return x.Response
+	}
+	return nil
+}
+
+func (x *RecordReply) GetStatus() []byte {
+	if x != nil {
+		return x.Status
+	}
+	return nil
+}
+
 type SpawnRequest struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	LeaseId string                 `protobuf:"bytes,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
@@ -239,7 +470,7 @@ type SpawnRequest struct {
 
 func (x *SpawnRequest) Reset() {
 	*x = SpawnRequest{}
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[0]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -251,7 +482,7 @@ func (x *SpawnRequest) String() string {
 func (*SpawnRequest) ProtoMessage() {}
 
 func (x *SpawnRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[0]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -264,7 +495,7 @@ func (x *SpawnRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SpawnRequest.ProtoReflect.Descriptor instead.
 func (*SpawnRequest) Descriptor() ([]byte, []int) {
-	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{0}
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *SpawnRequest) GetLeaseId() string {
@@ -327,7 +558,7 @@ type SpawnFailure struct {
 
 func (x *SpawnFailure) Reset() {
 	*x = SpawnFailure{}
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[1]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -339,7 +570,7 @@ func (x *SpawnFailure) String() string {
 func (*SpawnFailure) ProtoMessage() {}
 
 func (x *SpawnFailure) ProtoReflect() protoreflect.Message {
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[1]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -352,7 +583,7 @@ func (x *SpawnFailure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SpawnFailure.ProtoReflect.Descriptor instead.
 func (*SpawnFailure) Descriptor() ([]byte, []int) {
-	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{1}
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *SpawnFailure) GetStep() SpawnStep {
@@ -378,7 +609,7 @@ type SpawnResponse struct {
 
 func (x *SpawnResponse) Reset() {
 	*x = SpawnResponse{}
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[2]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -390,7 +621,7 @@ func (x *SpawnResponse) String() string {
 func (*SpawnResponse) ProtoMessage() {}
 
 func (x *SpawnResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[2]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -403,7 +634,7 @@ func (x *SpawnResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SpawnResponse.ProtoReflect.Descriptor instead.
 func (*SpawnResponse) Descriptor() ([]byte, []int) {
-	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{2}
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SpawnResponse) GetPid() int64 {
@@ -437,7 +668,7 @@ type VerifyRequest struct {
 
 func (x *VerifyRequest) Reset() {
 	*x = VerifyRequest{}
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[3]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -449,7 +680,7 @@ func (x *VerifyRequest) String() string {
 func (*VerifyRequest) ProtoMessage() {}
 
 func (x *VerifyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[3]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -462,7 +693,7 @@ func (x *VerifyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyRequest.ProtoReflect.Descriptor instead.
 func (*VerifyRequest) Descriptor() ([]byte, []int) {
-	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{3}
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *VerifyRequest) GetLeaseId() string {
@@ -488,7 +719,7 @@ type VerifyResponse struct {
 
 func (x *VerifyResponse) Reset() {
 	*x = VerifyResponse{}
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[4]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -500,7 +731,7 @@ func (x *VerifyResponse) String() string {
 func (*VerifyResponse) ProtoMessage() {}
 
 func (x *VerifyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[4]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -513,7 +744,7 @@ func (x *VerifyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyResponse.ProtoReflect.Descriptor instead.
 func (*VerifyResponse) Descriptor() ([]byte, []int) {
-	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{4}
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *VerifyResponse) GetResult() VerifyResult {
@@ -544,7 +775,7 @@ type TerminateRequest struct {
 
 func (x *TerminateRequest) Reset() {
 	*x = TerminateRequest{}
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[5]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -556,7 +787,7 @@ func (x *TerminateRequest) String() string {
 func (*TerminateRequest) ProtoMessage() {}
 
 func (x *TerminateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[5]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -569,7 +800,7 @@ func (x *TerminateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TerminateRequest.ProtoReflect.Descriptor instead.
 func (*TerminateRequest) Descriptor() ([]byte, []int) {
-	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{5}
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *TerminateRequest) GetLeaseId() string {
@@ -609,7 +840,7 @@ type TerminateResponse struct {
 
 func (x *TerminateResponse) Reset() {
 	*x = TerminateResponse{}
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[6]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -621,7 +852,7 @@ func (x *TerminateResponse) String() string {
 func (*TerminateResponse) ProtoMessage() {}
 
 func (x *TerminateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[6]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -634,7 +865,7 @@ func (x *TerminateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TerminateResponse.ProtoReflect.Descriptor instead.
 func (*TerminateResponse) Descriptor() ([]byte, []int) {
-	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{6}
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *TerminateResponse) GetExit() *ExitEvent {
@@ -652,7 +883,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[7]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -664,7 +895,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[7]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -677,7 +908,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{7}
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{11}
 }
 
 type Lease struct {
@@ -704,7 +935,7 @@ type Lease struct {
 
 func (x *Lease) Reset() {
 	*x = Lease{}
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[8]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -716,7 +947,7 @@ func (x *Lease) String() string {
 func (*Lease) ProtoMessage() {}
 
 func (x *Lease) ProtoReflect() protoreflect.Message {
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[8]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -729,7 +960,7 @@ func (x *Lease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Lease.ProtoReflect.Descriptor instead.
 func (*Lease) Descriptor() ([]byte, []int) {
-	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{8}
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Lease) GetLeaseId() string {
@@ -804,7 +1035,7 @@ type ListResponse struct {
 
 func (x *ListResponse) Reset() {
 	*x = ListResponse{}
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[9]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -816,7 +1047,7 @@ func (x *ListResponse) String() string {
 func (*ListResponse) ProtoMessage() {}
 
 func (x *ListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[9]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -829,7 +1060,7 @@ func (x *ListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
 func (*ListResponse) Descriptor() ([]byte, []int) {
-	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{9}
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListResponse) GetLeases() []*Lease {
@@ -847,7 +1078,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[10]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -859,7 +1090,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[10]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -872,7 +1103,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{10}
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{14}
 }
 
 type ExitEvent struct {
@@ -898,7 +1129,7 @@ type ExitEvent struct {
 
 func (x *ExitEvent) Reset() {
 	*x = ExitEvent{}
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[11]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -910,7 +1141,7 @@ func (x *ExitEvent) String() string {
 func (*ExitEvent) ProtoMessage() {}
 
 func (x *ExitEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[11]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -923,7 +1154,7 @@ func (x *ExitEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExitEvent.ProtoReflect.Descriptor instead.
 func (*ExitEvent) Descriptor() ([]byte, []int) {
-	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{11}
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ExitEvent) GetLeaseId() string {
@@ -996,7 +1227,7 @@ type RecordRequest struct {
 
 func (x *RecordRequest) Reset() {
 	*x = RecordRequest{}
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[12]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1008,7 +1239,7 @@ func (x *RecordRequest) String() string {
 func (*RecordRequest) ProtoMessage() {}
 
 func (x *RecordRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[12]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1021,7 +1252,7 @@ func (x *RecordRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordRequest.ProtoReflect.Descriptor instead.
 func (*RecordRequest) Descriptor() ([]byte, []int) {
-	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{12}
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RecordRequest) GetLeaseId() string {
@@ -1060,7 +1291,7 @@ type RecordResponse struct {
 
 func (x *RecordResponse) Reset() {
 	*x = RecordResponse{}
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[13]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1072,7 +1303,7 @@ func (x *RecordResponse) String() string {
 func (*RecordResponse) ProtoMessage() {}
 
 func (x *RecordResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[13]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1085,7 +1316,7 @@ func (x *RecordResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordResponse.ProtoReflect.Descriptor instead.
 func (*RecordResponse) Descriptor() ([]byte, []int) {
-	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{13}
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{17}
 }
 
 type ReloadRequest struct {
@@ -1102,7 +1333,7 @@ type ReloadRequest struct {
 
 func (x *ReloadRequest) Reset() {
 	*x = ReloadRequest{}
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[14]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1114,7 +1345,7 @@ func (x *ReloadRequest) String() string {
 func (*ReloadRequest) ProtoMessage() {}
 
 func (x *ReloadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[14]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1127,7 +1358,7 @@ func (x *ReloadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReloadRequest.ProtoReflect.Descriptor instead.
 func (*ReloadRequest) Descriptor() ([]byte, []int) {
-	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{14}
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ReloadRequest) GetConfigDigest() string {
@@ -1161,7 +1392,7 @@ type ReloadResponse struct {
 
 func (x *ReloadResponse) Reset() {
 	*x = ReloadResponse{}
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[15]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1173,7 +1404,7 @@ func (x *ReloadResponse) String() string {
 func (*ReloadResponse) ProtoMessage() {}
 
 func (x *ReloadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[15]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1186,7 +1417,7 @@ func (x *ReloadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReloadResponse.ProtoReflect.Descriptor instead.
 func (*ReloadResponse) Descriptor() ([]byte, []int) {
-	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{15}
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ReloadResponse) GetApplied() bool {
@@ -1241,7 +1472,7 @@ type Binary struct {
 
 func (x *Binary) Reset() {
 	*x = Binary{}
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[16]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1253,7 +1484,7 @@ func (x *Binary) String() string {
 func (*Binary) ProtoMessage() {}
 
 func (x *Binary) ProtoReflect() protoreflect.Message {
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[16]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1266,7 +1497,7 @@ func (x *Binary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Binary.ProtoReflect.Descriptor instead.
 func (*Binary) Descriptor() ([]byte, []int) {
-	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{16}
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Binary) GetName() string {
@@ -1305,7 +1536,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[17]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1317,7 +1548,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[17]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1330,7 +1561,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{17}
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{21}
 }
 
 type StatusResponse struct {
@@ -1353,7 +1584,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[18]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1365,7 +1596,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[18]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1378,7 +1609,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{18}
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *StatusResponse) GetBinaries() []*Binary {
@@ -1434,7 +1665,7 @@ type BindingRequest struct {
 
 func (x *BindingRequest) Reset() {
 	*x = BindingRequest{}
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[19]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1446,7 +1677,7 @@ func (x *BindingRequest) String() string {
 func (*BindingRequest) ProtoMessage() {}
 
 func (x *BindingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[19]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1459,7 +1690,7 @@ func (x *BindingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BindingRequest.ProtoReflect.Descriptor instead.
 func (*BindingRequest) Descriptor() ([]byte, []int) {
-	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{19}
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *BindingRequest) GetSessionId() string {
@@ -1488,7 +1719,7 @@ type BindingResponse struct {
 
 func (x *BindingResponse) Reset() {
 	*x = BindingResponse{}
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[20]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1500,7 +1731,7 @@ func (x *BindingResponse) String() string {
 func (*BindingResponse) ProtoMessage() {}
 
 func (x *BindingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[20]
+	mi := &file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1513,7 +1744,7 @@ func (x *BindingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BindingResponse.ProtoReflect.Descriptor instead.
 func (*BindingResponse) Descriptor() ([]byte, []int) {
-	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{20}
+	return file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *BindingResponse) GetEntry() string {
@@ -1534,7 +1765,23 @@ var File_pkg_spawnrpc_spawnpb_spawn_proto protoreflect.FileDescriptor
 
 const file_pkg_spawnrpc_spawnpb_spawn_proto_rawDesc = "" +
 	"\n" +
-	" pkg/spawnrpc/spawnpb/spawn.proto\x12\x14nexusbroker.spawn.v1\"\xe9\x01\n" +
+	" pkg/spawnrpc/spawnpb/spawn.proto\x12\x14nexusbroker.spawn.v1\"b\n" +
+	"\tSpawnCall\x12\x17\n" +
+	"\acall_id\x18\x01 \x01(\x04R\x06callId\x12<\n" +
+	"\arequest\x18\x02 \x01(\v2\".nexusbroker.spawn.v1.SpawnRequestR\arequest\"~\n" +
+	"\n" +
+	"SpawnReply\x12\x17\n" +
+	"\acall_id\x18\x01 \x01(\x04R\x06callId\x12?\n" +
+	"\bresponse\x18\x02 \x01(\v2#.nexusbroker.spawn.v1.SpawnResponseR\bresponse\x12\x16\n" +
+	"\x06status\x18\x03 \x01(\fR\x06status\"d\n" +
+	"\n" +
+	"RecordCall\x12\x17\n" +
+	"\acall_id\x18\x01 \x01(\x04R\x06callId\x12=\n" +
+	"\arequest\x18\x02 \x01(\v2#.nexusbroker.spawn.v1.RecordRequestR\arequest\"\x80\x01\n" +
+	"\vRecordReply\x12\x17\n" +
+	"\acall_id\x18\x01 \x01(\x04R\x06callId\x12@\n" +
+	"\bresponse\x18\x02 \x01(\v2$.nexusbroker.spawn.v1.RecordResponseR\bresponse\x12\x16\n" +
+	"\x06status\x18\x03 \x01(\fR\x06status\"\xe9\x01\n" +
 	"\fSpawnRequest\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12\x14\n" +
 	"\x05entry\x18\x02 \x01(\tR\x05entry\x12\x16\n" +
@@ -1645,14 +1892,14 @@ const file_pkg_spawnrpc_spawnpb_spawn_proto_rawDesc = "" +
 	"\x15OWNERSHIP_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rOWNERSHIP_OWN\x10\x01\x12\x13\n" +
 	"\x0fOWNERSHIP_OTHER\x10\x02\x12\x18\n" +
-	"\x14OWNERSHIP_UNRECORDED\x10\x032\x84\x06\n" +
-	"\aSpawner\x12P\n" +
-	"\x05Spawn\x12\".nexusbroker.spawn.v1.SpawnRequest\x1a#.nexusbroker.spawn.v1.SpawnResponse\x12S\n" +
+	"\x14OWNERSHIP_UNRECORDED\x10\x032\x80\x06\n" +
+	"\aSpawner\x12N\n" +
+	"\x05Spawn\x12\x1f.nexusbroker.spawn.v1.SpawnCall\x1a .nexusbroker.spawn.v1.SpawnReply(\x010\x01\x12S\n" +
 	"\x06Verify\x12#.nexusbroker.spawn.v1.VerifyRequest\x1a$.nexusbroker.spawn.v1.VerifyResponse\x12\\\n" +
 	"\tTerminate\x12&.nexusbroker.spawn.v1.TerminateRequest\x1a'.nexusbroker.spawn.v1.TerminateResponse\x12M\n" +
 	"\x04List\x12!.nexusbroker.spawn.v1.ListRequest\x1a\".nexusbroker.spawn.v1.ListResponse\x12N\n" +
-	"\x05Watch\x12\".nexusbroker.spawn.v1.WatchRequest\x1a\x1f.nexusbroker.spawn.v1.ExitEvent0\x01\x12S\n" +
-	"\x06Record\x12#.nexusbroker.spawn.v1.RecordRequest\x1a$.nexusbroker.spawn.v1.RecordResponse\x12S\n" +
+	"\x05Watch\x12\".nexusbroker.spawn.v1.WatchRequest\x1a\x1f.nexusbroker.spawn.v1.ExitEvent0\x01\x12Q\n" +
+	"\x06Record\x12 .nexusbroker.spawn.v1.RecordCall\x1a!.nexusbroker.spawn.v1.RecordReply(\x010\x01\x12S\n" +
 	"\x06Reload\x12#.nexusbroker.spawn.v1.ReloadRequest\x1a$.nexusbroker.spawn.v1.ReloadResponse\x12S\n" +
 	"\x06Status\x12#.nexusbroker.spawn.v1.StatusRequest\x1a$.nexusbroker.spawn.v1.StatusResponse\x12V\n" +
 	"\aBinding\x12$.nexusbroker.spawn.v1.BindingRequest\x1a%.nexusbroker.spawn.v1.BindingResponseB;Z9github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpbb\x06proto3"
@@ -1670,64 +1917,72 @@ func file_pkg_spawnrpc_spawnpb_spawn_proto_rawDescGZIP() []byte {
 }
 
 var file_pkg_spawnrpc_spawnpb_spawn_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_pkg_spawnrpc_spawnpb_spawn_proto_goTypes = []any{
 	(SpawnStep)(0),            // 0: nexusbroker.spawn.v1.SpawnStep
 	(VerifyResult)(0),         // 1: nexusbroker.spawn.v1.VerifyResult
 	(Ownership)(0),            // 2: nexusbroker.spawn.v1.Ownership
-	(*SpawnRequest)(nil),      // 3: nexusbroker.spawn.v1.SpawnRequest
-	(*SpawnFailure)(nil),      // 4: nexusbroker.spawn.v1.SpawnFailure
-	(*SpawnResponse)(nil),     // 5: nexusbroker.spawn.v1.SpawnResponse
-	(*VerifyRequest)(nil),     // 6: nexusbroker.spawn.v1.VerifyRequest
-	(*VerifyResponse)(nil),    // 7: nexusbroker.spawn.v1.VerifyResponse
-	(*TerminateRequest)(nil),  // 8: nexusbroker.spawn.v1.TerminateRequest
-	(*TerminateResponse)(nil), // 9: nexusbroker.spawn.v1.TerminateResponse
-	(*ListRequest)(nil),       // 10: nexusbroker.spawn.v1.ListRequest
-	(*Lease)(nil),             // 11: nexusbroker.spawn.v1.Lease
-	(*ListResponse)(nil),      // 12: nexusbroker.spawn.v1.ListResponse
-	(*WatchRequest)(nil),      // 13: nexusbroker.spawn.v1.WatchRequest
-	(*ExitEvent)(nil),         // 14: nexusbroker.spawn.v1.ExitEvent
-	(*RecordRequest)(nil),     // 15: nexusbroker.spawn.v1.RecordRequest
-	(*RecordResponse)(nil),    // 16: nexusbroker.spawn.v1.RecordResponse
-	(*ReloadRequest)(nil),     // 17: nexusbroker.spawn.v1.ReloadRequest
-	(*ReloadResponse)(nil),    // 18: nexusbroker.spawn.v1.ReloadResponse
-	(*Binary)(nil),            // 19: nexusbroker.spawn.v1.Binary
-	(*StatusRequest)(nil),     // 20: nexusbroker.spawn.v1.StatusRequest
-	(*StatusResponse)(nil),    // 21: nexusbroker.spawn.v1.StatusResponse
-	(*BindingRequest)(nil),    // 22: nexusbroker.spawn.v1.BindingRequest
-	(*BindingResponse)(nil),   // 23: nexusbroker.spawn.v1.BindingResponse
+	(*SpawnCall)(nil),         // 3: nexusbroker.spawn.v1.SpawnCall
+	(*SpawnReply)(nil),        // 4: nexusbroker.spawn.v1.SpawnReply
+	(*RecordCall)(nil),        // 5: nexusbroker.spawn.v1.RecordCall
+	(*RecordReply)(nil),       // 6: nexusbroker.spawn.v1.RecordReply
+	(*SpawnRequest)(nil),      // 7: nexusbroker.spawn.v1.SpawnRequest
+	(*SpawnFailure)(nil),      // 8: nexusbroker.spawn.v1.SpawnFailure
+	(*SpawnResponse)(nil),     // 9: nexusbroker.spawn.v1.SpawnResponse
+	(*VerifyRequest)(nil),     // 10: nexusbroker.spawn.v1.VerifyRequest
+	(*VerifyResponse)(nil),    // 11: nexusbroker.spawn.v1.VerifyResponse
+	(*TerminateRequest)(nil),  // 12: nexusbroker.spawn.v1.TerminateRequest
+	(*TerminateResponse)(nil), // 13: nexusbroker.spawn.v1.TerminateResponse
+	(*ListRequest)(nil),       // 14: nexusbroker.spawn.v1.ListRequest
+	(*Lease)(nil),             // 15: nexusbroker.spawn.v1.Lease
+	(*ListResponse)(nil),      // 16: nexusbroker.spawn.v1.ListResponse
+	(*WatchRequest)(nil),      // 17: nexusbroker.spawn.v1.WatchRequest
+	(*ExitEvent)(nil),         // 18: nexusbroker.spawn.v1.ExitEvent
+	(*RecordRequest)(nil),     // 19: nexusbroker.spawn.v1.RecordRequest
+	(*RecordResponse)(nil),    // 20: nexusbroker.spawn.v1.RecordResponse
+	(*ReloadRequest)(nil),     // 21: nexusbroker.spawn.v1.ReloadRequest
+	(*ReloadResponse)(nil),    // 22: nexusbroker.spawn.v1.ReloadResponse
+	(*Binary)(nil),            // 23: nexusbroker.spawn.v1.Binary
+	(*StatusRequest)(nil),     // 24: nexusbroker.spawn.v1.StatusRequest
+	(*StatusResponse)(nil),    // 25: nexusbroker.spawn.v1.StatusResponse
+	(*BindingRequest)(nil),    // 26: nexusbroker.spawn.v1.BindingRequest
+	(*BindingResponse)(nil),   // 27: nexusbroker.spawn.v1.BindingResponse
 }
 var file_pkg_spawnrpc_spawnpb_spawn_proto_depIdxs = []int32{
-	0,  // 0: nexusbroker.spawn.v1.SpawnFailure.step:type_name -> nexusbroker.spawn.v1.SpawnStep
-	1,  // 1: nexusbroker.spawn.v1.VerifyResponse.result:type_name -> nexusbroker.spawn.v1.VerifyResult
-	14, // 2: nexusbroker.spawn.v1.TerminateResponse.exit:type_name -> nexusbroker.spawn.v1.ExitEvent
-	11, // 3: nexusbroker.spawn.v1.ListResponse.leases:type_name -> nexusbroker.spawn.v1.Lease
-	19, // 4: nexusbroker.spawn.v1.ReloadResponse.binaries:type_name -> nexusbroker.spawn.v1.Binary
-	19, // 5: nexusbroker.spawn.v1.StatusResponse.binaries:type_name -> nexusbroker.spawn.v1.Binary
-	2,  // 6: nexusbroker.spawn.v1.BindingResponse.ownership:type_name -> nexusbroker.spawn.v1.Ownership
-	3,  // 7: nexusbroker.spawn.v1.Spawner.Spawn:input_type -> nexusbroker.spawn.v1.SpawnRequest
-	6,  // 8: nexusbroker.spawn.v1.Spawner.Verify:input_type -> nexusbroker.spawn.v1.VerifyRequest
-	8,  // 9: nexusbroker.spawn.v1.Spawner.Terminate:input_type -> nexusbroker.spawn.v1.TerminateRequest
-	10, // 10: nexusbroker.spawn.v1.Spawner.List:input_type -> nexusbroker.spawn.v1.ListRequest
-	13, // 11: nexusbroker.spawn.v1.Spawner.Watch:input_type -> nexusbroker.spawn.v1.WatchRequest
-	15, // 12: nexusbroker.spawn.v1.Spawner.Record:input_type -> nexusbroker.spawn.v1.RecordRequest
-	17, // 13: nexusbroker.spawn.v1.Spawner.Reload:input_type -> nexusbroker.spawn.v1.ReloadRequest
-	20, // 14: nexusbroker.spawn.v1.Spawner.Status:input_type -> nexusbroker.spawn.v1.StatusRequest
-	22, // 15: nexusbroker.spawn.v1.Spawner.Binding:input_type -> nexusbroker.spawn.v1.BindingRequest
-	5,  // 16: nexusbroker.spawn.v1.Spawner.Spawn:output_type -> nexusbroker.spawn.v1.SpawnResponse
-	7,  // 17: nexusbroker.spawn.v1.Spawner.Verify:output_type -> nexusbroker.spawn.v1.VerifyResponse
-	9,  // 18: nexusbroker.spawn.v1.Spawner.Terminate:output_type -> nexusbroker.spawn.v1.TerminateResponse
-	12, // 19: nexusbroker.spawn.v1.Spawner.List:output_type -> nexusbroker.spawn.v1.ListResponse
-	14, // 20: nexusbroker.spawn.v1.Spawner.Watch:output_type -> nexusbroker.spawn.v1.ExitEvent
-	16, // 21: nexusbroker.spawn.v1.Spawner.Record:output_type -> nexusbroker.spawn.v1.RecordResponse
-	18, // 22: nexusbroker.spawn.v1.Spawner.Reload:output_type -> nexusbroker.spawn.v1.ReloadResponse
-	21, // 23: nexusbroker.spawn.v1.Spawner.Status:output_type -> nexusbroker.spawn.v1.StatusResponse
-	23, // 24: nexusbroker.spawn.v1.Spawner.Binding:output_type -> nexusbroker.spawn.v1.BindingResponse
-	16, // [16:25] is the sub-list for method output_type
-	7,  // [7:16] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	7,  // 0: nexusbroker.spawn.v1.SpawnCall.request:type_name -> nexusbroker.spawn.v1.SpawnRequest
+	9,  // 1: nexusbroker.spawn.v1.SpawnReply.response:type_name -> nexusbroker.spawn.v1.SpawnResponse
+	19, // 2: nexusbroker.spawn.v1.RecordCall.request:type_name -> nexusbroker.spawn.v1.RecordRequest
+	20, // 3: nexusbroker.spawn.v1.RecordReply.response:type_name -> nexusbroker.spawn.v1.RecordResponse
+	0,  // 4: nexusbroker.spawn.v1.SpawnFailure.step:type_name -> nexusbroker.spawn.v1.SpawnStep
+	1,  // 5: nexusbroker.spawn.v1.VerifyResponse.result:type_name -> nexusbroker.spawn.v1.VerifyResult
+	18, // 6: nexusbroker.spawn.v1.TerminateResponse.exit:type_name -> nexusbroker.spawn.v1.ExitEvent
+	15, // 7: nexusbroker.spawn.v1.ListResponse.leases:type_name -> nexusbroker.spawn.v1.Lease
+	23, // 8: nexusbroker.spawn.v1.ReloadResponse.binaries:type_name -> nexusbroker.spawn.v1.Binary
+	23, // 9: nexusbroker.spawn.v1.StatusResponse.binaries:type_name -> nexusbroker.spawn.v1.Binary
+	2,  // 10: nexusbroker.spawn.v1.BindingResponse.ownership:type_name -> nexusbroker.spawn.v1.Ownership
+	3,  // 11: nexusbroker.spawn.v1.Spawner.Spawn:input_type -> nexusbroker.spawn.v1.SpawnCall
+	10, // 12: nexusbroker.spawn.v1.Spawner.Verify:input_type -> nexusbroker.spawn.v1.VerifyRequest
+	12, // 13: nexusbroker.spawn.v1.Spawner.Terminate:input_type -> nexusbroker.spawn.v1.TerminateRequest
+	14, // 14: nexusbroker.spawn.v1.Spawner.List:input_type -> nexusbroker.spawn.v1.ListRequest
+	17, // 15: nexusbroker.spawn.v1.Spawner.Watch:input_type -> nexusbroker.spawn.v1.WatchRequest
+	5,  // 16: nexusbroker.spawn.v1.Spawner.Record:input_type -> nexusbroker.spawn.v1.RecordCall
+	21, // 17: nexusbroker.spawn.v1.Spawner.Reload:input_type -> nexusbroker.spawn.v1.ReloadRequest
+	24, // 18: nexusbroker.spawn.v1.Spawner.Status:input_type -> nexusbroker.spawn.v1.StatusRequest
+	26, // 19: nexusbroker.spawn.v1.Spawner.Binding:input_type -> nexusbroker.spawn.v1.BindingRequest
+	4,  // 20: nexusbroker.spawn.v1.Spawner.Spawn:output_type -> nexusbroker.spawn.v1.SpawnReply
+	11, // 21: nexusbroker.spawn.v1.Spawner.Verify:output_type -> nexusbroker.spawn.v1.VerifyResponse
+	13, // 22: nexusbroker.spawn.v1.Spawner.Terminate:output_type -> nexusbroker.spawn.v1.TerminateResponse
+	16, // 23: nexusbroker.spawn.v1.Spawner.List:output_type -> nexusbroker.spawn.v1.ListResponse
+	18, // 24: nexusbroker.spawn.v1.Spawner.Watch:output_type -> nexusbroker.spawn.v1.ExitEvent
+	6,  // 25: nexusbroker.spawn.v1.Spawner.Record:output_type -> nexusbroker.spawn.v1.RecordReply
+	22, // 26: nexusbroker.spawn.v1.Spawner.Reload:output_type -> nexusbroker.spawn.v1.ReloadResponse
+	25, // 27: nexusbroker.spawn.v1.Spawner.Status:output_type -> nexusbroker.spawn.v1.StatusResponse
+	27, // 28: nexusbroker.spawn.v1.Spawner.Binding:output_type -> nexusbroker.spawn.v1.BindingResponse
+	20, // [20:29] is the sub-list for method output_type
+	11, // [11:20] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_pkg_spawnrpc_spawnpb_spawn_proto_init() }
@@ -1735,14 +1990,14 @@ func file_pkg_spawnrpc_spawnpb_spawn_proto_init() {
 	if File_pkg_spawnrpc_spawnpb_spawn_proto != nil {
 		return
 	}
-	file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[16].OneofWrappers = []any{}
+	file_pkg_spawnrpc_spawnpb_spawn_proto_msgTypes[20].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_pkg_spawnrpc_spawnpb_spawn_proto_rawDesc), len(file_pkg_spawnrpc_spawnpb_spawn_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   21,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

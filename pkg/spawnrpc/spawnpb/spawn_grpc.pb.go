@@ -45,7 +45,13 @@ type SpawnerClient interface {
 	// entry while spawnd lacks privilege (PERMISSION_DENIED), and a temp config
 	// that could not be written, a failed exec, or a lease the journal could
 	// not record (INTERNAL, carrying a SpawnFailure detail that says which).
-	Spawn(ctx context.Context, in *SpawnRequest, opts ...grpc.CallOption) (*SpawnResponse, error)
+	//
+	// Spawn and Record are each one long-lived stream per connection (a
+	// lane: pkg/spawnrpc/lane.go), every message one call, tagged with its
+	// call id, its answer tagged alike: a unary call's new stream, headers
+	// and handler goroutine at both ends cost more than the claim it serves
+	// can spare (docs/architecture.md, "The claim's lanes").
+	Spawn(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[SpawnCall, SpawnReply], error)
 	// Verify checks a register frame's secret against the lease's derived
 	// secret, in constant time. The gateway checks against the verifier
 	// Spawn and List answer instead, off the claim path; Verify stays for
@@ -67,7 +73,8 @@ type SpawnerClient interface {
 	// Record journals what the gateway learned about a lease (its session id),
 	// and binds that session to the lease's entry in the session → binary
 	// index. With hand_out it is a warm lease's hand-out (RecordRequest).
-	Record(ctx context.Context, in *RecordRequest, opts ...grpc.CallOption) (*RecordResponse, error)
+	// A lane, as Spawn.
+	Record(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[RecordCall, RecordReply], error)
 	// Reload re-reads spawnd's own keys of broker.yaml and swaps them in
 	// atomically, or leaves everything in force and says why. With a
 	// config_digest it refuses a file whose content no longer has that
@@ -96,15 +103,18 @@ func NewSpawnerClient(cc grpc.ClientConnInterface) SpawnerClient {
 	return &spawnerClient{cc}
 }
 
-func (c *spawnerClient) Spawn(ctx context.Context, in *SpawnRequest, opts ...grpc.CallOption) (*SpawnResponse, error) {
+func (c *spawnerClient) Spawn(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[SpawnCall, SpawnReply], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(SpawnResponse)
-	err := c.cc.Invoke(ctx, Spawner_Spawn_FullMethodName, in, out, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Spawner_ServiceDesc.Streams[0], Spawner_Spawn_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
-	return out, nil
+	x := &grpc.GenericClientStream[SpawnCall, SpawnReply]{ClientStream: stream}
+	return x, nil
 }
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Spawner_SpawnClient = grpc.BidiStreamingClient[SpawnCall, SpawnReply]
 
 func (c *spawnerClient) Verify(ctx context.Context, in *VerifyRequest, opts ...grpc.CallOption) (*VerifyResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
@@ -138,7 +148,7 @@ func (c *spawnerClient) List(ctx context.Context, in *ListRequest, opts ...grpc.
 
 func (c *spawnerClient) Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExitEvent], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Spawner_ServiceDesc.Streams[0], Spawner_Watch_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Spawner_ServiceDesc.Streams[1], Spawner_Watch_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -155,15 +165,18 @@ func (c *spawnerClient) Watch(ctx context.Context, in *WatchRequest, opts ...grp
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Spawner_WatchClient = grpc.ServerStreamingClient[ExitEvent]
 
-func (c *spawnerClient) Record(ctx context.Context, in *RecordRequest, opts ...grpc.CallOption) (*RecordResponse, error) {
+func (c *spawnerClient) Record(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[RecordCall, RecordReply], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(RecordResponse)
-	err := c.cc.Invoke(ctx, Spawner_Record_FullMethodName, in, out, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Spawner_ServiceDesc.Streams[2], Spawner_Record_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
-	return out, nil
+	x := &grpc.GenericClientStream[RecordCall, RecordReply]{ClientStream: stream}
+	return x, nil
 }
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Spawner_RecordClient = grpc.BidiStreamingClient[RecordCall, RecordReply]
 
 func (c *spawnerClient) Reload(ctx context.Context, in *ReloadRequest, opts ...grpc.CallOption) (*ReloadResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
@@ -204,7 +217,13 @@ type SpawnerServer interface {
 	// entry while spawnd lacks privilege (PERMISSION_DENIED), and a temp config
 	// that could not be written, a failed exec, or a lease the journal could
 	// not record (INTERNAL, carrying a SpawnFailure detail that says which).
-	Spawn(context.Context, *SpawnRequest) (*SpawnResponse, error)
+	//
+	// Spawn and Record are each one long-lived stream per connection (a
+	// lane: pkg/spawnrpc/lane.go), every message one call, tagged with its
+	// call id, its answer tagged alike: a unary call's new stream, headers
+	// and handler goroutine at both ends cost more than the claim it serves
+	// can spare (docs/architecture.md, "The claim's lanes").
+	Spawn(grpc.BidiStreamingServer[SpawnCall, SpawnReply]) error
 	// Verify checks a register frame's secret against the lease's derived
 	// secret, in constant time. The gateway checks against the verifier
 	// Spawn and List answer instead, off the claim path; Verify stays for
@@ -226,7 +245,8 @@ type SpawnerServer interface {
 	// Record journals what the gateway learned about a lease (its session id),
 	// and binds that session to the lease's entry in the session → binary
 	// index. With hand_out it is a warm lease's hand-out (RecordRequest).
-	Record(context.Context, *RecordRequest) (*RecordResponse, error)
+	// A lane, as Spawn.
+	Record(grpc.BidiStreamingServer[RecordCall, RecordReply]) error
 	// Reload re-reads spawnd's own keys of broker.yaml and swaps them in
 	// atomically, or leaves everything in force and says why. With a
 	// config_digest it refuses a file whose content no longer has that
@@ -255,8 +275,8 @@ type SpawnerServer interface {
 // pointer dereference when methods are called.
 type UnimplementedSpawnerServer struct{}
 
-func (UnimplementedSpawnerServer) Spawn(context.Context, *SpawnRequest) (*SpawnResponse, error) {
-	return nil, status.Errorf(codes.Unimplemented, "method Spawn not implemented")
+func (UnimplementedSpawnerServer) Spawn(grpc.BidiStreamingServer[SpawnCall, SpawnReply]) error {
+	return status.Errorf(codes.Unimplemented, "method Spawn not implemented")
 }
 func (UnimplementedSpawnerServer) Verify(context.Context, *VerifyRequest) (*VerifyResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Verify not implemented")
@@ -270,8 +290,8 @@ func (UnimplementedSpawnerServer) List(context.Context, *ListRequest) (*ListResp
 func (UnimplementedSpawnerServer) Watch(*WatchRequest, grpc.ServerStreamingServer[ExitEvent]) error {
 	return status.Errorf(codes.Unimplemented, "method Watch not implemented")
 }
-func (UnimplementedSpawnerServer) Record(context.Context, *RecordRequest) (*RecordResponse, error) {
-	return nil, status.Errorf(codes.Unimplemented, "method Record not implemented")
+func (UnimplementedSpawnerServer) Record(grpc.BidiStreamingServer[RecordCall, RecordReply]) error {
+	return status.Errorf(codes.Unimplemented, "method Record not implemented")
 }
 func (UnimplementedSpawnerServer) Reload(context.Context, *ReloadRequest) (*ReloadResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Reload not implemented")
@@ -303,23 +323,12 @@ func RegisterSpawnerServer(s grpc.ServiceRegistrar, srv SpawnerServer) {
 	s.RegisterService(&Spawner_ServiceDesc, srv)
 }
 
-func _Spawner_Spawn_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(SpawnRequest)
-	if err := dec(in); err != nil {
-		return nil, err
-	}
-	if interceptor == nil {
-		return srv.(SpawnerServer).Spawn(ctx, in)
-	}
-	info := &grpc.UnaryServerInfo{
-		Server:     srv,
-		FullMethod: Spawner_Spawn_FullMethodName,
-	}
-	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(SpawnerServer).Spawn(ctx, req.(*SpawnRequest))
-	}
-	return interceptor(ctx, in, info, handler)
+func _Spawner_Spawn_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(SpawnerServer).Spawn(&grpc.GenericServerStream[SpawnCall, SpawnReply]{ServerStream: stream})
 }
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Spawner_SpawnServer = grpc.BidiStreamingServer[SpawnCall, SpawnReply]
 
 func _Spawner_Verify_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(VerifyRequest)
@@ -386,23 +395,12 @@ func _Spawner_Watch_Handler(srv interface{}, stream grpc.ServerStream) error {
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Spawner_WatchServer = grpc.ServerStreamingServer[ExitEvent]
 
-func _Spawner_Record_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(RecordRequest)
-	if err := dec(in); err != nil {
-		return nil, err
-	}
-	if interceptor == nil {
-		return srv.(SpawnerServer).Record(ctx, in)
-	}
-	info := &grpc.UnaryServerInfo{
-		Server:     srv,
-		FullMethod: Spawner_Record_FullMethodName,
-	}
-	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(SpawnerServer).Record(ctx, req.(*RecordRequest))
-	}
-	return interceptor(ctx, in, info, handler)
+func _Spawner_Record_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(SpawnerServer).Record(&grpc.GenericServerStream[RecordCall, RecordReply]{ServerStream: stream})
 }
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Spawner_RecordServer = grpc.BidiStreamingServer[RecordCall, RecordReply]
 
 func _Spawner_Reload_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ReloadRequest)
@@ -466,10 +464,6 @@ var Spawner_ServiceDesc = grpc.ServiceDesc{
 	HandlerType: (*SpawnerServer)(nil),
 	Methods: []grpc.MethodDesc{
 		{
-			MethodName: "Spawn",
-			Handler:    _Spawner_Spawn_Handler,
-		},
-		{
 			MethodName: "Verify",
 			Handler:    _Spawner_Verify_Handler,
 		},
@@ -480,10 +474,6 @@ var Spawner_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "List",
 			Handler:    _Spawner_List_Handler,
-		},
-		{
-			MethodName: "Record",
-			Handler:    _Spawner_Record_Handler,
 		},
 		{
 			MethodName: "Reload",
@@ -500,9 +490,21 @@ var Spawner_ServiceDesc = grpc.ServiceDesc{
 	},
 	Streams: []grpc.StreamDesc{
 		{
+			StreamName:    "Spawn",
+			Handler:       _Spawner_Spawn_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+		{
 			StreamName:    "Watch",
 			Handler:       _Spawner_Watch_Handler,
 			ServerStreams: true,
+		},
+		{
+			StreamName:    "Record",
+			Handler:       _Spawner_Record_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
 		},
 	},
 	Metadata: "pkg/spawnrpc/spawnpb/spawn.proto",
