@@ -19,6 +19,7 @@ import (
 
 	"github.com/a2aproject/a2a-go/v2/a2a"
 
+	"github.com/nexus-broker/nexus-broker/internal/echo"
 	"github.com/nexus-broker/nexus-broker/pkg/brokerclient"
 )
 
@@ -257,6 +258,33 @@ func TestWarmInstancesYieldTheirSlots(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.waitWarm(1, c.LeaseID)
+}
+
+// TestAYieldedSlotIsFreeAtSpawnd: with spawnd.max_leases equal to
+// max_concurrent, a claim that ends a warm instance for its slot spawns
+// only once spawnd has answered that instance's Terminate (its ceiling
+// excludes a lease being torn down from then), so spawnd never refuses
+// it; each round the pool refills and the next claim yields it again.
+func TestAYieldedSlotIsFreeAtSpawnd(t *testing.T) {
+	pools, _ := poolYAML(t, "default", "nexus", 1)
+	b := startBroker(t, Options{YAML: "max_concurrent: 2\nqueue_wait_timeout: 0s\npools:\n" + pools, SpawndYAML: "  max_leases: 2\n"})
+	held := b.claim(brokerclient.ClaimRequest{})
+	for round := range 10 {
+		w := b.waitWarm(1, held.LeaseID)[0]
+		c, err := b.Client.Claim(context.Background(), brokerclient.ClaimRequest{Config: "engine:\n  name: cold\n"})
+		if err != nil {
+			t.Fatalf("round %d: the claim the warm %s yielded to: %v\n%s", round, w.LeaseID, err, b.GatewayLog)
+		}
+		if c.LeaseID == w.LeaseID {
+			t.Fatal("a cold config was served warm")
+		}
+		if err := b.Client.Release(context.Background(), c.LeaseID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if strings.Contains(b.GatewayLog.String(), "nexus-spawnd is at its own bound") {
+		t.Fatalf("spawnd refused a spawn:\n%s", b.GatewayLog)
+	}
 }
 
 // TestAQueuedClaimGetsAFreedSlotBeforeARefill: with the pool's instance
@@ -537,6 +565,50 @@ func TestAHandOutTheJournalCannotRecordIsRefused(t *testing.T) {
 		}
 		claimed = append(claimed, c.LeaseID)
 	}
+}
+
+// TestAHandOutSpawndRefusesSpawnsCold: a warm instance whose session is
+// another principal's (its entry reports a fixed id, which alice's claim
+// of the pool's first instance made hers) is refused to bob by spawnd's
+// hand-out (FailedPrecondition); bob's claim is then no 503 but a cold
+// claim with a session of its own, and that warm instance is retired.
+func TestAHandOutSpawndRefusesSpawnsCold(t *testing.T) {
+	reported := filepath.Join(t.TempDir(), "reported-session")
+	if err := os.WriteFile(reported, []byte("sess-alices"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	pools, _ := poolYAML(t, "default", "fixed", 1)
+	b := startBroker(t, Options{Token: "tok-ops", YAML: fmt.Sprintf(`  fixed:
+    path: %q
+    env: {%s: %q}
+max_concurrent: 4
+auth:
+  validators:
+    - type: static
+      tokens:
+        - {token: tok-alice, principal: alice}
+        - {token: tok-bob, principal: bob}
+        - {token: tok-ops, principal: ops, scopes: "nexus.broker.admin"}
+pools:
+%s`, bin("nexus-echo"), echo.EnvReportSessionFrom, reported, pools)})
+	alice := &brokerclient.Client{Base: b.Base, Token: "tok-alice"}
+	bob := &brokerclient.Client{Base: b.Base, Token: "tok-bob"}
+	req := brokerclient.ClaimRequest{Binary: "fixed", Config: poolConfig}
+	first := b.waitWarm(1)[0]
+	a, err := alice.Claim(context.Background(), req)
+	if err != nil || a.LeaseID != first.LeaseID || a.SessionID != "sess-alices" {
+		t.Fatalf("alice's claim = %+v %v, want the warm %s with sess-alices", a, err, first.LeaseID)
+	}
+	w := b.waitWarm(1, a.LeaseID)[0] // it reported sess-alices too
+	if err := os.WriteFile(reported, []byte("sess-bobs"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := bob.Claim(context.Background(), req)
+	if err != nil || c.LeaseID == w.LeaseID || c.SessionID != "sess-bobs" {
+		t.Fatalf("bob's claim = %+v %v, want a cold claim (not %s) with sess-bobs", c, err, w.LeaseID)
+	}
+	b.GatewayLog.wait(t, regexp.MustCompile(`msg="nexus-spawnd refused to hand a warm instance out[^"]*" lease_id=`+w.LeaseID+` pool=default error=".*belongs to another principal"`), 5*time.Second)
+	b.GatewayLog.wait(t, regexp.MustCompile(`msg="lease released" lease_id=`+w.LeaseID+` reason="hand-out refused"`), 15*time.Second)
 }
 
 // TestWarmLeasesAreExemptFromIdleUntilClaimed: a warm lease outlives

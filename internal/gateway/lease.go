@@ -145,7 +145,8 @@ type policy struct {
 }
 
 // milestones are the once-only moments of a lease, each a channel closed
-// once: ready, the session reported, the exit, the teardown done.
+// once: ready, the session reported, the exit, the Terminate answered, the
+// teardown done.
 type milestones struct {
 	ready           chan struct{}
 	readyOnce       sync.Once
@@ -159,7 +160,10 @@ type milestones struct {
 	exitOnce     sync.Once
 	exit         spawner.Exit
 	teardownOnce sync.Once
-	tornDown     chan struct{}
+	// terminating is closed once spawnd has answered the teardown's first
+	// Terminate.
+	terminating chan struct{}
+	tornDown    chan struct{}
 }
 
 func (g *Gateway) newLease(id, principal, entry string, created time.Time) *lease {
@@ -172,6 +176,7 @@ func (g *Gateway) newLease(id, principal, entry string, created time.Time) *leas
 			ready:           make(chan struct{}),
 			sessionReported: make(chan struct{}),
 			exited:          make(chan struct{}),
+			terminating:     make(chan struct{}),
 			tornDown:        make(chan struct{}),
 		},
 		proof: proof{proven: make(chan struct{})},
@@ -307,11 +312,13 @@ func (l *lease) teardown(reason string, mode teardownMode) {
 			term := func(noWait bool) {
 				l.g.terminate(l, spawner.Termination{LeaseID: l.id, Reason: reason, SkipGrace: mode == teardownSkipGrace, NoWait: noWait})
 			}
+			// Begun before the shutdown frame goes, so that an instance
+			// obeying it at once still ends for this reason, not as a
+			// crash; once it is answered spawnd.max_leases excludes the
+			// lease (a claim it yielded its slot to waits for that).
+			term(true)
+			close(l.terminating)
 			if inst != nil && mode == teardownGraceful {
-				// Begun before the shutdown frame goes, so that an instance
-				// obeying it at once still ends for this reason, not as a
-				// crash.
-				term(true)
 				inst.sendShutdown()
 			}
 			term(false)

@@ -191,30 +191,7 @@ func (m *metrics) write(w io.Writer, g gauges) {
 			fmt.Fprintf(w, "%s%s{reason=%q} %d\n", ns, name, r.Reason, r.N)
 		}
 	}
-	writePools(w, g.pools)
-}
-
-// writePools writes the warm pools' families (ours), every pool in force
-// at 0 from the first scrape, labelled by its name.
-func writePools(w io.Writer, pools []pool.Stat) {
-	family := func(name, typ, help string, series func(s pool.Stat)) {
-		fmt.Fprintf(w, "# HELP %s%s %s\n# TYPE %s%s %s\n", ns, name, help, ns, name, typ)
-		for _, s := range pools {
-			series(s)
-		}
-	}
-	if len(pools) == 0 {
-		return
-	}
-	family("pool_idle", "gauge", "Warm instances ready and unclaimed, by pool.", func(s pool.Stat) {
-		fmt.Fprintf(w, "%spool_idle{pool=%q} %d\n", ns, s.Name, s.Idle)
-	})
-	family("pool_claims_total", "counter", "Claims naming a pool's binary and config, served warm (hit) or cold (miss), by pool.", func(s pool.Stat) {
-		fmt.Fprintf(w, "%spool_claims_total{pool=%q,outcome=\"hit\"} %d\n%spool_claims_total{pool=%q,outcome=\"miss\"} %d\n", ns, s.Name, s.Hits, ns, s.Name, s.Misses)
-	})
-	family("pool_refill_failures_total", "counter", "Warm instances that failed to boot, by pool.", func(s pool.Stat) {
-		fmt.Fprintf(w, "%spool_refill_failures_total{pool=%q} %d\n", ns, s.Name, s.RefillFailures)
-	})
+	pool.WriteMetrics(w, ns, g.pools)
 }
 
 func formatFloat(f float64) string {

@@ -36,17 +36,21 @@ func poolSpecs(cfg *config.Config) []pool.Spec {
 	return specs
 }
 
-// reasonHandOut is the teardown reason of a warm lease whose hand-out
-// spawnd could not record.
-const reasonHandOut = "hand-out not recorded"
+// The teardown reasons of a warm lease whose hand-out spawnd could not
+// record, and of one whose hand-out it refused.
+const (
+	reasonHandOut        = "hand-out not recorded"
+	reasonHandOutRefused = "hand-out refused"
+)
 
 // handOut serves a new session's claim from the pool whose entry and config
 // are the claim's, if one has an instance idle: its lease, its session id,
 // now principal's. ok false is a cold claim (no pool matches, none is idle,
-// or the one taken ended meanwhile). spawnd records the owner durably
-// before the claim is answered; if it cannot, the claim is refused as a
-// spawn its journal refused, and the instance retired, never handed to
-// another claim.
+// or the one taken ended meanwhile, or spawnd refused its hand-out:
+// FailedPrecondition, such as a session another principal owns, and the
+// instance is retired). spawnd records the owner durably before the claim
+// is answered; if it cannot, the claim is refused as a spawn its journal
+// refused, and the instance retired, never handed to another claim.
 func (g *Gateway) handOut(ctx context.Context, principal, entry string, cfgData []byte, admitted *bool) (l *lease, cerr *claimError, ok bool) {
 	id, name, ok := g.pools.m.Take(entry, cfgData)
 	if !ok {
@@ -71,6 +75,12 @@ func (g *Gateway) handOut(ctx context.Context, principal, entry string, cfgData 
 	cancel()
 	if err != nil && l.currentState() == stateDraining {
 		return nil, nil, false // it ended meanwhile: a cold claim
+	}
+	if spawner.CodeOf(err) == spawner.FailedPrecondition {
+		g.log.Warn("nexus-spawnd refused to hand a warm instance out; the instance is retired and the claim spawns cold",
+			"lease_id", id, "pool", name, "error", spawner.MessageOf(err))
+		g.retire(l, reasonHandOutRefused)
+		return nil, nil, false
 	}
 	if err != nil {
 		g.log.Error("handing a warm instance out failed: nexus-spawnd could not record its owner; the claim is refused and the instance retired",
@@ -98,7 +108,9 @@ func (g *Gateway) handOut(ctx context.Context, principal, entry string, cfgData 
 // the oldest warm instance nobody claimed (idle, else booting) and takes
 // its slot: a claim never queues behind a warm instance. With claims
 // already queued, the slot goes to the oldest of them, and this one queues
-// as any other.
+// as any other. Either way the slot is passed on once spawnd no longer
+// counts the instance (uncounted), so that its spawnd.max_leases never
+// refuses the spawn the slot was freed for.
 func (g *Gateway) takeSlot(ctx context.Context, acquire func(context.Context, capacity.Quota[queuedOffer]) error, q capacity.Quota[queuedOffer]) error {
 	for g.cap.Full() {
 		id, ok := g.pools.m.Yield()
@@ -111,12 +123,37 @@ func (g *Gateway) takeSlot(ctx context.Context, acquire func(context.Context, ca
 		}
 		g.log.Info("a warm instance gives its slot up to a claim", "lease_id", id)
 		g.end(l, pool.ReasonYielded)
+		if err := l.uncounted(ctx); err != nil {
+			g.freeSlot()
+			return err
+		}
 		if g.cap.Pass() {
 			return nil
 		}
 		break
 	}
 	return acquire(ctx, q)
+}
+
+// uncounted waits until spawnd no longer counts l toward spawnd.max_leases:
+// its Spawn failed, its Terminate was answered, or it exited; or until ctx
+// ends.
+func (l *lease) uncounted(ctx context.Context) error {
+	select {
+	case <-l.proven:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if l.verifier == nil {
+		return nil // its Spawn failed: spawnd holds nothing
+	}
+	select {
+	case <-l.terminating:
+	case <-l.exited:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return nil
 }
 
 // retire ends a warm lease nobody claimed: its slot is free at once (a

@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -91,8 +92,28 @@ func TestAFailedHandOutRefusesAndRetires(t *testing.T) {
 	if cerr == nil || sp.spawns != 1 || len(sp.records["W"]) != 1 || sp.records["W"][0] != spawner.Anonymous {
 		t.Fatalf("second claim %+v after %d spawns, records %q: want a cold spawn, W asked once for the anonymous caller", cerr, sp.spawns, sp.records)
 	}
-	if len(sp.terminations) != 1 || sp.terminations[0] != "W" {
+	if len(slices.Compact(sp.terminations)) != 1 || sp.terminations[0] != "W" {
 		t.Fatalf("terminated %v, want W", sp.terminations)
+	}
+}
+
+// TestARefusedHandOutRetiresAndSpawnsCold: a hand-out spawnd refuses
+// (FailedPrecondition: the session is another principal's, say) is no
+// refusal of the claim: the warm lease is retired and the claim is a cold
+// spawn.
+func TestARefusedHandOutRetiresAndSpawnsCold(t *testing.T) {
+	sp := &handOutSpawner{records: map[string][]string{}, fail: &spawner.Error{Code: spawner.FailedPrecondition, Text: "Record: session of lease W belongs to another principal"}}
+	g, l := warmGateway(t, sp)
+	_, cerr := g.spawnLease(context.Background(), "bob", warmSpec.Entry, warmSpec.Config, "", slotAcquire, nil)
+	select {
+	case <-l.tornDown:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the warm lease was not retired")
+	}
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	if cerr == nil || cerr.text == errJournalUnavailable || sp.spawns != 1 || len(sp.records["W"]) != 1 {
+		t.Fatalf("claim %+v after %d spawns, records %q: want the cold spawn's answer (this spawnd spawns nothing), W asked once", cerr, sp.spawns, sp.records)
 	}
 }
 
