@@ -385,21 +385,23 @@ func TestConcurrentClaimsNeverShareAWarmLease(t *testing.T) {
 	}
 }
 
-// TestWarmLeaseUnreachableUnderAuth: with auth:, a warm lease is nobody's:
-// no ticket, no connect, no release, not in a caller's own listing, only
-// in the operator's; handed out, it is its claimant's alone.
-func TestWarmLeaseUnreachableUnderAuth(t *testing.T) {
-	pools, _ := poolYAML(t, "default", "nexus", 1)
-	b := startBroker(t, Options{Token: "tok-ops", YAML: `max_concurrent: 4
-auth:
+// poolAuthYAML is the pool tests' auth: alice and bob, and ops, the
+// operator (the harness's bearer, which sees warm leases).
+const poolAuthYAML = `auth:
   validators:
     - type: static
       tokens:
         - {token: tok-alice, principal: alice}
         - {token: tok-bob, principal: bob}
         - {token: tok-ops, principal: ops, scopes: "nexus.broker.admin"}
-pools:
-` + pools})
+`
+
+// TestWarmLeaseUnreachableUnderAuth: with auth:, a warm lease is nobody's:
+// no ticket, no connect, no release, not in a caller's own listing, only
+// in the operator's; handed out, it is its claimant's alone.
+func TestWarmLeaseUnreachableUnderAuth(t *testing.T) {
+	pools, _ := poolYAML(t, "default", "nexus", 1)
+	b := startBroker(t, Options{Token: "tok-ops", YAML: "max_concurrent: 4\n" + poolAuthYAML + "pools:\n" + pools})
 	w := b.waitWarm(1)[0]
 	unknown := func(who, token, what string, operator bool) {
 		t.Helper()
@@ -582,15 +584,8 @@ func TestAHandOutSpawndRefusesSpawnsCold(t *testing.T) {
     path: %q
     env: {%s: %q}
 max_concurrent: 4
-auth:
-  validators:
-    - type: static
-      tokens:
-        - {token: tok-alice, principal: alice}
-        - {token: tok-bob, principal: bob}
-        - {token: tok-ops, principal: ops, scopes: "nexus.broker.admin"}
-pools:
-%s`, bin("nexus-echo"), echo.EnvReportSessionFrom, reported, pools)})
+%spools:
+%s`, bin("nexus-echo"), echo.EnvReportSessionFrom, reported, poolAuthYAML, pools)})
 	alice := &brokerclient.Client{Base: b.Base, Token: "tok-alice"}
 	bob := &brokerclient.Client{Base: b.Base, Token: "tok-bob"}
 	req := brokerclient.ClaimRequest{Binary: "fixed", Config: poolConfig}
