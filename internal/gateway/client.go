@@ -404,9 +404,10 @@ func (c *clientConn) goAway()   { c.ws.CloseGraceful(websocket.CloseGoingAway, w
 
 // readPump forwards the client's io frames to the instance, until the
 // socket ends or a frame is refused (the socket then closes with 1009).
+// Each message is lent by the socket until its next read (wire.Conn.Next).
 func (c *clientConn) readPump() {
 	for {
-		data, err := c.ws.Read()
+		data, err := c.ws.Next()
 		if err != nil {
 			return
 		}
@@ -464,7 +465,7 @@ func (c *clientConn) flushToInstance() {
 // else is re-encoded.
 func (l *lease) forInstance(data []byte) ([]byte, bool) {
 	g := l.g
-	f, err := brokerframe.Decode(data)
+	f, err := brokerframe.DecodeShared(data, l.id)
 	switch {
 	case err != nil:
 		// A bare IO payload ({"type":"input",…}) is what the spec's own

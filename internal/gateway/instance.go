@@ -263,11 +263,12 @@ func (g *Gateway) logRefusal(f brokerframe.Frame, why refusal, remote string) {
 }
 
 // readPump delivers the instance's frames to the lease's stream until the
-// socket ends.
+// socket ends, each message decoded in the buffer the socket lends until
+// its next read (wire.Conn.Next): nothing below keeps a part of it.
 func (ic *instanceConn) readPump(l *lease) {
 	g := l.g
 	for {
-		data, err := ic.ws.Read()
+		data, err := ic.ws.Next()
 		if err != nil {
 			var ne net.Error
 			if !errors.As(err, &ne) && !websocket.IsCloseError(err, websocket.CloseNormalClosure, websocket.CloseGoingAway) &&
@@ -276,7 +277,7 @@ func (ic *instanceConn) readPump(l *lease) {
 			}
 			return
 		}
-		f, err := brokerframe.Decode(data)
+		f, err := brokerframe.DecodeShared(data, l.id)
 		if err != nil {
 			l.dropUndecodable(err)
 			continue
@@ -326,7 +327,7 @@ func (ic *instanceConn) readPump(l *lease) {
 			ic.heldFor = cl
 		}
 		if obs != nil && f.Signal == brokerframe.SignalIO {
-			obs.Payload(l.handle(), f.Payload)
+			obs.Payload(l.handle(), bytes.Clone(f.Payload))
 		}
 	}
 }
@@ -365,8 +366,8 @@ func statusState(payload json.RawMessage) (string, bool) {
 // written at once, or with hold left in the socket's buffer for the caller
 // to flush (flushInstance on the connection it returns); a slow instance
 // blocks the write (and so the client's socket: TCP backpressure, not
-// loss). While the instance redials, frames are held up to holdFrames /
-// holdBytes and counted when dropped beyond that.
+// loss). While the instance redials, copies of frames are held up to
+// holdFrames / holdBytes and counted when dropped beyond that.
 func (l *lease) sendToInstance(data []byte, hold bool) *instanceConn {
 	l.sendMu.Lock()
 	defer l.sendMu.Unlock()
@@ -378,7 +379,7 @@ func (l *lease) sendToInstance(data []byte, hold bool) *instanceConn {
 			l.g.m.framesDropped.inc("no_instance")
 			return nil
 		}
-		l.held = append(l.held, data)
+		l.held = append(l.held, bytes.Clone(data))
 		l.heldBytes += len(data)
 		return nil
 	}

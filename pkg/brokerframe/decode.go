@@ -10,8 +10,10 @@ import (
 // else (escapes, non-ASCII ids, null, floats, a key that differs from a
 // field's only in case) reports ok=false and is left to encoding/json, which
 // stays the authority: whenever this returns ok, encoding/json decodes the
-// same input to the same frame (FuzzDecodeFastAgrees checks that).
-func decodeFast(data []byte) (f Frame, ok bool) {
+// same input to the same frame (FuzzDecodeFastAgrees checks that). With
+// shared the payload aliases data and a lease_id equal to leaseID is
+// leaseID (see DecodeShared).
+func decodeFast(data []byte, shared bool, leaseID string) (f Frame, ok bool) {
 	d := scanner{data: data}
 	if !d.expect('{') {
 		return f, false
@@ -45,7 +47,11 @@ func decodeFast(data []byte) (f Frame, ok bool) {
 			}
 			switch string(key) {
 			case "lease_id":
-				f.LeaseID = string(s)
+				if shared && string(s) == leaseID {
+					f.LeaseID = leaseID
+				} else {
+					f.LeaseID = string(s)
+				}
 			case "signal":
 				f.Signal = signalOf(s)
 			case "secret":
@@ -61,7 +67,11 @@ func decodeFast(data []byte) (f Frame, ok bool) {
 			if !ok {
 				return f, false
 			}
-			if string(key) == "payload" {
+			switch {
+			case string(key) != "payload":
+			case shared:
+				f.Payload = raw
+			default:
 				f.Payload = append(json.RawMessage(nil), raw...)
 			}
 		}

@@ -117,11 +117,23 @@ func appendString(buf *bytes.Buffer, s string) {
 // Decode unmarshals one frame and checks its signal. The version is not
 // checked here; see Version.
 func Decode(data []byte) (Frame, error) {
-	f, ok := decodeFast(data)
-	if ok && f.Signal.Valid() {
+	return decode(data, false, "")
+}
+
+// DecodeShared is Decode for a caller that keeps data unchanged while it
+// uses the frame, as a relay does: the payload is data's own bytes rather
+// than a copy, and a lease_id equal to leaseID is leaseID itself, so the
+// ordinary frame costs no allocation. Whatever the fast path leaves to
+// encoding/json is decoded as Decode does it.
+func DecodeShared(data []byte, leaseID string) (Frame, error) {
+	return decode(data, true, leaseID)
+}
+
+func decode(data []byte, shared bool, leaseID string) (Frame, error) {
+	if f, ok := decodeFast(data, shared, leaseID); ok && f.Signal.Valid() {
 		return f, nil
 	}
-	f = Frame{}
+	var f Frame // its own variable: the fast path's frame stays off the heap
 	if err := json.Unmarshal(data, &f); err != nil {
 		return Frame{}, fmt.Errorf("brokerframe: decode: %w", err)
 	}

@@ -1,6 +1,7 @@
 package brokerframe
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"reflect"
@@ -127,9 +128,12 @@ func FuzzDecodeFastAgrees(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		fast, ok := decodeFast(data)
+		fast, ok := decodeFast(data, false, "")
 		if !ok {
 			return
+		}
+		if shared, _ := decodeFast(data, true, "L"); shared.LeaseID != fast.LeaseID || string(shared.Payload) != string(fast.Payload) {
+			t.Fatalf("shared %+v\nfast   %+v\ninput %q", shared, fast, data)
 		}
 		var std Frame
 		if err := json.Unmarshal(data, &std); err != nil {
@@ -143,11 +147,36 @@ func FuzzDecodeFastAgrees(f *testing.F) {
 }
 
 func BenchmarkDecode(b *testing.B) {
-	data := []byte(`{"version":1,"lease_id":"133194fa6928971ca911b73fddd27c10","signal":"io","seq":42,"payload":{"type":"stream.delta","turn_id":"t-1","content":"0123456789"}}`)
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := Decode(data); err != nil {
+		if _, err := Decode(benchFrame); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// BenchmarkDecodeShared is the relay's decode: no allocation.
+func BenchmarkDecodeShared(b *testing.B) {
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := DecodeShared(benchFrame, "133194fa6928971ca911b73fddd27c10"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+var benchFrame = []byte(`{"version":1,"lease_id":"133194fa6928971ca911b73fddd27c10","signal":"io","seq":42,"payload":{"type":"stream.delta","turn_id":"t-1","content":"0123456789"}}`)
+
+// The relay decodes every frame both ways with DecodeShared: the ordinary
+// frame must cost it no allocation, its payload data's own bytes.
+func TestDecodeSharedAllocatesNothing(t *testing.T) {
+	const id = "133194fa6928971ca911b73fddd27c10"
+	var f Frame
+	if n := testing.AllocsPerRun(100, func() { f, _ = DecodeShared(benchFrame, id) }); n != 0 {
+		t.Errorf("DecodeShared: %v allocations per frame, want 0", n)
+	}
+	if f.LeaseID != id || f.Signal != SignalIO || f.Seq != 42 || !bytes.Contains(benchFrame, f.Payload) ||
+		&f.Payload[0] != &benchFrame[bytes.Index(benchFrame, []byte(`{"type"`))] {
+		t.Errorf("DecodeShared = %+v, want the frame with its payload in place", f)
 	}
 }

@@ -9,6 +9,7 @@
 package wire
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -174,9 +175,10 @@ type Conn struct {
 	writeBy time.Time
 	// room is roomFor's remaining budget of bytes.
 	room int
-	// lr bounds the message Read is reading (only the reading goroutine
-	// touches it): a field, so a read allocates nothing for it.
-	lr io.LimitedReader
+	// lent is the buffer Next lent its caller the last message in, taken
+	// back at the next read (only the reading goroutine touches it): a
+	// socket waiting for its next message holds none.
+	lent *[]byte
 }
 
 // SetLease names the lease the socket serves in its log lines, once it is
@@ -216,18 +218,32 @@ func (w *Conn) HeardNow() error {
 // gorilla, whose own limit closes with a 1009 that gives no reason.
 func (w *Conn) BoundReads() { w.c.SetReadLimit(0) }
 
-// read returns the next message. The liveness deadline is pushed out by the
-// peer's pongs and pings (see NewConn), not by each message: any conformant
-// peer answers every ping, and not touching the deadline per message keeps a
-// timer update off the relay's hot path. A message over MaxMessage closes
-// the socket with 1009 naming the limit (CloseTooBig) and is ErrTooBig.
+// Read returns the next message, the caller's to keep (see Next).
 func (w *Conn) Read() ([]byte, error) {
+	data, err := w.Next()
+	if err != nil {
+		return nil, err
+	}
+	return bytes.Clone(data), nil
+}
+
+// Next returns the next message in a buffer the connection lends until the
+// next read of the socket: the caller must keep neither it nor any part of
+// it past that. The buffers come from a pool, so a relay's reads allocate
+// nothing, and an idle socket holds none. The liveness deadline is pushed
+// out by the peer's pongs and pings (see NewConn), not by each message: any
+// conformant peer answers every ping, and not touching the deadline per
+// message keeps a timer update off the relay's hot path. A message over
+// MaxMessage closes the socket with 1009 naming the limit (CloseTooBig) and
+// is ErrTooBig. Only the socket's reading goroutine calls it.
+func (w *Conn) Next() ([]byte, error) {
+	w.giveBack()
 	_, r, err := w.c.NextReader()
 	var data []byte
 	if err == nil {
-		w.lr = io.LimitedReader{R: r, N: MaxMessage + 1}
-		data, err = io.ReadAll(&w.lr)
-		w.lr.R = nil
+		w.lent = messagePool.Get().(*[]byte)
+		data, err = readMessage(r, (*w.lent)[:0])
+		*w.lent = data
 	}
 	if err == nil && len(data) > MaxMessage {
 		w.CloseGraceful(websocket.CloseMessageTooBig, CloseTooBig)
@@ -241,6 +257,41 @@ func (w *Conn) Read() ([]byte, error) {
 		return nil, err
 	}
 	return data, nil
+}
+
+// messagePool holds Next's buffers; one that grew past messageKeep for a
+// large message is left to the collector rather than kept.
+var messagePool = sync.Pool{New: func() any { b := make([]byte, 0, 1<<10); return &b }}
+
+const messageKeep = 64 << 10
+
+// giveBack returns the buffer Next lent, if any, to the pool.
+func (w *Conn) giveBack() {
+	if b := w.lent; b != nil {
+		w.lent = nil
+		if cap(*b) <= messageKeep {
+			messagePool.Put(b)
+		}
+	}
+}
+
+// readMessage appends r's message to buf, stopping once it holds more than
+// MaxMessage bytes: so bounded, a message too big is never read whole.
+func readMessage(r io.Reader, buf []byte) ([]byte, error) {
+	for len(buf) <= MaxMessage {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := r.Read(buf[len(buf):min(cap(buf), MaxMessage+1)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			return buf, err
+		}
+	}
+	return buf, nil
 }
 
 // write sends one text message now, with any held before it. A write that
@@ -425,7 +476,7 @@ func (w *Conn) CloseGraceful(code int, reason string) {
 // loop of a socket closed before anything was relayed over it.
 func (w *Conn) DiscardUntilClosed() {
 	for {
-		if _, err := w.Read(); err != nil {
+		if _, err := w.Next(); err != nil {
 			w.Finish()
 			return
 		}
