@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -175,4 +176,31 @@ func TestSessionReportFloodIsBounded(t *testing.T) {
 	if grown := vmRSS(t, spawnd) - rss; grown > 32<<20 {
 		t.Errorf("spawnd's RSS grew by %d MiB under the flood", grown>>20)
 	}
+}
+
+// TestSessionReportOfAnotherPrincipalsSessionIsRefused is the attack of
+// bob's instance reporting the session id alice's claim of the same entry
+// created: spawnd refuses it, bob's claim is answered without it (saying
+// why), and alice's resume of her session is hers, not bob's lease.
+func TestSessionReportOfAnotherPrincipalsSessionIsRefused(t *testing.T) {
+	reported := filepath.Join(t.TempDir(), "reported-session")
+	if err := os.WriteFile(reported, []byte("sess-alices"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b := startBroker(t, Options{Token: "tok-ops", StateDir: true, YAML: fmt.Sprintf("  fixed:\n    path: %q\n    env: {%s: %q}\n%s",
+		bin("nexus-echo"), echo.EnvReportSessionFrom, reported, poolAuthYAML)})
+	alice := &brokerclient.Client{Base: b.Base, Token: "tok-alice"}
+	bob := &brokerclient.Client{Base: b.Base, Token: "tok-bob"}
+	a, err := alice.Claim(context.Background(), brokerclient.ClaimRequest{Binary: "fixed", Config: poolConfig})
+	if err != nil || a.SessionID != "sess-alices" {
+		t.Fatalf("alice's claim = %+v %v, want sess-alices", a, err)
+	}
+	c, err := bob.Claim(context.Background(), brokerclient.ClaimRequest{Binary: "fixed", Config: poolConfig})
+	if err != nil || c.SessionID != "" || !strings.Contains(c.SessionError, "belongs to another principal") {
+		t.Fatalf("bob's claim = %+v %v, want no session id and a session_error naming another principal", c, err)
+	}
+	if l, _ := b.lease(c.LeaseID); l.SessionID != "" {
+		t.Fatalf("bob's lease carries session %q", l.SessionID)
+	}
+	b.SpawndLog.wait(t, regexp.MustCompile(`session-id report refused.*lease_id=`+c.LeaseID+`.*belongs to another principal`), 5*time.Second)
 }

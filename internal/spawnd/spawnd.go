@@ -784,8 +784,8 @@ func (d *Daemon) Watch(_ *spawnpb.WatchRequest, stream grpc.ServerStreamingServe
 
 // Record stores the session id an instance reported, in the journal and the
 // session → binary index. A session belongs to the entry that created it:
-// an id another entry holds is refused, as is one breaking the session id
-// rule or past maxSessionReports. A refused report leaves the lease running
+// an id another entry holds is refused, as is one another principal
+// created, one breaking the session id rule, or one past maxSessionReports. A refused report leaves the lease running
 // with the session id it had. With hand_out it is a hand-out (handOut).
 func (d *Daemon) Record(_ context.Context, req *spawnpb.RecordRequest) (*spawnpb.RecordResponse, error) {
 	if req.GetHandOut() {
@@ -840,6 +840,13 @@ func (d *Daemon) bindLocked(l *lease, session string) error {
 	}
 	if owner := d.sessionOwner(session, l); owner != "" && owner != l.rec.Entry {
 		return status.Errorf(codes.FailedPrecondition, "Record: session %q belongs to entry %q, not %q", session, owner, l.rec.Entry)
+	}
+	// A claimed lease's instance may not take a session another principal
+	// created: its claimant would be handed an id it may not resume, and
+	// the session's owner, resuming, could be placed on this instance. An
+	// ownerless (warm) lease is checked at its hand-out (handOutRefusal).
+	if l.rec.Principal != "" && d.ownership(session, l.rec.Principal) == spawnpb.Ownership_OWNERSHIP_OTHER {
+		return status.Errorf(codes.FailedPrecondition, "Record: session %q belongs to another principal", session)
 	}
 	l.rec.SessionID = session
 	_ = d.index.Put(binding{session, l.rec.Entry, d.creator(session, l.rec.Principal)}) // a failed write is the index's to log
