@@ -643,6 +643,26 @@ func TestMaxAgeRecyclesAWarmInstance(t *testing.T) {
 	}
 }
 
+// TestARetiredSlotIsFreeAtSpawnd: with spawnd.max_leases equal to
+// max_concurrent and the other slot held, the slot of a warm instance
+// retired at max_age is taken by its pool's refill only once spawnd has
+// answered that instance's Terminate, so spawnd never refuses the refill's
+// spawn; each round the replacement is retired in turn.
+func TestARetiredSlotIsFreeAtSpawnd(t *testing.T) {
+	pools, _ := poolYAML(t, "default", "nexus", 1)
+	b := startBroker(t, Options{YAML: "max_concurrent: 2\npools:\n" + pools + "    max_age: 1s\n", SpawndYAML: "  max_leases: 2\n"})
+	held := b.claim(brokerclient.ClaimRequest{Config: "engine:\n  name: cold\n"})
+	var prev string
+	for round := range 6 {
+		w := b.waitWarm(1, held.LeaseID, prev)[0]
+		b.GatewayLog.wait(t, regexp.MustCompile(`msg="lease released" lease_id=`+w.LeaseID+` reason="pool max_age"`), 15*time.Second)
+		if s := b.GatewayLog.String(); strings.Contains(s, "nexus-spawnd is at its own bound") {
+			t.Fatalf("round %d: spawnd refused the refill of the retired %s:\n%s", round, w.LeaseID, s)
+		}
+		prev = w.LeaseID
+	}
+}
+
 // TestClusterAFullBrokerServesItsOwnWarmInstance: in cluster mode a claim
 // on a broker whose slots are full, one held by a warm instance of the
 // claim's pool, is handed that instance rather than offered to a peer.

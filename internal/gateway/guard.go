@@ -6,6 +6,7 @@ import (
 
 	"github.com/nexus-broker/nexus-broker/internal/auth"
 	"github.com/nexus-broker/nexus-broker/internal/gateway/internal/capacity"
+	"github.com/nexus-broker/nexus-broker/internal/gateway/internal/wire"
 	"github.com/nexus-broker/nexus-broker/internal/gateway/reply"
 )
 
@@ -87,7 +88,7 @@ func auditAttrs(r *http.Request, principal string) []any {
 // auditKey is the subject an audit record is bounded by (logbound): one
 // peer, as one principal, on one route, refused for one reason.
 func auditKey(r *http.Request, principal, reason string) string {
-	return strings.Join([]string{peerHost(r.RemoteAddr), principal, r.Pattern, reason}, " ")
+	return strings.Join([]string{wire.PeerHost(r.RemoteAddr), principal, r.Pattern, reason}, " ")
 }
 
 // refuse answers an authentication refusal and audits it, naming p when

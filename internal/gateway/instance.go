@@ -75,16 +75,16 @@ func (g *Gateway) serveInstance(conn *websocket.Conn, remote string) {
 	_, data, err := conn.ReadMessage()
 	if err != nil {
 		ws.CloseNow(websocket.ClosePolicyViolation, "no register frame")
-		g.quiet.Warn(peerHost(remote), "instance closed before register frame", "remote", remote, "error", err)
+		g.quiet.Warn(wire.PeerHost(remote), "instance closed before register frame", "remote", remote, "error", err)
 		return
 	}
 	f, refuse, err := registerOf(data)
 	if refuse != "" {
 		ws.CloseNow(websocket.ClosePolicyViolation, refuse)
 		if err != nil {
-			g.quiet.Warn(peerHost(remote), "instance sent undecodable first frame", "remote", remote, "error", err)
+			g.quiet.Warn(wire.PeerHost(remote), "instance sent undecodable first frame", "remote", remote, "error", err)
 		} else {
-			g.quiet.Warn(peerHost(remote), "instance first frame was not register", "remote", remote, "signal", f.Signal)
+			g.quiet.Warn(wire.PeerHost(remote), "instance first frame was not register", "remote", remote, "signal", f.Signal)
 		}
 		return
 	}
@@ -158,15 +158,6 @@ func registerOf(data []byte) (f brokerframe.Frame, refuse string, err error) {
 		return f, "expected register frame", nil
 	}
 	return f, "", nil
-}
-
-// peerHost is a remote address without its port: the subject of the lines
-// logbound bounds per peer.
-func peerHost(remote string) string {
-	if host, _, err := net.SplitHostPort(remote); err == nil {
-		return host
-	}
-	return remote
 }
 
 // refusal names why a registration was refused, for the log only.

@@ -79,7 +79,10 @@ func (g *Gateway) handOut(ctx context.Context, principal, entry string, cfgData 
 	if spawner.CodeOf(err) == spawner.FailedPrecondition {
 		g.log.Warn("nexus-spawnd refused to hand a warm instance out; the instance is retired and the claim spawns cold",
 			"lease_id", id, "pool", name, "error", spawner.MessageOf(err))
-		g.retire(l, reasonHandOutRefused)
+		select { // the claim spawns cold on that slot, or waits as any other
+		case <-g.retire(l, reasonHandOutRefused):
+		case <-ctx.Done():
+		}
 		return nil, nil, false
 	}
 	if err != nil {
@@ -156,11 +159,18 @@ func (l *lease) uncounted(ctx context.Context) error {
 	return nil
 }
 
-// retire ends a warm lease nobody claimed: its slot is free at once (a
-// queued claim gets it first), its instance torn down meanwhile.
-func (g *Gateway) retire(l *lease, reason string) {
-	l.releaseSlot()
+// retire ends a warm lease nobody claimed and frees its slot (a queued claim
+// first) once spawnd no longer counts it (uncounted), so that its max_leases
+// never refuses the spawn the slot goes to; the channel is closed then.
+func (g *Gateway) retire(l *lease, reason string) <-chan struct{} {
 	g.end(l, reason)
+	freed := make(chan struct{})
+	go func() {
+		_ = l.uncounted(context.Background()) // every retired lease is proven, then terminated or exited
+		l.releaseSlot()
+		close(freed)
+	}()
+	return freed
 }
 
 // warmEnded is why a warm lease's boot was ended (end): its teardown

@@ -61,6 +61,7 @@ func warmGateway(t *testing.T, sp spawner.Spawner) (*Gateway, *lease) {
 	g.pools.m.Set([]pool.Spec{warmSpec})
 	l := g.newLease("W", "", warmSpec.Entry, time.Now())
 	l.state, l.sessionID, l.spawned = stateActive, "s-1", true
+	l.prove([]byte("verifier")) // as restore does: spawnd holds it until its Terminate
 	g.cap.Take()
 	g.leases[l.id] = l
 	g.adopt(l, warmSpec.Tag())
@@ -188,6 +189,7 @@ func TestARestoredWarmLeaseWithoutASessionRetires(t *testing.T) {
 	g, _ := warmGateway(t, sp)
 	l := g.newLease("U", "", warmSpec.Entry, time.Now())
 	l.spawned = true
+	l.prove([]byte("verifier"))
 	g.cap.Take()
 	g.leases[l.id] = l
 	g.adopt(l, warmSpec.Tag())

@@ -20,3 +20,12 @@ func ConnOf(ctx context.Context) (c net.Conn, ok bool) {
 	c, ok = ctx.Value(connKey{}).(net.Conn)
 	return c, ok
 }
+
+// PeerHost is a remote address without its port: the subject of the lines
+// logbound bounds per peer.
+func PeerHost(remote string) string {
+	if host, _, err := net.SplitHostPort(remote); err == nil {
+		return host
+	}
+	return remote
+}
