@@ -273,7 +273,7 @@ func (a *Attachment) Gap() []byte {
 	if gap == nil {
 		return nil
 	}
-	a.l.g.m.replayGaps.inc(gap.Reason)
+	a.l.g.m.ReplayGaps.Inc(gap.Reason)
 	return streamlog.GapFrame(a.l.id, gap)
 }
 

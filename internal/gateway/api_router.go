@@ -12,6 +12,7 @@ import (
 
 	"github.com/nexus-broker/nexus-broker/internal/a2a"
 	"github.com/nexus-broker/nexus-broker/internal/auth"
+	"github.com/nexus-broker/nexus-broker/internal/gateway/internal/metric"
 	"github.com/nexus-broker/nexus-broker/internal/gateway/internal/wire"
 )
 
@@ -271,18 +272,10 @@ func (g *Gateway) HoldsSession(ctx context.Context, session string) bool {
 }
 
 // ClusterGauges is what /metrics says of the cluster.
-type ClusterGauges struct {
-	PeersReachable, NATSFailures int
-	// Refused counts the cluster messages refused, by reason, in the
-	// order /metrics lists them.
-	Refused []RefusedCount
-}
+type ClusterGauges = metric.Cluster
 
 // RefusedCount is one reason's count of refused cluster messages.
-type RefusedCount struct {
-	Reason string
-	N      uint64
-}
+type RefusedCount = metric.RefusedCount
 
 // ClientSocket is a client's WebSocket, accepted by the core.
 type ClientSocket struct{ *wire.Conn }

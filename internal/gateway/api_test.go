@@ -98,8 +98,8 @@ func TestAttachmentTellsOnlyAResumedClientOfEvictedFrames(t *testing.T) {
 		if through == 0 {
 			t.Fatalf("from_seq %d: %d frames through a 256-byte buffer and none evicted", fromSeq, streamlog.SendWindow+20)
 		}
-		if resumed := fromSeq >= 0; (evicted != nil) != resumed || g.m.replayGaps.get(brokerframe.GapEvicted) != map[bool]uint64{true: 1}[resumed] {
-			t.Errorf("from_seq %d: gap notice %q, %d counted; want one only for a resumed client", fromSeq, evicted, g.m.replayGaps.get(brokerframe.GapEvicted))
+		if resumed := fromSeq >= 0; (evicted != nil) != resumed || g.m.ReplayGaps.Get(brokerframe.GapEvicted) != map[bool]uint64{true: 1}[resumed] {
+			t.Errorf("from_seq %d: gap notice %q, %d counted; want one only for a resumed client", fromSeq, evicted, g.m.ReplayGaps.Get(brokerframe.GapEvicted))
 		}
 	}
 }

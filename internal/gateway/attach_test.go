@@ -47,7 +47,7 @@ func TestTheLaterAcceptedClientWinsWhateverTheAttachOrder(t *testing.T) {
 	if newer.closing != nil || l.client != newer {
 		t.Errorf("the newer connection was closed (%+v) or detached", newer.closing)
 	}
-	if n := g.m.clientEvictions.Load(); n != 1 {
+	if n := g.m.ClientEvictions.Load(); n != 1 {
 		t.Errorf("client_evictions_total %d, want 1", n)
 	}
 }

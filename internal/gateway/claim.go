@@ -104,11 +104,11 @@ func (g *Gateway) spawnerUnavailable() *claimError {
 // the queue wait, not what a claim costs.
 func (g *Gateway) CountClaim(start time.Time, e *ClaimError) {
 	if e != nil {
-		g.m.claims.inc(e.Outcome)
+		g.m.Claims.Inc(e.Outcome)
 		return
 	}
-	g.m.claims.inc("accepted")
-	g.m.claimDuration.observe(time.Since(start))
+	g.m.Claims.Inc("accepted")
+	g.m.ClaimDuration.Observe(time.Since(start))
 }
 
 // ClaimRequest is POST /claim once the HTTP layer authenticated p and read
@@ -361,7 +361,7 @@ func (g *Gateway) bootLease(ctx context.Context, l *lease, req spawner.SpawnRequ
 			// failure of the instance.
 			return refuse(http.StatusInternalServerError, "internal", "writing temp config")
 		}
-		g.m.spawnFailures.inc("exec")
+		g.m.SpawnFailures.Inc("exec")
 		cerr := refuse(http.StatusInternalServerError, "spawn_failed", "spawning instance")
 		cerr.cause = spawner.MessageOf(err)
 		return cerr
@@ -452,7 +452,7 @@ func (g *Gateway) awaitReady(ctx context.Context, l *lease, cfg *config.Config) 
 			return nil
 		default:
 		}
-		g.m.spawnFailures.inc("exited_before_ready")
+		g.m.SpawnFailures.Inc("exited_before_ready")
 		l.mu.Lock()
 		ev := l.exit
 		l.mu.Unlock()
@@ -464,7 +464,7 @@ func (g *Gateway) awaitReady(ctx context.Context, l *lease, cfg *config.Config) 
 		cerr.cause = exitError(ev)
 		return cerr
 	case <-timer.C:
-		g.m.spawnFailures.inc("ready_timeout")
+		g.m.SpawnFailures.Inc("ready_timeout")
 		go l.teardown(reasonReadyTimeout, teardownSkipGrace)
 		return refuse(http.StatusGatewayTimeout, "ready_timeout", "instance did not become ready in time")
 	case <-ctx.Done():

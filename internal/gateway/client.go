@@ -181,7 +181,7 @@ func (c *clientConn) writeAll() bool {
 	l, g := c.l, c.l.g
 	if gap := c.gap; gap != nil {
 		c.gap = nil // only the turn holder touches it
-		g.m.replayGaps.inc(gap.Reason)
+		g.m.ReplayGaps.Inc(gap.Reason)
 		if !c.sendWhole(streamlog.GapFrame(l.id, gap)) {
 			return false
 		}
@@ -357,7 +357,7 @@ func (g *Gateway) attachClient(l *lease, c attachedClient, turn uint64, fromSeq 
 // flow exists for. principal and credential are the newer connection's.
 func (g *Gateway) displaced(l *lease, old attachedClient, principal, credential string) {
 	old.displace()
-	g.m.clientEvictions.Add(1)
+	g.m.ClientEvictions.Add(1)
 	g.publish(EventEvicted, l, wire.CloseSuperseded)
 	g.log.Warn("this connection displaced the lease's previous client, which has been "+
 		"closed. A client must not keep two connections open to one lease — they will "+
@@ -482,14 +482,14 @@ func (l *lease) forInstance(data []byte) ([]byte, bool) {
 		l.dropMismatched(f.LeaseID)
 		return nil, false
 	case f.Signal != brokerframe.SignalIO:
-		g.m.framesDropped.inc("client_control")
+		g.m.FramesDropped.Inc("client_control")
 		return nil, false
 	case f.LeaseID == l.id && f.Version == brokerframe.Version && f.Secret == "" && f.SessionID == "" && f.Seq == 0:
 		return data, true
 	}
 	out, err := brokerframe.Encode(brokerframe.Frame{LeaseID: l.id, Signal: brokerframe.SignalIO, Payload: f.Payload})
 	if err != nil {
-		g.m.framesDropped.inc("undecodable")
+		g.m.FramesDropped.Inc("undecodable")
 		return nil, false
 	}
 	return out, true
@@ -498,7 +498,7 @@ func (l *lease) forInstance(data []byte) ([]byte, bool) {
 // evictedGap is the notice, counted, that frames missFrom..missThrough were
 // evicted before a resuming client was written them.
 func (g *Gateway) evictedGap(leaseID string, missFrom, missThrough uint64) []byte {
-	g.m.replayGaps.inc(brokerframe.GapEvicted)
+	g.m.ReplayGaps.Inc(brokerframe.GapEvicted)
 	return streamlog.GapFrame(leaseID, &brokerframe.StreamGap{Reason: brokerframe.GapEvicted,
 		RequestedFromSeq: missFrom - 1, MissingFromSeq: missFrom, MissingThroughSeq: missThrough})
 }

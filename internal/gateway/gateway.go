@@ -42,6 +42,7 @@ import (
 	"github.com/nexus-broker/nexus-broker/internal/auth"
 	"github.com/nexus-broker/nexus-broker/internal/config"
 	"github.com/nexus-broker/nexus-broker/internal/gateway/internal/capacity"
+	"github.com/nexus-broker/nexus-broker/internal/gateway/internal/metric"
 	"github.com/nexus-broker/nexus-broker/internal/gateway/internal/pool"
 	"github.com/nexus-broker/nexus-broker/internal/gateway/spawner"
 )
@@ -77,7 +78,7 @@ type Gateway struct {
 	spawndLink
 	settings
 	cap *capacity.Slots[queuedOffer]
-	m   *metrics
+	m   *metric.Set
 	// auth is nil without an auth: block; tickets are minted only with one.
 	auth    *auth.Authenticator
 	tickets *auth.Tickets
@@ -154,7 +155,7 @@ func New(o Options) *Gateway {
 		spawndLink: spawndLink{sp: o.Spawner, ready: o.Ready, journal: o.Journal, listenPort: uint32(o.ListenPort)},
 		settings:   settings{boot: o.Config},
 		cap:        capacity.New[queuedOffer](o.Config.MaxConcurrent, o.Config.MaxQueueDepth, o.Config.QueueWaitTimeout.D()),
-		m:          newMetrics(),
+		m:          metric.NewSet(),
 		auth:       o.Auth,
 		tickets:    auth.NewTickets(),
 		book:       book{leases: map[string]*lease{}, claiming: map[string]int{}},
@@ -239,13 +240,13 @@ func (g *Gateway) restore(ctx context.Context) error {
 		if rl.Pool != "" {
 			g.adopt(l, rl.Pool)
 		}
-		g.m.restoredLeases.inc("restored")
+		g.m.RestoredLeases.Inc("restored")
 		window := g.boot.ReattachWindow.D()
 		l.reattachTimer = time.AfterFunc(window, func() {
 			if l.currentState() == stateSpawning {
 				g.log.Warn("no instance reattached to a restored lease within reattach_window; reaping it",
 					"lease_id", l.id, "pid", l.pid, "reattach_window", window)
-				g.m.restoredLeases.inc("reaped")
+				g.m.RestoredLeases.Inc("reaped")
 				go l.teardown(reasonReattachTimeout, teardownSkipGrace)
 			}
 		})

@@ -27,15 +27,15 @@ func TestHeldFramesAreBounded(t *testing.T) {
 	for i := 0; i < holdFrames+3; i++ {
 		l.sendToInstance([]byte(`{"version":1,"lease_id":"L","signal":"io","payload":{"type":"echo"}}`), false)
 	}
-	if len(l.held) != holdFrames || g.m.framesDropped.get("no_instance") != 3 {
-		t.Fatalf("held %d frames, dropped %d; want %d held and 3 dropped", len(l.held), g.m.framesDropped.get("no_instance"), holdFrames)
+	if len(l.held) != holdFrames || g.m.FramesDropped.Get("no_instance") != 3 {
+		t.Fatalf("held %d frames, dropped %d; want %d held and 3 dropped", len(l.held), g.m.FramesDropped.Get("no_instance"), holdFrames)
 	}
 
 	l2 := g.newLease("L2", "", core.ReservedEntry, time.Now())
 	big := bytes.Repeat([]byte("x"), holdBytes/2+1)
 	l2.sendToInstance(big, false)
 	l2.sendToInstance(big, false) // would pass the byte bound
-	if len(l2.held) != 1 || l2.heldBytes != len(big) || g.m.framesDropped.get("no_instance") != 4 {
-		t.Fatalf("held %d frames (%d bytes), dropped %d; want 1 held and one more dropped", len(l2.held), l2.heldBytes, g.m.framesDropped.get("no_instance"))
+	if len(l2.held) != 1 || l2.heldBytes != len(big) || g.m.FramesDropped.Get("no_instance") != 4 {
+		t.Fatalf("held %d frames (%d bytes), dropped %d; want 1 held and one more dropped", len(l2.held), l2.heldBytes, g.m.FramesDropped.Get("no_instance"))
 	}
 }

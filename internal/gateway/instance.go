@@ -118,7 +118,7 @@ func (g *Gateway) serveInstance(conn *websocket.Conn, remote string) {
 	}
 	if reattached {
 		l.activate()
-		g.m.restoredLeases.inc("reattached")
+		g.m.RestoredLeases.Inc("reattached")
 		g.pools.m.Booted(l.id)
 		g.log.Info("restored lease reattached by its instance", "lease_id", l.id)
 	}
@@ -296,13 +296,13 @@ func (ic *instanceConn) readPump(l *lease) {
 		f.Secret = "" // never relayed, whatever an instance put there
 		lost, err := l.log.Append(f)
 		if err != nil {
-			g.m.framesDropped.inc("undecodable")
+			g.m.FramesDropped.Inc("undecodable")
 			continue
 		}
 		if lost > 0 {
 			// Upstream's words for a client that stopped draining; here the
 			// frames lost are the oldest its cursor had not reached.
-			g.m.framesDropped.add("client_buffer_full", uint64(lost))
+			g.m.FramesDropped.Add("client_buffer_full", uint64(lost))
 			g.quiet.Warn(l.id, "peer send buffer full, dropping frame", "lease_id", l.id, "signal", f.Signal, "frames", lost)
 		}
 		// Recorded in the step that reads the observer: a conversation
@@ -326,12 +326,12 @@ func (ic *instanceConn) readPump(l *lease) {
 // dropUndecodable and dropMismatched count and log a frame either pump
 // drops, in upstream's words: the count alone does not say which lease.
 func (l *lease) dropUndecodable(err error) {
-	l.g.m.framesDropped.inc("undecodable")
+	l.g.m.FramesDropped.Inc("undecodable")
 	l.g.quiet.Warn(l.id, "dropping undecodable frame", "lease_id", l.id, "error", err)
 }
 
 func (l *lease) dropMismatched(frameLease string) {
-	l.g.m.framesDropped.inc("lease_mismatch")
+	l.g.m.FramesDropped.Inc("lease_mismatch")
 	l.g.quiet.Warn(l.id, "dropping frame with mismatched lease", "bound_lease", l.id, "frame_lease", frameLease)
 }
 
@@ -367,7 +367,7 @@ func (l *lease) sendToInstance(data []byte, hold bool) *instanceConn {
 	l.mu.Unlock()
 	if inst == nil {
 		if len(l.held) >= holdFrames || l.heldBytes+len(data) > holdBytes {
-			l.g.m.framesDropped.inc("no_instance")
+			l.g.m.FramesDropped.Inc("no_instance")
 			return nil
 		}
 		l.held = append(l.held, bytes.Clone(data))
@@ -391,7 +391,7 @@ func (l *lease) instanceWriteFailed(lost int, err error) {
 	if err == nil {
 		return
 	}
-	l.g.m.framesDropped.add("no_instance", uint64(lost))
+	l.g.m.FramesDropped.Add("no_instance", uint64(lost))
 	l.g.quiet.Warn(l.id, "client frames were lost: the instance socket failed while they were being written", "lease_id", l.id, "frames", lost, "error", err)
 }
 
@@ -406,12 +406,12 @@ func (l *lease) attachInstance(ic *instanceConn) (old *instanceConn) {
 	l.mu.Unlock()
 	for i, data := range l.held {
 		if lost, err := ic.ws.Send(data, true); err != nil {
-			l.g.m.framesDropped.add("no_instance", uint64(lost+len(l.held)-i-1))
+			l.g.m.FramesDropped.Add("no_instance", uint64(lost+len(l.held)-i-1))
 			break
 		}
 	}
 	if lost, _ := ic.ws.Flush(); lost > 0 {
-		l.g.m.framesDropped.add("no_instance", uint64(lost))
+		l.g.m.FramesDropped.Add("no_instance", uint64(lost))
 	}
 	l.held, l.heldBytes = nil, 0
 	return old

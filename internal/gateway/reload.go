@@ -81,7 +81,7 @@ func (g *Gateway) Reload(ctx context.Context, path string) error {
 	for _, l := range g.liveLeases() {
 		l.rearm()
 	}
-	g.m.configReloads.inc("applied")
+	g.m.ConfigReloads.Inc("applied")
 	for _, w := range next.Deprecations {
 		g.log.Warn(w, "path", path)
 	}
@@ -103,7 +103,7 @@ func (g *Gateway) Reload(ctx context.Context, path string) error {
 }
 
 func (g *Gateway) reloadRejected(path string, err error) error {
-	g.m.configReloads.inc("rejected")
+	g.m.ConfigReloads.Inc("rejected")
 	g.log.Error("config reload rejected; the configuration already in force is unchanged", "path", path, "error", err.Error())
 	return err
 }

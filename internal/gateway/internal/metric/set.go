@@ -1,0 +1,118 @@
+package metric
+
+import (
+	"fmt"
+	"io"
+	"sync/atomic"
+
+	"github.com/nexus-broker/nexus-broker/internal/gateway/internal/pool"
+)
+
+// Label values of the wire contract's fixed sets. A series exists for every
+// value from the first scrape, so an alert can be written before the event
+// it watches for has ever happened.
+var (
+	claimOutcomes = []string{"accepted", "rejected", "no_capacity", "queue_timeout", "queue_full",
+		"principal_lease_limit", "principal_queue_limit", "cancelled", "spawn_failed", "ready_timeout", "internal", "journal_unavailable", "broker_draining"}
+	spawnFailureReasons = []string{"exec", "exited_before_ready", "ready_timeout"}
+	// client_control is ours: a client-sent control signal (shutdown,
+	// register, …) is dropped rather than forwarded to the instance.
+	dropReasons = []string{"undecodable", "lease_mismatch", "no_instance", "instance_buffer_full",
+		"client_buffer_full", "lease_gone", "client_control"}
+	gapReasons      = []string{"evicted", "restarted"}
+	reloadOutcomes  = []string{"applied", "rejected"}
+	restoreOutcomes = []string{"restored", "reattached", "reaped"}
+	leaseStates     = []string{"spawning", "active", "draining"}
+)
+
+// claimBuckets are the claim_duration_seconds upper bounds: a claim is a
+// process boot, so milliseconds to the ready_timeout scale.
+var claimBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}
+
+// Set holds every counter of GET /metrics; gauges are read from live
+// state at scrape time so they cannot drift from it.
+type Set struct {
+	Claims          *CounterVec
+	ClaimDuration   Histogram
+	SpawnFailures   *CounterVec
+	FramesDropped   *CounterVec
+	ReplayGaps      *CounterVec
+	ClientEvictions atomic.Uint64
+	ConfigReloads   *CounterVec
+	RestoredLeases  *CounterVec
+}
+
+func NewSet() *Set {
+	return &Set{
+		Claims:         NewCounterVec("outcome", claimOutcomes),
+		SpawnFailures:  NewCounterVec("reason", spawnFailureReasons),
+		FramesDropped:  NewCounterVec("reason", dropReasons),
+		ReplayGaps:     NewCounterVec("reason", gapReasons),
+		ConfigReloads:  NewCounterVec("outcome", reloadOutcomes),
+		RestoredLeases: NewCounterVec("outcome", restoreOutcomes),
+		ClaimDuration:  Histogram{Buckets: claimBuckets},
+	}
+}
+
+// Gauges are the scrape-time values.
+type Gauges struct {
+	SlotsInUse, MaxConcurrent, QueueDepth, MaxQueueDepth, TicketsOutstanding int
+	Leases                                                                   map[string]int
+	// cluster is nil in single-broker mode, whose /metrics stays as it was.
+	Cluster *Cluster
+	// pools are the pools in force; none, and no pool family is written.
+	Pools []pool.Stat
+}
+
+// Cluster is what /metrics says of the cluster.
+type Cluster struct {
+	PeersReachable, NATSFailures int
+	// Refused counts the cluster messages refused, by reason, in the
+	// order /metrics lists them.
+	Refused []RefusedCount
+}
+
+// RefusedCount is one reason's count of refused cluster messages.
+type RefusedCount struct {
+	Reason string
+	N      uint64
+}
+
+const ns = "nexus_broker_"
+
+// Write writes GET /metrics in the Prometheus text format: the counters
+// and g.
+func (m *Set) Write(w io.Writer, g Gauges) {
+	gauge := func(name, help string, val int) {
+		fmt.Fprintf(w, "# HELP %s%s %s\n# TYPE %s%s gauge\n%s%s %d\n", ns, name, help, ns, name, ns, name, val)
+	}
+	m.Claims.Write(w, ns, "claims_total", "Instance claims handled by the shared spawn spine, by outcome. Covers POST /claim and the A2A ingress.")
+
+	m.ClaimDuration.Write(w, ns, "claim_duration_seconds", "Wall time of an ACCEPTED claim, from request to a ready instance.")
+
+	m.SpawnFailures.Write(w, ns, "spawn_failures_total", "Instance spawns that produced no ready instance, by reason.")
+	m.FramesDropped.Write(w, ns, "frames_dropped_total", "Broker frames discarded rather than relayed, by reason.")
+	m.ReplayGaps.Write(w, ns, "replay_gaps_total", "Stream-gap notices served to a resuming client, by reason.")
+	fmt.Fprintf(w, "# HELP %sclient_evictions_total Client WebSockets displaced by a newer connection on the same lease.\n# TYPE %sclient_evictions_total counter\n%sclient_evictions_total %d\n", ns, ns, ns, m.ClientEvictions.Load())
+	m.ConfigReloads.Write(w, ns, "config_reloads_total", "SIGHUP configuration reloads, by outcome.")
+	m.RestoredLeases.Write(w, ns, "restored_leases_total", "Leases adopted from the journal at boot, and what became of them.")
+	gauge("slots_in_use", "Capacity slots currently held: one per live lease.", g.SlotsInUse)
+	gauge("max_concurrent", "Configured max_concurrent ceiling. 0 means unlimited.", g.MaxConcurrent)
+	gauge("queue_depth", "Claims currently parked in the FIFO capacity queue.", g.QueueDepth)
+	gauge("max_queue_depth", "Configured max_queue_depth ceiling on parked claims. 0 means unlimited.", g.MaxQueueDepth)
+	fmt.Fprintf(w, "# HELP %sleases Live leases by operator-facing state.\n# TYPE %sleases gauge\n", ns, ns)
+	for _, s := range leaseStates {
+		fmt.Fprintf(w, "%sleases{state=%q} %d\n", ns, s, g.Leases[s])
+	}
+	gauge("tickets_outstanding", "Issued, unredeemed WebSocket tickets the broker still holds.", g.TicketsOutstanding)
+	if c := g.Cluster; c != nil {
+		gauge("cluster_peers_reachable", "Other brokers whose heartbeat is current.", c.PeersReachable)
+		gauge("cluster_nats_failures", "Consecutive failed NATS connection attempts (3 or more: an ERROR line).", c.NATSFailures)
+		name := "cluster_messages_refused_total"
+		fmt.Fprintf(w, "# HELP %s%s Cluster messages refused: not sealed with the cluster secret (seal), stale, replayed, or arrived after its caller's deadline (late).\n# TYPE %s%s counter\n", ns, name, ns, name)
+		for _, r := range c.Refused {
+			fmt.Fprintf(w, "%s%s{reason=%q} %d\n", ns, name, r.Reason, r.N)
+		}
+	}
+	pool.WriteMetrics(w, ns, g.Pools)
+}
