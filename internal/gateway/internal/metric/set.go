@@ -22,7 +22,6 @@ var (
 	gapReasons      = []string{"evicted", "restarted"}
 	reloadOutcomes  = []string{"applied", "rejected"}
 	restoreOutcomes = []string{"restored", "reattached", "reaped"}
-	leaseStates     = []string{"spawning", "active", "draining"}
 )
 
 // claimBuckets are the claim_duration_seconds upper bounds: a claim is a
@@ -42,6 +41,7 @@ type Set struct {
 	RestoredLeases  *CounterVec
 }
 
+// NewSet is a Set with every series at 0.
 func NewSet() *Set {
 	return &Set{
 		Claims:         NewCounterVec("outcome", claimOutcomes),
@@ -57,10 +57,13 @@ func NewSet() *Set {
 // Gauges are the scrape-time values.
 type Gauges struct {
 	SlotsInUse, MaxConcurrent, QueueDepth, MaxQueueDepth, TicketsOutstanding int
-	Leases                                                                   map[string]int
-	// cluster is nil in single-broker mode, whose /metrics stays as it was.
+	// Leases counts the live leases by state, in the order of LeaseStates,
+	// every operator-facing state (a series each, 0 included).
+	Leases      map[string]int
+	LeaseStates []string
+	// Cluster is nil in single-broker mode, whose /metrics stays as it was.
 	Cluster *Cluster
-	// pools are the pools in force; none, and no pool family is written.
+	// Pools are the pools in force; none, and no pool family is written.
 	Pools []pool.Stat
 }
 
@@ -87,9 +90,7 @@ func (m *Set) Write(w io.Writer, g Gauges) {
 		fmt.Fprintf(w, "# HELP %s%s %s\n# TYPE %s%s gauge\n%s%s %d\n", ns, name, help, ns, name, ns, name, val)
 	}
 	m.Claims.Write(w, ns, "claims_total", "Instance claims handled by the shared spawn spine, by outcome. Covers POST /claim and the A2A ingress.")
-
 	m.ClaimDuration.Write(w, ns, "claim_duration_seconds", "Wall time of an ACCEPTED claim, from request to a ready instance.")
-
 	m.SpawnFailures.Write(w, ns, "spawn_failures_total", "Instance spawns that produced no ready instance, by reason.")
 	m.FramesDropped.Write(w, ns, "frames_dropped_total", "Broker frames discarded rather than relayed, by reason.")
 	m.ReplayGaps.Write(w, ns, "replay_gaps_total", "Stream-gap notices served to a resuming client, by reason.")
@@ -101,7 +102,7 @@ func (m *Set) Write(w io.Writer, g Gauges) {
 	gauge("queue_depth", "Claims currently parked in the FIFO capacity queue.", g.QueueDepth)
 	gauge("max_queue_depth", "Configured max_queue_depth ceiling on parked claims. 0 means unlimited.", g.MaxQueueDepth)
 	fmt.Fprintf(w, "# HELP %sleases Live leases by operator-facing state.\n# TYPE %sleases gauge\n", ns, ns)
-	for _, s := range leaseStates {
+	for _, s := range g.LeaseStates {
 		fmt.Fprintf(w, "%sleases{state=%q} %d\n", ns, s, g.Leases[s])
 	}
 	gauge("tickets_outstanding", "Issued, unredeemed WebSocket tickets the broker still holds.", g.TicketsOutstanding)
