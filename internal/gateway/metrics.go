@@ -4,6 +4,7 @@ import (
 	"io"
 
 	"github.com/nexus-broker/nexus-broker/internal/gateway/internal/metric"
+	"github.com/nexus-broker/nexus-broker/internal/gateway/internal/pool"
 )
 
 // leaseStates are the states nexus_broker_leases has a series for.
@@ -22,6 +23,6 @@ func (g *Gateway) WriteMetrics(w io.Writer) {
 		c := g.rt.Gauges()
 		gg.Cluster = &c
 	}
-	gg.Pools = g.pools.m.Stats()
 	g.m.Write(w, gg)
+	pool.WriteMetrics(w, metric.NS, g.pools.m.Stats())
 }

@@ -50,7 +50,7 @@ func (v *CounterVec) Get(value string) uint64 { return v.values[value].Load() }
 
 // Write writes the family name (after ns) with its help, a series a value.
 func (v *CounterVec) Write(w io.Writer, ns, name, help string) {
-	fmt.Fprintf(w, "# HELP %s%s %s\n# TYPE %s%s counter\n", ns, name, help, ns, name)
+	Header(w, ns+name, "counter", help)
 	for _, val := range v.order {
 		fmt.Fprintf(w, "%s%s{%s=%q} %d\n", ns, name, v.label, val, v.Get(val))
 	}
@@ -88,7 +88,7 @@ func (h *Histogram) Write(w io.Writer, ns, name, help string) {
 	}
 	sum, n := h.sum, h.n
 	h.mu.Unlock()
-	fmt.Fprintf(w, "# HELP %s%s %s\n# TYPE %s%s histogram\n", ns, name, help, ns, name)
+	Header(w, ns+name, "histogram", help)
 	var cum uint64
 	for i, le := range h.Buckets {
 		cum += counts[i]
@@ -97,6 +97,11 @@ func (h *Histogram) Write(w io.Writer, ns, name, help string) {
 	cum += counts[len(h.Buckets)]
 	fmt.Fprintf(w, "%s%s_bucket{le=\"+Inf\"} %d\n", ns, name, cum)
 	fmt.Fprintf(w, "%s%s_sum %s\n%s%s_count %d\n", ns, name, formatFloat(sum), ns, name, n)
+}
+
+// Header writes a family's HELP and TYPE lines.
+func Header(w io.Writer, name, typ, help string) {
+	fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, typ)
 }
 
 func formatFloat(f float64) string {

@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"io"
 	"sync/atomic"
-
-	"github.com/nexus-broker/nexus-broker/internal/gateway/internal/pool"
 )
 
 // Label values of the wire contract's fixed sets. A series exists for every
@@ -63,8 +61,6 @@ type Gauges struct {
 	LeaseStates []string
 	// Cluster is nil in single-broker mode, whose /metrics stays as it was.
 	Cluster *Cluster
-	// Pools are the pools in force; none, and no pool family is written.
-	Pools []pool.Stat
 }
 
 // Cluster is what /metrics says of the cluster.
@@ -81,39 +77,41 @@ type RefusedCount struct {
 	N      uint64
 }
 
-const ns = "nexus_broker_"
+// NS prefixes every family's name.
+const NS = "nexus_broker_"
 
-// Write writes GET /metrics in the Prometheus text format: the counters
-// and g.
+// Write writes GET /metrics in the Prometheus text format, but for the
+// pools' families (pool.WriteMetrics, after it): the counters and g.
 func (m *Set) Write(w io.Writer, g Gauges) {
 	gauge := func(name, help string, val int) {
-		fmt.Fprintf(w, "# HELP %s%s %s\n# TYPE %s%s gauge\n%s%s %d\n", ns, name, help, ns, name, ns, name, val)
+		Header(w, NS+name, "gauge", help)
+		fmt.Fprintf(w, "%s%s %d\n", NS, name, val)
 	}
-	m.Claims.Write(w, ns, "claims_total", "Instance claims handled by the shared spawn spine, by outcome. Covers POST /claim and the A2A ingress.")
-	m.ClaimDuration.Write(w, ns, "claim_duration_seconds", "Wall time of an ACCEPTED claim, from request to a ready instance.")
-	m.SpawnFailures.Write(w, ns, "spawn_failures_total", "Instance spawns that produced no ready instance, by reason.")
-	m.FramesDropped.Write(w, ns, "frames_dropped_total", "Broker frames discarded rather than relayed, by reason.")
-	m.ReplayGaps.Write(w, ns, "replay_gaps_total", "Stream-gap notices served to a resuming client, by reason.")
-	fmt.Fprintf(w, "# HELP %sclient_evictions_total Client WebSockets displaced by a newer connection on the same lease.\n# TYPE %sclient_evictions_total counter\n%sclient_evictions_total %d\n", ns, ns, ns, m.ClientEvictions.Load())
-	m.ConfigReloads.Write(w, ns, "config_reloads_total", "SIGHUP configuration reloads, by outcome.")
-	m.RestoredLeases.Write(w, ns, "restored_leases_total", "Leases adopted from the journal at boot, and what became of them.")
+	m.Claims.Write(w, NS, "claims_total", "Instance claims handled by the shared spawn spine, by outcome. Covers POST /claim and the A2A ingress.")
+	m.ClaimDuration.Write(w, NS, "claim_duration_seconds", "Wall time of an ACCEPTED claim, from request to a ready instance.")
+	m.SpawnFailures.Write(w, NS, "spawn_failures_total", "Instance spawns that produced no ready instance, by reason.")
+	m.FramesDropped.Write(w, NS, "frames_dropped_total", "Broker frames discarded rather than relayed, by reason.")
+	m.ReplayGaps.Write(w, NS, "replay_gaps_total", "Stream-gap notices served to a resuming client, by reason.")
+	Header(w, NS+"client_evictions_total", "counter", "Client WebSockets displaced by a newer connection on the same lease.")
+	fmt.Fprintf(w, "%sclient_evictions_total %d\n", NS, m.ClientEvictions.Load())
+	m.ConfigReloads.Write(w, NS, "config_reloads_total", "SIGHUP configuration reloads, by outcome.")
+	m.RestoredLeases.Write(w, NS, "restored_leases_total", "Leases adopted from the journal at boot, and what became of them.")
 	gauge("slots_in_use", "Capacity slots currently held: one per live lease.", g.SlotsInUse)
 	gauge("max_concurrent", "Configured max_concurrent ceiling. 0 means unlimited.", g.MaxConcurrent)
 	gauge("queue_depth", "Claims currently parked in the FIFO capacity queue.", g.QueueDepth)
 	gauge("max_queue_depth", "Configured max_queue_depth ceiling on parked claims. 0 means unlimited.", g.MaxQueueDepth)
-	fmt.Fprintf(w, "# HELP %sleases Live leases by operator-facing state.\n# TYPE %sleases gauge\n", ns, ns)
+	Header(w, NS+"leases", "gauge", "Live leases by operator-facing state.")
 	for _, s := range g.LeaseStates {
-		fmt.Fprintf(w, "%sleases{state=%q} %d\n", ns, s, g.Leases[s])
+		fmt.Fprintf(w, "%sleases{state=%q} %d\n", NS, s, g.Leases[s])
 	}
 	gauge("tickets_outstanding", "Issued, unredeemed WebSocket tickets the broker still holds.", g.TicketsOutstanding)
 	if c := g.Cluster; c != nil {
 		gauge("cluster_peers_reachable", "Other brokers whose heartbeat is current.", c.PeersReachable)
 		gauge("cluster_nats_failures", "Consecutive failed NATS connection attempts (3 or more: an ERROR line).", c.NATSFailures)
 		name := "cluster_messages_refused_total"
-		fmt.Fprintf(w, "# HELP %s%s Cluster messages refused: not sealed with the cluster secret (seal), stale, replayed, or arrived after its caller's deadline (late).\n# TYPE %s%s counter\n", ns, name, ns, name)
+		Header(w, NS+name, "counter", "Cluster messages refused: not sealed with the cluster secret (seal), stale, replayed, or arrived after its caller's deadline (late).")
 		for _, r := range c.Refused {
-			fmt.Fprintf(w, "%s%s{reason=%q} %d\n", ns, name, r.Reason, r.N)
+			fmt.Fprintf(w, "%s%s{reason=%q} %d\n", NS, name, r.Reason, r.N)
 		}
 	}
-	pool.WriteMetrics(w, ns, g.Pools)
 }
