@@ -88,7 +88,9 @@ func init() {
 
 // unchecked is an HTTP client whose responses are not checked: benchmarks
 // time the broker, not the check (which costs more than some of the round
-// trips they measure). Initialised before init wraps the default transport.
+// trips they measure: ~0.4 ms of the client's CPU on a claim's answer), so
+// every benchmark's client uses it, the upstream broker's as well.
+// Initialised before init wraps the default transport.
 var unchecked = &http.Client{Transport: http.DefaultTransport}
 
 // brokerTests maps a broker's host:port to the test that started it.
