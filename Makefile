@@ -91,6 +91,7 @@ fuzz:
 	$(FUZZ) 'FuzzCodecAgrees$$' ./pkg/spawnrpc/spawnpb
 	$(FUZZ) 'FuzzHealthCodecAgrees$$' ./pkg/spawnrpc
 	$(FUZZ) 'FuzzReadEndpoint$$' ./pkg/spawnrpc
+	$(FUZZ) 'FuzzLaneFrame$$' ./pkg/spawnrpc
 	$(FUZZ) 'FuzzJournalReplay$$' ./internal/spawnd
 	$(FUZZ) 'FuzzSessionIndex$$' ./internal/spawnd
 	$(FUZZ) 'FuzzVerbs$$' ./internal/spawnd

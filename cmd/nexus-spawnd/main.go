@@ -92,11 +92,12 @@ func run(cfgPath, runDir string, idleExit time.Duration, log *slog.Logger) error
 		go d.ExitWhenIdle(ctx, idleExit, stop)
 	}
 	return spawnrpc.Serve(ctx, spawnrpc.ServeOptions{
-		RunDir:     runDir,
-		AllowedUID: allowedUID,
-		SocketGID:  socketGID,
-		Impl:       spawnrpc.Service(d),
-		Logger:     log,
-		Booted:     footprint.Booted,
+		RunDir:      runDir,
+		AllowedUID:  allowedUID,
+		SocketGID:   socketGID,
+		Impl:        d,
+		SpawnThread: spawnd.SetNoNewPrivs,
+		Logger:      log,
+		Booted:      footprint.Booted,
 	})
 }

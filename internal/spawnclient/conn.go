@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/nexus-broker/nexus-broker/internal/rawsock"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
 )
@@ -26,7 +27,7 @@ type conn struct {
 	ep     spawnrpc.Endpoint
 	pc     *plugin.Client
 	gc     *plugin.GRPCClient
-	api    spawnrpc.Client
+	api    *spawnrpc.Conn
 	runner *pidfdRunner
 
 	stop      context.CancelFunc
@@ -61,7 +62,7 @@ func (c *Client) attach(ctx context.Context, ep spawnrpc.Endpoint) (*conn, error
 	}
 	pc := plugin.NewClient(&plugin.ClientConfig{
 		HandshakeConfig: spawnrpc.Handshake,
-		Plugins:         spawnrpc.Plugins(nil),
+		Plugins:         spawnrpc.ClientPlugins(laneDialer(ep, owner)),
 		Reattach: &plugin.ReattachConfig{
 			Protocol:        plugin.ProtocolGRPC,
 			ProtocolVersion: ep.ProtocolVersion,
@@ -180,7 +181,7 @@ func (cn *conn) open(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	cn.api = raw.(spawnrpc.Client)
+	cn.api = raw.(*spawnrpc.Conn)
 	// go-plugin's start treats an unreachable server as "no stdio" and
 	// succeeds; only a round trip proves the connection.
 	if err := cn.health(ctx); err != nil {
@@ -251,6 +252,9 @@ func (cn *conn) close() {
 	if cn.stop != nil {
 		cn.stop()
 	}
+	if cn.api != nil {
+		cn.api.Close()
+	}
 	if cn.gc != nil {
 		_ = cn.gc.Conn.Close()
 	}
@@ -275,6 +279,25 @@ func probe(ctx context.Context, ep spawnrpc.Endpoint, owner int) error {
 	defer nc.Close()
 	_, err = checkServer(ctx, nc, ep.Pid, owner)
 	return err
+}
+
+// laneDialer opens a lane's connection to ep, checked as probe checks one.
+func laneDialer(ep spawnrpc.Endpoint, owner int) spawnrpc.LaneDialer {
+	return func(ctx context.Context) (net.Conn, error) {
+		ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+		defer cancel()
+		var d net.Dialer
+		nc, err := d.DialContext(ctx, ep.Network, ep.Addr)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := checkServer(ctx, nc, ep.Pid, owner); err != nil {
+			nc.Close()
+			return nil, err
+		}
+		// Raw reads and writes, as on every other socket of the gateway.
+		return rawsock.Wrap(nc), nil
+	}
 }
 
 // dialOptions are the gRPC options of every connection to spawnd (pid,

@@ -98,22 +98,38 @@ func launcherMain() int {
 	select {}
 }
 
-// fakeSpawner answers Status with its pid, logs each call (so a test can
-// see it write to its stderr), and holds Watch streams open.
+// fakeSpawner answers Status and Spawn with its pid and Record with
+// nothing, logs each call with its peer's uid (so a test can see it write
+// to its stderr, and whose credentials it got), and holds Watch streams
+// open.
 type fakeSpawner struct {
 	spawnpb.UnimplementedSpawnerServer
 	log *slog.Logger
 }
 
-func (f *fakeSpawner) Status(ctx context.Context, _ *spawnpb.StatusRequest) (*spawnpb.StatusResponse, error) {
+func (f *fakeSpawner) logCall(ctx context.Context, verb string) {
 	uid := -1
 	if p, ok := peer.FromContext(ctx); ok {
 		if pc, ok := p.AuthInfo.(spawnrpc.PeerCred); ok {
 			uid = pc.UID
 		}
 	}
-	f.log.Info("fake Status", "peer_uid", uid)
+	f.log.Info("fake "+verb, "peer_uid", uid)
+}
+
+func (f *fakeSpawner) Status(ctx context.Context, _ *spawnpb.StatusRequest) (*spawnpb.StatusResponse, error) {
+	f.logCall(ctx, "Status")
 	return &spawnpb.StatusResponse{Pid: int64(os.Getpid()), BrokerId: "fake"}, nil
+}
+
+func (f *fakeSpawner) Spawn(ctx context.Context, _ *spawnpb.SpawnRequest) (*spawnpb.SpawnResponse, error) {
+	f.logCall(ctx, "Spawn")
+	return &spawnpb.SpawnResponse{Pid: int64(os.Getpid())}, nil
+}
+
+func (f *fakeSpawner) Record(ctx context.Context, _ *spawnpb.RecordRequest) (*spawnpb.RecordResponse, error) {
+	f.logCall(ctx, "Record")
+	return &spawnpb.RecordResponse{}, nil
 }
 
 func (f *fakeSpawner) Watch(_ *spawnpb.WatchRequest, s grpc.ServerStreamingServer[spawnpb.ExitEvent]) error {

@@ -200,9 +200,21 @@ func TestServeAndDial(t *testing.T) {
 	if int(st.Pid) != ep.Pid {
 		t.Fatalf("Status answered by pid %d, want %d", st.Pid, ep.Pid)
 	}
-	// spawnd saw our uid through SO_PEERCRED.
-	if l := readFile(t, srv.logPath); !strings.Contains(l, fmt.Sprintf("peer_uid=%d", os.Getuid())) {
-		t.Errorf("server log lacks the peer uid:\n%s", l)
+	// Spawn and Record ride their lanes, connections of their own behind
+	// the same check.
+	sp, err := c.Spawner().Spawn(ctxT(t, waitLong), &spawnpb.SpawnRequest{LeaseId: "lease-1"})
+	if err != nil || int(sp.Pid) != ep.Pid {
+		t.Fatalf("Spawn on its lane: %v, %v; want pid %d", sp, err, ep.Pid)
+	}
+	if _, err := c.Spawner().Record(ctxT(t, waitLong), &spawnpb.RecordRequest{LeaseId: "lease-1"}); err != nil {
+		t.Fatalf("Record on its lane: %v", err)
+	}
+	// spawnd saw our uid through SO_PEERCRED, on gRPC and on each lane.
+	l := readFile(t, srv.logPath)
+	for _, verb := range []string{"Status", "Spawn", "Record"} {
+		if want := fmt.Sprintf("msg=\"fake %s\" peer_uid=%d", verb, os.Getuid()); !strings.Contains(l, want) {
+			t.Errorf("server log lacks %s:\n%s", want, l)
+		}
 	}
 
 	// go-plugin's controller would let a gateway stop spawnd; spawnd does

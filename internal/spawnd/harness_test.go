@@ -326,7 +326,7 @@ func (b *logBuffer) text() string {
 type harness struct {
 	t        *testing.T
 	d        *Daemon // nil while stopped
-	client   spawnrpc.Client
+	client   *spawnrpc.Conn
 	logs     *logBuffer
 	cfgPath  string
 	stateDir string
@@ -337,7 +337,7 @@ type harness struct {
 	dir        string // world-writable, for sockets
 	boots      int
 	conn       *grpc.ClientConn
-	srv        *grpc.Server
+	stopServer func()
 }
 
 // defaultYAML registers the fake instance under one entry per behaviour.
@@ -456,25 +456,25 @@ func (h *harness) start() {
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	// The goroutine gets its own server: h.srv is replaced by the next
-	// start, which may come before a slow goroutine first runs.
-	srv := grpc.NewServer()
-	spawnpb.RegisterSpawnerServer(srv, spawnrpc.Service(h.d))
-	h.srv = srv
-	go func() { _ = srv.Serve(rpcLn) }()
-	h.conn, err = grpc.NewClient("unix://"+sockPath, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	// As nexus-spawnd serves it: gRPC and the lanes behind the peer check,
+	// each Spawn lane's thread with no_new_privs.
+	h.stopServer = spawnrpc.ServeListener(rpcLn, h.d, os.Getuid(), SetNoNewPrivs, slog.New(slog.NewJSONHandler(h.logs, nil)))
+	dial := func(ctx context.Context) (net.Conn, error) { return spawnrpc.DialVerdict(ctx, sockPath) }
+	h.conn, err = grpc.NewClient("passthrough:///spawnd", grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return dial(ctx) }))
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	h.client = spawnrpc.NewClient(h.conn)
+	h.client = spawnrpc.NewConn(h.conn, dial)
 }
 
 // stop closes the Daemon and its server, leaving every instance running, as
 // nexus-spawnd's own shutdown does.
 func (h *harness) stop() {
 	h.t.Helper()
+	h.client.Close()
 	h.conn.Close()
-	h.srv.Stop()
+	h.stopServer()
 	if err := h.d.Close(); err != nil {
 		h.t.Error(err)
 	}

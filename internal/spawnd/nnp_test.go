@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"os/exec"
+	"runtime"
 	"syscall"
 	"testing"
 )
@@ -14,8 +15,7 @@ const nnpChildEnv = "SPAWND_TEST_NNP_CHILD"
 
 // A spawnd started with no_new_privs (the deploy unit's NoNewPrivileges=yes)
 // has it on every thread, so an exec that needs it runs where it is asked
-// for, without the hand-off to the flagged thread and back; the instance
-// still starts with the flag.
+// for; the instance starts with the flag.
 func TestStartedWithNNPExecsOnTheCaller(t *testing.T) {
 	if os.Getenv(nnpChildEnv) != "" {
 		nnpChild(t)
@@ -41,6 +41,15 @@ func nnpChild(t *testing.T) {
 	if !startedWithNNP {
 		t.Fatal("started under setpriv --no-new-privs, yet startedWithNNP is false")
 	}
+	if got := childNNP(t, true); got != "NoNewPrivs:\t1\n" {
+		t.Errorf("the child's status says %q, want no_new_privs set", got)
+	}
+}
+
+// childNNP is the NoNewPrivs line of a child startProcess starts with
+// noNewPrivs.
+func childNNP(t *testing.T, noNewPrivs bool) string {
+	t.Helper()
 	r, w, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
@@ -57,7 +66,7 @@ func nnpChild(t *testing.T) {
 	}
 	pid, err := startProcess([]string{grep, "^NoNewPrivs:", "/proc/self/status"}, &syscall.ProcAttr{
 		Files: []uintptr{null.Fd(), w.Fd(), w.Fd()},
-	}, true)
+	}, noNewPrivs)
 	w.Close()
 	if err != nil {
 		t.Fatal(err)
@@ -67,10 +76,34 @@ func nnpChild(t *testing.T) {
 	if _, err := reap(pid); err != nil {
 		t.Fatal(err)
 	}
-	if got := out.String(); got != "NoNewPrivs:\t1\n" {
-		t.Errorf("the child's status says %q, want no_new_privs set", got)
+	return out.String()
+}
+
+// TestExecGetsTheFlagItAsksFor: an instance starts with no_new_privs
+// exactly when asked, from a Spawn lane's thread (which has the flag) and
+// from any other (which has not), in either case.
+func TestExecGetsTheFlagItAsksFor(t *testing.T) {
+	if startedWithNNP {
+		t.Skip("every thread has no_new_privs")
 	}
-	if nnpThread.execs != nil {
-		t.Error("the exec was handed to the no_new_privs thread although every thread already has the flag")
+	for _, lane := range []bool{false, true} {
+		for _, want := range []bool{false, true} {
+			got := make(chan string, 1)
+			go func() {
+				if lane {
+					runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+					if err := SetNoNewPrivs(); err != nil {
+						t.Error(err)
+						got <- ""
+						return
+					}
+				}
+				got <- childNNP(t, want)
+			}()
+			wantLine := map[bool]string{false: "NoNewPrivs:\t0\n", true: "NoNewPrivs:\t1\n"}[want]
+			if line := <-got; line != wantLine {
+				t.Errorf("on a thread with the flag %v, asked for it %v: the child says %q", lane, want, line)
+			}
+		}
 	}
 }

@@ -194,25 +194,45 @@ func openFile(path string, flag int, perm uint32) (*os.File, error) {
 	return os.NewFile(uintptr(fd), path), nil
 }
 
-// startProcess execs argv, with noNewPrivs from nnpThread, unless spawnd
-// was started with the flag (as the deploy unit starts it): then every
-// thread has it, and the caller's thread saves two thread hand-offs.
+// startProcess execs argv, with no_new_privs when noNewPrivs, from the
+// caller's thread when its flag is the one wanted: a Spawn lane's thread
+// has it (SetNoNewPrivs), so a claim's exec takes no hand-off to another
+// thread; and every thread has it when spawnd was started with it (as the
+// deploy unit starts it). Otherwise (an entry with
+// allow_privilege_escalation, on a lane's thread; a caller that is no
+// lane) the exec runs on a goroutine of its own: one whose thread lacks
+// the flag, since only a locked thread is ever given it, or one that locks
+// its thread and sets it, the thread ending with the goroutine (about
+// 170 µs of CPU, off the claim's path).
 func startProcess(argv []string, attr *syscall.ProcAttr, noNewPrivs bool) (int, error) {
-	if !noNewPrivs || startedWithNNP {
+	exec := func() (int, error) {
 		pid, _, err := syscall.StartProcess(argv[0], argv, attr)
 		return pid, err
 	}
-	nnpThread.once.Do(func() {
-		nnpThread.execs = make(chan nnpExec)
-		ready := make(chan error)
-		go runNNPThread(ready)
-		nnpThread.err = <-ready
-	})
-	if nnpThread.err != nil {
-		return 0, nnpThread.err
+	if startedWithNNP {
+		return exec()
 	}
-	done := make(chan execResult, 1)
-	nnpThread.execs <- nnpExec{argv: argv, attr: attr, done: done}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if threadHasNNP() == noNewPrivs {
+		return exec()
+	}
+	type result struct {
+		pid int
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		if noNewPrivs {
+			runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+			if err := SetNoNewPrivs(); err != nil {
+				done <- result{0, err}
+				return
+			}
+		}
+		pid, err := exec()
+		done <- result{pid, err}
+	}()
 	r := <-done
 	return r.pid, r.err
 }
@@ -220,47 +240,27 @@ func startProcess(argv []string, attr *syscall.ProcAttr, noNewPrivs bool) (int, 
 // startedWithNNP says whether spawnd was started with no_new_privs. The
 // flag is per thread and inherited by every thread cloned from one that has
 // it, so it is read once, at package initialisation, on the main thread and
-// before nnpThread sets it on a thread of its own.
-var startedWithNNP = func() bool {
+// before a thread of its own is given it.
+var startedWithNNP = threadHasNNP()
+
+// threadHasNNP says whether the calling thread has no_new_privs.
+func threadHasNNP() bool {
 	v, err := unix.PrctlRetInt(unix.PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0)
 	return err == nil && v == 1
-}()
-
-// nnpThread runs every exec that must start with no_new_privs. The flag is
-// per thread, inherited by what the thread clones, and never cleared, so it
-// is set on an OS thread no other goroutine runs on: one goroutine locked
-// to it for the process's life (the runtime starts the threads such a
-// goroutine needs from a clean template thread, never by cloning it). A
-// thread per exec cost each spawn about 170 µs of CPU.
-var nnpThread struct {
-	once  sync.Once
-	execs chan nnpExec
-	err   error // set once: the thread could not set the flag
 }
 
-type nnpExec struct {
-	argv []string
-	attr *syscall.ProcAttr
-	done chan<- execResult
-}
-
-type execResult struct {
-	pid int
-	err error
-}
-
-func runNNPThread(ready chan<- error) {
-	// Never unlocked: should prctl fail, the runtime ends the thread.
-	runtime.LockOSThread()
+// SetNoNewPrivs sets no_new_privs on the calling thread, which must stay
+// locked to its goroutine and end with it: each Spawn lane's
+// (spawnrpc.ServeOptions.SpawnThread), whose execs then inherit the flag
+// without a hand-off, and startProcess's own. The flag is per thread,
+// inherited by what the thread clones, and never cleared; the runtime
+// starts the threads a locked goroutine needs from a clean template
+// thread, never by cloning it.
+func SetNoNewPrivs() error {
 	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
-		ready <- fmt.Errorf("prctl(PR_SET_NO_NEW_PRIVS): %w", err)
-		return
+		return fmt.Errorf("prctl(PR_SET_NO_NEW_PRIVS): %w", err)
 	}
-	ready <- nil
-	for e := range nnpThread.execs {
-		pid, _, err := syscall.StartProcess(e.argv[0], e.argv, e.attr)
-		e.done <- execResult{pid, err}
-	}
+	return nil
 }
 
 // sealInheritedFDs marks every descriptor spawnd inherited (3 and up)

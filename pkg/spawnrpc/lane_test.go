@@ -1,41 +1,60 @@
 package spawnrpc
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
 )
 
 // laneVerbs answers Spawn with the pid its lease id names, or refuses an
 // id starting with "bad" as spawnd refuses a failed exec; a lease id
-// starting with "hold" waits for release. Record refuses "bad" alike.
+// starting with "hold" waits for release, and "nnp" answers pid 1 when
+// its thread has no_new_privs. Record refuses "bad" alike, and answers
+// "nnp" with a refusal when its thread has the flag.
 type laneVerbs struct {
 	spawnpb.UnimplementedSpawnerServer // the verbs no test here calls
 	entered                            chan string
 	release                            chan struct{}
 }
 
+func threadNNP() bool {
+	v, err := unix.PrctlRetInt(unix.PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0)
+	return err == nil && v == 1
+}
+
 func (v *laneVerbs) Spawn(_ context.Context, r *spawnpb.SpawnRequest) (*spawnpb.SpawnResponse, error) {
 	id := r.GetLeaseId()
-	if len(id) >= 4 && id[:4] == "hold" {
+	switch {
+	case id == "nnp":
+		if threadNNP() {
+			return &spawnpb.SpawnResponse{Pid: 1}, nil
+		}
+		return &spawnpb.SpawnResponse{}, nil
+	case strings.HasPrefix(id, "hold"):
 		v.entered <- id
 		<-v.release
-	}
-	if len(id) >= 3 && id[:3] == "bad" {
+	case strings.HasPrefix(id, "bad"):
 		st, err := status.New(codes.Internal, "exec failed: "+id).WithDetails(&spawnpb.SpawnFailure{Step: spawnpb.SpawnStep_SPAWN_STEP_EXEC})
 		if err != nil {
 			return nil, err
@@ -47,7 +66,7 @@ func (v *laneVerbs) Spawn(_ context.Context, r *spawnpb.SpawnRequest) (*spawnpb.
 }
 
 func (v *laneVerbs) Record(_ context.Context, r *spawnpb.RecordRequest) (*spawnpb.RecordResponse, error) {
-	if r.GetLeaseId() == "bad" {
+	if r.GetLeaseId() == "bad" || r.GetLeaseId() == "nnp" && threadNNP() {
 		return nil, status.Error(codes.FailedPrecondition, "Record: refused")
 	}
 	return &spawnpb.RecordResponse{}, nil
@@ -67,30 +86,41 @@ func laneSocket(t *testing.T) string {
 	return filepath.Join(dir, "s.sock")
 }
 
-// serveOn serves ss on path with both ends' codec; the server stops at
-// the test's end or at stop.
-func serveOn(t *testing.T, path string, ss spawnpb.SpawnerServer) (stop func()) {
+// serveOn serves v on path as spawnd does, its Spawn lanes' threads with
+// no_new_privs, logging to log (nil: discarded); the server stops at the
+// test's end or at stop.
+func serveOn(t *testing.T, path string, v Verbs, log io.Writer) (stop func()) {
 	t.Helper()
 	ln, err := net.Listen("unix", path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := grpc.NewServer(grpc.ForceServerCodecV2(Codec{}))
-	spawnpb.RegisterSpawnerServer(srv, ss)
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(srv.Stop)
-	return srv.Stop
+	if log == nil {
+		log = io.Discard
+	}
+	nnp := func() error { return unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) }
+	var once sync.Once
+	s := ServeListener(ln, v, os.Getuid(), nnp, slog.New(slog.NewTextHandler(log, nil)))
+	stop = func() { once.Do(s) }
+	t.Cleanup(stop)
+	return stop
 }
 
-func dialLane(t *testing.T, path string) Client {
+func dialLane(t *testing.T, path string) *Conn {
 	t.Helper()
-	cc, err := grpc.NewClient("unix://"+path, grpc.WithTransportCredentials(insecure.NewCredentials()),
+	dial := func(ctx context.Context) (net.Conn, error) { return DialVerdict(ctx, path) }
+	cc, err := grpc.NewClient("passthrough:///spawnd", grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return dial(ctx) }),
 		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(Codec{})))
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cc.Close() })
-	return NewClient(cc)
+	c := NewConn(cc, dial)
+	t.Cleanup(func() {
+		c.Close()
+		cc.Close()
+	})
+	return c
 }
 
 func newLaneVerbs() *laneVerbs {
@@ -103,18 +133,18 @@ func laneCtx(t *testing.T) context.Context {
 	return ctx
 }
 
-// TestLaneConcurrentCalls: calls in flight together on one lane each get
-// their own answer, a refusal keeps its code and detail, and Record's lane
-// runs beside Spawn's.
+// TestLaneConcurrentCalls: calls in flight together each get their own
+// answer, a refusal keeps its code and detail, Record's lanes run beside
+// Spawn's, and gRPC's verbs beside both on the same socket.
 func TestLaneConcurrentCalls(t *testing.T) {
 	path := laneSocket(t)
-	serveOn(t, path, Service(newLaneVerbs()))
+	serveOn(t, path, newLaneVerbs(), nil)
 	c := dialLane(t, path)
 	ctx := laneCtx(t)
 	var wg sync.WaitGroup
-	errs := make(chan error, 300)
+	errs := make(chan error, 400)
 	for i := range 100 {
-		wg.Add(3)
+		wg.Add(4)
 		go func() {
 			defer wg.Done()
 			res, err := c.Spawn(ctx, &spawnpb.SpawnRequest{LeaseId: fmt.Sprintf("lease-%03d", i)})
@@ -143,6 +173,12 @@ func TestLaneConcurrentCalls(t *testing.T) {
 				errs <- fmt.Errorf("Record %s: %v, want %v", id, err, want)
 			}
 		}()
+		go func() {
+			defer wg.Done()
+			if _, err := c.Status(ctx, &spawnpb.StatusRequest{}); err != nil {
+				errs <- fmt.Errorf("Status: %v", err)
+			}
+		}()
 	}
 	wg.Wait()
 	close(errs)
@@ -151,13 +187,30 @@ func TestLaneConcurrentCalls(t *testing.T) {
 	}
 }
 
-// TestLaneBreakFailsEveryCallInFlight: calls waiting on a stream that
-// breaks (spawnd gone) fail with codes.Unavailable, and the first call
-// once spawnd is back opens a new stream.
+// TestLaneThreads: a Spawn runs on a thread the server's SpawnThread
+// prepared (no_new_privs, here), one of its lanes' own; a Record on none.
+func TestLaneThreads(t *testing.T) {
+	path := laneSocket(t)
+	serveOn(t, path, newLaneVerbs(), nil)
+	c := dialLane(t, path)
+	ctx := laneCtx(t)
+	for range 3 {
+		if res, err := c.Spawn(ctx, &spawnpb.SpawnRequest{LeaseId: "nnp"}); err != nil || res.GetPid() != 1 {
+			t.Fatalf("Spawn's thread: pid %d (1 when it has no_new_privs), %v", res.GetPid(), err)
+		}
+		if _, err := c.Record(ctx, &spawnpb.RecordRequest{LeaseId: "nnp"}); err != nil {
+			t.Fatalf("Record ran on a thread with no_new_privs: %v", err)
+		}
+	}
+}
+
+// TestLaneBreakFailsEveryCallInFlight: calls waiting on lanes that break
+// (spawnd gone) fail with codes.Unavailable, and the first call once
+// spawnd is back opens a new lane.
 func TestLaneBreakFailsEveryCallInFlight(t *testing.T) {
 	path := laneSocket(t)
 	v := newLaneVerbs()
-	stop := serveOn(t, path, Service(v))
+	stop := serveOn(t, path, v, nil)
 	c := dialLane(t, path)
 	ctx := laneCtx(t)
 	const n = 3
@@ -171,11 +224,11 @@ func TestLaneBreakFailsEveryCallInFlight(t *testing.T) {
 	for range n {
 		<-v.entered
 	}
-	// Stop cancels the streams at once; their handlers still hold.
+	// stop shuts the lanes at once, then waits for their handlers.
 	go stop()
 	for range n {
 		if err := <-errs; status.Code(err) != codes.Unavailable {
-			t.Fatalf("a call in flight when the stream broke: %v, want Unavailable", err)
+			t.Fatalf("a call in flight when its lane broke: %v, want Unavailable", err)
 		}
 	}
 	close(v.release)
@@ -183,33 +236,19 @@ func TestLaneBreakFailsEveryCallInFlight(t *testing.T) {
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		t.Fatal(err)
 	}
-	serveOn(t, path, Service(newLaneVerbs()))
-	for {
-		res, err := c.Spawn(ctx, &spawnpb.SpawnRequest{LeaseId: "lease-007"})
-		if err == nil {
-			if res.GetPid() != 7 {
-				t.Fatalf("pid %d after the reconnect", res.GetPid())
-			}
-			return
-		}
-		// gRPC reconnects with a backoff, failing fast meanwhile.
-		if status.Code(err) != codes.Unavailable || ctx.Err() != nil {
-			t.Fatalf("Spawn once spawnd is back: %v", err)
-		}
-		cc := c.(*client)
-		if _, err := cc.Status(ctx, &spawnpb.StatusRequest{}, grpc.WaitForReady(true)); err != nil {
-			t.Fatal(err)
-		}
+	serveOn(t, path, newLaneVerbs(), nil)
+	if res, err := c.Spawn(ctx, &spawnpb.SpawnRequest{LeaseId: "lease-007"}); err != nil || res.GetPid() != 7 {
+		t.Fatalf("Spawn once spawnd is back: pid %d, %v", res.GetPid(), err)
 	}
 }
 
-// TestLaneDeadlineIsPerCall: a call whose deadline passes returns
-// DeadlineExceeded alone; its late answer, for a call id nobody waits on
-// any more, is dropped, and the next call gets its own.
+// TestLaneDeadlineIsPerCall: a call whose caller gives up returns alone;
+// its lane, left mid-call, is closed (the late answer reaches nobody), and
+// the next call gets its own.
 func TestLaneDeadlineIsPerCall(t *testing.T) {
 	path := laneSocket(t)
 	v := newLaneVerbs()
-	serveOn(t, path, Service(v))
+	serveOn(t, path, v, nil)
 	c := dialLane(t, path)
 	ctx := laneCtx(t)
 	short, cancel := context.WithCancel(ctx)
@@ -237,56 +276,78 @@ func TestLaneDeadlineIsPerCall(t *testing.T) {
 	}
 }
 
-// strayReplies answers each Spawn first for a call id nobody sent, then
-// with neither a response nor a status for call id 2, then properly.
-type strayReplies struct {
-	spawnpb.UnimplementedSpawnerServer
-}
-
-func (strayReplies) Spawn(s grpc.BidiStreamingServer[spawnpb.SpawnCall, spawnpb.SpawnReply]) error {
-	for {
-		c, err := s.Recv()
-		if err != nil {
-			return nil
-		}
-		if err := s.Send(&spawnpb.SpawnReply{CallId: c.CallId + 1000, Response: &spawnpb.SpawnResponse{Pid: 1}}); err != nil {
-			return err
-		}
-		reply := &spawnpb.SpawnReply{CallId: c.CallId, Response: &spawnpb.SpawnResponse{Pid: 2}}
-		if c.CallId == 2 {
-			reply.Response = nil
-		}
-		if err := s.Send(reply); err != nil {
-			return err
-		}
+// rawSpawnd accepts lanes on path as spawnd would, and answers each call
+// with answer's reply.
+func rawSpawnd(t *testing.T, path string, answer func(c *spawnpb.SpawnCall) *spawnpb.SpawnReply) {
+	t.Helper()
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
 	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer conn.Close()
+				pre := make([]byte, len(http2Preface))
+				if _, err := io.WriteString(conn, VerdictOK); err != nil {
+					return
+				}
+				if _, err := io.ReadFull(conn, pre); err != nil {
+					return
+				}
+				for {
+					c, err := readFrame[spawnpb.SpawnCall](conn)
+					if err != nil || writeFrame(conn, answer(c)) != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
 }
 
-// TestLaneDropsAnAnswerForAnUnknownCall: an answer whose call id no call
-// waits on reaches nobody; one with neither a response nor a status is
-// the call's Internal error.
-func TestLaneDropsAnAnswerForAnUnknownCall(t *testing.T) {
+// TestLaneRefusesAStrayAnswer: an answer for another call is the call's
+// Internal error and ends its lane; one with neither a response nor a
+// status is the call's Internal error alone.
+func TestLaneRefusesAStrayAnswer(t *testing.T) {
 	path := laneSocket(t)
-	serveOn(t, path, strayReplies{})
-	c := dialLane(t, path)
+	rawSpawnd(t, path, func(c *spawnpb.SpawnCall) *spawnpb.SpawnReply {
+		switch c.GetRequest().GetLeaseId() {
+		case "stray":
+			return &spawnpb.SpawnReply{CallId: c.CallId + 1000, Response: &spawnpb.SpawnResponse{Pid: 1}}
+		case "empty":
+			return &spawnpb.SpawnReply{CallId: c.CallId}
+		}
+		return &spawnpb.SpawnReply{CallId: c.CallId, Response: &spawnpb.SpawnResponse{Pid: 2}}
+	})
+	c := NewConn(nil, func(ctx context.Context) (net.Conn, error) { return DialVerdict(ctx, path) })
+	defer c.Close()
 	ctx := laneCtx(t)
-	if res, err := c.Spawn(ctx, &spawnpb.SpawnRequest{LeaseId: "a"}); err != nil || res.GetPid() != 2 {
-		t.Fatalf("pid %d, %v: want the call's own answer", res.GetPid(), err)
-	}
-	if _, err := c.Spawn(ctx, &spawnpb.SpawnRequest{LeaseId: "b"}); status.Code(err) != codes.Internal {
-		t.Fatalf("an empty answer: %v, want Internal", err)
-	}
-	if res, err := c.Spawn(ctx, &spawnpb.SpawnRequest{LeaseId: "c"}); err != nil || res.GetPid() != 2 {
-		t.Fatalf("after an empty answer: pid %d, %v", res.GetPid(), err)
+	for _, id := range []string{"stray", "a", "empty", "b"} {
+		res, err := c.Spawn(ctx, &spawnpb.SpawnRequest{LeaseId: id})
+		switch id {
+		case "stray", "empty":
+			if status.Code(err) != codes.Internal {
+				t.Fatalf("%s answer: %v, want Internal", id, err)
+			}
+		default:
+			if err != nil || res.GetPid() != 2 {
+				t.Fatalf("after a bad answer: pid %d, %v", res.GetPid(), err)
+			}
+		}
 	}
 }
 
 // TestLaneRefusesAnOversizedCall: a call past MaxLaneMessage fails alone
-// with ResourceExhausted, never sent, so the stream and the calls after it
-// carry on.
+// with ResourceExhausted, never sent, so the calls after it carry on.
 func TestLaneRefusesAnOversizedCall(t *testing.T) {
 	path := laneSocket(t)
-	serveOn(t, path, Service(newLaneVerbs()))
+	serveOn(t, path, newLaneVerbs(), nil)
 	c := dialLane(t, path)
 	ctx := laneCtx(t)
 	if _, err := c.Spawn(ctx, &spawnpb.SpawnRequest{LeaseId: "lease-001"}); err != nil {
@@ -300,4 +361,102 @@ func TestLaneRefusesAnOversizedCall(t *testing.T) {
 	if res, err := c.Spawn(ctx, big); err != nil || res.GetPid() != 2 {
 		t.Fatalf("a call just below the limit: pid %d, %v", res.GetPid(), err)
 	}
+}
+
+// syncBuffer is a log the server writes and the test waits on.
+type syncBuffer struct {
+	mu   sync.Mutex
+	b    bytes.Buffer
+	wake chan struct{} // closed and replaced by each write
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	close(s.wake)
+	s.wake = make(chan struct{})
+	return s.b.Write(p)
+}
+
+// wait waits until the log holds want, or fails t.
+func (s *syncBuffer) wait(t *testing.T, want string) {
+	t.Helper()
+	timeout := time.After(20 * time.Second)
+	for {
+		s.mu.Lock()
+		got, wake := s.b.String(), s.wake
+		s.mu.Unlock()
+		if strings.Contains(got, want) {
+			return
+		}
+		select {
+		case <-wake:
+		case <-timeout:
+			t.Fatalf("the log lacks %q:\n%s", want, got)
+		}
+	}
+}
+
+// TestLaneServerRefusesWhatIsNotACall: as a peer past the check sending
+// what no gateway sends, each connection is closed without an answer (an
+// unknown preface, a frame past MaxLaneMessage, a message that does not
+// decode, one whose string is not UTF-8), logged, and nothing else
+// changes: the next call is answered.
+func TestLaneServerRefusesWhatIsNotACall(t *testing.T) {
+	path := laneSocket(t)
+	log := &syncBuffer{wake: make(chan struct{})}
+	serveOn(t, path, newLaneVerbs(), log)
+	ctx := laneCtx(t)
+	frame := func(n uint32, body []byte) []byte {
+		return append(binary.BigEndian.AppendUint32(nil, n), body...)
+	}
+	badUTF8, _ := (&spawnpb.SpawnCall{CallId: 1, Request: &spawnpb.SpawnRequest{LeaseId: "\xff"}}).MarshalVT()
+	for name, tc := range map[string]struct{ preface, send, logged string }{
+		"unknown preface": {fmt.Sprintf("%-23s\n", "NEXUS-LANE/1 Reload"), "", "neither gRPC nor a lane"},
+		"oversized frame": {LanePreface("Spawn"), string(frame(MaxLaneMessage+1, nil)), "past the 4194304 a lane carries"},
+		"undecodable":     {LanePreface("Record"), string(frame(3, []byte{0x0a, 0xff, 0x01})), `verb=Record error="an undecodable lane message`},
+		"not UTF-8":       {LanePreface("Spawn"), string(frame(uint32(len(badUTF8)), badUTF8)), "SpawnRequest.lease_id"},
+	} {
+		conn, err := DialVerdict(ctx, path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.WriteString(conn, tc.preface+tc.send); err != nil {
+			t.Fatal(err)
+		}
+		_ = conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+		if n, err := conn.Read(make([]byte, 1)); err != io.EOF {
+			t.Fatalf("%s: read %d bytes, %v; want the connection closed", name, n, err)
+		}
+		conn.Close()
+		log.wait(t, tc.logged)
+	}
+	c := dialLane(t, path)
+	if res, err := c.Spawn(ctx, &spawnpb.SpawnRequest{LeaseId: "lease-003"}); err != nil || res.GetPid() != 3 {
+		t.Fatalf("after the refusals: pid %d, %v", res.GetPid(), err)
+	}
+}
+
+// FuzzLaneFrame: spawnd's reading of a Spawn lane refuses what is not one
+// frame of a SpawnCall, never panics, and what it accepts writes back the
+// same.
+func FuzzLaneFrame(f *testing.F) {
+	ok, _ := (&spawnpb.SpawnCall{CallId: 7, Request: &spawnpb.SpawnRequest{LeaseId: "l", Entry: "nexus", Config: []byte("core: {}\n")}}).MarshalVT()
+	f.Add(binary.BigEndian.AppendUint32(nil, uint32(len(ok))), ok)
+	f.Add([]byte{0, 0, 0, 3}, []byte{0x0a, 0xff, 0x01})
+	f.Add([]byte{0xff, 0xff, 0xff, 0xff}, []byte{})
+	f.Fuzz(func(t *testing.T, head, body []byte) {
+		c, err := readFrame[spawnpb.SpawnCall](bytes.NewReader(append(head, body...)))
+		if err != nil {
+			return
+		}
+		var out bytes.Buffer
+		if err := writeFrame(&out, c); err != nil {
+			t.Fatal(err)
+		}
+		again, err := readFrame[spawnpb.SpawnCall](&out)
+		if err != nil || !proto.Equal(c, again) {
+			t.Fatalf("a frame read back as %v, %v; want %v", again, err, c)
+		}
+	})
 }

@@ -71,6 +71,7 @@ func ReadPeerCred(conn net.Conn) (PeerCred, error) {
 type serverCreds struct {
 	allowedUID int
 	log        *slog.Logger
+	lanes      *laneServer
 }
 
 func (c *serverCreds) ServerHandshake(conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
@@ -91,7 +92,38 @@ func (c *serverCreds) ServerHandshake(conn net.Conn) (net.Conn, credentials.Auth
 	if _, err := io.WriteString(conn, VerdictOK); err != nil {
 		return nil, nil, err
 	}
-	return conn, pc, nil
+	// The client's first 24 bytes say what the connection carries: gRPC
+	// (HTTP/2's preface, replayed to gRPC's server) or a lane.
+	var pre [len(http2Preface)]byte
+	if _, err := io.ReadFull(conn, pre[:]); err != nil {
+		if errors.Is(err, io.ErrUnexpectedEOF) {
+			err = io.EOF // a probe's close, as gRPC counts it
+		}
+		return nil, nil, err
+	}
+	if string(pre[:]) == http2Preface {
+		return &prefacedConn{Conn: conn, pre: pre[:]}, pc, nil
+	}
+	if c.lanes != nil && c.lanes.dispatch(string(pre[:]), conn, pc) {
+		return nil, nil, credentials.ErrConnDispatched
+	}
+	c.log.Warn("refused spawnrpc connection: it opened with neither gRPC nor a lane", "peer_pid", pc.PID, "preface", fmt.Sprintf("%q", pre[:]))
+	return nil, nil, fmt.Errorf("peer pid %d opened with %q, neither gRPC nor a lane", pc.PID, pre[:])
+}
+
+// prefacedConn replays the preface ServerHandshake read to gRPC's server.
+type prefacedConn struct {
+	net.Conn
+	pre []byte
+}
+
+func (c *prefacedConn) Read(b []byte) (int, error) {
+	if len(c.pre) > 0 {
+		n := copy(b, c.pre)
+		c.pre = c.pre[n:]
+		return n, nil
+	}
+	return c.Conn.Read(b)
 }
 
 func (c *serverCreds) ClientHandshake(context.Context, string, net.Conn) (net.Conn, credentials.AuthInfo, error) {

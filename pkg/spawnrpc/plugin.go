@@ -2,8 +2,8 @@
 // the go-plugin glue around the gRPC service in spawnpb, spawnd's serving
 // side (Serve, which publishes its reattach config to spawnd.json in the run
 // directory and checks every connection with SO_PEERCRED), the lanes that
-// carry Spawn and Record (lane.go; Service and NewClient put them in a
-// unary call's shape for either side), and what both sides share. The gateway attaches with internal/spawnclient, which spawnd
+// carry Spawn and Record beside gRPC (lane.go; Verbs and Conn put them in
+// a unary call's shape for either side), and what both sides share. The gateway attaches with internal/spawnclient, which spawnd
 // does not link. The verbs live in internal/spawnd.
 //
 // Both processes link it, so it may import spawnpb and the helpers both
@@ -30,9 +30,11 @@ const (
 	// 2: Spawn and List answer the verifier the gateway checks register
 	// frames with (a gateway of 2 refuses every registration against a
 	// spawnd of 1, so it must not attach to one).
-	// 3: Spawn and Record are lanes (lane.go), streams a gateway of 2
-	// does not open.
-	ProtocolVersion = 3
+	// 3: Spawn and Record are lanes, gRPC streams a gateway of 2 does
+	// not open.
+	// 4: the lanes are connections of their own (lane.go), which a
+	// spawnd of 3 does not serve.
+	ProtocolVersion = 4
 	// PluginName is the one plugin spawnd serves.
 	PluginName = "spawner"
 )
@@ -55,6 +57,8 @@ var Handshake = plugin.HandshakeConfig{
 type SpawnerPlugin struct {
 	plugin.NetRPCUnsupportedPlugin
 	Impl spawnpb.SpawnerServer
+	// DialLane opens the gateway's lanes (nil on spawnd's side).
+	DialLane LaneDialer
 }
 
 var _ plugin.GRPCPlugin = (*SpawnerPlugin)(nil)
@@ -65,12 +69,17 @@ func (p *SpawnerPlugin) GRPCServer(_ *plugin.GRPCBroker, s *grpc.Server) error {
 	return nil
 }
 
-// GRPCClient returns the Client over go-plugin's connection.
+// GRPCClient returns the Conn over go-plugin's connection.
 func (p *SpawnerPlugin) GRPCClient(_ context.Context, _ *plugin.GRPCBroker, cc *grpc.ClientConn) (any, error) {
-	return NewClient(cc), nil
+	return NewConn(cc, p.DialLane), nil
 }
 
-// Plugins is what both sides register.
+// Plugins is what spawnd registers.
 func Plugins(impl spawnpb.SpawnerServer) plugin.PluginSet {
 	return plugin.PluginSet{PluginName: &SpawnerPlugin{Impl: impl}}
+}
+
+// ClientPlugins is what the gateway registers: its lanes open with dial.
+func ClientPlugins(dial LaneDialer) plugin.PluginSet {
+	return plugin.PluginSet{PluginName: &SpawnerPlugin{DialLane: dial}}
 }

@@ -35,8 +35,11 @@ type ServeOptions struct {
 	// SocketGID, when >= 0, becomes the group of the socket and
 	// spawnd.json, so the gateway's user can reach them.
 	SocketGID int
-	Impl      spawnpb.SpawnerServer
-	Logger    *slog.Logger
+	Impl      Verbs
+	// SpawnThread, when set, prepares the thread of each Spawn lane before
+	// its first call (spawnd sets no_new_privs there).
+	SpawnThread func() error
+	Logger      *slog.Logger
 	// Booted, when set, runs once spawnd.json is published, and again when
 	// the first gateway opens its exit stream (Watch), the last step of its
 	// attach but for a List: both end a phase that runs once.
@@ -61,7 +64,9 @@ func Serve(ctx context.Context, opts ServeOptions) error {
 	}
 
 	var stopping atomic.Bool // marks a shutdown as ours for PluginLogger
-	creds := &serverCreds{allowedUID: opts.AllowedUID, log: log}
+	lanes := newLaneServer(opts.Impl, opts.SpawnThread, log)
+	defer lanes.close()
+	creds := &serverCreds{allowedUID: opts.AllowedUID, log: log, lanes: lanes}
 	// Only shutdown cancels go-plugin's context, so a stop is marked as
 	// ours before go-plugin acts on it.
 	serveCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
@@ -70,16 +75,9 @@ func Serve(ctx context.Context, opts ServeOptions) error {
 	closed := make(chan struct{})
 	go plugin.Serve(&plugin.ServeConfig{
 		HandshakeConfig: Handshake,
-		Plugins:         Plugins(opts.Impl),
+		Plugins:         Plugins(Service(opts.Impl)),
 		GRPCServer: func(o []grpc.ServerOption) *grpc.Server {
-			o = append(o,
-				grpc.Creds(creds),
-				grpc.StaticStreamWindowSize(StaticWindow),
-				grpc.StaticConnWindowSize(StaticWindow),
-				grpc.ForceServerCodecV2(Codec{}),
-				grpc.ChainUnaryInterceptor(onlyOurMethods),
-				grpc.ChainStreamInterceptor(onlyOurStreams, onFirstWatch(opts.Booted)))
-			return grpc.NewServer(o...)
+			return grpc.NewServer(append(o, serverOptions(creds, opts.Booted)...)...)
 		},
 		Logger: PluginLogger(log, stopping.Load),
 		Test: &plugin.ServeTestConfig{
@@ -106,6 +104,7 @@ func Serve(ctx context.Context, opts ServeOptions) error {
 		stopping.Store(true)
 		stop()
 		<-closed
+		lanes.close()
 	}
 	if ctx.Err() != nil {
 		shutdown()
@@ -141,6 +140,51 @@ func Serve(ctx context.Context, opts ServeOptions) error {
 	}
 	log.Info("spawnrpc stopped", "addr", ep.Addr)
 	return runErr
+}
+
+// serverOptions are spawnd's gRPC server's: creds, our codec, and only our
+// methods.
+func serverOptions(creds *serverCreds, booted func()) []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.Creds(creds),
+		grpc.StaticStreamWindowSize(StaticWindow),
+		grpc.StaticConnWindowSize(StaticWindow),
+		grpc.ForceServerCodecV2(Codec{}),
+		grpc.ChainUnaryInterceptor(onlyOurMethods),
+		grpc.ChainStreamInterceptor(onlyOurStreams, onFirstWatch(booted)),
+	}
+}
+
+// ServeListener serves v on ln as Serve does, gRPC and lanes behind the
+// same peer check, but without go-plugin, a run directory or spawnd.json:
+// for a caller that holds a listener of its own (tests). stop ends it, and
+// returns once every lane's calls have.
+func ServeListener(ln net.Listener, v Verbs, allowedUID int, spawnThread func() error, log *slog.Logger) (stop func()) {
+	lanes := newLaneServer(v, spawnThread, log)
+	srv := grpc.NewServer(serverOptions(&serverCreds{allowedUID: allowedUID, log: log, lanes: lanes}, nil)...)
+	spawnpb.RegisterSpawnerServer(srv, Service(v))
+	go func() { _ = srv.Serve(ln) }()
+	return func() {
+		srv.Stop()
+		lanes.close()
+	}
+}
+
+// DialVerdict connects to spawnd's socket at path and reads its verdict,
+// checking no credential of the server's: for a caller that trusts path
+// (tests); the gateway checks who serves it (internal/spawnclient).
+func DialVerdict(ctx context.Context, path string) (net.Conn, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", path)
+	if err != nil {
+		return nil, err
+	}
+	line := make([]byte, len(VerdictOK))
+	if _, err := io.ReadFull(c, line); err != nil || string(line) != VerdictOK {
+		c.Close()
+		return nil, fmt.Errorf("spawnd at %s: verdict %q, %v", path, line, err)
+	}
+	return c, nil
 }
 
 // ClaimRunDir prepares runDir and makes this process its only spawnd while

@@ -9,8 +9,8 @@ import (
 )
 
 // Verbs is spawnd's side of the service: every verb in a unary call's
-// shape, Spawn and Record included, whichever way the call travels
-// (Service carries those two on their lanes).
+// shape, Spawn and Record included, which travel on their lanes
+// (lane.go); Service serves the others over gRPC.
 type Verbs interface {
 	Spawn(context.Context, *spawnpb.SpawnRequest) (*spawnpb.SpawnResponse, error)
 	Verify(context.Context, *spawnpb.VerifyRequest) (*spawnpb.VerifyResponse, error)
@@ -23,21 +23,12 @@ type Verbs interface {
 	Binding(context.Context, *spawnpb.BindingRequest) (*spawnpb.BindingResponse, error)
 }
 
-// Service serves v as the Spawner service: Spawn's and Record's lanes
-// hand each call to v's handler of that verb, the other verbs are v's own.
+// Service serves v's verbs but Spawn and Record as the Spawner service.
 func Service(v Verbs) spawnpb.SpawnerServer { return &service{v: v} }
 
 type service struct {
 	spawnpb.UnimplementedSpawnerServer
 	v Verbs
-}
-
-func (s *service) Spawn(stream grpc.BidiStreamingServer[spawnpb.SpawnCall, spawnpb.SpawnReply]) error {
-	return serveLane(stream, &spawnLane, s.v.Spawn)
-}
-
-func (s *service) Record(stream grpc.BidiStreamingServer[spawnpb.RecordCall, spawnpb.RecordReply]) error {
-	return serveLane(stream, &recordLane, s.v.Record)
 }
 
 func (s *service) Verify(ctx context.Context, r *spawnpb.VerifyRequest) (*spawnpb.VerifyResponse, error) {
@@ -69,7 +60,7 @@ func (s *service) Binding(ctx context.Context, r *spawnpb.BindingRequest) (*spaw
 }
 
 // Client is the Spawner service as the gateway calls it: the generated
-// client's verbs, but Spawn and Record in a unary call's shape, carried on
+// client's verbs, and Spawn and Record in a unary call's shape, carried on
 // their lanes.
 type Client interface {
 	Spawn(context.Context, *spawnpb.SpawnRequest) (*spawnpb.SpawnResponse, error)
@@ -83,27 +74,38 @@ type Client interface {
 	Binding(context.Context, *spawnpb.BindingRequest, ...grpc.CallOption) (*spawnpb.BindingResponse, error)
 }
 
-// NewClient is the Client of one connection. Its lanes' streams end with
-// cc (Close).
-func NewClient(cc grpc.ClientConnInterface) Client {
-	api := spawnpb.NewSpawnerClient(cc)
-	return &client{
-		SpawnerClient: api,
-		spawn:         &laneClient[spawnpb.SpawnRequest, spawnpb.SpawnResponse, spawnpb.SpawnCall, spawnpb.SpawnReply]{spec: &spawnLane, open: api.Spawn},
-		record:        &laneClient[spawnpb.RecordRequest, spawnpb.RecordResponse, spawnpb.RecordCall, spawnpb.RecordReply]{spec: &recordLane, open: api.Record},
-	}
-}
-
-type client struct {
-	spawnpb.SpawnerClient // the unary verbs and Watch
+// Conn is the Client of one attachment: cc's verbs, and lanes dial
+// opens. Close closes the lanes; cc is the caller's.
+type Conn struct {
+	spawnpb.SpawnerClient // the gRPC verbs and Watch
 	spawn                 *laneClient[spawnpb.SpawnRequest, spawnpb.SpawnResponse, spawnpb.SpawnCall, spawnpb.SpawnReply]
 	record                *laneClient[spawnpb.RecordRequest, spawnpb.RecordResponse, spawnpb.RecordCall, spawnpb.RecordReply]
 }
 
-func (c *client) Spawn(ctx context.Context, r *spawnpb.SpawnRequest) (*spawnpb.SpawnResponse, error) {
+var _ Client = (*Conn)(nil)
+
+// NewConn is the Conn of cc and dial.
+func NewConn(cc grpc.ClientConnInterface, dial LaneDialer) *Conn {
+	return &Conn{
+		SpawnerClient: spawnpb.NewSpawnerClient(cc),
+		spawn:         newLaneClient(&spawnLane, dial),
+		record:        newLaneClient(&recordLane, dial),
+	}
+}
+
+// Spawn runs one Spawn on its lane.
+func (c *Conn) Spawn(ctx context.Context, r *spawnpb.SpawnRequest) (*spawnpb.SpawnResponse, error) {
 	return c.spawn.do(ctx, r)
 }
 
-func (c *client) Record(ctx context.Context, r *spawnpb.RecordRequest) (*spawnpb.RecordResponse, error) {
+// Record runs one Record on its lane.
+func (c *Conn) Record(ctx context.Context, r *spawnpb.RecordRequest) (*spawnpb.RecordResponse, error) {
 	return c.record.do(ctx, r)
+}
+
+// Close closes the lanes: the calls on them, and every later one, fail
+// with codes.Unavailable.
+func (c *Conn) Close() {
+	c.spawn.close()
+	c.record.close()
 }

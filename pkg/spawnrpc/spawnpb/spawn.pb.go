@@ -210,7 +210,7 @@ func (Ownership) EnumDescriptor() ([]byte, []int) {
 }
 
 // SpawnCall is one Spawn on its lane. call_id is the gateway's, unique
-// among its calls in flight on the stream; spawnd only echoes it.
+// among its calls; spawnd only echoes it.
 type SpawnCall struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	CallId        uint64                 `protobuf:"varint,1,opt,name=call_id,json=callId,proto3" json:"call_id,omitempty"`
@@ -1892,14 +1892,12 @@ const file_pkg_spawnrpc_spawnpb_spawn_proto_rawDesc = "" +
 	"\x15OWNERSHIP_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rOWNERSHIP_OWN\x10\x01\x12\x13\n" +
 	"\x0fOWNERSHIP_OTHER\x10\x02\x12\x18\n" +
-	"\x14OWNERSHIP_UNRECORDED\x10\x032\x80\x06\n" +
-	"\aSpawner\x12N\n" +
-	"\x05Spawn\x12\x1f.nexusbroker.spawn.v1.SpawnCall\x1a .nexusbroker.spawn.v1.SpawnReply(\x010\x01\x12S\n" +
+	"\x14OWNERSHIP_UNRECORDED\x10\x032\xdd\x04\n" +
+	"\aSpawner\x12S\n" +
 	"\x06Verify\x12#.nexusbroker.spawn.v1.VerifyRequest\x1a$.nexusbroker.spawn.v1.VerifyResponse\x12\\\n" +
 	"\tTerminate\x12&.nexusbroker.spawn.v1.TerminateRequest\x1a'.nexusbroker.spawn.v1.TerminateResponse\x12M\n" +
 	"\x04List\x12!.nexusbroker.spawn.v1.ListRequest\x1a\".nexusbroker.spawn.v1.ListResponse\x12N\n" +
-	"\x05Watch\x12\".nexusbroker.spawn.v1.WatchRequest\x1a\x1f.nexusbroker.spawn.v1.ExitEvent0\x01\x12Q\n" +
-	"\x06Record\x12 .nexusbroker.spawn.v1.RecordCall\x1a!.nexusbroker.spawn.v1.RecordReply(\x010\x01\x12S\n" +
+	"\x05Watch\x12\".nexusbroker.spawn.v1.WatchRequest\x1a\x1f.nexusbroker.spawn.v1.ExitEvent0\x01\x12S\n" +
 	"\x06Reload\x12#.nexusbroker.spawn.v1.ReloadRequest\x1a$.nexusbroker.spawn.v1.ReloadResponse\x12S\n" +
 	"\x06Status\x12#.nexusbroker.spawn.v1.StatusRequest\x1a$.nexusbroker.spawn.v1.StatusResponse\x12V\n" +
 	"\aBinding\x12$.nexusbroker.spawn.v1.BindingRequest\x1a%.nexusbroker.spawn.v1.BindingResponseB;Z9github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpbb\x06proto3"
@@ -1960,26 +1958,22 @@ var file_pkg_spawnrpc_spawnpb_spawn_proto_depIdxs = []int32{
 	23, // 8: nexusbroker.spawn.v1.ReloadResponse.binaries:type_name -> nexusbroker.spawn.v1.Binary
 	23, // 9: nexusbroker.spawn.v1.StatusResponse.binaries:type_name -> nexusbroker.spawn.v1.Binary
 	2,  // 10: nexusbroker.spawn.v1.BindingResponse.ownership:type_name -> nexusbroker.spawn.v1.Ownership
-	3,  // 11: nexusbroker.spawn.v1.Spawner.Spawn:input_type -> nexusbroker.spawn.v1.SpawnCall
-	10, // 12: nexusbroker.spawn.v1.Spawner.Verify:input_type -> nexusbroker.spawn.v1.VerifyRequest
-	12, // 13: nexusbroker.spawn.v1.Spawner.Terminate:input_type -> nexusbroker.spawn.v1.TerminateRequest
-	14, // 14: nexusbroker.spawn.v1.Spawner.List:input_type -> nexusbroker.spawn.v1.ListRequest
-	17, // 15: nexusbroker.spawn.v1.Spawner.Watch:input_type -> nexusbroker.spawn.v1.WatchRequest
-	5,  // 16: nexusbroker.spawn.v1.Spawner.Record:input_type -> nexusbroker.spawn.v1.RecordCall
-	21, // 17: nexusbroker.spawn.v1.Spawner.Reload:input_type -> nexusbroker.spawn.v1.ReloadRequest
-	24, // 18: nexusbroker.spawn.v1.Spawner.Status:input_type -> nexusbroker.spawn.v1.StatusRequest
-	26, // 19: nexusbroker.spawn.v1.Spawner.Binding:input_type -> nexusbroker.spawn.v1.BindingRequest
-	4,  // 20: nexusbroker.spawn.v1.Spawner.Spawn:output_type -> nexusbroker.spawn.v1.SpawnReply
-	11, // 21: nexusbroker.spawn.v1.Spawner.Verify:output_type -> nexusbroker.spawn.v1.VerifyResponse
-	13, // 22: nexusbroker.spawn.v1.Spawner.Terminate:output_type -> nexusbroker.spawn.v1.TerminateResponse
-	16, // 23: nexusbroker.spawn.v1.Spawner.List:output_type -> nexusbroker.spawn.v1.ListResponse
-	18, // 24: nexusbroker.spawn.v1.Spawner.Watch:output_type -> nexusbroker.spawn.v1.ExitEvent
-	6,  // 25: nexusbroker.spawn.v1.Spawner.Record:output_type -> nexusbroker.spawn.v1.RecordReply
-	22, // 26: nexusbroker.spawn.v1.Spawner.Reload:output_type -> nexusbroker.spawn.v1.ReloadResponse
-	25, // 27: nexusbroker.spawn.v1.Spawner.Status:output_type -> nexusbroker.spawn.v1.StatusResponse
-	27, // 28: nexusbroker.spawn.v1.Spawner.Binding:output_type -> nexusbroker.spawn.v1.BindingResponse
-	20, // [20:29] is the sub-list for method output_type
-	11, // [11:20] is the sub-list for method input_type
+	10, // 11: nexusbroker.spawn.v1.Spawner.Verify:input_type -> nexusbroker.spawn.v1.VerifyRequest
+	12, // 12: nexusbroker.spawn.v1.Spawner.Terminate:input_type -> nexusbroker.spawn.v1.TerminateRequest
+	14, // 13: nexusbroker.spawn.v1.Spawner.List:input_type -> nexusbroker.spawn.v1.ListRequest
+	17, // 14: nexusbroker.spawn.v1.Spawner.Watch:input_type -> nexusbroker.spawn.v1.WatchRequest
+	21, // 15: nexusbroker.spawn.v1.Spawner.Reload:input_type -> nexusbroker.spawn.v1.ReloadRequest
+	24, // 16: nexusbroker.spawn.v1.Spawner.Status:input_type -> nexusbroker.spawn.v1.StatusRequest
+	26, // 17: nexusbroker.spawn.v1.Spawner.Binding:input_type -> nexusbroker.spawn.v1.BindingRequest
+	11, // 18: nexusbroker.spawn.v1.Spawner.Verify:output_type -> nexusbroker.spawn.v1.VerifyResponse
+	13, // 19: nexusbroker.spawn.v1.Spawner.Terminate:output_type -> nexusbroker.spawn.v1.TerminateResponse
+	16, // 20: nexusbroker.spawn.v1.Spawner.List:output_type -> nexusbroker.spawn.v1.ListResponse
+	18, // 21: nexusbroker.spawn.v1.Spawner.Watch:output_type -> nexusbroker.spawn.v1.ExitEvent
+	22, // 22: nexusbroker.spawn.v1.Spawner.Reload:output_type -> nexusbroker.spawn.v1.ReloadResponse
+	25, // 23: nexusbroker.spawn.v1.Spawner.Status:output_type -> nexusbroker.spawn.v1.StatusResponse
+	27, // 24: nexusbroker.spawn.v1.Spawner.Binding:output_type -> nexusbroker.spawn.v1.BindingResponse
+	18, // [18:25] is the sub-list for method output_type
+	11, // [11:18] is the sub-list for method input_type
 	11, // [11:11] is the sub-list for extension type_name
 	11, // [11:11] is the sub-list for extension extendee
 	0,  // [0:11] is the sub-list for field type_name

@@ -25,12 +25,10 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Spawner_Spawn_FullMethodName     = "/nexusbroker.spawn.v1.Spawner/Spawn"
 	Spawner_Verify_FullMethodName    = "/nexusbroker.spawn.v1.Spawner/Verify"
 	Spawner_Terminate_FullMethodName = "/nexusbroker.spawn.v1.Spawner/Terminate"
 	Spawner_List_FullMethodName      = "/nexusbroker.spawn.v1.Spawner/List"
 	Spawner_Watch_FullMethodName     = "/nexusbroker.spawn.v1.Spawner/Watch"
-	Spawner_Record_FullMethodName    = "/nexusbroker.spawn.v1.Spawner/Record"
 	Spawner_Reload_FullMethodName    = "/nexusbroker.spawn.v1.Spawner/Reload"
 	Spawner_Status_FullMethodName    = "/nexusbroker.spawn.v1.Spawner/Status"
 	Spawner_Binding_FullMethodName   = "/nexusbroker.spawn.v1.Spawner/Binding"
@@ -39,19 +37,23 @@ const (
 // SpawnerClient is the client API for Spawner service.
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// Spawn and Record, the two verbs a claim waits on, are not methods of
+// this service: each travels on a lane of its own, a connection to the
+// same socket that passed the same peer check and carries SpawnCall and
+// RecordCall frames (pkg/spawnrpc/lane.go; docs/architecture.md, "The
+// claim's lanes").
+//
+// Spawn starts the instance of a new lease. Refused for an unknown entry
+// (NOT_FOUND), a lease id spawnd already holds (ALREADY_EXISTS), a run_as
+// entry while spawnd lacks privilege (PERMISSION_DENIED), and a temp config
+// that could not be written, a failed exec, or a lease the journal could
+// not record (INTERNAL, carrying a SpawnFailure detail that says which).
+//
+// Record journals what the gateway learned about a lease (its session id),
+// and binds that session to the lease's entry in the session → binary
+// index. With hand_out it is a warm lease's hand-out (RecordRequest).
 type SpawnerClient interface {
-	// Spawn starts the instance of a new lease. Refused for an unknown entry
-	// (NOT_FOUND), a lease id spawnd already holds (ALREADY_EXISTS), a run_as
-	// entry while spawnd lacks privilege (PERMISSION_DENIED), and a temp config
-	// that could not be written, a failed exec, or a lease the journal could
-	// not record (INTERNAL, carrying a SpawnFailure detail that says which).
-	//
-	// Spawn and Record are each one long-lived stream per connection (a
-	// lane: pkg/spawnrpc/lane.go), every message one call, tagged with its
-	// call id, its answer tagged alike: a unary call's new stream, headers
-	// and handler goroutine at both ends cost more than the claim it serves
-	// can spare (docs/architecture.md, "The claim's lanes").
-	Spawn(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[SpawnCall, SpawnReply], error)
 	// Verify checks a register frame's secret against the lease's derived
 	// secret, in constant time. The gateway checks against the verifier
 	// Spawn and List answer instead, off the claim path; Verify stays for
@@ -70,11 +72,6 @@ type SpawnerClient interface {
 	// Watch streams one event per instance exit, for as long as the stream
 	// stays open.
 	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExitEvent], error)
-	// Record journals what the gateway learned about a lease (its session id),
-	// and binds that session to the lease's entry in the session → binary
-	// index. With hand_out it is a warm lease's hand-out (RecordRequest).
-	// A lane, as Spawn.
-	Record(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[RecordCall, RecordReply], error)
 	// Reload re-reads spawnd's own keys of broker.yaml and swaps them in
 	// atomically, or leaves everything in force and says why. With a
 	// config_digest it refuses a file whose content no longer has that
@@ -102,19 +99,6 @@ type spawnerClient struct {
 func NewSpawnerClient(cc grpc.ClientConnInterface) SpawnerClient {
 	return &spawnerClient{cc}
 }
-
-func (c *spawnerClient) Spawn(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[SpawnCall, SpawnReply], error) {
-	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Spawner_ServiceDesc.Streams[0], Spawner_Spawn_FullMethodName, cOpts...)
-	if err != nil {
-		return nil, err
-	}
-	x := &grpc.GenericClientStream[SpawnCall, SpawnReply]{ClientStream: stream}
-	return x, nil
-}
-
-// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
-type Spawner_SpawnClient = grpc.BidiStreamingClient[SpawnCall, SpawnReply]
 
 func (c *spawnerClient) Verify(ctx context.Context, in *VerifyRequest, opts ...grpc.CallOption) (*VerifyResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
@@ -148,7 +132,7 @@ func (c *spawnerClient) List(ctx context.Context, in *ListRequest, opts ...grpc.
 
 func (c *spawnerClient) Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExitEvent], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Spawner_ServiceDesc.Streams[1], Spawner_Watch_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Spawner_ServiceDesc.Streams[0], Spawner_Watch_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -164,19 +148,6 @@ func (c *spawnerClient) Watch(ctx context.Context, in *WatchRequest, opts ...grp
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Spawner_WatchClient = grpc.ServerStreamingClient[ExitEvent]
-
-func (c *spawnerClient) Record(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[RecordCall, RecordReply], error) {
-	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Spawner_ServiceDesc.Streams[2], Spawner_Record_FullMethodName, cOpts...)
-	if err != nil {
-		return nil, err
-	}
-	x := &grpc.GenericClientStream[RecordCall, RecordReply]{ClientStream: stream}
-	return x, nil
-}
-
-// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
-type Spawner_RecordClient = grpc.BidiStreamingClient[RecordCall, RecordReply]
 
 func (c *spawnerClient) Reload(ctx context.Context, in *ReloadRequest, opts ...grpc.CallOption) (*ReloadResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
@@ -211,19 +182,23 @@ func (c *spawnerClient) Binding(ctx context.Context, in *BindingRequest, opts ..
 // SpawnerServer is the server API for Spawner service.
 // All implementations must embed UnimplementedSpawnerServer
 // for forward compatibility.
+//
+// Spawn and Record, the two verbs a claim waits on, are not methods of
+// this service: each travels on a lane of its own, a connection to the
+// same socket that passed the same peer check and carries SpawnCall and
+// RecordCall frames (pkg/spawnrpc/lane.go; docs/architecture.md, "The
+// claim's lanes").
+//
+// Spawn starts the instance of a new lease. Refused for an unknown entry
+// (NOT_FOUND), a lease id spawnd already holds (ALREADY_EXISTS), a run_as
+// entry while spawnd lacks privilege (PERMISSION_DENIED), and a temp config
+// that could not be written, a failed exec, or a lease the journal could
+// not record (INTERNAL, carrying a SpawnFailure detail that says which).
+//
+// Record journals what the gateway learned about a lease (its session id),
+// and binds that session to the lease's entry in the session → binary
+// index. With hand_out it is a warm lease's hand-out (RecordRequest).
 type SpawnerServer interface {
-	// Spawn starts the instance of a new lease. Refused for an unknown entry
-	// (NOT_FOUND), a lease id spawnd already holds (ALREADY_EXISTS), a run_as
-	// entry while spawnd lacks privilege (PERMISSION_DENIED), and a temp config
-	// that could not be written, a failed exec, or a lease the journal could
-	// not record (INTERNAL, carrying a SpawnFailure detail that says which).
-	//
-	// Spawn and Record are each one long-lived stream per connection (a
-	// lane: pkg/spawnrpc/lane.go), every message one call, tagged with its
-	// call id, its answer tagged alike: a unary call's new stream, headers
-	// and handler goroutine at both ends cost more than the claim it serves
-	// can spare (docs/architecture.md, "The claim's lanes").
-	Spawn(grpc.BidiStreamingServer[SpawnCall, SpawnReply]) error
 	// Verify checks a register frame's secret against the lease's derived
 	// secret, in constant time. The gateway checks against the verifier
 	// Spawn and List answer instead, off the claim path; Verify stays for
@@ -242,11 +217,6 @@ type SpawnerServer interface {
 	// Watch streams one event per instance exit, for as long as the stream
 	// stays open.
 	Watch(*WatchRequest, grpc.ServerStreamingServer[ExitEvent]) error
-	// Record journals what the gateway learned about a lease (its session id),
-	// and binds that session to the lease's entry in the session → binary
-	// index. With hand_out it is a warm lease's hand-out (RecordRequest).
-	// A lane, as Spawn.
-	Record(grpc.BidiStreamingServer[RecordCall, RecordReply]) error
 	// Reload re-reads spawnd's own keys of broker.yaml and swaps them in
 	// atomically, or leaves everything in force and says why. With a
 	// config_digest it refuses a file whose content no longer has that
@@ -275,9 +245,6 @@ type SpawnerServer interface {
 // pointer dereference when methods are called.
 type UnimplementedSpawnerServer struct{}
 
-func (UnimplementedSpawnerServer) Spawn(grpc.BidiStreamingServer[SpawnCall, SpawnReply]) error {
-	return status.Errorf(codes.Unimplemented, "method Spawn not implemented")
-}
 func (UnimplementedSpawnerServer) Verify(context.Context, *VerifyRequest) (*VerifyResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Verify not implemented")
 }
@@ -289,9 +256,6 @@ func (UnimplementedSpawnerServer) List(context.Context, *ListRequest) (*ListResp
 }
 func (UnimplementedSpawnerServer) Watch(*WatchRequest, grpc.ServerStreamingServer[ExitEvent]) error {
 	return status.Errorf(codes.Unimplemented, "method Watch not implemented")
-}
-func (UnimplementedSpawnerServer) Record(grpc.BidiStreamingServer[RecordCall, RecordReply]) error {
-	return status.Errorf(codes.Unimplemented, "method Record not implemented")
 }
 func (UnimplementedSpawnerServer) Reload(context.Context, *ReloadRequest) (*ReloadResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Reload not implemented")
@@ -322,13 +286,6 @@ func RegisterSpawnerServer(s grpc.ServiceRegistrar, srv SpawnerServer) {
 	}
 	s.RegisterService(&Spawner_ServiceDesc, srv)
 }
-
-func _Spawner_Spawn_Handler(srv interface{}, stream grpc.ServerStream) error {
-	return srv.(SpawnerServer).Spawn(&grpc.GenericServerStream[SpawnCall, SpawnReply]{ServerStream: stream})
-}
-
-// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
-type Spawner_SpawnServer = grpc.BidiStreamingServer[SpawnCall, SpawnReply]
 
 func _Spawner_Verify_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(VerifyRequest)
@@ -394,13 +351,6 @@ func _Spawner_Watch_Handler(srv interface{}, stream grpc.ServerStream) error {
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Spawner_WatchServer = grpc.ServerStreamingServer[ExitEvent]
-
-func _Spawner_Record_Handler(srv interface{}, stream grpc.ServerStream) error {
-	return srv.(SpawnerServer).Record(&grpc.GenericServerStream[RecordCall, RecordReply]{ServerStream: stream})
-}
-
-// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
-type Spawner_RecordServer = grpc.BidiStreamingServer[RecordCall, RecordReply]
 
 func _Spawner_Reload_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ReloadRequest)
@@ -490,21 +440,9 @@ var Spawner_ServiceDesc = grpc.ServiceDesc{
 	},
 	Streams: []grpc.StreamDesc{
 		{
-			StreamName:    "Spawn",
-			Handler:       _Spawner_Spawn_Handler,
-			ServerStreams: true,
-			ClientStreams: true,
-		},
-		{
 			StreamName:    "Watch",
 			Handler:       _Spawner_Watch_Handler,
 			ServerStreams: true,
-		},
-		{
-			StreamName:    "Record",
-			Handler:       _Spawner_Record_Handler,
-			ServerStreams: true,
-			ClientStreams: true,
 		},
 	},
 	Metadata: "pkg/spawnrpc/spawnpb/spawn.proto",
