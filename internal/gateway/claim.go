@@ -313,6 +313,7 @@ func (g *Gateway) bootLease(ctx context.Context, l *lease, req spawner.SpawnRequ
 	// nobody tracks. A claimant gone by then is handled by awaitReady.
 	spawnCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	req.LeaseID, req.ListenPort = id, g.listenPort
+	g.awaitAhead(req.RecallSession) // spawnd sees the session's Record first (ahead.go)
 	spawned, err := g.sp.Spawn(spawnCtx, req)
 	cancel()
 	l.prove(spawned.Verifier) // an instance may have dialled back already

@@ -137,6 +137,9 @@ type book struct {
 	// claiming counts each principal's claims admitted under
 	// max_leases_per_principal that hold no lease yet.
 	claiming map[string]int
+	// ahead holds the session ids whose Record is in flight after the
+	// claim was answered (ahead.go), each with what its answer closes.
+	ahead map[string]chan struct{}
 }
 
 // life is the gateway's lifetime: Shutdown cancels ctx and waits for wg.
@@ -158,7 +161,7 @@ func New(o Options) *Gateway {
 		m:          metric.NewSet(),
 		auth:       o.Auth,
 		tickets:    auth.NewTickets(),
-		book:       book{leases: map[string]*lease{}, claiming: map[string]int{}},
+		book:       book{leases: map[string]*lease{}, claiming: map[string]int{}, ahead: map[string]chan struct{}{}},
 		life:       life{ctx: ctx, cancel: cancel},
 	}
 	g.pools = warmPools{m: pool.New(warmHost{g}, o.Logger), specs: poolSpecs}

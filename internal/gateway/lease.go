@@ -241,25 +241,41 @@ func (l *lease) markSession(id string) {
 		l.settleSession()
 		return
 	}
+	if l.g.takeAhead(l, id, n == 1 && prev == nil) {
+		l.settleSession() // the claim answers now (ahead.go)
+		go func() {
+			defer close(done)
+			l.g.recordAhead(l, id)
+		}()
+		return
+	}
 	go func() {
 		defer close(done)
 		if prev != nil {
 			<-prev // spawnd records a lease's ids in the order they came
 		}
+		l.g.awaitAhead(id)
 		keep, refused := l.g.record(l.id, id)
 		if keep {
 			l.mu.Lock()
 			l.sessionID = id
-			obs := l.follower
 			l.mu.Unlock()
-			if obs != nil {
-				obs.SessionRecorded(l.handle(), id)
-			}
+			l.recorded(id)
 		} else if refused != "" {
 			l.refuseSession(refused)
 		}
 		l.settleSession()
 	}()
+}
+
+// recorded tells the lease's follower that spawnd recorded id.
+func (l *lease) recorded(id string) {
+	l.mu.Lock()
+	obs := l.follower
+	l.mu.Unlock()
+	if obs != nil {
+		obs.SessionRecorded(l.handle(), id)
+	}
 }
 
 // refuseSession keeps why a session-id report was refused, for the claim
