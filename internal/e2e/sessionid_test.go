@@ -70,6 +70,34 @@ func TestSessionRebindAcrossEntriesIsRefused(t *testing.T) {
 	}
 }
 
+// TestSessionRebindWithoutStateDir: with neither state_dir nor auth:, a
+// claim answers with its session id ahead of spawnd's Record (the gateway
+// checked that no lease of its own holds it); an instance of mallory then
+// reporting the id of alice's live session takes the ordinary path and is
+// refused by spawnd, its claim answering no session id and why; and
+// alice's lease keeps its session (docs/architecture.md, "A session id
+// answered ahead").
+func TestSessionRebindWithoutStateDir(t *testing.T) {
+	reported := filepath.Join(t.TempDir(), "reported-session")
+	entries := fmt.Sprintf("binaries:\n  nexus:\n    path: %[1]q\n  alice:\n    path: %[1]q\n  mallory:\n    path: %[1]q\n    env:\n      %[2]s: %[3]q\n",
+		bin("nexus-echo"), echo.EnvReportSessionFrom, reported)
+	b := startBroker(t, Options{NoNexusEntry: true, YAML: entries})
+	victim := b.claim(brokerclient.ClaimRequest{Binary: "alice"})
+	if victim.SessionID == "" {
+		t.Fatal("alice's claim answered no session id")
+	}
+	if err := os.WriteFile(reported, []byte(victim.SessionID), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	thief := b.claim(brokerclient.ClaimRequest{Binary: "mallory"})
+	if want := `belongs to entry "alice", not "mallory"`; thief.SessionID != "" || !strings.Contains(thief.SessionError, want) {
+		t.Fatalf("mallory's claim: session_id %q, session_error %q; want none, and one containing %q", thief.SessionID, thief.SessionError, want)
+	}
+	if l, _ := b.lease(victim.LeaseID); l.SessionID != victim.SessionID {
+		t.Fatalf("alice's lease carries %q after the attempt, want %q", l.SessionID, victim.SessionID)
+	}
+}
+
 // TestClaimSaysWhySessionReportWasRefused: a claim whose instance's
 // session-id report was refused (by spawnd: another entry's session; by
 // the rule: a hostile id) answers 200 without session_id and with
