@@ -282,7 +282,11 @@ func (s *laneServer) dispatch(preface string, conn net.Conn, pc PeerCred) bool {
 func (s *laneServer) serveSpawn(ctx context.Context, cancel context.CancelFunc, sl *servedLane, conn net.Conn) {
 	runtime.LockOSThread()
 	defer cancel()
-	f, err := conn.(interface{ File() (*os.File, error) }).File()
+	var f *os.File
+	err := fmt.Errorf("a %T has no descriptor to read", conn)
+	if fc, ok := conn.(interface{ File() (*os.File, error) }); ok {
+		f, err = fc.File()
+	}
 	_ = conn.Close()
 	if err == nil && s.spawnThread != nil {
 		if err = s.spawnThread(); err != nil {
@@ -301,17 +305,18 @@ func (s *laneServer) serveSpawn(ctx context.Context, cancel context.CancelFunc, 
 	if closed {
 		sl.shut()
 	}
-	err = serveCalls(ctx, fdConn{f}, &spawnLane, s.v.Spawn)
+	err = serveCalls(ctx, fdConn(fd), &spawnLane, s.v.Spawn)
 	s.done(sl, err) // before the close: shut may not reach a reused descriptor
 	f.Close()
 }
 
-// fdConn reads and writes a blocking descriptor.
-type fdConn struct{ f *os.File }
+// fdConn reads and writes a blocking descriptor (its *os.File's, whose
+// Fd would make each call a fcntl as well).
+type fdConn int
 
 func (c fdConn) Read(b []byte) (int, error) {
 	for {
-		n, err := unix.Read(int(c.f.Fd()), b)
+		n, err := unix.Read(int(c), b)
 		switch {
 		case err == unix.EINTR:
 			continue
@@ -327,7 +332,7 @@ func (c fdConn) Read(b []byte) (int, error) {
 func (c fdConn) Write(b []byte) (int, error) {
 	n := 0
 	for n < len(b) {
-		m, err := unix.Write(int(c.f.Fd()), b[n:])
+		m, err := unix.Write(int(c), b[n:])
 		if err == unix.EINTR {
 			continue
 		}
