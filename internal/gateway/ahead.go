@@ -15,12 +15,14 @@ package gateway
 // trip to another process fewer on a cold claim (docs/architecture.md,
 // "The claim's lanes").
 //
-// What keeps spawnd's view the gateway's: until that Record is answered,
-// nothing else about the session reaches spawnd. Another lease reporting
-// the same id takes the ordinary path and its Record waits; so does a
-// resume's Spawn of it. spawnd thus sees the ahead Record first, as the
-// gateway assumed. Should spawnd refuse it all the same, the lease ends
-// and the refusal is logged as the error it is.
+// What keeps spawnd's view the gateway's: no id is taken ahead while an
+// ordinary Record of it is in flight (spawnd may be applying it), and
+// until an ahead Record is answered nothing else about the session
+// reaches spawnd: another lease reporting the same id takes the ordinary
+// path and its Record waits, and so does a resume's Spawn of it. spawnd
+// thus sees the ahead Record first, as the gateway assumed. Should spawnd
+// refuse it all the same, the lease ends and the refusal is logged as the
+// error it is.
 
 // reasonRecordRefused ends a lease whose session id, answered ahead,
 // spawnd refused.
@@ -34,8 +36,8 @@ func (g *Gateway) recordsAhead() bool {
 
 // takeAhead makes session l's, ahead of spawnd's answer, if it may be: a
 // claimed lease's first report, where recordsAhead, of a session no other
-// lease of this gateway holds and no Record answered ahead is in flight
-// for; false is the ordinary path.
+// lease of this gateway holds and no Record of it is in flight for; false
+// is the ordinary path.
 func (g *Gateway) takeAhead(l *lease, session string, first bool) bool {
 	if !first || !g.recordsAhead() {
 		return false
@@ -48,7 +50,7 @@ func (g *Gateway) takeAhead(l *lease, session string, first bool) bool {
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if _, inFlight := g.ahead[session]; inFlight {
+	if _, inFlight := g.ahead[session]; inFlight || g.recording[session] > 0 {
 		return false
 	}
 	for _, o := range g.leases {
@@ -104,4 +106,30 @@ func (g *Gateway) awaitAhead(session string) {
 	if done != nil {
 		<-done
 	}
+}
+
+// recordInOrder is an ordinary Record of session for lease id: sent once
+// no Record of session answered ahead is in flight, and counted while it
+// is, so that none is taken ahead meanwhile.
+func (g *Gateway) recordInOrder(id, session string) (keep bool, refused string) {
+	g.mu.Lock()
+	for {
+		done := g.ahead[session]
+		if done == nil {
+			break
+		}
+		g.mu.Unlock()
+		<-done
+		g.mu.Lock()
+	}
+	g.recording[session]++
+	g.mu.Unlock()
+	defer func() {
+		g.mu.Lock()
+		if g.recording[session]--; g.recording[session] == 0 {
+			delete(g.recording, session)
+		}
+		g.mu.Unlock()
+	}()
+	return g.record(id, session)
 }

@@ -137,6 +137,32 @@ func TestSessionIdAnsweredAheadOfItsRecord(t *testing.T) {
 	}
 }
 
+// TestNoIdIsTakenAheadWhileItsRecordIsInFlight: an ordinary Record of an
+// id in flight (a lease's second id, say), which spawnd may be applying,
+// keeps another lease's first report of the same id off the ahead path.
+func TestNoIdIsTakenAheadWhileItsRecordIsInFlight(t *testing.T) {
+	sp := newHeldRecords(nil)
+	_, ls := aheadGateway(t, sp, nil, "A", "other-B")
+	a, b := ls["A"], ls["other-B"]
+	a.markSession("s-0") // ahead
+	<-sp.entered
+	sp.release <- struct{}{}
+	a.markSession("s-1") // A's second id: the ordinary path, held
+	if got := <-sp.entered; got != "A" {
+		t.Fatalf("Record of %s entered, want A's second", got)
+	}
+	b.markSession("s-1")
+	if got := <-sp.entered; got != "other-B" {
+		t.Fatalf("Record of %s entered, want B's", got)
+	}
+	if settled(b) {
+		t.Fatal("B's claim was answered ahead while A's Record of the same id was in flight")
+	}
+	sp.release <- struct{}{}
+	sp.release <- struct{}{}
+	settledWithin(t, b)
+}
+
 // TestSessionIdWaitsForItsRecord: with state_dir (its journal line may
 // fail) the claim waits for Record's answer as before; and a lease's
 // second id is the lease's only once spawnd recorded it.

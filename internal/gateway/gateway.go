@@ -138,8 +138,10 @@ type book struct {
 	// max_leases_per_principal that hold no lease yet.
 	claiming map[string]int
 	// ahead holds the session ids whose Record is in flight after the
-	// claim was answered (ahead.go), each with what its answer closes.
-	ahead map[string]chan struct{}
+	// claim was answered (ahead.go), each with what its answer closes;
+	// recording counts the ordinary Records in flight, by session id.
+	ahead     map[string]chan struct{}
+	recording map[string]int
 }
 
 // life is the gateway's lifetime: Shutdown cancels ctx and waits for wg.
@@ -161,7 +163,7 @@ func New(o Options) *Gateway {
 		m:          metric.NewSet(),
 		auth:       o.Auth,
 		tickets:    auth.NewTickets(),
-		book:       book{leases: map[string]*lease{}, claiming: map[string]int{}, ahead: map[string]chan struct{}{}},
+		book:       book{leases: map[string]*lease{}, claiming: map[string]int{}, ahead: map[string]chan struct{}{}, recording: map[string]int{}},
 		life:       life{ctx: ctx, cancel: cancel},
 	}
 	g.pools = warmPools{m: pool.New(warmHost{g}, o.Logger), specs: poolSpecs}

@@ -254,8 +254,7 @@ func (l *lease) markSession(id string) {
 		if prev != nil {
 			<-prev // spawnd records a lease's ids in the order they came
 		}
-		l.g.awaitAhead(id)
-		keep, refused := l.g.record(l.id, id)
+		keep, refused := l.g.recordInOrder(l.id, id)
 		if keep {
 			l.mu.Lock()
 			l.sessionID = id
