@@ -101,10 +101,17 @@ func (g *Gateway) awaitAhead(session string) {
 		return
 	}
 	g.mu.Lock()
-	done := g.ahead[session]
+	g.awaitAheadLocked(session)
 	g.mu.Unlock()
-	if done != nil {
+}
+
+// awaitAheadLocked is awaitAhead for a caller holding g.mu, which it
+// releases while it waits.
+func (g *Gateway) awaitAheadLocked(session string) {
+	for done := g.ahead[session]; done != nil; done = g.ahead[session] {
+		g.mu.Unlock()
 		<-done
+		g.mu.Lock()
 	}
 }
 
@@ -113,15 +120,7 @@ func (g *Gateway) awaitAhead(session string) {
 // is, so that none is taken ahead meanwhile.
 func (g *Gateway) recordInOrder(id, session string) (keep bool, refused string) {
 	g.mu.Lock()
-	for {
-		done := g.ahead[session]
-		if done == nil {
-			break
-		}
-		g.mu.Unlock()
-		<-done
-		g.mu.Lock()
-	}
+	g.awaitAheadLocked(session)
 	g.recording[session]++
 	g.mu.Unlock()
 	defer func() {

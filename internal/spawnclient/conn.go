@@ -264,35 +264,39 @@ func (cn *conn) close() {
 // probe connects to ep once and checks who serves it and whether it admits
 // us.
 func probe(ctx context.Context, ep spawnrpc.Endpoint, owner int) error {
+	nc, err := dialChecked(ctx, ep, owner)
+	if err == nil {
+		nc.Close()
+	}
+	return err
+}
+
+// dialChecked connects to ep, checks who serves it and reads its verdict.
+func dialChecked(ctx context.Context, ep spawnrpc.Endpoint, owner int) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, ep.Network, ep.Addr)
 	switch {
 	case errors.Is(err, unix.ECONNREFUSED) || errors.Is(err, unix.ENOENT):
-		return fmt.Errorf("%w: nobody accepts on %s: %v", ErrStale, ep.Addr, err)
+		return nil, fmt.Errorf("%w: nobody accepts on %s: %v", ErrStale, ep.Addr, err)
 	case errors.Is(err, unix.EACCES):
-		return fmt.Errorf("connect to nexus-spawnd at %s: %w; run the gateway as a member of group spawnd.socket_gid", ep.Addr, err)
+		return nil, fmt.Errorf("connect to nexus-spawnd at %s: %w; run the gateway as a member of group spawnd.socket_gid", ep.Addr, err)
 	case err != nil:
-		return fmt.Errorf("connect to nexus-spawnd at %s: %w", ep.Addr, err)
+		return nil, fmt.Errorf("connect to nexus-spawnd at %s: %w", ep.Addr, err)
 	}
-	defer nc.Close()
-	_, err = checkServer(ctx, nc, ep.Pid, owner)
-	return err
+	if _, err := checkServer(ctx, nc, ep.Pid, owner); err != nil {
+		nc.Close()
+		return nil, err
+	}
+	return nc, nil
 }
 
 // laneDialer opens a lane's connection to ep, checked as probe checks one.
 func laneDialer(ep spawnrpc.Endpoint, owner int) spawnrpc.LaneDialer {
 	return func(ctx context.Context) (net.Conn, error) {
-		ctx, cancel := context.WithTimeout(ctx, probeTimeout)
-		defer cancel()
-		var d net.Dialer
-		nc, err := d.DialContext(ctx, ep.Network, ep.Addr)
+		nc, err := dialChecked(ctx, ep, owner)
 		if err != nil {
-			return nil, err
-		}
-		if _, err := checkServer(ctx, nc, ep.Pid, owner); err != nil {
-			nc.Close()
 			return nil, err
 		}
 		// Raw reads and writes, as on every other socket of the gateway.
