@@ -49,7 +49,10 @@ lint:
 
 # Benchmarks report ratios against baselines measured in the same run,
 # including a 60 s soak. NEXUS_BENCH_BASE_BIN=<dir of another build's
-# binaries> runs that build's broker beside this one (docs/performance.md).
+# binaries> runs that build's broker beside this one (docs/performance.md);
+# NEXUS_UPSTREAM_SRC=<a checkout of the upstream project's source> builds its
+# nexus-broker and stock nexus engine, and runs the benchmarks that compare
+# against them (NEXUS_UPSTREAM_BROKER and NEXUS_STOCK_NEXUS name built ones).
 bench: build
 	E2E_NORACE=1 $(GO) test -tags $(TAGS) -run '^$$' -bench . -benchtime 2s -timeout 45m ./internal/e2e/ ./internal/gateway/... ./internal/spawnd/ ./internal/auth/ ./internal/a2a/
 

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -17,8 +18,50 @@ import (
 
 // UpstreamBrokerEnv names the upstream project's own nexus-broker binary
 // (the single process this broker's pair replaces, built from its source).
-// Benchmarks that compare against it skip without it.
 const UpstreamBrokerEnv = "NEXUS_UPSTREAM_BROKER"
+
+// UpstreamSrcEnv names a checkout of the upstream project's source, from
+// which the benchmarks and tests build what UpstreamBrokerEnv and
+// stockNexusEnv would name when those are not set.
+const UpstreamSrcEnv = "NEXUS_UPSTREAM_SRC"
+
+// upstreamBuilds memoizes upstreamBinary's builds, by package.
+var upstreamBuilds sync.Map // string → *upstreamBuild
+
+type upstreamBuild struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+// upstreamBinary is one of the upstream project's binaries: the path env
+// names, else pkg (./cmd/nexus-broker, ./cmd/nexus) built once per run from
+// the checkout UpstreamSrcEnv names, into the run's binaries directory; ""
+// when neither is set. A build that fails fails tb, with go's output.
+func upstreamBinary(tb testing.TB, env, pkg string) string {
+	tb.Helper()
+	if path := os.Getenv(env); path != "" {
+		return path
+	}
+	src := os.Getenv(UpstreamSrcEnv)
+	if src == "" {
+		return ""
+	}
+	v, _ := upstreamBuilds.LoadOrStore(pkg, &upstreamBuild{})
+	u := v.(*upstreamBuild)
+	u.once.Do(func() {
+		u.path = filepath.Join(binDir, "upstream-"+filepath.Base(pkg))
+		cmd := exec.Command("go", "build", "-o", u.path, pkg)
+		cmd.Dir = src
+		if out, err := cmd.CombinedOutput(); err != nil {
+			u.err = fmt.Errorf("building %s from %s=%s: %v\n%s", pkg, UpstreamSrcEnv, src, err, out)
+		}
+	})
+	if u.err != nil {
+		tb.Fatal(u.err)
+	}
+	return u.path
+}
 
 // upstreamBroker is a running upstream nexus-broker, configured as the
 // harness configures ours: loopback, nexus-echo as the nexus entry, no
@@ -71,45 +114,64 @@ func startUpstream(b *testing.B, path, yaml string) *upstreamBroker {
 
 // BenchmarkColdClaimVsUpstream is issue 28's cold claim beside the upstream
 // broker's: claim p50 of this build's pair (and of NEXUS_BENCH_BASE_BIN's,
-// when set) and of the upstream nexus-broker ($NEXUS_UPSTREAM_BROKER), same
-// client, same nexus-echo, same claim, one sample of each per iteration in
-// alternating order, each claim released before the next. The target is a
-// ratio ours/upstream of at most 1.0.
+// when set), of the upstream nexus-broker (upstreamBinary: named by
+// $NEXUS_UPSTREAM_BROKER, or built from $NEXUS_UPSTREAM_SRC) and of the
+// floor (the same nexus-echo exec'd by the benchmark itself, timed until
+// its session-id-report reaches a bare listener: what every broker's claim
+// must pay, with no broker in it), same client, same nexus-echo, same
+// claim, one sample of each per iteration in rotating order, each claim
+// released before the next. The target is a ratio ours/upstream of at most
+// 1.0; each broker's ratio to the floor is reported beside it, and is all
+// there is without an upstream broker.
 func BenchmarkColdClaimVsUpstream(b *testing.B) {
 	benchPreflight(b)
-	path := os.Getenv(UpstreamBrokerEnv)
-	if path == "" {
-		b.Skip(UpstreamBrokerEnv + " is not set: it names the upstream nexus-broker binary to compare with")
-	}
 	const yaml = "idle_timeout: 0s\n"
 	type side struct {
 		prefix string
-		client *brokerclient.Client
+		take   func() time.Duration
+	}
+	ctx := context.Background()
+	claimer := func(prefix string, client *brokerclient.Client) side {
+		return side{prefix, func() time.Duration {
+			start := time.Now()
+			c, err := client.Claim(ctx, brokerclient.ClaimRequest{Config: benchConfig})
+			d := time.Since(start)
+			if err != nil {
+				b.Fatalf("%sclaim: %v", prefix, err)
+			}
+			if c.SessionID == "" {
+				b.Fatalf("%sclaim answered no session id", prefix)
+			}
+			if err := client.Release(ctx, c.LeaseID); err != nil {
+				b.Fatalf("%srelease: %v", prefix, err)
+			}
+			return d
+		}}
 	}
 	var sides []side
 	for _, s := range benchSubjects(b, Options{YAML: yaml}) {
-		sides = append(sides, side{s.prefix, s.br.Client})
+		sides = append(sides, claimer(s.prefix, s.br.Client))
 	}
-	sides = append(sides, side{"upstream-", startUpstream(b, path, yaml).Client})
-	ctx := context.Background()
+	brokers := len(sides)
+	if path := upstreamBinary(b, UpstreamBrokerEnv, "./cmd/nexus-broker"); path != "" {
+		sides = append(sides, claimer("upstream-", startUpstream(b, path, yaml).Client))
+	} else {
+		b.Logf("neither %s nor %s is set: no upstream broker to compare with, only the floor", UpstreamBrokerEnv, UpstreamSrcEnv)
+	}
+	rig := newInstanceRig(b)
+	floors := 0
+	sides = append(sides, side{"floor-", func() time.Duration {
+		floors++
+		inst := rig.spawn(b, fmt.Sprintf("floor-%d", floors))
+		d := inst.await(b).Sub(inst.started)
+		inst.stop(b)
+		return d
+	}})
 	samples := make([][]time.Duration, len(sides))
 	sample := func(i int) {
 		for k := range sides {
 			j := (i + k) % len(sides)
-			s := sides[j]
-			start := time.Now()
-			c, err := s.client.Claim(ctx, brokerclient.ClaimRequest{Config: benchConfig})
-			d := time.Since(start)
-			if err != nil {
-				b.Fatalf("%sclaim: %v", s.prefix, err)
-			}
-			if c.SessionID == "" {
-				b.Fatalf("%sclaim answered no session id", s.prefix)
-			}
-			samples[j] = append(samples[j], d)
-			if err := s.client.Release(ctx, c.LeaseID); err != nil {
-				b.Fatalf("%srelease: %v", s.prefix, err)
-			}
+			samples[j] = append(samples[j], sides[j].take())
 		}
 	}
 	// Each side's first claim dials and warms what later ones find warm.
@@ -120,16 +182,25 @@ func BenchmarkColdClaimVsUpstream(b *testing.B) {
 	for i := 0; b.Loop(); i++ {
 		sample(i)
 	}
-	up := pct(samples[len(sides)-1], 50)
-	b.ReportMetric(ms(up), "upstream-p50-ms")
-	b.ReportMetric(ms(pct(samples[len(sides)-1], 99)), "upstream-p99-ms")
-	for k, s := range sides[:len(sides)-1] {
-		p50 := pct(samples[k], 50)
-		ratio := float64(p50) / float64(up)
-		b.ReportMetric(ms(p50), s.prefix+"p50-ms")
+	p50 := make([]time.Duration, len(sides))
+	for k, s := range sides {
+		p50[k] = pct(samples[k], 50)
+		b.ReportMetric(ms(p50[k]), s.prefix+"p50-ms")
 		b.ReportMetric(ms(pct(samples[k], 99)), s.prefix+"p99-ms")
+	}
+	floor := p50[len(sides)-1]
+	for k, s := range sides[:len(sides)-1] {
+		b.ReportMetric(float64(p50[k])/float64(floor), s.prefix+"vs-floor-p50")
+	}
+	if len(sides) == brokers+1 {
+		return
+	}
+	up := p50[brokers]
+	for k, s := range sides[:brokers] {
+		ratio := float64(p50[k]) / float64(up)
 		b.ReportMetric(ratio, s.prefix+"vs-upstream-p50")
 		verdict(b, s.prefix+"cold claim p50 ≤ 1.0× the upstream broker's", ratio <= 1.0,
-			"p50 %.3f ms against upstream's %.3f ms: %.3f×; %d samples each", ms(p50), ms(up), ratio, len(samples[k]))
+			"p50 %.3f ms against upstream's %.3f ms: %.3f×; above the floor's %.3f ms, %.3f ms against upstream's %.3f ms; %d samples each",
+			ms(p50[k]), ms(up), ratio, ms(floor), ms(p50[k]-floor), ms(up-floor), len(samples[k]))
 	}
 }

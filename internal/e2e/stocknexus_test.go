@@ -20,8 +20,19 @@ import (
 
 // The stock nexus engine, built from upstream's source, is not something CI
 // can build (its module is not served by the proxy): these tests take the
-// binary from NEXUS_STOCK_NEXUS and skip without it.
+// binary from NEXUS_STOCK_NEXUS, or build it from NEXUS_UPSTREAM_SRC
+// (upstreamBinary), and skip without either.
 const stockNexusEnv = "NEXUS_STOCK_NEXUS"
+
+// stockEngine is the stock nexus engine's path, or skips t.
+func stockEngine(t testing.TB) string {
+	t.Helper()
+	engine := upstreamBinary(t, stockNexusEnv, "./cmd/nexus")
+	if engine == "" {
+		t.Skipf("neither %s nor %s is set: they name a stock nexus engine built from upstream's source, or that source, which CI does not have", stockNexusEnv, UpstreamSrcEnv)
+	}
+	return engine
+}
 
 // llmStub is an OpenAI-compatible chat completions endpoint on loopback
 // whose answer lists every user message it was sent ("stub heard N: a | b"),
@@ -96,10 +107,7 @@ func stockNexus(t *testing.T) (*Broker, string) {
 // broker's YAML when yaml is not nil (a pool booted with cfg, say).
 func stockNexusWith(t testing.TB, yaml func(cfg string) string, o Options) (*Broker, string) {
 	t.Helper()
-	engine := os.Getenv(stockNexusEnv)
-	if engine == "" {
-		t.Skipf("%s is not set: it names a stock nexus engine built from upstream's source, which CI cannot build", stockNexusEnv)
-	}
+	engine := stockEngine(t)
 	home := t.TempDir()
 	cfg := fmt.Sprintf(`core:
   log_level: warn
@@ -181,10 +189,7 @@ func answerWithin(conn *brokerclient.Conn) (string, error) {
 // home, and it exits without the SIGKILL a missed SIGTERM would bring), and
 // resumes with memory, twice.
 func TestStockNexusUnderSandboxStrict(t *testing.T) {
-	engine := os.Getenv(stockNexusEnv)
-	if engine == "" {
-		t.Skipf("%s is not set: it names a stock nexus engine built from upstream's source, which CI cannot build", stockNexusEnv)
-	}
+	engine := stockEngine(t)
 	stub := llmStub(t)
 	h := startTenantHostWith(t, "strict", uidRange(60, 69), func(h *tenantHost) string {
 		// A copy beside the host's, wherever the engine was built: the
