@@ -27,7 +27,7 @@ type conn struct {
 	ep     spawnrpc.Endpoint
 	pc     *plugin.Client
 	gc     *plugin.GRPCClient
-	api    *spawnrpc.Conn
+	api    *RPC
 	runner *pidfdRunner
 
 	stop      context.CancelFunc
@@ -62,7 +62,7 @@ func (c *Client) attach(ctx context.Context, ep spawnrpc.Endpoint) (*conn, error
 	}
 	pc := plugin.NewClient(&plugin.ClientConfig{
 		HandshakeConfig: spawnrpc.Handshake,
-		Plugins:         spawnrpc.ClientPlugins(laneDialer(ep, owner)),
+		Plugins:         clientPlugins(laneDialer(ep, owner)),
 		Reattach: &plugin.ReattachConfig{
 			Protocol:        plugin.ProtocolGRPC,
 			ProtocolVersion: ep.ProtocolVersion,
@@ -181,7 +181,7 @@ func (cn *conn) open(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	cn.api = raw.(*spawnrpc.Conn)
+	cn.api = raw.(*RPC)
 	// go-plugin's start treats an unreachable server as "no stdio" and
 	// succeeds; only a round trip proves the connection.
 	if err := cn.health(ctx); err != nil {
@@ -293,7 +293,7 @@ func dialChecked(ctx context.Context, ep spawnrpc.Endpoint, owner int) (net.Conn
 }
 
 // laneDialer opens a lane's connection to ep, checked as probe checks one.
-func laneDialer(ep spawnrpc.Endpoint, owner int) spawnrpc.LaneDialer {
+func laneDialer(ep spawnrpc.Endpoint, owner int) LaneDialer {
 	return func(ctx context.Context) (net.Conn, error) {
 		nc, err := dialChecked(ctx, ep, owner)
 		if err != nil {

@@ -168,7 +168,7 @@ func Dial(ctx context.Context, opts DialOptions) (*Client, error) {
 // the time of the call; a call made while re-attaching waits, within its
 // ctx, for the next spawnd. A Watch stream ends when its spawnd goes: wait
 // for Reconnected and open a new one.
-func (c *Client) Spawner() spawnrpc.Client { return c.spawner }
+func (c *Client) Spawner() API { return c.spawner }
 
 // Reconnected receives a value after each re-attach (to a restarted spawnd,
 // or to the same one after its connection failed), never for the first

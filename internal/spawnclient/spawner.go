@@ -5,24 +5,23 @@ import (
 
 	"google.golang.org/grpc"
 
-	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
 )
 
-// spawner implements spawnrpc.Client on top of whichever spawnd is
-// attached at the time of each call.
+// spawner implements API on top of whichever spawnd is attached at the
+// time of each call.
 type spawner struct{ c *Client }
 
-var _ spawnrpc.Client = (*spawner)(nil)
+var _ API = (*spawner)(nil)
 
 func call[Req, Resp any](c *Client, ctx context.Context, in Req, opts []grpc.CallOption,
-	method func(spawnrpc.Client, context.Context, Req, ...grpc.CallOption) (Resp, error),
+	method func(API, context.Context, Req, ...grpc.CallOption) (Resp, error),
 ) (Resp, error) {
-	return callOn(c, ctx, func(api spawnrpc.Client) (Resp, error) { return method(api, ctx, in, opts...) })
+	return callOn(c, ctx, func(api API) (Resp, error) { return method(api, ctx, in, opts...) })
 }
 
 // callOn runs one call on the current connection.
-func callOn[Resp any](c *Client, ctx context.Context, do func(spawnrpc.Client) (Resp, error)) (Resp, error) {
+func callOn[Resp any](c *Client, ctx context.Context, do func(API) (Resp, error)) (Resp, error) {
 	cn, err := c.current(ctx)
 	if err != nil {
 		var zero Resp
@@ -35,29 +34,29 @@ func callOn[Resp any](c *Client, ctx context.Context, do func(spawnrpc.Client) (
 
 // Spawn and Record travel on their lanes, which take no call options.
 func (s *spawner) Spawn(ctx context.Context, in *spawnpb.SpawnRequest) (*spawnpb.SpawnResponse, error) {
-	return callOn(s.c, ctx, func(api spawnrpc.Client) (*spawnpb.SpawnResponse, error) { return api.Spawn(ctx, in) })
+	return callOn(s.c, ctx, func(api API) (*spawnpb.SpawnResponse, error) { return api.Spawn(ctx, in) })
 }
 
 func (s *spawner) Verify(ctx context.Context, in *spawnpb.VerifyRequest, opts ...grpc.CallOption) (*spawnpb.VerifyResponse, error) {
-	return call(s.c, ctx, in, opts, spawnrpc.Client.Verify)
+	return call(s.c, ctx, in, opts, API.Verify)
 }
 
 func (s *spawner) Terminate(ctx context.Context, in *spawnpb.TerminateRequest, opts ...grpc.CallOption) (*spawnpb.TerminateResponse, error) {
-	return call(s.c, ctx, in, opts, spawnrpc.Client.Terminate)
+	return call(s.c, ctx, in, opts, API.Terminate)
 }
 
 func (s *spawner) List(ctx context.Context, in *spawnpb.ListRequest, opts ...grpc.CallOption) (*spawnpb.ListResponse, error) {
-	return call(s.c, ctx, in, opts, spawnrpc.Client.List)
+	return call(s.c, ctx, in, opts, API.List)
 }
 
 func (s *spawner) Record(ctx context.Context, in *spawnpb.RecordRequest) (*spawnpb.RecordResponse, error) {
-	return callOn(s.c, ctx, func(api spawnrpc.Client) (*spawnpb.RecordResponse, error) { return api.Record(ctx, in) })
+	return callOn(s.c, ctx, func(api API) (*spawnpb.RecordResponse, error) { return api.Record(ctx, in) })
 }
 
 // Reload also records the version spawnd applied as the gateway's, so a
 // re-attach after a SIGHUP expects that version, not the boot one.
 func (s *spawner) Reload(ctx context.Context, in *spawnpb.ReloadRequest, opts ...grpc.CallOption) (*spawnpb.ReloadResponse, error) {
-	res, err := call(s.c, ctx, in, opts, spawnrpc.Client.Reload)
+	res, err := call(s.c, ctx, in, opts, API.Reload)
 	if err == nil && res.GetApplied() && in.GetConfigDigest() != "" {
 		s.c.mu.Lock()
 		s.c.digest = in.GetConfigDigest()
@@ -67,11 +66,11 @@ func (s *spawner) Reload(ctx context.Context, in *spawnpb.ReloadRequest, opts ..
 }
 
 func (s *spawner) Status(ctx context.Context, in *spawnpb.StatusRequest, opts ...grpc.CallOption) (*spawnpb.StatusResponse, error) {
-	return call(s.c, ctx, in, opts, spawnrpc.Client.Status)
+	return call(s.c, ctx, in, opts, API.Status)
 }
 
 func (s *spawner) Binding(ctx context.Context, in *spawnpb.BindingRequest, opts ...grpc.CallOption) (*spawnpb.BindingResponse, error) {
-	return call(s.c, ctx, in, opts, spawnrpc.Client.Binding)
+	return call(s.c, ctx, in, opts, API.Binding)
 }
 
 func (s *spawner) Watch(ctx context.Context, in *spawnpb.WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[spawnpb.ExitEvent], error) {

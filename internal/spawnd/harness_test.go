@@ -31,6 +31,7 @@ import (
 
 	"github.com/nexus-broker/nexus-broker/internal/config/core"
 	"github.com/nexus-broker/nexus-broker/internal/sockdir"
+	"github.com/nexus-broker/nexus-broker/internal/spawnclient"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc"
 	"github.com/nexus-broker/nexus-broker/pkg/spawnrpc/spawnpb"
 )
@@ -326,7 +327,7 @@ func (b *logBuffer) text() string {
 type harness struct {
 	t        *testing.T
 	d        *Daemon // nil while stopped
-	client   *spawnrpc.Conn
+	client   *spawnclient.RPC
 	logs     *logBuffer
 	cfgPath  string
 	stateDir string
@@ -465,7 +466,7 @@ func (h *harness) start() {
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	h.client = spawnrpc.NewConn(h.conn, dial)
+	h.client = spawnclient.NewRPC(h.conn, dial)
 }
 
 // stop closes the Daemon and its server, leaving every instance running, as

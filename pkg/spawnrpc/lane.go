@@ -12,8 +12,6 @@ import (
 	"os"
 	"runtime"
 	"sync"
-	"sync/atomic"
-	"time"
 
 	"golang.org/x/sys/unix"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
@@ -48,39 +46,41 @@ import (
 // with blocking reads, so that a claim's Spawn wakes the thread that forks
 // its instance; a Record lane runs on a goroutine.
 
-// laneSpec says how one verb's requests and answers ride its lane.
-type laneSpec[Req, Resp, C, R any] struct {
-	name  string
-	call  func(id uint64, req *Req) *C                // the gateway's message
-	req   func(*C) (uint64, *Req)                     // spawnd reads it
-	reply func(id uint64, resp *Resp, st []byte) *R   // spawnd's answer
-	parts func(*R) (id uint64, resp *Resp, st []byte) // the gateway reads it
+// LaneSpec says how one verb's requests and answers ride its lane.
+type LaneSpec[Req, Resp, C, R any] struct {
+	Name  string
+	Call  func(id uint64, req *Req) *C                // the gateway's message
+	Req   func(*C) (uint64, *Req)                     // spawnd reads it
+	Reply func(id uint64, resp *Resp, st []byte) *R   // spawnd's answer
+	Parts func(*R) (id uint64, resp *Resp, st []byte) // the gateway reads it
 }
 
-var spawnLane = laneSpec[spawnpb.SpawnRequest, spawnpb.SpawnResponse, spawnpb.SpawnCall, spawnpb.SpawnReply]{
-	name: "Spawn",
-	call: func(id uint64, r *spawnpb.SpawnRequest) *spawnpb.SpawnCall {
+// SpawnLane is Spawn's lane.
+var SpawnLane = LaneSpec[spawnpb.SpawnRequest, spawnpb.SpawnResponse, spawnpb.SpawnCall, spawnpb.SpawnReply]{
+	Name: "Spawn",
+	Call: func(id uint64, r *spawnpb.SpawnRequest) *spawnpb.SpawnCall {
 		return &spawnpb.SpawnCall{CallId: id, Request: r}
 	},
-	req: func(c *spawnpb.SpawnCall) (uint64, *spawnpb.SpawnRequest) { return c.GetCallId(), c.GetRequest() },
-	reply: func(id uint64, r *spawnpb.SpawnResponse, st []byte) *spawnpb.SpawnReply {
+	Req: func(c *spawnpb.SpawnCall) (uint64, *spawnpb.SpawnRequest) { return c.GetCallId(), c.GetRequest() },
+	Reply: func(id uint64, r *spawnpb.SpawnResponse, st []byte) *spawnpb.SpawnReply {
 		return &spawnpb.SpawnReply{CallId: id, Response: r, Status: st}
 	},
-	parts: func(r *spawnpb.SpawnReply) (uint64, *spawnpb.SpawnResponse, []byte) {
+	Parts: func(r *spawnpb.SpawnReply) (uint64, *spawnpb.SpawnResponse, []byte) {
 		return r.GetCallId(), r.GetResponse(), r.GetStatus()
 	},
 }
 
-var recordLane = laneSpec[spawnpb.RecordRequest, spawnpb.RecordResponse, spawnpb.RecordCall, spawnpb.RecordReply]{
-	name: "Record",
-	call: func(id uint64, r *spawnpb.RecordRequest) *spawnpb.RecordCall {
+// RecordLane is Record's lane.
+var RecordLane = LaneSpec[spawnpb.RecordRequest, spawnpb.RecordResponse, spawnpb.RecordCall, spawnpb.RecordReply]{
+	Name: "Record",
+	Call: func(id uint64, r *spawnpb.RecordRequest) *spawnpb.RecordCall {
 		return &spawnpb.RecordCall{CallId: id, Request: r}
 	},
-	req: func(c *spawnpb.RecordCall) (uint64, *spawnpb.RecordRequest) { return c.GetCallId(), c.GetRequest() },
-	reply: func(id uint64, r *spawnpb.RecordResponse, st []byte) *spawnpb.RecordReply {
+	Req: func(c *spawnpb.RecordCall) (uint64, *spawnpb.RecordRequest) { return c.GetCallId(), c.GetRequest() },
+	Reply: func(id uint64, r *spawnpb.RecordResponse, st []byte) *spawnpb.RecordReply {
 		return &spawnpb.RecordReply{CallId: id, Response: r, Status: st}
 	},
-	parts: func(r *spawnpb.RecordReply) (uint64, *spawnpb.RecordResponse, []byte) {
+	Parts: func(r *spawnpb.RecordReply) (uint64, *spawnpb.RecordResponse, []byte) {
 		return r.GetCallId(), r.GetResponse(), r.GetStatus()
 	},
 }
@@ -106,14 +106,14 @@ func LanePreface(verb string) string {
 	return fmt.Sprintf("%-*s\n", len(http2Preface)-1, "NEXUS-LANE/1 "+verb)
 }
 
-// vtMessage is a spawnpb message as a lane writes it.
-type vtMessage interface {
+// Message is a spawnpb message as a lane writes it.
+type Message interface {
 	SizeVT() int
 	MarshalToSizedBufferVT([]byte) (int, error)
 }
 
-// writeFrame writes m as one frame, in one write.
-func writeFrame(w io.Writer, m vtMessage) error {
+// WriteFrame writes m as one frame, in one write.
+func WriteFrame(w io.Writer, m Message) error {
 	n := m.SizeVT()
 	if n > MaxLaneMessage {
 		return fmt.Errorf("a lane message of %d bytes, past the %d a lane carries", n, MaxLaneMessage)
@@ -127,9 +127,9 @@ func writeFrame(w io.Writer, m vtMessage) error {
 	return err
 }
 
-// readFrame reads one frame and decodes its message. io.EOF is a close
+// ReadFrame reads one frame and decodes its message. io.EOF is a close
 // between frames.
-func readFrame[M any](r io.Reader) (*M, error) {
+func ReadFrame[M any](r io.Reader) (*M, error) {
 	var h [4]byte
 	if _, err := io.ReadFull(r, h[:]); err != nil {
 		return nil, err
@@ -155,19 +155,19 @@ func readFrame[M any](r io.Reader) (*M, error) {
 // serveCalls answers the calls of one lane, one at a time, each through
 // handle (the verb's handler, as a unary call would reach it) with ctx,
 // until the gateway closes the lane (nil) or it breaks.
-func serveCalls[Req, Resp, C, R any](ctx context.Context, rw io.ReadWriter, spec *laneSpec[Req, Resp, C, R],
+func serveCalls[Req, Resp, C, R any](ctx context.Context, rw io.ReadWriter, spec *LaneSpec[Req, Resp, C, R],
 	handle func(context.Context, *Req) (*Resp, error),
 ) error {
 	r := bufio.NewReader(rw)
 	for {
-		c, err := readFrame[C](r)
+		c, err := ReadFrame[C](r)
 		if errors.Is(err, io.EOF) {
 			return nil
 		}
 		if err != nil {
 			return err
 		}
-		id, req := spec.req(c)
+		id, req := spec.Req(c)
 		if req == nil {
 			req = new(Req) // as a unary call decodes an empty message
 		}
@@ -179,7 +179,7 @@ func serveCalls[Req, Resp, C, R any](ctx context.Context, rw io.ReadWriter, spec
 		} else if resp == nil {
 			resp = new(Resp)
 		}
-		if err := writeFrame(rw, any(spec.reply(id, resp, st)).(vtMessage)); err != nil {
+		if err := WriteFrame(rw, any(spec.Reply(id, resp, st)).(Message)); err != nil {
 			return err
 		}
 	}
@@ -194,8 +194,8 @@ func encodeStatus(err error) []byte {
 	return b
 }
 
-// decodeStatus is encodeStatus's error back.
-func decodeStatus(b []byte) error {
+// DecodeStatus is encodeStatus's error back.
+func DecodeStatus(b []byte) error {
 	var p spb.Status
 	if err := proto.Unmarshal(b, &p); err != nil {
 		return status.Errorf(codes.Internal, "nexus-spawnd answered with an undecodable status: %v", err)
@@ -236,10 +236,10 @@ func newLaneServer(v Verbs, spawnThread func() error, log *slog.Logger) *laneSer
 func (s *laneServer) dispatch(preface string, conn net.Conn, pc PeerCred) bool {
 	var verb string
 	switch preface {
-	case LanePreface(spawnLane.name):
-		verb = spawnLane.name
-	case LanePreface(recordLane.name):
-		verb = recordLane.name
+	case LanePreface(SpawnLane.Name):
+		verb = SpawnLane.Name
+	case LanePreface(RecordLane.Name):
+		verb = RecordLane.Name
 	default:
 		return false
 	}
@@ -262,11 +262,11 @@ func (s *laneServer) dispatch(preface string, conn net.Conn, pc PeerCred) bool {
 	// ends with the lane.
 	ctx, cancel := context.WithCancel(peer.NewContext(context.Background(),
 		&peer.Peer{Addr: conn.RemoteAddr(), LocalAddr: conn.LocalAddr(), AuthInfo: pc}))
-	if verb == spawnLane.name {
+	if verb == SpawnLane.Name {
 		go s.serveSpawn(ctx, cancel, sl, conn)
 	} else {
 		go func() {
-			err := serveCalls(ctx, conn, &recordLane, s.v.Record)
+			err := serveCalls(ctx, conn, &RecordLane, s.v.Record)
 			cancel()
 			s.done(sl, err)
 			_ = conn.Close()
@@ -305,7 +305,7 @@ func (s *laneServer) serveSpawn(ctx context.Context, cancel context.CancelFunc, 
 	if closed {
 		sl.shut()
 	}
-	err = serveCalls(ctx, fdConn(fd), &spawnLane, s.v.Spawn)
+	err = serveCalls(ctx, fdConn(fd), &SpawnLane, s.v.Spawn)
 	s.done(sl, err) // before the close: shut may not reach a reused descriptor
 	f.Close()
 }
@@ -366,156 +366,4 @@ func (s *laneServer) close() {
 	}
 	s.mu.Unlock()
 	s.wg.Wait()
-}
-
-// LaneDialer opens a connection to spawnd that has passed its peer check
-// and verdict, for a lane.
-type LaneDialer func(ctx context.Context) (net.Conn, error)
-
-// laneClient is the gateway's end of one verb's lanes: the idle ones it
-// keeps open, one call at a time on each.
-type laneClient[Req, Resp, C, R any] struct {
-	spec   *laneSpec[Req, Resp, C, R]
-	dial   LaneDialer
-	slots  chan struct{} // MaxLaneCalls
-	nextID atomic.Uint64
-
-	mu     sync.Mutex
-	idle   []*laneConn
-	open   map[*laneConn]struct{}
-	closed bool
-}
-
-type laneConn struct {
-	net.Conn
-	r *bufio.Reader
-}
-
-func newLaneClient[Req, Resp, C, R any](spec *laneSpec[Req, Resp, C, R], dial LaneDialer) *laneClient[Req, Resp, C, R] {
-	return &laneClient[Req, Resp, C, R]{spec: spec, dial: dial, slots: make(chan struct{}, MaxLaneCalls), open: map[*laneConn]struct{}{}}
-}
-
-// do runs one call: it is answered, or fails with ctx, or with
-// codes.Unavailable when its lane cannot be opened or breaks.
-func (l *laneClient[Req, Resp, C, R]) do(ctx context.Context, req *Req) (*Resp, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, status.FromContextError(err).Err()
-	}
-	id := l.nextID.Add(1)
-	msg := any(l.spec.call(id, req)).(vtMessage)
-	if n := msg.SizeVT(); n > MaxLaneMessage {
-		return nil, status.Errorf(codes.ResourceExhausted, "%s: the request is %d bytes, past the %d nexus-spawnd accepts", l.spec.name, n, MaxLaneMessage)
-	}
-	select {
-	case l.slots <- struct{}{}:
-	case <-ctx.Done():
-		return nil, status.FromContextError(ctx.Err()).Err()
-	}
-	defer func() { <-l.slots }()
-	lc, err := l.take(ctx)
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil, status.FromContextError(ctx.Err()).Err()
-		}
-		return nil, status.Errorf(codes.Unavailable, "lost connection to nexus-spawnd: cannot open its %s lane (%v)", l.spec.name, err)
-	}
-	// A caller that gives up unblocks the lane's read; the lane, left
-	// mid-call, is closed.
-	stop := context.AfterFunc(ctx, func() { _ = lc.SetDeadline(time.Unix(1, 0)) })
-	resp, intact, err := l.exchange(lc, id, msg)
-	if !stop() || !intact {
-		l.discard(lc)
-		if ctx.Err() != nil {
-			return nil, status.FromContextError(ctx.Err()).Err()
-		}
-		return nil, err
-	}
-	l.put(lc)
-	return resp, err
-}
-
-// exchange writes the call and reads its answer; intact says whether the
-// lane may carry another call.
-func (l *laneClient[Req, Resp, C, R]) exchange(lc *laneConn, id uint64, msg vtMessage) (_ *Resp, intact bool, _ error) {
-	broke := func(err error) (*Resp, bool, error) {
-		return nil, false, status.Errorf(codes.Unavailable, "lost connection to nexus-spawnd: its %s lane broke (%v)", l.spec.name, err)
-	}
-	if err := writeFrame(lc, msg); err != nil {
-		return broke(err)
-	}
-	r, err := readFrame[R](lc.r)
-	if err != nil {
-		return broke(err)
-	}
-	got, resp, st := l.spec.parts(r)
-	switch {
-	case got != id:
-		return nil, false, status.Errorf(codes.Internal, "nexus-spawnd answered %s call %d on the lane of call %d", l.spec.name, got, id)
-	case len(st) > 0:
-		return nil, true, decodeStatus(st)
-	case resp == nil:
-		return nil, true, status.Errorf(codes.Internal, "nexus-spawnd answered %s with neither a response nor a status", l.spec.name)
-	}
-	return resp, true, nil
-}
-
-// take is an idle lane, else a new one.
-func (l *laneClient[Req, Resp, C, R]) take(ctx context.Context) (*laneConn, error) {
-	l.mu.Lock()
-	if l.closed {
-		l.mu.Unlock()
-		return nil, net.ErrClosed
-	}
-	if n := len(l.idle); n > 0 {
-		lc := l.idle[n-1]
-		l.idle = l.idle[:n-1]
-		l.mu.Unlock()
-		return lc, nil
-	}
-	l.mu.Unlock()
-	conn, err := l.dial(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := io.WriteString(conn, LanePreface(l.spec.name)); err != nil {
-		_ = conn.Close()
-		return nil, err
-	}
-	lc := &laneConn{Conn: conn, r: bufio.NewReader(conn)}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.closed {
-		_ = conn.Close()
-		return nil, net.ErrClosed
-	}
-	l.open[lc] = struct{}{}
-	return lc, nil
-}
-
-func (l *laneClient[Req, Resp, C, R]) put(lc *laneConn) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.closed {
-		return // close closed it
-	}
-	l.idle = append(l.idle, lc)
-}
-
-func (l *laneClient[Req, Resp, C, R]) discard(lc *laneConn) {
-	l.mu.Lock()
-	delete(l.open, lc)
-	l.mu.Unlock()
-	_ = lc.Close()
-}
-
-// close closes every lane, failing the calls on them with
-// codes.Unavailable, and every later call.
-func (l *laneClient[Req, Resp, C, R]) close() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.closed = true
-	for lc := range l.open {
-		_ = lc.Close()
-	}
-	l.open, l.idle = map[*laneConn]struct{}{}, nil
 }

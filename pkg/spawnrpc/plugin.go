@@ -2,9 +2,11 @@
 // the go-plugin glue around the gRPC service in spawnpb, spawnd's serving
 // side (Serve, which publishes its reattach config to spawnd.json in the run
 // directory and checks every connection with SO_PEERCRED), the lanes that
-// carry Spawn and Record beside gRPC (lane.go; Verbs and Conn put them in
-// a unary call's shape for either side), and what both sides share. The gateway attaches with internal/spawnclient, which spawnd
-// does not link. The verbs live in internal/spawnd.
+// carry Spawn and Record beside gRPC (lane.go: their frames, and spawnd's
+// end of them; Verbs puts them in a unary call's shape), and what both
+// sides share. The gateway attaches with internal/spawnclient, which holds
+// its end of the lanes and which spawnd does not link. The verbs live in
+// internal/spawnd.
 //
 // Both processes link it, so it may import spawnpb and the helpers both
 // share, none of the gateway's layers nor anything else gateway-side
@@ -14,6 +16,7 @@ package spawnrpc
 
 import (
 	"context"
+	"errors"
 
 	"github.com/hashicorp/go-plugin"
 	"google.golang.org/grpc"
@@ -52,13 +55,12 @@ var Handshake = plugin.HandshakeConfig{
 	MagicCookieValue: MagicCookieValue,
 }
 
-// SpawnerPlugin is the go-plugin plugin for the Spawner service (Impl is
-// nil on the gateway's side).
+// SpawnerPlugin is the go-plugin plugin for the Spawner service, as spawnd
+// serves it; the gateway's (internal/spawnclient) embeds it and dispenses
+// its own client.
 type SpawnerPlugin struct {
 	plugin.NetRPCUnsupportedPlugin
 	Impl spawnpb.SpawnerServer
-	// DialLane opens the gateway's lanes (nil on spawnd's side).
-	DialLane LaneDialer
 }
 
 var _ plugin.GRPCPlugin = (*SpawnerPlugin)(nil)
@@ -69,17 +71,12 @@ func (p *SpawnerPlugin) GRPCServer(_ *plugin.GRPCBroker, s *grpc.Server) error {
 	return nil
 }
 
-// GRPCClient returns the Conn over go-plugin's connection.
-func (p *SpawnerPlugin) GRPCClient(_ context.Context, _ *plugin.GRPCBroker, cc *grpc.ClientConn) (any, error) {
-	return NewConn(cc, p.DialLane), nil
+// GRPCClient is the gateway's to implement: spawnd dispenses no client.
+func (p *SpawnerPlugin) GRPCClient(context.Context, *plugin.GRPCBroker, *grpc.ClientConn) (any, error) {
+	return nil, errors.New("spawnrpc: nexus-spawnd's plugin has no client side (internal/spawnclient's has)")
 }
 
 // Plugins is what spawnd registers.
 func Plugins(impl spawnpb.SpawnerServer) plugin.PluginSet {
 	return plugin.PluginSet{PluginName: &SpawnerPlugin{Impl: impl}}
-}
-
-// ClientPlugins is what the gateway registers: its lanes open with dial.
-func ClientPlugins(dial LaneDialer) plugin.PluginSet {
-	return plugin.PluginSet{PluginName: &SpawnerPlugin{DialLane: dial}}
 }
