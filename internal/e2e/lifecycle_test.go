@@ -400,17 +400,27 @@ func TestLaunchedSpawndLifecycle(t *testing.T) {
 	}
 	b.StartGateway()
 	b.waitStates([]string{claim.LeaseID}, "active", 20*time.Second)
-	if got := say(t, b.dial(claim, brokerclient.DialOptions{}), "back"); got != "echo #1: back" {
+	conn := b.dial(claim, brokerclient.DialOptions{})
+	if got := say(t, conn, "back"); got != "echo #1: back" {
 		t.Fatalf("answer after the reattach = %q", got)
 	}
 
 	// An edit spawnd could apply only by restarting (state_dir) does not
-	// keep -stop from releasing, nor is spawnd reloaded by it.
+	// keep -stop from releasing, nor is spawnd reloaded by it. The running
+	// gateway takes the exit for the release it is, not a crash: its
+	// client is told the lease closed.
 	orig, _ := os.ReadFile(b.ConfigPath)
 	writeConfig(t, b.Dir, string(orig)+fmt.Sprintf("state_dir: %q\n", filepath.Join(b.Dir, "state")))
 	code, out := runToExit(t, b.env, "nexus-broker", "-stop", "-config", b.ConfigPath)
 	if code != 0 || !strings.Contains(out, "released 1 of 1 leases") || strings.Contains(out, "reloaded") {
 		t.Fatalf("nexus-broker -stop: exit %d, output:\n%s", code, out)
+	}
+	if code, text := closeCode(t, conn); code != 1001 || text != "lease closed" {
+		t.Errorf("the client of a lease -stop released closed with %d %q, want 1001 \"lease closed\"", code, text)
+	}
+	b.GatewayLog.wait(t, regexp.MustCompile(`level=INFO msg="lease released" lease_id=`+claim.LeaseID+` reason="manual release"`), 10*time.Second)
+	if crash := regexp.MustCompile(`treating as crash" lease_id=` + claim.LeaseID); crash.MatchString(b.GatewayLog.String()) {
+		t.Errorf("the gateway took -stop's release for a crash:\n%s", b.GatewayLog)
 	}
 	b.waitNoInstances(10 * time.Second)
 	b.KillGateway(syscall.SIGTERM)

@@ -289,14 +289,20 @@ func (l *lease) settleSession() {
 	l.reportOnce.Do(func() { close(l.sessionReported) })
 }
 
-// onExit is spawnd's word that the instance process is gone.
+// onExit is spawnd's word that the instance process is gone: a crash, or,
+// after a Terminate this gateway did not call (-stop's, one before a
+// restart; its own teardown set the reason first), that release.
 func (l *lease) onExit(ev spawner.Exit) {
 	l.exitOnce.Do(func() {
 		l.mu.Lock()
 		l.exit = ev
 		l.mu.Unlock()
 		close(l.exited)
-		go l.teardown(reasonCrashed, teardownExited)
+		reason := reasonCrashed
+		if ev.Terminated {
+			reason = reasonRelease
+		}
+		go l.teardown(reason, teardownExited)
 	})
 }
 

@@ -111,7 +111,7 @@ func (x exits) Recv() (gwspawner.Exit, error) {
 		return gwspawner.Exit{}, callError(err)
 	}
 	return gwspawner.Exit{LeaseID: ev.LeaseId, Pid: ev.Pid, ExitCode: ev.ExitCode, Signal: ev.Signal,
-		LogPath: ev.LogPath, OutputTail: ev.OutputTail}, nil
+		Terminated: ev.Terminated, LogPath: ev.LogPath, OutputTail: ev.OutputTail}, nil
 }
 
 // Watch implements spawner.Spawner: it waits for the stream's header,

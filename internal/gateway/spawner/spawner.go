@@ -141,6 +141,10 @@ type Exit struct {
 	ExitCode int32
 	// Signal names the terminating signal ("SIGKILL"), "" otherwise.
 	Signal string
+	// Terminated is true when the exit followed a Terminate call: this
+	// gateway's, or another caller's (nexus-broker -stop, a gateway before
+	// a restart).
+	Terminated bool
 	// LogPath and OutputTail are, for an instance that exited on its own,
 	// where its output is kept and its last bytes (escaped by spawnd).
 	LogPath, OutputTail string
