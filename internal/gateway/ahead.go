@@ -5,15 +5,16 @@ package gateway
 // (hardening: no client is handed an id spawnd refused). Usually that
 // means waiting for Record's answer. But where Record carries nothing the
 // answer depends on (no auth:, so no owner to record; no state_dir, so no
-// journal line that could fail), spawnd refuses a lease's first id only
-// for what the gateway checks first (the session id rule, the report cap)
-// or for a session another live lease holds; and every lease spawnd holds,
-// the gateway holds too, with its session id, from before its Spawn to
-// after spawnd forgot it. So the gateway takes such an id itself when no
-// lease of its own holds it and no Record of it is in flight, writes the
-// Record, and answers the claim without waiting for the reply: one round
-// trip to another process fewer on a cold claim (docs/architecture.md,
-// "The claim's lanes").
+// index of gone leases' sessions and their entries, which the gateway does
+// not hold, and nothing to put on disk first), spawnd refuses a lease's
+// first id only for what the gateway checks first (the session id rule,
+// the report cap) or for a session another live lease holds; and every
+// lease spawnd holds, the gateway holds too, with its session id, from
+// before its Spawn to after spawnd forgot it. So the gateway takes such an
+// id itself when no lease of its own holds it and no Record of it is in
+// flight, writes the Record, and answers the claim without waiting for the
+// reply: one round trip to another process fewer on a cold claim
+// (docs/architecture.md, "The claim's lanes").
 //
 // What keeps spawnd's view the gateway's: no id is taken ahead while an
 // ordinary Record of it is in flight (spawnd may be applying it), and
