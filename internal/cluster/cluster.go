@@ -503,21 +503,23 @@ func (n *Node) MaxPayload() int64 {
 	return 0
 }
 
-// Close says this broker is leaving (its peers drop it from their lists
-// at once rather than after missed heartbeats), stops the heartbeat, drops
-// the connection and saves the membership list.
+// Close stops the heartbeat, then says this broker is leaving (its peers
+// drop it from their lists at once rather than after missed heartbeats),
+// drops the connection and saves the membership list. The leaving
+// heartbeat goes last on the connection: an ordinary one after it would
+// list this broker again, until forget_after.
 func (n *Node) Close() {
+	n.cancel()
+	n.wg.Wait()
 	if nc := n.nc.Load(); nc != nil && nc.IsConnected() {
 		if data, err := n.stampBody(n.heartbeat(true), time.Time{}); err == nil {
 			_ = n.publish(nc, forHeartbeat, n.prefix+"."+opHeartbeat, "", data)
 			_ = nc.FlushTimeout(CallTimeout)
 		}
 	}
-	n.cancel()
 	if nc := n.nc.Load(); nc != nil {
 		nc.Close()
 	}
-	n.wg.Wait()
 	n.saveRecord(time.Now())
 }
 

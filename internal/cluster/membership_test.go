@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -20,6 +21,30 @@ func TestCleanStopLeavesAtOnce(t *testing.T) {
 	waitFor(t, "a leaves b's list", func() bool { return !b.Known("a") })
 	if len(b.Peers()) != 0 || !b.Remembered("a") {
 		t.Fatalf("after a stopped cleanly b lists %+v and remembers a: %v; want an empty list, a remembered", b.Peers(), b.Remembered("a"))
+	}
+}
+
+// TestCleanStopLeavesForGood: the leaving heartbeat is a broker's last,
+// so no ordinary one lists it again after it (until forget_after). Each
+// broker here beats every millisecond, so an ordinary heartbeat is always
+// about to go as it stops.
+func TestCleanStopLeavesForGood(t *testing.T) {
+	url := startServer(t, nil)
+	b := startNode(t, "b", url, func(*Node) {})
+	for i := range 20 {
+		id := fmt.Sprintf("a%d", i)
+		a := startNode(t, id, url, func(a *Node) { a.every = time.Millisecond })
+		waitFor(t, "b hears "+id, func() bool { return b.Reachable(id) })
+		a.Close()
+		// What a sent reached the server before Close returned (its
+		// flush), so b's own heartbeat, sent now and heard on the same
+		// subscription, is heard after all of it.
+		since := time.Now().UnixNano()
+		b.BeatNow()
+		waitFor(t, "b hears itself", func() bool { return b.selfSeen.Load() > since })
+		if b.Known(id) {
+			t.Fatalf("%s stopped cleanly and is on b's list again: %+v", id, b.Peers())
+		}
 	}
 }
 
