@@ -256,9 +256,6 @@ func (l *lease) markSession(id string) {
 		}
 		keep, refused := l.g.recordInOrder(l.id, id)
 		if keep {
-			l.mu.Lock()
-			l.sessionID = id
-			l.mu.Unlock()
 			l.recorded(id)
 		} else if refused != "" {
 			l.refuseSession(refused)
@@ -267,9 +264,11 @@ func (l *lease) markSession(id string) {
 	}()
 }
 
-// recorded tells the lease's follower that spawnd recorded id.
+// recorded makes id, which spawnd recorded, the lease's session id (an id
+// taken ahead already is), and tells the lease's follower.
 func (l *lease) recorded(id string) {
 	l.mu.Lock()
+	l.sessionID = id
 	obs := l.follower
 	l.mu.Unlock()
 	if obs != nil {
